@@ -1,0 +1,218 @@
+"""Circular queue of partial-match records.
+
+Each operand of an operator processor holds one RingBuffer. A record is a fixed
+row of int64 words: start ts, end ts, partition key, then ``n_ids`` event-id
+slots (the events bound so far, in the operand's variable order). Records are
+appended at the tail and evicted from the head as the watermark passes, so the
+buffer holds what the window needs, never the stream.
+
+The buffer is a power-of-two array indexed with a mask. It doubles when full and
+halves when a quarter full (never below ``min_capacity``), so its size follows
+the window contents both ways.
+"""
+from libc.stdint cimport int64_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
+
+import numpy as np
+
+from dqcep._kernels._types cimport idx_t, id_t, ts_t
+
+DEF_MIN_CAPACITY = 16
+
+
+cdef inline idx_t next_pow2(idx_t n) noexcept nogil:
+    cdef idx_t p = 1
+    while p < n:
+        p <<= 1
+    return p
+
+
+cdef class RingBuffer:
+    """RingBuffer(n_ids, min_capacity=16)
+
+    A FIFO of partial-match records with ``n_ids`` event-id slots each.
+    """
+
+    def __cinit__(self, idx_t n_ids, idx_t min_capacity=DEF_MIN_CAPACITY):
+        self.data = NULL
+        if n_ids < 0:
+            raise ValueError(f"n_ids must be >= 0, got {n_ids}")
+        if min_capacity < 1:
+            raise ValueError(f"min_capacity must be >= 1, got {min_capacity}")
+        self.n_ids = n_ids
+        self.width = COL_IDS + n_ids
+        self.min_capacity = next_pow2(min_capacity)
+        self.head = 0
+        self.size = 0
+        self.high_water = 0
+        self.capacity = 0
+        self.mask = 0
+        self._resize(self.min_capacity)
+
+    def __dealloc__(self):
+        free(self.data)
+
+    # ------------------------------------------------------------------ C API
+
+    cdef int _resize(self, idx_t new_capacity) except -1 nogil:
+        """Move the records into a fresh zeroed array of new_capacity rows."""
+        cdef size_t row_bytes = <size_t>self.width * sizeof(int64_t)
+        cdef int64_t* fresh
+        cdef idx_t i
+        if new_capacity < self.size:
+            with gil:
+                raise AssertionError("resize below the number of records held")
+        if <size_t>new_capacity > (<size_t>-1) / row_bytes:
+            with gil:
+                raise MemoryError(
+                    f"ring buffer of {new_capacity} records x {row_bytes} bytes overflows size_t")
+        fresh = <int64_t*>calloc(<size_t>new_capacity, row_bytes)
+        if fresh == NULL:
+            with gil:
+                raise MemoryError(
+                    f"could not allocate {new_capacity * row_bytes} bytes for a ring buffer")
+        for i in range(self.size):
+            memcpy(fresh + i * self.width, self.row(i), row_bytes)
+        free(self.data)
+        self.data = fresh
+        self.head = 0
+        self.capacity = new_capacity
+        self.mask = new_capacity - 1
+        return 0
+
+    cdef int reserve(self, idx_t extra) except -1 nogil:
+        """Make room for ``extra`` more records (doubling)."""
+        cdef idx_t need = self.size + extra
+        if need <= self.capacity:
+            return 0
+        return self._resize(next_pow2(need))
+
+    cdef int shrink_if_sparse(self) except -1 nogil:
+        """Halve the array while it is at most a quarter full."""
+        cdef idx_t target = self.capacity
+        while target > self.min_capacity and self.size <= target // 4:
+            target //= 2
+        if target != self.capacity:
+            return self._resize(target)
+        return 0
+
+    cdef inline int64_t* row(self, idx_t i) noexcept nogil:
+        """Pointer to the i-th record from the head (no bounds check)."""
+        return self.data + ((self.head + i) & self.mask) * self.width
+
+    cdef int push_row(self, ts_t start, ts_t end, int64_t key, const id_t* ids) except -1 nogil:
+        cdef int64_t* r
+        cdef idx_t j
+        if self.size == self.capacity:
+            self.reserve(1)
+        r = self.row(self.size)
+        r[COL_START] = start
+        r[COL_END] = end
+        r[COL_KEY] = key
+        for j in range(self.n_ids):
+            r[COL_IDS + j] = ids[j]
+        self.size += 1
+        if self.size > self.high_water:
+            self.high_water = self.size
+        return 0
+
+    cdef idx_t drop_front(self, idx_t n) noexcept nogil:
+        """Drop up to n records from the head; return how many were dropped."""
+        if n > self.size:
+            n = self.size
+        self.head = (self.head + n) & self.mask
+        self.size -= n
+        return n
+
+    cdef idx_t count_start_before(self, ts_t cutoff) noexcept nogil:
+        """Length of the head run of records whose start ts is < cutoff."""
+        cdef idx_t n = 0
+        while n < self.size and self.row(n)[COL_START] < cutoff:
+            n += 1
+        return n
+
+    # ------------------------------------------------------------- Python API
+
+    def __len__(self):
+        return self.size
+
+    @property
+    def nbytes(self):
+        """Bytes held by the record array (capacity, not size)."""
+        return self.capacity * self.width * sizeof(int64_t)
+
+    def push(self, ts_t start, ts_t end, int64_t key, ids):
+        """Append one record; ``ids`` is a sequence of n_ids integers."""
+        cdef id_t[::1] buf = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if buf.shape[0] != self.n_ids:
+            raise ValueError(f"expected {self.n_ids} event ids, got {buf.shape[0]}")
+        if self.n_ids:
+            self.push_row(start, end, key, &buf[0])
+        else:
+            self.push_row(start, end, key, NULL)
+
+    def push_batch(self, const ts_t[::1] starts, const ts_t[::1] ends,
+                   const int64_t[::1] keys, const id_t[:, ::1] ids):
+        """Append n records from contiguous int64 arrays; ids has shape (n, n_ids)."""
+        cdef idx_t n = starts.shape[0]
+        cdef idx_t i
+        if ends.shape[0] != n or keys.shape[0] != n or ids.shape[0] != n:
+            raise ValueError(
+                f"push_batch arrays disagree in length: starts={n}, ends={ends.shape[0]}, "
+                f"keys={keys.shape[0]}, ids={ids.shape[0]}")
+        if ids.shape[1] != self.n_ids:
+            raise ValueError(f"ids must have {self.n_ids} columns, got {ids.shape[1]}")
+        if n == 0:
+            return
+        with nogil:
+            self.reserve(n)
+            for i in range(n):
+                self.push_row(starts[i], ends[i], keys[i], &ids[i, 0] if self.n_ids else NULL)
+
+    def pop(self, idx_t n=1):
+        """Drop up to n records from the head; return how many were dropped."""
+        if n < 0:
+            raise ValueError(f"cannot pop a negative count ({n})")
+        cdef idx_t dropped = self.drop_front(n)
+        self.shrink_if_sparse()
+        return dropped
+
+    def evict_before(self, ts_t cutoff):
+        """Drop the head run of records with start ts < cutoff; return the count.
+
+        Eviction stops at the first record that is still inside the window, so
+        it is exact when records arrive in start order (the router guarantees
+        that for each queue) and conservative otherwise.
+        """
+        cdef idx_t n
+        with nogil:
+            n = self.drop_front(self.count_start_before(cutoff))
+            self.shrink_if_sparse()
+        return n
+
+    def clear(self):
+        self.drop_front(self.size)
+        self.shrink_if_sparse()
+
+    def __getitem__(self, idx_t i):
+        """(start, end, key, ids) of the i-th record from the head."""
+        if i < 0:
+            i += self.size
+        if i < 0 or i >= self.size:
+            raise IndexError(f"record {i} out of range for a ring of {self.size}")
+        cdef int64_t* r = self.row(i)
+        return (r[COL_START], r[COL_END], r[COL_KEY],
+                tuple(r[COL_IDS + j] for j in range(self.n_ids)))
+
+    def to_arrays(self):
+        """Copies (starts, ends, keys, ids[n, n_ids]) in head-to-tail order."""
+        out = np.empty((self.size, self.width), dtype=np.int64)
+        cdef int64_t[:, ::1] view = out
+        cdef idx_t i
+        cdef size_t row_bytes = <size_t>self.width * sizeof(int64_t)
+        with nogil:
+            for i in range(self.size):
+                memcpy(&view[i, 0], self.row(i), row_bytes)
+        return (out[:, COL_START].copy(), out[:, COL_END].copy(),
+                out[:, COL_KEY].copy(), out[:, COL_IDS:].copy())

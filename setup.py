@@ -1,0 +1,32 @@
+"""Build the Cython kernels; all metadata lives in pyproject.toml.
+
+The .pyx sources are cythonized at build time (generated C is never committed).
+Set DQCEP_DEBUG_CYTHON=1 to build with bounds and wraparound checks on.
+"""
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+DEBUG = os.environ.get("DQCEP_DEBUG_CYTHON", "") not in ("", "0")
+
+DIRECTIVES = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "embedsignature": True,
+}
+
+extensions = [
+    Extension(
+        "dqcep._kernels.ring",
+        ["dqcep/_kernels/ring.pyx"],
+        include_dirs=[numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    ),
+]
+
+setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES))
