@@ -1,0 +1,215 @@
+"""Abstract syntax of the query language.
+
+Every node is a frozen dataclass that carries its source position (``pos``);
+positions are excluded from equality, so two parses of the same query in
+different layouts compare equal. The AST is what the parser produces and what
+the planner and the reference matcher read; nothing here evaluates anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Union
+
+
+@dataclass(frozen=True)
+class Pos:
+    """1-based line and column in the query source."""
+
+    line: int
+    col: int
+
+
+NOPOS = Pos(0, 0)
+
+
+def _pos() -> Pos:
+    return field(default=NOPOS, compare=False, repr=False)
+
+
+# ---------------------------------------------------------------- patterns
+
+
+@dataclass(frozen=True)
+class EventPattern:
+    """``Type var``: binds one event of ``type`` to ``var``."""
+
+    type: str
+    var: str
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Operator:
+    """``SEQ|AND|OR(item, item, ...)``; items are patterns or negations."""
+
+    op: str  # "SEQ" | "AND" | "OR"
+    items: tuple["Item", ...]
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Negation:
+    """``NOT Type var`` or ``NOT (pattern)`` inside a SEQ or AND."""
+
+    pattern: "Pattern"
+    pos: Pos = _pos()
+
+
+Pattern = Union[EventPattern, Operator]
+Item = Union[EventPattern, Operator, Negation]
+
+SEQ, AND, OR = "SEQ", "AND", "OR"
+
+
+# ------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class AttrRef:
+    """``var.attr``; ``var.ts`` and ``var.id`` read the event's time and id."""
+
+    var: str
+    attr: str
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Number:
+    value: int | float
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class String:
+    value: str
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Boolean:
+    value: bool
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """``[attr]``: every bound positive variable has the same value of attr."""
+
+    attr: str
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str  # "-" | "NOT"
+    operand: "Expr"
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str  # + - * /  = != < <= > >=  AND OR
+    left: "Expr"
+    right: "Expr"
+    pos: Pos = _pos()
+
+
+Expr = Union[AttrRef, Number, String, Boolean, Equivalence, Unary, Binary]
+
+ARITHMETIC = ("+", "-", "*", "/")
+ORDERING = ("<", "<=", ">", ">=")
+EQUALITY = ("=", "!=")
+COMPARISONS = EQUALITY + ORDERING
+LOGICAL = ("AND", "OR")
+
+
+# ----------------------------------------------------------------- queries
+
+UNIT_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
+
+
+@dataclass(frozen=True)
+class Within:
+    amount: int
+    unit: str  # "ms" | "s" | "min" | "h" (lower case)
+    pos: Pos = _pos()
+
+    @property
+    def ms(self) -> int:
+        return self.amount * UNIT_MS[self.unit]
+
+
+@dataclass(frozen=True)
+class ReturnItem:
+    var: str
+    attr: str | None
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    pattern: Pattern
+    where: Expr | None
+    within: Within
+    returns: tuple[ReturnItem, ...] = ()
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class QueryFile:
+    source: str  # file name used in messages
+    queries: tuple[Query, ...]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def walk_patterns(node: Item, negated: bool = False) -> Iterator[tuple[Item, bool]]:
+    """Yield (node, under_negation) for a pattern and all its descendants."""
+    yield node, negated
+    if isinstance(node, Negation):
+        yield from walk_patterns(node.pattern, True)
+    elif isinstance(node, Operator):
+        for item in node.items:
+            yield from walk_patterns(item, negated)
+
+
+def event_patterns(node: Item) -> list[tuple[EventPattern, bool]]:
+    """All ``Type var`` leaves in source order, each with whether it is negated."""
+    return [(n, neg) for n, neg in walk_patterns(node) if isinstance(n, EventPattern)]
+
+
+def positive_vars(node: Item) -> list[str]:
+    return [e.var for e, neg in event_patterns(node) if not neg]
+
+
+def walk_expr(expr: Expr) -> Iterator[Expr]:
+    yield expr
+    if isinstance(expr, Unary):
+        yield from walk_expr(expr.operand)
+    elif isinstance(expr, Binary):
+        yield from walk_expr(expr.left)
+        yield from walk_expr(expr.right)
+
+
+def expr_vars(expr: Expr) -> frozenset[str]:
+    """Variables a condition names (through ``var.attr``; ``[attr]`` names none)."""
+    return frozenset(e.var for e in walk_expr(expr) if isinstance(e, AttrRef))
+
+
+def has_equivalence(expr: Expr) -> bool:
+    return any(isinstance(e, Equivalence) for e in walk_expr(expr))
+
+
+def conjuncts(expr: Expr | None) -> list[Expr]:
+    """Split a condition at every AND that is not under an OR or NOT (spec 4).
+
+    Parentheses leave no trace in the AST, so ``(a AND b) AND c`` and
+    ``a AND (b AND c)`` both give ``[a, b, c]``.
+    """
+    if expr is None:
+        return []
+    if isinstance(expr, Binary) and expr.op == "AND":
+        return conjuncts(expr.left) + conjuncts(expr.right)
+    return [expr]

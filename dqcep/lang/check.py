@@ -1,0 +1,125 @@
+"""Semantic checks on a parsed query (spec section 2, "Errors").
+
+Each check returns ``(message, pos)`` for the first problem, so the parser can
+attach the source line; a query that fails any check is never registered.
+"""
+from __future__ import annotations
+
+from dqcep.lang import ast
+
+Problem = tuple[str, ast.Pos]
+
+# Static kinds of expressions; "any" is an attribute whose type is known only at run time.
+NUM, STR, BOOL, ANY = "number", "string", "boolean", "any"
+
+_ARTICLE = {NUM: "a number", STR: "a string", BOOL: "a boolean"}
+
+
+def check_query(q: ast.Query) -> Problem | None:
+    return (_check_pattern(q.pattern)
+            or _check_variables(q)
+            or (_check_condition(q.where) if q.where is not None else None))
+
+
+def _check_pattern(node: ast.Item, parent: ast.Operator | None = None,
+                   in_negation: bool = False) -> Problem | None:
+    if isinstance(node, ast.Negation):
+        if parent is None or parent.op == ast.OR:
+            return ("NOT is allowed only as an item of SEQ or AND, not of OR", node.pos)
+        if in_negation:
+            return ("NOT inside a negated pattern is not supported", node.pos)
+        return _check_pattern(node.pattern, None, True)
+    if isinstance(node, ast.Operator):
+        if all(isinstance(i, ast.Negation) for i in node.items):
+            return (f"{node.op} needs at least one item that is not negated", node.pos)
+        for item in node.items:
+            problem = _check_pattern(item, node, in_negation)
+            if problem:
+                return problem
+    return None
+
+
+def _check_variables(q: ast.Query) -> Problem | None:
+    bound: dict[str, ast.EventPattern] = {}
+    negated: set[str] = set()
+    for ev, neg in ast.event_patterns(q.pattern):
+        if ev.var in bound:
+            first = bound[ev.var].pos
+            return (f"variable {ev.var!r} is bound twice (first at line {first.line}, "
+                    f"column {first.col})", ev.pos)
+        bound[ev.var] = ev
+        if neg:
+            negated.add(ev.var)
+    known = ", ".join(bound)
+    if q.where is not None:
+        for e in ast.walk_expr(q.where):
+            if isinstance(e, ast.AttrRef) and e.var not in bound:
+                return (f"unknown variable {e.var!r}; the pattern binds {known}", e.pos)
+    seen = set()
+    for r in q.returns:
+        if r.var not in bound:
+            return (f"unknown variable {r.var!r} in RETURN; the pattern binds {known}", r.pos)
+        if r.var in negated:
+            return (f"RETURN cannot name {r.var!r}: it is negated, so it is never bound",
+                    r.pos)
+        if (r.var, r.attr) in seen:
+            return (f"RETURN lists {r.var}{'.' + r.attr if r.attr else ''} twice", r.pos)
+        seen.add((r.var, r.attr))
+    return None
+
+
+class _KindError(Exception):
+    def __init__(self, message: str, pos: ast.Pos):
+        self.problem = (message, pos)
+
+
+def _check_condition(where: ast.Expr) -> Problem | None:
+    try:
+        kind = _kind(where)
+    except _KindError as err:
+        return err.problem
+    if kind not in (BOOL, ANY):
+        return (f"WHERE needs a boolean condition, this is {_ARTICLE[kind]}", where.pos)
+    return None
+
+
+def _expect(kind: str, allowed: tuple[str, ...], what: str, pos: ast.Pos) -> None:
+    if kind != ANY and kind not in allowed:
+        raise _KindError(f"type mismatch: {what}, got {_ARTICLE[kind]}", pos)
+
+
+def _kind(e: ast.Expr) -> str:
+    """Static kind of an expression, raising _KindError on a certain mismatch."""
+    if isinstance(e, ast.Number):
+        return NUM
+    if isinstance(e, ast.String):
+        return STR
+    if isinstance(e, (ast.Boolean, ast.Equivalence)):
+        return BOOL
+    if isinstance(e, ast.AttrRef):
+        return NUM if e.attr in ("ts", "id") else ANY
+    if isinstance(e, ast.Unary):
+        k = _kind(e.operand)
+        if e.op == "-":
+            _expect(k, (NUM,), "unary '-' needs a number", e.pos)
+            return NUM
+        _expect(k, (BOOL,), "NOT needs a boolean", e.pos)
+        return BOOL
+    assert isinstance(e, ast.Binary)
+    lk, rk = _kind(e.left), _kind(e.right)
+    if e.op in ast.ARITHMETIC:
+        _expect(lk, (NUM,), f"'{e.op}' needs numbers", e.pos)
+        _expect(rk, (NUM,), f"'{e.op}' needs numbers", e.pos)
+        return NUM
+    if e.op in ast.ORDERING:
+        _expect(lk, (NUM,), f"'{e.op}' compares numbers only", e.pos)
+        _expect(rk, (NUM,), f"'{e.op}' compares numbers only", e.pos)
+        return BOOL
+    if e.op in ast.EQUALITY:
+        if ANY not in (lk, rk) and lk != rk:
+            raise _KindError(f"type mismatch: '{e.op}' compares {_ARTICLE[lk]} with "
+                             f"{_ARTICLE[rk]}", e.pos)
+        return BOOL
+    _expect(lk, (BOOL,), f"{e.op} needs booleans", e.pos)
+    _expect(rk, (BOOL,), f"{e.op} needs booleans", e.pos)
+    return BOOL

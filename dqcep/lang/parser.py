@@ -1,0 +1,297 @@
+"""Query text -> AST, through the lark grammar in ``grammar.lark``.
+
+Syntax errors from lark are turned into :class:`QueryError` with the position,
+the offending line and the set of tokens that would have been accepted there
+(computed exactly with lark's interactive parser, not LALR's merged lookaheads).
+Query text is only ever tokenized and parsed, never evaluated.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+
+from dqcep.lang import ast
+from dqcep.lang.check import check_query
+from dqcep.lang.errors import QueryError
+
+KEYWORDS = ("QUERY", "PATTERN", "WHERE", "WITHIN", "RETURN", "SEQ", "AND", "OR", "NOT",
+            "TRUE", "FALSE")
+
+# How each terminal is named in "expected ..." messages.
+TERMINAL_NAMES = {
+    **{k: k for k in KEYWORDS},
+    "NAME": "a name",
+    "INT": "an integer",
+    "NUMBER": "a number",
+    "STRING": "a 'string'",
+    "UNIT": "a time unit (ms, s, min, h)",
+    "CMPOP": "a comparison (= != < <= > >=)",
+    "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
+    "SEMI": "';'", "COMMA": "','", "DOT": "'.'",
+    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
+    "$END": "end of input",
+}
+
+# Limits that keep every number representable by every engine.
+MAX_WINDOW_MS = 2**62
+
+
+@lru_cache(maxsize=1)
+def _lark() -> Lark:
+    return Lark.open(
+        str(Path(__file__).with_name("grammar.lark")),
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+class _SemanticError(Exception):
+    """Raised inside the transformer; re-raised as QueryError with the source line."""
+
+    def __init__(self, message: str, pos: ast.Pos):
+        super().__init__(message)
+        self.message = message
+        self.pos = pos
+
+
+def _pos(x) -> ast.Pos:
+    return ast.Pos(x.line, x.column)
+
+
+def _tokens(children, *types):
+    return [c for c in children if isinstance(c, Token) and c.type in types]
+
+
+def _name(tok: Token) -> str:
+    """A NAME token's text; keywords are reserved even where the lexer let them through."""
+    text = str(tok)
+    if text.upper() in KEYWORDS:
+        raise _SemanticError(f"{text!r} is a reserved word and cannot be used as a name",
+                             _pos(tok))
+    return text
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Builds the AST; punctuation tokens are dropped here."""
+
+    # patterns -------------------------------------------------------------
+    def event(self, meta, children):
+        type_, var = children
+        return ast.EventPattern(_name(type_), _name(var), _pos(meta))
+
+    def _operator(self, op, meta, children):
+        items = tuple(c for c in children if not isinstance(c, Token))
+        return ast.Operator(op, items, _pos(meta))
+
+    def seq(self, meta, children):
+        return self._operator(ast.SEQ, meta, children)
+
+    def and_(self, meta, children):
+        return self._operator(ast.AND, meta, children)
+
+    def or_(self, meta, children):
+        return self._operator(ast.OR, meta, children)
+
+    def not_event(self, meta, children):
+        type_, var = _tokens(children, "NAME")
+        return ast.Negation(ast.EventPattern(_name(type_), _name(var), _pos(type_)),
+                            _pos(meta))
+
+    def not_pattern(self, meta, children):
+        (pattern,) = [c for c in children if not isinstance(c, Token)]
+        return ast.Negation(pattern, _pos(meta))
+
+    # expressions ----------------------------------------------------------
+    def attr(self, meta, children):
+        var, attr = _tokens(children, "NAME")
+        return ast.AttrRef(_name(var), _name(attr), _pos(meta))
+
+    def number(self, meta, children):
+        (tok,) = children
+        text = str(tok)
+        value: int | float = float(text) if "." in text else int(text)
+        if not math.isfinite(float(text)):  # every engine computes in binary64
+            raise _SemanticError(f"number {text[:20]}... is too large", _pos(meta))
+        return ast.Number(value, _pos(meta))
+
+    def string(self, meta, children):
+        (tok,) = children
+        return ast.String(str(tok)[1:-1].replace("''", "'"), _pos(meta))
+
+    def true(self, meta, children):
+        return ast.Boolean(True, _pos(meta))
+
+    def false(self, meta, children):
+        return ast.Boolean(False, _pos(meta))
+
+    def equiv(self, meta, children):
+        (attr,) = _tokens(children, "NAME")
+        return ast.Equivalence(_name(attr), _pos(meta))
+
+    def not_(self, meta, children):
+        tok, operand = children
+        return ast.Unary("NOT", operand, _pos(tok))
+
+    def neg_(self, meta, children):
+        tok, operand = children
+        return ast.Unary("-", operand, _pos(tok))
+
+    def _left_assoc(self, children):
+        expr = children[0]
+        for i in range(1, len(children), 2):
+            op = children[i]
+            expr = ast.Binary(str(op).upper(), expr, children[i + 1], _pos(op))
+        return expr
+
+    def disj(self, meta, children):
+        return self._left_assoc(children)
+
+    conj = cmp = sum = term = disj
+
+    def atom(self, meta, children):  # "(" cond ")": parentheses leave no node
+        (inner,) = [c for c in children if not isinstance(c, Token)]
+        return inner
+
+    # query ----------------------------------------------------------------
+    def where(self, meta, children):
+        return children[1]
+
+    def within(self, meta, children):
+        amount = _tokens(children, "INT")[0]
+        unit = _tokens(children, "UNIT")
+        w = ast.Within(int(amount), str(unit[0]).lower() if unit else "ms", _pos(meta))
+        if w.ms > MAX_WINDOW_MS:
+            raise _SemanticError(f"window of {amount} {w.unit} is too large "
+                                 f"(at most {MAX_WINDOW_MS} ms)", _pos(amount))
+        return w
+
+    def ret(self, meta, children):
+        names = _tokens(children, "NAME")
+        return ast.ReturnItem(_name(names[0]), _name(names[1]) if len(names) > 1 else None,
+                              _pos(meta))
+
+    def returns(self, meta, children):
+        return tuple(c for c in children if isinstance(c, ast.ReturnItem))
+
+    def query(self, meta, children):
+        name = None
+        pattern = where = within = None
+        returns: tuple = ()
+        for i, c in enumerate(children):
+            if isinstance(c, Token) and c.type == "QUERY":
+                name = _name(children[i + 1])
+            elif isinstance(c, (ast.EventPattern, ast.Operator)):
+                pattern = c
+            elif isinstance(c, ast.Within):
+                within = c
+            elif isinstance(c, tuple):
+                returns = c
+            elif not isinstance(c, Token):
+                where = c
+        return ast.Query(name or "", pattern, where, within, returns, _pos(meta))
+
+    def start(self, meta, children):
+        return [c for c in children if isinstance(c, ast.Query)]
+
+
+def _describe(terminals) -> str:
+    names = sorted({TERMINAL_NAMES.get(t, t) for t in terminals})
+    if not names:
+        return "nothing more"
+    if len(names) == 1:
+        return names[0]
+    return "one of " + ", ".join(names)
+
+
+def _syntax_error(err: UnexpectedInput, text: str, source: str) -> QueryError:
+    lines = text.split("\n")
+
+    def at(line: int, col: int, message: str) -> QueryError:
+        line_text = lines[line - 1] if 0 < line <= len(lines) else ""
+        return QueryError(message, source, line, col, line_text)
+
+    if isinstance(err, UnexpectedCharacters):
+        ch = text[err.pos_in_stream] if err.pos_in_stream < len(text) else ""
+        if ch == "'":
+            return at(err.line, err.column, "unterminated string: a 'string' must close "
+                      "on the same line (write '' for a quote inside it)")
+        return at(err.line, err.column,
+                  f"unexpected character {ch!r}; expected {_describe(err.allowed or ())}")
+
+    assert isinstance(err, UnexpectedToken)
+    tok = err.token
+    try:
+        expected = set(err.interactive_parser.accepts())
+    except Exception:  # pragma: no cover - accepts() is exact when it works
+        expected = set(err.expected)
+    if tok.type == "$END":  # lark borrows the last token's span: point just after it
+        line, col = tok.end_line or 1, tok.end_column or 1
+        what = "end of input"
+    else:
+        line, col = tok.line, tok.column
+        kind = {"NAME": "name ", "INT": "integer ", "NUMBER": "number ", "STRING": "string ",
+                "UNIT": "time unit "}.get(tok.type, "")
+        what = f"{kind}{str(tok)!r}"
+    if "WITHIN" in expected and tok.type in ("SEMI", "$END", "RETURN"):
+        return at(line, col, "missing WITHIN: every query needs a time window "
+                  "(e.g. WITHIN 30 s)")
+    if "NAME" in expected and tok.type in KEYWORDS:
+        return at(line, col, f"{str(tok)!r} is a reserved word and cannot be used as a "
+                  f"name; expected {_describe(expected)}")
+    return at(line, col, f"unexpected {what}; expected {_describe(expected)}")
+
+
+def parse(text: str, source: str = "<query>") -> ast.QueryFile:
+    """Parse and validate a query file; raise QueryError on the first problem."""
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as err:
+        raise _syntax_error(err, text, source) from None
+    lines = text.split("\n")
+    if not tree.children:
+        raise QueryError("the file holds no query; expected PATTERN or QUERY", source, 1, 1,
+                         lines[0])
+
+    def positioned(message: str, pos: ast.Pos) -> QueryError:
+        line_text = lines[pos.line - 1] if 0 < pos.line <= len(lines) else ""
+        return QueryError(message, source, pos.line, pos.col, line_text)
+
+    try:
+        queries = _ToAst().transform(tree)
+    except VisitError as err:
+        if isinstance(err.orig_exc, _SemanticError):
+            raise positioned(err.orig_exc.message, err.orig_exc.pos) from None
+        raise
+    named = []
+    seen: dict[str, ast.Pos] = {}
+    for k, q in enumerate(queries, start=1):
+        if not q.name:
+            q = ast.Query(f"q{k}", q.pattern, q.where, q.within, q.returns, q.pos)
+        if q.name in seen:
+            first = seen[q.name]
+            raise positioned(f"duplicate query name {q.name!r} (first used at line "
+                             f"{first.line}, column {first.col})", q.pos)
+        seen[q.name] = q.pos
+        problem = check_query(q)
+        if problem is not None:
+            raise positioned(*problem)
+        named.append(q)
+    return ast.QueryFile(source, tuple(named))
+
+
+def parse_file(path: str | Path) -> ast.QueryFile:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise QueryError(f"query file is not UTF-8 text ({err.reason} at byte {err.start})",
+                         str(path), 1, 1) from None
+    except OSError as err:
+        raise QueryError(f"cannot read query file: {err.strerror}", str(path), 0, 0) from None
+    return parse(text, str(path))

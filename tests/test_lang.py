@@ -1,0 +1,265 @@
+"""Parser: every construct, every error class with its position, round trip, fuzzing."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dqcep.lang import QueryError, file_to_source, parse, parse_file, to_source
+from dqcep.lang.ast import (AttrRef, Binary, Boolean, EventPattern, Equivalence, Negation,
+                            Number, Operator, String, Unary, conjuncts)
+from tests.strategies import queries, query_files
+
+FIRE = """QUERY fire
+PATTERN SEQ(Temperature t, NOT Rain r, AND(Smoke s, OR(Alarm a, Door d)))
+WHERE [room] AND t.value > 50 AND s.density > t.value / 10
+WITHIN 30 s
+RETURN t, s.density;
+"""
+
+
+def one(text):
+    (q,) = parse(text).queries
+    return q
+
+
+# ------------------------------------------------------------------ constructs
+
+
+def test_spec_example():
+    q = one(FIRE)
+    assert q.name == "fire"
+    assert q.pattern == Operator("SEQ", (
+        EventPattern("Temperature", "t"),
+        Negation(EventPattern("Rain", "r")),
+        Operator("AND", (EventPattern("Smoke", "s"),
+                         Operator("OR", (EventPattern("Alarm", "a"),
+                                         EventPattern("Door", "d"))))),
+    ))
+    assert conjuncts(q.where) == [
+        Equivalence("room"),
+        Binary(">", AttrRef("t", "value"), Number(50)),
+        Binary(">", AttrRef("s", "density"),
+               Binary("/", AttrRef("t", "value"), Number(10))),
+    ]
+    assert q.within.ms == 30_000
+    assert [(r.var, r.attr) for r in q.returns] == [("t", None), ("s", "density")]
+
+
+def test_several_queries_default_names_and_comments():
+    f = parse("""-- a comment line
+    PATTERN A a WITHIN 1;   -- trailing comment
+    QUERY named PATTERN SEQ(A a, B b) WITHIN 2 ms;
+    pattern and(A a, B b) within 3 S""")
+    assert [q.name for q in f.queries] == ["q1", "named", "q3"]
+    assert [q.within.ms for q in f.queries] == [1, 2, 3000]
+
+
+@pytest.mark.parametrize("unit,ms", [("", 7), ("ms", 7), ("s", 7000), ("MIN", 420_000),
+                                     ("h", 25_200_000), ("Min", 420_000)])
+def test_within_units(unit, ms):
+    assert one(f"PATTERN A a WITHIN 7 {unit}").within.ms == ms
+
+
+def test_keywords_case_insensitive_identifiers_case_sensitive():
+    q = one("query Q pattern Seq(A a, A A, not B b) where a.X = A.x within 1 s return A")
+    assert q.pattern.items[1] == EventPattern("A", "A")
+    assert isinstance(q.pattern.items[2], Negation)
+    assert q.where == Binary("=", AttrRef("a", "X"), AttrRef("A", "x"))
+
+
+def test_units_and_names_do_not_clash():
+    q = one("PATTERN SEQ(Smoke s, Heat min, Humidity h, Light ms) WHERE s.x < min.x "
+            "WITHIN 5 min RETURN h, ms.level")
+    assert [i.var for i in q.pattern.items] == ["s", "min", "h", "ms"]
+    assert q.within.ms == 300_000
+
+
+def test_negation_of_a_sub_pattern():
+    q = one("PATTERN SEQ(A a, NOT (AND(B b, C c)), D d) WHERE b.v > a.v WITHIN 10")
+    neg = q.pattern.items[1]
+    assert neg == Negation(Operator("AND", (EventPattern("B", "b"), EventPattern("C", "c"))))
+
+
+def test_nested_operators():
+    q = one("PATTERN OR(SEQ(A a, AND(B b, C c)), AND(D d, SEQ(E e, NOT F f, G g))) WITHIN 1")
+    assert q.pattern.op == "OR"
+    assert q.pattern.items[1].items[1].items[1] == Negation(EventPattern("F", "f"))
+
+
+def test_expression_precedence_and_literals():
+    q = one("PATTERN A a WHERE a.x + 2 * -a.y >= 3.25 OR NOT a.s = 'it''s' AND a.b != true "
+            "WITHIN 1")
+    lhs = Binary("+", AttrRef("a", "x"), Binary("*", Number(2), Unary("-", AttrRef("a", "y"))))
+    assert q.where == Binary("OR", Binary(">=", lhs, Number(3.25)),
+                             Binary("AND", Unary("NOT", Binary("=", AttrRef("a", "s"),
+                                                               String("it's"))),
+                                    Binary("!=", AttrRef("a", "b"), Boolean(True))))
+    assert isinstance(one("PATTERN A a WHERE a.x = 3 WITHIN 1").where.right.value, int)
+    assert isinstance(one("PATTERN A a WHERE a.x = 3.0 WITHIN 1").where.right.value, float)
+
+
+def test_division_is_left_associative():
+    q = one("PATTERN A a WHERE a.x / 2 / 4 < 1 - 2 - 3 WITHIN 1")
+    assert q.where.left == Binary("/", Binary("/", AttrRef("a", "x"), Number(2)), Number(4))
+    assert q.where.right == Binary("-", Binary("-", Number(1), Number(2)), Number(3))
+
+
+def test_conjunct_splitting_follows_the_spec():
+    q = one("PATTERN SEQ(A a, B b) WHERE (a.x = 1 AND (b.y = 2 AND a.z = 3)) AND "
+            "(a.x = 1 OR b.y = 2) AND NOT (a.x = 1 AND b.y = 2) WITHIN 1")
+    parts = conjuncts(q.where)
+    assert len(parts) == 5
+    assert parts[3].op == "OR" and parts[4].op == "NOT"
+
+
+def test_positions_are_recorded():
+    q = one("\n  PATTERN SEQ(A a,\n    B b) WHERE a.x > 1 WITHIN 1")
+    assert (q.pos.line, q.pos.col) == (2, 3)
+    assert (q.pattern.items[1].pos.line, q.pattern.items[1].pos.col) == (3, 5)
+    assert (q.where.pos.line, q.where.pos.col) == (3, 20)  # the '>' operator
+
+
+def test_parse_file(tmp_path):
+    p = tmp_path / "q.cep"
+    p.write_text(FIRE)
+    assert parse_file(p).queries[0].name == "fire"
+    p.write_text("PATTERN SEQ(A a, B b)\n")
+    with pytest.raises(QueryError) as err:
+        parse_file(p)
+    assert str(err.value).startswith(f"{p}:1:22: missing WITHIN")
+    with pytest.raises(QueryError, match="cannot read query file"):
+        parse_file(tmp_path / "missing.cep")
+    p.write_bytes(b"PATTERN A \xff WITHIN 1")
+    with pytest.raises(QueryError, match="not UTF-8"):
+        parse_file(p)
+
+
+# ---------------------------------------------------------------------- errors
+
+ERRORS = [
+    # (query text, line, col, fragment of the message)
+    ("PATTERN SEQ(A a B b) WITHIN 5", 1, 17, "unexpected name 'B'; expected ','"),
+    ("PATTERN SEQ(A a, B b)\nWHERE a.x > 1", 2, 14, "missing WITHIN"),
+    ("PATTERN SEQ(A a, B b);\nPATTERN A c WITHIN 1", 1, 22, "missing WITHIN"),
+    ("PATTERN A a WITHIN 5.5 s", 1, 21, "expected one of ';', RETURN, a time unit"),
+    ("PATTERN A a WITHIN -5", 1, 20, "unexpected '-'; expected an integer"),
+    ("PATTERN SEQ(A a) WITHIN 5", 1, 16, "expected ','"),
+    ("PATTERN", 1, 8, "unexpected end of input; expected one of AND, OR, SEQ, a name"),
+    ("", 1, 1, "the file holds no query"),
+    ("PATTERN A a WHERE a.x # 5 WITHIN 1", 1, 23, "unexpected character '#'"),
+    ("PATTERN A a WHERE a.s = 'abc WITHIN 1", 1, 25, "unterminated string"),
+    ("PATTERN SEQ(A and, B b) WITHIN 1", 1, 15, "'and' is a reserved word"),
+    ("PATTERN SEQ(A a, B b) WITHIN 1 RETURN not", 1, 39, "'not' is a reserved word"),
+    # semantic errors
+    ("PATTERN SEQ(A a, B b)\n  WHERE c.x > 5 WITHIN 5", 2, 9, "unknown variable 'c'; the pattern binds a, b"),
+    ("PATTERN SEQ(A a, B b) WITHIN 5 RETURN a.x, c", 1, 44, "unknown variable 'c' in RETURN"),
+    ("PATTERN SEQ(A a, NOT B b) WITHIN 5 RETURN b", 1, 43, "it is negated"),
+    ("PATTERN SEQ(A a, B b) WITHIN 5 RETURN a, a", 1, 42, "RETURN lists a twice"),
+    ("PATTERN SEQ(A a,\n  AND(B b, C a)) WITHIN 5", 2, 12, "variable 'a' is bound twice (first at line 1, column 13)"),
+    ("PATTERN SEQ(A a, NOT B a) WITHIN 5", 1, 22, "variable 'a' is bound twice"),
+    ("PATTERN OR(A a, NOT B b) WITHIN 5", 1, 17, "NOT is allowed only as an item of SEQ or AND"),
+    ("PATTERN SEQ(A a, NOT (SEQ(B b, NOT C c))) WITHIN 5", 1, 32, "NOT inside a negated pattern"),
+    ("PATTERN AND(NOT A a, NOT B b) WITHIN 5", 1, 9, "AND needs at least one item that is not negated"),
+    ("PATTERN A a WHERE a.x > 'abc' WITHIN 1", 1, 23, "type mismatch: '>' compares numbers only, got a string"),
+    ("PATTERN A a WHERE (a.x > 1) = 5 WITHIN 1", 1, 29, "'=' compares a boolean with a number"),
+    ("PATTERN A a WHERE 'x' = 5 WITHIN 1", 1, 23, "'=' compares a string with a number"),
+    ("PATTERN A a WHERE a.s + 'x' = 'y' WITHIN 1", 1, 23, "'+' needs numbers, got a string"),
+    ("PATTERN A a WHERE NOT 5 WITHIN 1", 1, 19, "NOT needs a boolean, got a number"),
+    ("PATTERN A a WHERE a.x > 1 AND 7 WITHIN 1", 1, 27, "AND needs booleans, got a number"),
+    ("PATTERN A a WHERE -true WITHIN 1", 1, 19, "unary '-' needs a number"),
+    ("PATTERN A a WHERE a.x + 1 WITHIN 1", 1, 23, "WHERE needs a boolean condition, this is a number"),
+    ("PATTERN A a WHERE a.ts = 'x' WITHIN 1", 1, 24, "'=' compares a number with a string"),
+    ("QUERY x PATTERN A a WITHIN 1;\nQUERY x PATTERN A a WITHIN 1", 2, 1, "duplicate query name 'x'"),
+    ("QUERY q2 PATTERN A a WITHIN 1; PATTERN A a WITHIN 1", 1, 32, "duplicate query name 'q2'"),
+    ("PATTERN A a WHERE a.x = 1" + "0" * 400 + " WITHIN 1", 1, 25, "is too large"),
+    ("PATTERN A a WITHIN 99999999999999999999 h", 1, 20, "window of 99999999999999999999 h is too large"),
+]
+
+
+@pytest.mark.parametrize("text,line,col,fragment", ERRORS, ids=[e[3][:40] for e in ERRORS])
+def test_error_positions_and_messages(text, line, col, fragment):
+    with pytest.raises(QueryError) as info:
+        parse(text, "bad.cep")
+    err = info.value
+    assert fragment in err.message
+    assert (err.line, err.col) == (line, col)
+    rendered = str(err).splitlines()
+    assert rendered[0] == f"bad.cep:{line}:{col}: {err.message}"
+    if len(rendered) > 1:  # the offending line, then a caret under the column
+        assert rendered[1] == "    " + text.split("\n")[line - 1]
+        assert rendered[2] == "    " + " " * (col - 1) + "^"
+
+
+def test_error_caret_keeps_tabs():
+    with pytest.raises(QueryError) as info:
+        parse("\tPATTERN A a WHERE\tz.x > 1 WITHIN 1")
+    assert str(info.value).splitlines()[2] == "    \t" + " " * len("PATTERN A a WHERE") + "\t^"
+
+
+# ------------------------------------------------------------------ round trip
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(queries())
+def test_round_trip_query(q):
+    text = to_source(q)
+    assert one(text) == q, text
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(query_files())
+def test_round_trip_file(f):
+    again = parse(file_to_source(f))
+    assert again.queries == f.queries
+
+
+# --------------------------------------------------------------------- fuzzing
+# The only outcomes of parse() are a query file or a positioned QueryError.
+
+VOCAB = ["QUERY", "PATTERN", "WHERE", "WITHIN", "RETURN", "SEQ", "AND", "OR", "NOT", "true",
+         "false", "(", ")", "[", "]", ",", ";", ".", "=", "!=", "<", "<=", ">", ">=", "+", "-",
+         "*", "/", "A", "B", "a", "b", "x", "s", "min", "ms", "h", "0", "17", "3.5", "'s'",
+         "'", "--", "\n", "#", "''", "1e5", "é", "\t"]
+
+
+def parse_or_positioned_error(text):
+    try:
+        parse(text, "fuzz.cep")
+    except QueryError as err:
+        assert err.line >= 1 and err.col >= 1, err
+        assert str(err).startswith(f"fuzz.cep:{err.line}:{err.col}: ")
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.text(max_size=120))
+def test_fuzz_random_text(text):
+    parse_or_positioned_error(text)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(VOCAB), max_size=40), st.sampled_from([" ", ""]))
+def test_fuzz_token_soup(tokens, sep):
+    parse_or_positioned_error(sep.join(tokens))
+
+
+@st.composite
+def mutated_queries(draw):
+    text = to_source(draw(queries(max_depth=2)))
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, len(text)))
+        j = draw(st.integers(i, min(len(text), i + 8)))
+        kind = draw(st.integers(0, 3))
+        if kind == 0:
+            text = text[:i] + text[j:]
+        elif kind == 1:
+            text = text[:i] + draw(st.sampled_from(VOCAB)) + text[i:]
+        elif kind == 2:
+            text = text[:i] + text[i:j] + text[i:]
+        else:
+            text = text[:i] + text[j:i + 2 * (j - i)] + text[i:j] + text[i + 2 * (j - i):]
+    return text
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_queries())
+def test_fuzz_mutated_valid_queries(text):
+    parse_or_positioned_error(text)
