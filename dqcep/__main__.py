@@ -1,0 +1,5 @@
+import sys
+
+from dqcep.cli import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""The ``dqcep`` command line (also ``python -m dqcep``).
+
+Exit codes: 0 success, 2 a user error (bad query, bad event file, bad option),
+1 an internal error. User errors print a positioned message, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import nullcontext
+from typing import Sequence
+
+from dqcep import __version__
+from dqcep.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors also exit with 2
+        self.print_usage(sys.stderr)
+        raise SystemExit(f"{self.prog}: error: {message}") from None
+
+
+def _load_queries(path: str):
+    from dqcep.lang import parse_file
+    return parse_file(path)
+
+
+def _read_all_events(args) -> list:
+    """Every event of the input, ids checked for uniqueness; bad records per --on-bad-event."""
+    from dqcep.io.readers import EventInputError, read_events
+
+    skipped = 0
+
+    def reject(err: EventInputError) -> None:
+        nonlocal skipped
+        if args.on_bad_event == "fail":
+            raise err
+        skipped += 1
+        print(f"skipped: {err}", file=sys.stderr)
+
+    events, first_seen = [], {}
+    for where, ev in read_events(args.input, args.format, on_error=reject):
+        if ev.id in first_seen:
+            reject(EventInputError("<stdin>" if args.input == "-" else args.input, where,
+                                   f"duplicate event id {ev.id} (first at {first_seen[ev.id]})"))
+            continue
+        first_seen[ev.id] = where
+        events.append(ev)
+    if skipped:
+        print(f"dqcep run: skipped {skipped} bad event record(s)", file=sys.stderr)
+    return events
+
+
+def cmd_run(args) -> int:
+    from dqcep.io.writers import write_matches
+
+    queries = _load_queries(args.queries)
+    if args.engine == "native":
+        raise UserError("the native engine is not built yet (it comes with the native "
+                        "runtime); use --engine reference")
+    from dqcep.reference import ReferenceMatcher
+
+    matcher = ReferenceMatcher(queries.queries)
+    events = _read_all_events(args)
+    matches = matcher.run(events)
+    out_ctx = nullcontext(sys.stdout) if args.output in (None, "-") else \
+        open(args.output, "w", encoding="utf-8")
+    with out_ctx as out:
+        write_matches(matches, out, with_returns=args.returns)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="dqcep", description="Complex event processing over IoT streams: "
+                "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
+    p.add_argument("--version", action="version", version=f"dqcep {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run queries over an event file",
+                         description="Run the queries of QUERIES over the events of "
+                         "--input and print one JSON line per match (docs/cli.md).")
+    run.add_argument("queries", metavar="QUERIES.cep", help="query file")
+    run.add_argument("--input", "-i", required=True, metavar="EVENTS",
+                     help="event file (.jsonl, .msgpack, .csv) or - for stdin")
+    run.add_argument("--format", choices=("jsonl", "msgpack", "csv"),
+                     help="event format (default: from the file extension; jsonl for -)")
+    run.add_argument("--output", "-o", metavar="OUT", help="match file (default: stdout)")
+    run.add_argument("--engine", choices=("reference", "native"), default="reference",
+                     help="execution engine (default: reference)")
+    run.add_argument("--on-bad-event", choices=("fail", "skip"), default="fail",
+                     help="a malformed event record stops the run with exit code 2 "
+                     "(fail, default) or is reported on stderr, counted and skipped")
+    run.add_argument("--returns", action="store_true",
+                     help="add each match's RETURN values as a \"return\" object")
+    run.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as err:
+        print(str(err), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except BrokenPipeError:  # `dqcep run ... | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

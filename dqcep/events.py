@@ -1,0 +1,98 @@
+"""Events and matches: the records every engine reads and writes (spec sections 1 and 3)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+Value = int | float | str | bool
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class EventError(ValueError):
+    """An event that breaks spec section 1; the message is the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    type: str
+    ts: int
+    attrs: Mapping[str, Value] = field(default_factory=dict)
+
+    def value(self, attr: str) -> Value:
+        """``var.attr`` for this event; ``ts`` and ``id`` are the event's own fields.
+
+        Raises KeyError when the event does not carry the attribute.
+        """
+        if attr == "ts":
+            return self.ts
+        if attr == "id":
+            return self.id
+        return self.attrs[attr]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def event_from_mapping(obj: Any) -> Event:
+    """Validate a decoded event map (JSON or msgpack) and build an Event.
+
+    Required: ``type`` (non-empty string), integer ``ts`` and integer ``id`` (both
+    64-bit). Every other key is an attribute whose value must be a number, a string
+    or a boolean; ``null`` means the attribute is absent.
+    """
+    if not isinstance(obj, Mapping):
+        raise EventError(f"an event must be a map/object, got {type(obj).__name__}")
+    etype = obj.get("type")
+    if not isinstance(etype, str) or not etype:
+        raise EventError("event has no 'type' (a non-empty string)" if etype is None else
+                         f"event 'type' must be a non-empty string, got {etype!r}")
+    for key in ("ts", "id"):
+        v = obj.get(key)
+        if not _is_int(v):
+            raise EventError(f"event has no '{key}'" if v is None else
+                             f"event '{key}' must be an integer, got {v!r}")
+        if not INT64_MIN <= v <= INT64_MAX:
+            raise EventError(f"event '{key}' {v} does not fit in 64 bits")
+    attrs = {}
+    for k, v in obj.items():
+        if k in ("type", "ts", "id") or v is None:
+            continue
+        if not isinstance(k, str):
+            raise EventError(f"attribute names must be strings, got {k!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise EventError(f"attribute {k!r} is not a finite number: {v!r}")
+        if not isinstance(v, (int, float, str, bool)):
+            raise EventError(f"attribute {k!r} must be a number, string or boolean, "
+                             f"got {type(v).__name__}")
+        attrs[k] = v
+    return Event(obj["id"], etype, obj["ts"], attrs)
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One match of one query (spec section 3).
+
+    ``events`` lists (variable, event id) for every bound positive variable, in the
+    order the pattern declares them. ``returns`` holds the RETURN values, if any.
+    """
+
+    query: str
+    detected_at: int
+    events: tuple[tuple[str, int], ...]
+    returns: tuple[tuple[str, Value | None], ...] = ()
+
+    @property
+    def key(self) -> tuple[str, frozenset]:
+        """Identity of a match: the query and its variable -> event assignment."""
+        return (self.query, frozenset(self.events))
+
+    def to_json_obj(self, with_returns: bool = False) -> dict:
+        obj: dict = {"query": self.query, "detected_at": self.detected_at,
+                     "events": dict(self.events)}
+        if with_returns and self.returns:
+            obj["return"] = dict(self.returns)
+        return obj

@@ -1,0 +1,179 @@
+"""Event files -> Events, with the position of every bad record.
+
+Formats (chosen from the file extension, or given explicitly):
+
+- ``jsonl``: one JSON event object per line (spec section 1); blank lines are skipped.
+- ``msgpack``: a stream of msgpack objects, each an event map or a batch
+  ``{"events": [<event map>, ...]}`` (the MQTT payload form).
+- ``csv``: a header row naming ``id``, ``type``, ``ts`` and attribute columns;
+  cells are typed as integer, decimal, ``true``/``false``, or else string; an
+  empty cell is an absent attribute.
+
+Readers yield ``(location, event)``; a bad record is an EventInputError naming
+``file:line:col`` (text formats) or ``file:record N (byte B)`` (msgpack).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sys
+from pathlib import Path
+from typing import IO, Callable, Iterator
+
+import msgpack
+
+from dqcep.errors import UserError
+from dqcep.events import Event, EventError, event_from_mapping
+
+FORMATS = ("jsonl", "msgpack", "csv")
+_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+               ".msgpack": "msgpack", ".mpk": "msgpack", ".csv": "csv"}
+
+
+class EventInputError(UserError):
+    def __init__(self, source: str, where: str, reason: str):
+        self.source, self.where, self.reason = source, where, reason
+        super().__init__(f"{source}:{where}: {reason}")
+
+
+def format_for(path: str, fmt: str | None) -> str:
+    if fmt:
+        if fmt not in FORMATS:
+            raise UserError(f"unknown event format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        return fmt
+    if path == "-":
+        return "jsonl"
+    ext = Path(path).suffix.lower()
+    if ext not in _EXTENSIONS:
+        raise UserError(f"cannot tell the format of {path!r} from its extension; "
+                        f"use --format {'|'.join(FORMATS)}")
+    return _EXTENSIONS[ext]
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a valid number")
+
+
+def _event(obj, source: str, where: str) -> tuple[str, Event] | EventInputError:
+    try:
+        return where, event_from_mapping(obj)
+    except EventError as err:
+        return EventInputError(source, where, str(err))
+
+
+def _jsonl(stream: IO[str], source: str) -> Iterator:
+    for lineno, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line, parse_constant=_reject_constant)
+        except json.JSONDecodeError as err:
+            yield EventInputError(source, f"{lineno}:{err.colno}", f"invalid JSON: {err.msg}")
+            continue
+        except ValueError as err:
+            yield EventInputError(source, f"{lineno}:1", f"invalid JSON: {err}")
+            continue
+        yield _event(obj, source, f"{lineno}:1")
+
+
+def _msgpack(stream: IO[bytes], source: str) -> Iterator:
+    """A broken msgpack stream cannot be resynchronised: such errors are raised."""
+    unpacker = msgpack.Unpacker(stream, raw=False, strict_map_key=False)
+    record = 0
+    while True:
+        offset = unpacker.tell()
+        record += 1
+        try:
+            obj = unpacker.unpack()
+        except msgpack.OutOfData:
+            if unpacker.tell() != offset:
+                raise EventInputError(source, f"record {record} (byte {offset})",
+                                      "truncated msgpack data") from None
+            return
+        except (msgpack.FormatError, msgpack.StackError, ValueError) as err:
+            raise EventInputError(source, f"record {record} (byte {offset})",
+                                  f"invalid msgpack: {err}") from None
+        where = f"record {record} (byte {offset})"
+        if isinstance(obj, dict) and "events" in obj and "type" not in obj:
+            batch = obj["events"]
+            if not isinstance(batch, list):
+                yield EventInputError(source, where, "'events' of a batch must be a list")
+                continue
+            for i, item in enumerate(batch):
+                yield _event(item, source, f"{where} event {i}")
+        else:
+            yield _event(obj, source, where)
+
+
+_INT = re.compile(r"[+-]?[0-9]+")
+_DEC = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def _csv_cell(text: str):
+    if _INT.fullmatch(text):
+        return int(text)
+    if _DEC.fullmatch(text):
+        return float(text)
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def _csv(stream: IO[str], source: str) -> Iterator:
+    reader = csv.reader(stream)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    missing = [c for c in ("id", "type", "ts") if c not in header]
+    if missing:
+        raise EventInputError(source, "1:1", f"CSV header lacks column(s) {', '.join(missing)}")
+    for row in reader:
+        lineno = reader.line_num
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(header):
+            yield EventInputError(source, f"{lineno}:1",
+                                  f"row has {len(row)} cells, the header has {len(header)}")
+            continue
+        obj = {}
+        for name, cell in zip(header, row):
+            if cell == "":
+                continue
+            obj[name] = cell if name == "type" else _csv_cell(cell)
+        yield _event(obj, source, f"{lineno}:1")
+
+
+def read_events(path: str, fmt: str | None = None,
+                on_error: Callable[[EventInputError], None] | None = None,
+                ) -> Iterator[tuple[str, Event]]:
+    """Yield (location, event) from a file, or from stdin when path is '-'.
+
+    A bad record raises EventInputError, or, when ``on_error`` is given, is passed
+    to it and reading goes on (unless the stream itself is broken).
+    """
+    fmt = format_for(path, fmt)
+    source = "<stdin>" if path == "-" else path
+    try:
+        if fmt == "msgpack":
+            stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+        else:
+            stream = (io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="")
+                      if path == "-" else open(path, encoding="utf-8", newline=""))
+    except OSError as err:
+        raise UserError(f"cannot read event file {path}: {err.strerror}") from None
+    decode = {"jsonl": _jsonl, "msgpack": _msgpack, "csv": _csv}[fmt]
+    with stream:
+        try:
+            for item in decode(stream, source):
+                if isinstance(item, EventInputError):
+                    if on_error is None:
+                        raise item
+                    on_error(item)
+                else:
+                    yield item
+        except UnicodeDecodeError as err:
+            raise EventInputError(source, f"byte {err.start}",
+                                  f"not UTF-8 text ({err.reason})") from None
