@@ -19,7 +19,7 @@ EXIT_USER_ERROR = 2
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own usage errors also exit with 2
         self.print_usage(sys.stderr)
-        raise SystemExit(f"{self.prog}: error: {message}") from None
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}\n")
 
 
 def _load_queries(path: str):

@@ -68,7 +68,7 @@ def _jsonl(stream: IO[str], source: str) -> Iterator:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, parse_constant=_reject_constant)
+            obj = json.loads(line.rstrip("\r\n"), parse_constant=_reject_constant)
         except json.JSONDecodeError as err:
             yield EventInputError(source, f"{lineno}:{err.colno}", f"invalid JSON: {err.msg}")
             continue

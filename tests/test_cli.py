@@ -1,0 +1,107 @@
+"""The dqcep command line, run as a user runs it (a subprocess of the installed package)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def dqcep(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "dqcep", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def test_run_example_prints_the_spec_matches():
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    expected = (EXAMPLES / "fire-expected.jsonl").read_text().splitlines()
+    assert sorted(lines) == sorted(expected)
+    # exactly the spec's form: query, detected_at, events; nothing else
+    assert all(list(json.loads(x)) == ["query", "detected_at", "events"] for x in lines)
+
+
+def test_run_from_stdin_to_file_with_returns(tmp_path):
+    out = tmp_path / "m.jsonl"
+    events = (EXAMPLES / "fire-events.jsonl").read_text()
+    r = dqcep("run", EXAMPLES / "fire.cep", "-i", "-", "-o", out, "--returns", stdin=events)
+    assert r.returncode == 0, r.stderr
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first["return"] == {"t": first["events"]["t"], "s.density": 7.0}
+
+
+def test_run_msgpack_and_csv_inputs_agree(tmp_path):
+    rows = [json.loads(x) for x in (EXAMPLES / "fire-events.jsonl").read_text().splitlines()]
+    mp = tmp_path / "e.msgpack"
+    mp.write_bytes(msgpack.packb({"events": rows[:5]}) +
+                   b"".join(msgpack.packb(r) for r in rows[5:]))
+    cols = sorted({k for r in rows for k in r} - {"id", "type", "ts"})
+    csv_path = tmp_path / "e.csv"
+    csv_path.write_text("id,type,ts," + ",".join(cols) + "\n" + "".join(
+        f"{r['id']},{r['type']},{r['ts']}," + ",".join(str(r.get(c, "")) for c in cols) + "\n"
+        for r in rows))
+    outputs = [dqcep("run", EXAMPLES / "fire.cep", "--input", p).stdout
+               for p in (EXAMPLES / "fire-events.jsonl", mp, csv_path)]
+    assert outputs[0] and outputs[0] == outputs[1] == outputs[2]
+
+
+def test_bad_query_exit_2_with_position(tmp_path):
+    q = tmp_path / "bad.cep"
+    q.write_text("QUERY x\nPATTERN SEQ(A a, B b)\nWHERE z.v > 1 WITHIN 5 s\n")
+    r = dqcep("run", q, "--input", EXAMPLES / "fire-events.jsonl")
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"{q}:3:7: unknown variable 'z'")
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_event_file_exit_2_names_the_line(tmp_path):
+    e = tmp_path / "bad.jsonl"
+    e.write_text('{"id": 1, "type": "A", "ts": 1}\n{"id": 2, "type": "A", "ts": "x"}\n')
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", e)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"{e}:2:1: event 'ts' must be an integer, got 'x'"
+
+
+def test_duplicate_ids_are_bad_input(tmp_path):
+    e = tmp_path / "dup.jsonl"
+    e.write_text('{"id": 1, "type": "A", "ts": 1}\n{"id": 1, "type": "A", "ts": 2}\n')
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", e)
+    assert r.returncode == 2
+    assert "2:1: duplicate event id 1 (first at 1:1)" in r.stderr
+
+
+def test_skip_bad_events_counts_them(tmp_path):
+    e = tmp_path / "bad.jsonl"
+    good = (EXAMPLES / "fire-events.jsonl").read_text()
+    e.write_text("garbage\n" + good + '{"id": 1, "type": "A", "ts": 1}\n')
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", e, "--on-bad-event", "skip")
+    assert r.returncode == 0
+    assert r.stdout == dqcep("run", EXAMPLES / "fire.cep", "--input",
+                             EXAMPLES / "fire-events.jsonl").stdout
+    assert "skipped 2 bad event record(s)" in r.stderr
+
+
+def test_native_engine_is_not_silently_replaced():
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl",
+              "--engine", "native")
+    assert r.returncode == 2
+    assert "native engine is not built yet" in r.stderr
+    assert r.stdout == ""
+
+
+def test_usage_errors_exit_2():
+    r = dqcep("run")
+    assert r.returncode == 2
+    assert "required" in r.stderr
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", "nope.jsonl")
+    assert r.returncode == 2 and "cannot read event file nope.jsonl" in r.stderr
+
+
+def test_help_and_console_script():
+    assert "run" in dqcep("--help").stdout
+    r = subprocess.run(["dqcep", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("dqcep ")

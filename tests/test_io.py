@@ -1,0 +1,117 @@
+"""Event readers: every format, and a positioned error for every kind of bad record."""
+import msgpack
+import pytest
+
+from dqcep.events import Event
+from dqcep.io.readers import EventInputError, read_events
+from dqcep.errors import UserError
+
+
+def events(path, fmt=None):
+    return [e for _, e in read_events(str(path), fmt)]
+
+
+def test_jsonl(tmp_path):
+    p = tmp_path / "e.jsonl"
+    p.write_text('{"id": 1, "type": "T", "ts": 5, "room": "r1", "v": 2.5, "ok": true, '
+                 '"gone": null}\n\n{"id": 2, "type": "U", "ts": -3}\n')
+    assert events(p) == [Event(1, "T", 5, {"room": "r1", "v": 2.5, "ok": True}),
+                         Event(2, "U", -3, {})]
+
+
+def test_msgpack_single_events_and_batches(tmp_path):
+    p = tmp_path / "e.msgpack"
+    p.write_bytes(msgpack.packb({"id": 1, "type": "T", "ts": 5, "x": 1})
+                  + msgpack.packb({"events": [{"id": 2, "type": "T", "ts": 6},
+                                              {"id": 3, "type": "U", "ts": 7, "s": "a"}]}))
+    assert events(p) == [Event(1, "T", 5, {"x": 1}), Event(2, "T", 6, {}),
+                         Event(3, "U", 7, {"s": "a"})]
+
+
+def test_csv_typed_cells(tmp_path):
+    p = tmp_path / "e.csv"
+    p.write_text("id,type,ts,room,v,ok\n1,T,5,r1,2.5,true\n2,7,6,,3,FALSE\n")
+    assert events(p) == [Event(1, "T", 5, {"room": "r1", "v": 2.5, "ok": True}),
+                         Event(2, "7", 6, {"v": 3, "ok": False})]
+
+
+BAD_JSONL = [
+    ('{"id": 1, "type": "T", "ts": 5', "1:31", "invalid JSON: Expecting ',' delimiter"),
+    ('{"id": 1, "ts": 5}', "1:1", "event has no 'type'"),
+    ('{"id": 1, "type": "", "ts": 5}', "1:1", "'type' must be a non-empty string"),
+    ('{"id": 1, "type": "T"}', "1:1", "event has no 'ts'"),
+    ('{"id": 1, "type": "T", "ts": 5.5}', "1:1", "'ts' must be an integer, got 5.5"),
+    ('{"id": 1, "type": "T", "ts": true}', "1:1", "'ts' must be an integer, got True"),
+    ('{"type": "T", "ts": 5}', "1:1", "event has no 'id'"),
+    ('{"id": 1, "type": "T", "ts": 99999999999999999999}', "1:1", "does not fit in 64 bits"),
+    ('{"id": 1, "type": "T", "ts": 5, "v": [1]}', "1:1", "attribute 'v' must be a number"),
+    ('{"id": 1, "type": "T", "ts": 5, "v": NaN}', "1:1", "NaN is not a valid number"),
+    ('[1, 2]', "1:1", "an event must be a map/object, got list"),
+]
+
+
+@pytest.mark.parametrize("line,where,reason", BAD_JSONL)
+def test_bad_jsonl_records_are_positioned(tmp_path, line, where, reason):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"id": 0, "type": "T", "ts": 1}\n' + line + "\n")
+    with pytest.raises(EventInputError) as info:
+        events(p)
+    line_no, col = where.split(":")
+    assert info.value.where == f"{int(line_no) + 1}:{col}"
+    assert reason in info.value.reason
+    assert str(info.value).startswith(f"{p}:{int(line_no) + 1}:{col}: ")
+
+
+def test_on_error_reports_and_goes_on(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"id": 0, "type": "T", "ts": 1}\nnot json\n{"id": 1, "ts": 2}\n'
+                 '{"id": 2, "type": "T", "ts": 3}\n')
+    errors = []
+    got = [e.id for _, e in read_events(str(p), on_error=errors.append)]
+    assert got == [0, 2]
+    assert [e.where for e in errors] == ["2:1", "3:1"]
+
+
+def test_bad_msgpack(tmp_path):
+    p = tmp_path / "bad.msgpack"
+    good = msgpack.packb({"id": 1, "type": "T", "ts": 5})
+    p.write_bytes(good + msgpack.packb({"events": [{"id": 2, "type": "T"}]}))
+    at = rf"record 2 \(byte {len(good)}\)"
+    with pytest.raises(EventInputError, match=at + " event 0: event has no 'ts'"):
+        events(p)
+    p.write_bytes(good + good[:-3])
+    with pytest.raises(EventInputError, match=at + ": truncated"):
+        events(p)
+    p.write_bytes(good + b"\xc1")
+    with pytest.raises(EventInputError, match=at + ": invalid msgpack"):
+        events(p)
+    p.write_bytes(msgpack.packb({"events": 5}))
+    with pytest.raises(EventInputError, match="must be a list"):
+        events(p)
+
+
+def test_bad_csv(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("id,type,value\n1,T,3\n")
+    with pytest.raises(EventInputError, match=r":1:1: CSV header lacks column\(s\) ts"):
+        events(p)
+    p.write_text("id,type,ts\n1,T,3\n2,T\n")
+    with pytest.raises(EventInputError, match=r":3:1: row has 2 cells, the header has 3"):
+        events(p)
+    p.write_text("id,type,ts\n1,T,x\n")
+    with pytest.raises(EventInputError, match=r":2:1: event 'ts' must be an integer, got 'x'"):
+        events(p)
+
+
+def test_format_selection(tmp_path):
+    p = tmp_path / "e.txt"
+    p.write_text('{"id": 1, "type": "T", "ts": 5}\n')
+    with pytest.raises(UserError, match="cannot tell the format"):
+        events(p)
+    assert events(p, "jsonl") == [Event(1, "T", 5, {})]
+    with pytest.raises(UserError, match="cannot read event file"):
+        events(tmp_path / "missing.jsonl")
+    p2 = tmp_path / "e.jsonl"
+    p2.write_bytes(b'{"id": 1, "type": "\xff", "ts": 5}\n')
+    with pytest.raises(EventInputError, match="not UTF-8"):
+        events(p2)
