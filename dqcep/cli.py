@@ -72,12 +72,54 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _load_rates(path: str | None) -> dict[str, float]:
+    if path is None:
+        return {}
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            rates = json.load(f)
+    except OSError as err:
+        raise UserError(f"cannot read rates file {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
+    if not isinstance(rates, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and v >= 0 for k, v in rates.items()):
+        raise UserError(f"{path}: rates must be a JSON object of event type -> events per "
+                        "second (a number >= 0)")
+    return rates
+
+
+def cmd_explain(args) -> int:
+    from dqcep.plan import build_plan, explain_dot, explain_text
+
+    queries = _load_queries(args.queries)
+    plan = build_plan(queries.queries, _load_rates(args.rates))
+    sys.stdout.write(explain_dot(plan) if args.dot else explain_text(plan))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dqcep", description="Complex event processing over IoT streams: "
                 "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
     p.add_argument("--version", action="version", version=f"dqcep {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
+
+    explain = sub.add_parser(
+        "explain", help="show the decomposed, shared query plan",
+        description="Plan the queries of QUERIES into one DAG of simplest sub-queries and "
+        "print it: vertices in topological order with their slots, windows, partition keys, "
+        "cost estimates, predicates and NOT guards; shared vertices are marked; then each "
+        "query's output and the filters that can be pushed down to preprocessing.")
+    explain.add_argument("queries", metavar="QUERIES.cep", help="query file")
+    explain.add_argument("--dot", action="store_true", help="print Graphviz DOT instead")
+    explain.add_argument("--rates", metavar="FILE",
+                         help="JSON object {event type: events per second} for the cost "
+                         "model (default: 1 event/s for every type)")
+    explain.set_defaults(func=cmd_explain)
 
     run = sub.add_parser("run", help="run queries over an event file",
                          description="Run the queries of QUERIES over the events of "

@@ -40,8 +40,9 @@ def _pattern(draw, names: _Names, types, depth: int, negated: bool) -> ast.Patte
     op = draw(st.sampled_from([ast.SEQ, ast.AND, ast.OR]))
     n = draw(st.integers(2, 3))
     items: list[ast.Item] = []
-    for _ in range(n):
-        can_negate = op != ast.OR and not negated
+    positive = draw(st.integers(0, n - 1))  # at least this item is not negated
+    for k in range(n):
+        can_negate = op != ast.OR and not negated and k != positive
         if can_negate and draw(st.integers(0, 3)) == 0:
             if draw(st.booleans()):
                 inner = ast.EventPattern(draw(types), names.fresh(True))
@@ -50,8 +51,6 @@ def _pattern(draw, names: _Names, types, depth: int, negated: bool) -> ast.Patte
             items.append(ast.Negation(inner))
         else:
             items.append(_pattern(draw, names, types, depth - 1, negated))
-    if all(isinstance(i, ast.Negation) for i in items):
-        items[draw(st.integers(0, n - 1))] = _pattern(draw, names, types, depth - 1, negated)
     return ast.Operator(op, tuple(items))
 
 

@@ -105,3 +105,40 @@ def test_help_and_console_script():
     assert "run" in dqcep("--help").stdout
     r = subprocess.run(["dqcep", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("dqcep ")
+
+
+def test_explain_marks_the_shared_vertex_with_its_parents():
+    r = dqcep("explain", EXAMPLES / "fire.cep")
+    assert r.returncode == 0, r.stderr
+    shared = [x for x in r.stdout.splitlines() if "SHARED by" in x]
+    seq = [x for x in shared if " SEQ " in x]
+    assert len(seq) == 1 and "smoke_rising, no_ventilation" in seq[0]
+    parents = seq[0].split("->")[1].split("[")[0].split(",")
+    assert len(parents) == 2
+    assert "estimated cost" in r.stdout and "pushdown filters" in r.stdout
+    assert "Temperature: has room AND t.value > 50" in r.stdout
+
+
+def test_explain_dot_and_rates(tmp_path):
+    r = dqcep("explain", EXAMPLES / "fire.cep", "--dot")
+    assert r.returncode == 0 and r.stdout.startswith("digraph dqcep_plan {")
+    assert "peripheries=2" in r.stdout  # shared vertices are drawn double
+    q = tmp_path / "q.cep"
+    q.write_text("PATTERN SEQ(A a, B b, C c) WITHIN 1 s")
+    rates = tmp_path / "rates.json"
+    rates.write_text('{"A": 1000, "B": 1, "C": 1}')
+    r = dqcep("explain", q, "--rates", rates)
+    assert r.returncode == 0 and "SEQ                    (v0 |" in r.stdout
+    rates.write_text('{"A": "fast"}')
+    r = dqcep("explain", q, "--rates", rates)
+    assert r.returncode == 2 and "rates must be a JSON object" in r.stderr
+
+
+def test_explain_bad_query_exit_2(tmp_path):
+    q = tmp_path / "bad.cep"
+    q.write_text("PATTERN OR(A a, NOT B b)\nWITHIN 1 s")
+    r = dqcep("explain", q)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"{q}:1:17: NOT is allowed only as an item of SEQ or AND, not of OR",
+        "    PATTERN OR(A a, NOT B b)", "                    ^"]

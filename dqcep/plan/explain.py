@@ -1,0 +1,122 @@
+"""Human-readable and Graphviz renderings of a plan (``dqcep explain``)."""
+from __future__ import annotations
+
+from dqcep.plan.orthogonal import Kind, Port
+from dqcep.plan.planner import UNBOUNDED, Plan
+
+_UNITS = (("h", 3_600_000), ("min", 60_000), ("s", 1000))
+
+
+def format_window(ms: int) -> str:
+    if ms == UNBOUNDED:
+        return "unbounded"
+    for unit, size in _UNITS:
+        if ms and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
+
+
+def _guard_text(plan: Plan, v: int) -> str:
+    g = plan.guard[v]
+    child = plan.graph.child(v, Port.CHILD)
+    host_slots = plan.slots[plan.graph.parents(v)[0]]
+
+    def names(slots):
+        return "(" + ", ".join(host_slots[s] for s in slots) + ")"
+
+    host = {"GAP": f"end{names(g.left_slots)} < ts < start{names(g.right_slots)}",
+            "LEADING": f"end(match) - W <= ts < start{names(g.right_slots)}",
+            "TRAILING": f"end{names(g.left_slots)} < ts <= start(match) + W",
+            "AND": "end(match) - W <= ts <= start(match) + W"}[g.mode]
+    text = f"NOT v{child} {g.mode}: no match with {host}"
+    if g.preds:
+        text += " satisfying " + " AND ".join(p.text for p in g.preds)
+    if g.holds_back:
+        text += "; holds the match until start + W"
+    return text
+
+
+def explain_text(plan: Plan) -> str:
+    g = plan.graph
+    shared = set(plan.shared_vertices())
+    n_ops = sum(1 for v in range(plan.n_vertices) if plan.kind(v) != Kind.OUTPUT)
+    lines = [f"plan: {len(plan.queries)} queries, {n_ops} operator/event vertices "
+             f"({len(shared)} shared) + {len(plan.queries)} outputs, {g.n_arcs} arcs; "
+             f"estimated cost {plan.total_cost:.4g} partial matches per window",
+             "", "vertices (children before parents):"]
+    for v in map(int, g.topo):
+        k = plan.kind(v)
+        if k == Kind.OUTPUT:
+            continue
+        view = plan.vertex(v)
+        head = f"  v{v:<3} {plan.label(v):<22}"
+        if k in (Kind.SEQ, Kind.AND, Kind.OR):
+            head += f" (v{view.lchild} | v{view.rchild})"
+        elif k == Kind.NOT:
+            head += f" (v{view.lchild})"
+        head += f"  slots [{', '.join(plan.slots[v])}]"
+        if k != Kind.NOT:
+            head += f"  window {format_window(int(plan.window[v]))}"
+        if plan.key_attrs[v]:
+            head += f"  key [{', '.join(plan.key_attrs[v])}]"
+        head += f"  est {plan.estimate[v]:.4g}"
+        parents = ", ".join(f"v{p}" for p in view.parents)
+        head += f"  -> {parents}" if parents else ""
+        if v in shared:
+            head += f"  [SHARED by {', '.join(plan.users[v])}]"
+        lines.append(head)
+        if k == Kind.NOT:
+            lines.append(f"        guard: {_guard_text(plan, v)}")
+        for p in plan.preds[v]:
+            lines.append(f"        {'filter' if k == Kind.EVENT else 'where'}: {p.text}")
+        for gv in view.guards:
+            lines.append(f"        checks NOT v{gv}")
+    lines += ["", "queries:"]
+    for q in plan.queries:
+        head = f"  {q.name}: OUTPUT v{q.output} <- v{q.root}, window {format_window(q.window_ms)}"
+        if q.never:
+            head += "  (a constant condition is false: never matches)"
+        lines.append(head)
+        for p in q.preds:
+            lines.append(f"        where (complete match): {p.text}")
+        for gv in g.guards(q.output):
+            lines.append(f"        checks NOT v{gv}")
+        for d in q.dropped:
+            lines.append(f"        ignored: {d}")
+    lines += ["", "pushdown filters (an event is kept if one alternative accepts it):"]
+    for etype, alts in plan.pushdown_filters().items():
+        texts = []
+        for f in alts:
+            parts = [f"has {a}" for a in f.required_attrs] + [p.text for p in f.preds]
+            texts.append(" AND ".join(parts) if parts else "all")
+        lines.append(f"  {etype}: " + "  |  ".join(texts))
+    return "\n".join(lines) + "\n"
+
+
+def _dot_escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def explain_dot(plan: Plan) -> str:
+    g = plan.graph
+    shared = set(plan.shared_vertices())
+    out = ["digraph dqcep_plan {", "  rankdir=BT;", '  node [fontname="Helvetica"];']
+    for v in range(plan.n_vertices):
+        k = plan.kind(v)
+        label = plan.label(v)
+        if k == Kind.NOT:
+            label = f"NOT {plan.guard[v].mode}"
+        details = [p.text for p in plan.preds[v]]
+        if plan.key_attrs[v]:
+            details.append("key [" + ", ".join(plan.key_attrs[v]) + "]")
+        text = f"v{v}: {label}" + "".join(f"\\n{_dot_escape(d)}" for d in details)
+        shape = {Kind.EVENT: "box", Kind.OUTPUT: "doubleoctagon", Kind.NOT: "diamond"}.get(
+            k, "ellipse")
+        style = ', peripheries=2, color="firebrick"' if v in shared else ""
+        out.append(f'  v{v} [label="{text}", shape={shape}{style}];')
+    for a in range(g.n_arcs):
+        port = Port(int(g.port[a])).name
+        style = ', style=dashed' if port == "GUARD" else ""
+        out.append(f'  v{g.tail[a]} -> v{g.head[a]} [label="{port}"{style}];')
+    out.append("}")
+    return "\n".join(out) + "\n"

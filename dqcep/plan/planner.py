@@ -1,0 +1,500 @@
+"""Queries -> one shared, decomposed operator DAG (the plan).
+
+Planning a file of queries takes two steps per query, then one for the file:
+
+1. *Decompose* the pattern into a binary tree: each n-ary SEQ/AND/OR becomes a
+   tree of simplest sub-queries (one operator, two operands), bracketed by the
+   cost model (``dqcep.plan.cost``). Each NOT becomes a guard: a unary NOT
+   vertex over the negated pattern, attached to the vertex that decides it.
+2. *Place predicates* on that tree (see ``_place``): single-variable conjuncts
+   become leaf filters, multi-variable conjuncts sit at the lowest vertex that
+   binds all their variables, a top-level ``[attr]`` becomes the partition key
+   of every vertex, conjuncts that need the whole match and the negations whose
+   interval depends on the whole match go to the query's OUTPUT vertex.
+3. *Intern* every tree into one orthogonal list by hash-consing: a vertex is
+   identified by its operator, its children, its compiled predicates, key and
+   guards. Predicates address events by slot, not by variable name, so the
+   same sub-query in two queries is one vertex with several parents. A shared
+   vertex prunes with the largest window among its users; each parent and the
+   OUTPUT re-check their own.
+
+The result (``Plan``) is plain data: numpy arrays, tuples and small frozen
+records. It pickles small and carries no parser objects or closures.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from dqcep.lang import ast
+from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
+from dqcep.plan.cost import MAX_AND_DP, CostModel, better
+from dqcep.plan.orthogonal import NIL, Kind, OrthogonalList, Port, VertexView
+
+UNBOUNDED = -1  # window of a vertex used only under a negation
+
+
+# ------------------------------------------------------------- plan records
+
+
+@dataclass(frozen=True)
+class GuardSpec:
+    """A NOT vertex: no match of its child may lie in the interval (spec section 3).
+
+    Slots: ``0..n_host-1`` are the host record's, ``n_host..`` the child's.
+    GAP:      end(left_slots)   <  ts <  start(right_slots)
+    LEADING:  end(match) - W    <= ts <  start(right_slots)
+    TRAILING: end(left_slots)   <  ts <= start(match) + W
+    AND:      end(match) - W    <= ts <= start(match) + W
+    The guard applies only to records where one of ``active_slots`` is bound
+    (a NOT inside an OR branch that was not taken imposes nothing).
+    """
+
+    mode: str
+    n_host: int
+    left_slots: tuple[int, ...]
+    right_slots: tuple[int, ...]
+    active_slots: tuple[int, ...]
+    preds: tuple[Predicate, ...]
+    window_ms: int
+    holds_back: bool  # TRAILING / AND: detected at start + W, after the watermark
+
+    @property
+    def signature(self) -> tuple:
+        return (self.mode, self.n_host, self.left_slots, self.right_slots, self.active_slots,
+                tuple(p.signature for p in self.preds), self.window_ms)
+
+
+@dataclass(frozen=True)
+class QuerySpec:
+    name: str
+    output: int                    # the OUTPUT vertex
+    root: int                      # the vertex whose results the OUTPUT emits
+    variables: tuple[str, ...]     # positive variables in source order
+    slot_of: tuple[tuple[str, int], ...]  # variable -> slot of the root record
+    window_ms: int
+    preds: tuple[Predicate, ...]   # checked on the complete match at the OUTPUT
+    never: bool                    # a constant conjunct is false: no match at all
+    returns: tuple[tuple[str, str | None], ...]
+    dropped: tuple[str, ...]       # conjuncts that can never apply (explain says why)
+
+
+@dataclass(frozen=True)
+class LeafFilter:
+    """What one EVENT vertex accepts: required attributes and filter predicates."""
+
+    required_attrs: tuple[str, ...]
+    preds: tuple[Predicate, ...]
+
+
+@dataclass
+class Plan:
+    graph: OrthogonalList
+    types: tuple[str, ...]                     # event type names; EVENT vertices index it
+    event_type: np.ndarray                     # int32[V]: type index, -1 for operators
+    window: np.ndarray                         # int64[V]: ms, UNBOUNDED under negation
+    estimate: np.ndarray                       # float64[V]: est. partial matches per window
+    slots: tuple[tuple[str, ...], ...]         # per vertex: slot labels of its records
+    preds: tuple[tuple[Predicate, ...], ...]   # per vertex: conjuncts checked there
+    key_attrs: tuple[tuple[str, ...], ...]     # per vertex: [attr] partition key
+    guard: tuple[GuardSpec | None, ...]        # per NOT vertex
+    users: tuple[tuple[str, ...], ...]         # per vertex: queries that use it
+    queries: tuple[QuerySpec, ...]
+
+    # ------------------------------------------------------------ views
+    @property
+    def n_vertices(self) -> int:
+        return self.graph.n_vertices
+
+    def kind(self, v: int) -> Kind:
+        return Kind(int(self.graph.kind[v]))
+
+    def label(self, v: int) -> str:
+        k = self.kind(v)
+        if k == Kind.EVENT:
+            return f"EVENT {self.types[self.event_type[v]]}"
+        if k == Kind.OUTPUT:
+            return f"OUTPUT {', '.join(self.users[v])}"
+        return k.name
+
+    def vertex(self, v: int) -> VertexView:
+        g = self.graph
+        k = self.kind(v)
+        left_port = Port.CHILD if k in (Kind.NOT, Kind.OUTPUT) else Port.LEFT
+        lchild, rchild = g.child(v, left_port), g.child(v, Port.RIGHT)
+        return VertexView(
+            node=v, data=self.label(v),
+            lchild=lchild, lchild_data=self.slots[lchild] if lchild != NIL else (),
+            rchild=rchild, rchild_data=self.slots[rchild] if rchild != NIL else (),
+            parents=g.parents(v), guards=g.guards(v))
+
+    def shared_vertices(self) -> list[int]:
+        """Operator/event vertices with more than one parent input."""
+        return [v for v in range(self.n_vertices)
+                if self.kind(v) not in (Kind.OUTPUT,) and
+                sum(1 for _ in self.graph.out_arcs(v)) > 1]
+
+    def pushdown_filters(self) -> dict[str, tuple[LeafFilter, ...]]:
+        """Per event type, the alternatives that keep an event (Spark pushes these down).
+
+        An event of type T is needed iff some alternative accepts it: it carries
+        the required attributes and passes every predicate (slot 0 is the event).
+        Types that no query uses are absent.
+        """
+        out: dict[str, list[LeafFilter]] = {}
+        for v in range(self.n_vertices):
+            if self.kind(v) == Kind.EVENT:
+                etype = self.types[self.event_type[v]]
+                f = LeafFilter(self.key_attrs[v], self.preds[v])
+                if f not in out.setdefault(etype, []):
+                    out[etype].append(f)
+        return {t: tuple(fs) for t, fs in sorted(out.items())}
+
+    @property
+    def total_cost(self) -> float:
+        internal = [v for v in range(self.n_vertices)
+                    if self.kind(v) in (Kind.SEQ, Kind.AND, Kind.OR)]
+        return float(self.estimate[internal].sum()) if internal else 0.0
+
+
+# ---------------------------------------------------- per-query binary tree
+
+
+@dataclass(eq=False)
+class _Node:
+    kind: Kind
+    vars: tuple[str, ...]            # output slots, in order
+    etype: str | None = None
+    left: "_Node | None" = None
+    right: "_Node | None" = None
+    preds: list[ast.Expr] = field(default_factory=list)
+    guards: list["_Guard"] = field(default_factory=list)
+    estimate: float = 0.0
+
+
+@dataclass(eq=False)
+class _Guard:
+    negation: ast.Negation
+    mode: str
+    left_vars: tuple[str, ...]
+    right_vars: tuple[str, ...]
+    active_vars: tuple[str, ...]
+    tree: _Node
+    preds: list[ast.Expr] = field(default_factory=list)
+
+
+class _QueryPlanner:
+    """Decomposition and predicate placement for one query."""
+
+    def __init__(self, q: ast.Query, cost: CostModel):
+        self.q = q
+        self.cost = cost
+        self.w = q.within.ms
+        self.negated = {e.var for e, neg in ast.event_patterns(q.pattern) if neg}
+        parts = ast.conjuncts(q.where)
+        self.constant = [c for c in parts if not ast.expr_vars(c) and not ast.has_equivalence(c)]
+        rest = [c for c in parts if c not in self.constant]
+        self.key_attrs = tuple(sorted({c.attr for c in rest if isinstance(c, ast.Equivalence)}))
+        rest = [c for c in rest if not isinstance(c, ast.Equivalence)]
+        self.positive = [c for c in rest if not ast.expr_vars(c) & self.negated]
+        self.negation_conjuncts = [c for c in rest if ast.expr_vars(c) & self.negated]
+        self.dropped: list[str] = []
+        self.final: list[ast.Expr] = []
+        self.output_guards: list[_Guard] = []
+
+    # decomposition --------------------------------------------------------
+    def tree(self, node: ast.Pattern, conjuncts: list[ast.Expr], keyed: bool) -> _Node:
+        """Binary tree of a positive pattern; ``conjuncts`` only steer the cost model."""
+        if isinstance(node, ast.EventPattern):
+            filters = [c for c in conjuncts if ast.expr_vars(c) == {node.var}]
+            return _Node(Kind.EVENT, (node.var,), etype=node.type,
+                         estimate=self.cost.leaf(node.type, self.w, filters))
+        items = [self.tree(i, conjuncts, keyed) for i in node.items
+                 if not isinstance(i, ast.Negation)]
+        return self._combine(node.op, items, conjuncts, keyed)
+
+    def _combine(self, op: str, items: list[_Node], conjuncts, keyed) -> _Node:
+        kind = Kind[op]
+        if op == ast.OR or len(items) == 1:
+            acc = items[0]
+            for it in items[1:]:
+                acc = _Node(kind, acc.vars + it.vars, left=acc, right=it,
+                            estimate=acc.estimate + it.estimate)
+            return acc
+        n = len(items)
+        item_vars = [frozenset(it.vars) for it in items]
+
+        def estimate(members: tuple[int, ...]) -> float:
+            inside = frozenset().union(*(item_vars[i] for i in members))
+            cs = [c for c in conjuncts if ast.expr_vars(c) <= inside
+                  and not any(ast.expr_vars(c) <= item_vars[i] for i in members)]
+            return self.cost.combine(op, [items[i].estimate for i in members], cs, keyed)
+
+        if op == ast.SEQ:
+            splits = lambda s: [(s[:k], s[k:]) for k in range(len(s) - 1, 0, -1)]  # noqa: E731
+            groups = [tuple(range(i, j)) for length in range(1, n + 1)
+                      for i in range(0, n - length + 1) for j in [i + length]]
+        elif n <= MAX_AND_DP:
+            def splits(s):
+                # Ties go to the first candidate: the left-deep split in source order,
+                # then other splits with a single operand on the right, then the rest.
+                first = (s[:-1], s[-1:])
+                rest = [(left, tuple(i for i in s if i not in left))
+                        for r in range(len(s) - 1, 0, -1)
+                        for left in itertools.combinations(s, r)]
+                return [first] + [x for x in rest if x != first]
+            groups = [c for r in range(1, n + 1) for c in itertools.combinations(range(n), r)]
+        else:
+            splits = lambda s: [(s[:-1], s[-1:])]  # noqa: E731
+            groups = [tuple(range(j)) for j in range(1, n + 1)] + [(i,) for i in range(1, n)]
+
+        best: dict[tuple[int, ...], tuple[float, tuple | None]] = {}
+        for g in groups:  # groups come smallest first
+            if len(g) == 1:
+                best[g] = (0.0, None)
+                continue
+            own = estimate(g)
+            choice = None
+            for left, right in splits(g):
+                if left not in best or right not in best:
+                    continue
+                c = own + best[left][0] + best[right][0]
+                if choice is None or better(c, choice[0]):
+                    choice = (c, (left, right))
+            best[g] = choice
+
+        def build(g):
+            if len(g) == 1:
+                return items[g[0]]
+            left, right = best[g][1]
+            lt, rt = build(left), build(right)
+            return _Node(kind, lt.vars + rt.vars, left=lt, right=rt, estimate=estimate(g))
+
+        return build(tuple(range(n)))
+
+    # placement ------------------------------------------------------------
+    @staticmethod
+    def lca(root: _Node, vars_: set[str]) -> _Node:
+        node = root
+        while True:
+            for child in (node.left, node.right):
+                if child is not None and vars_ <= set(child.vars):
+                    node = child
+                    break
+            else:
+                return node
+
+    def _place(self, root: _Node, conjuncts: list[ast.Expr]) -> None:
+        for c in conjuncts:
+            host = self.lca(root, set(ast.expr_vars(c)))
+            if host.kind == Kind.OR:
+                self.dropped.append(f"{_text(c)}: its variables lie in different OR branches, "
+                                    "so they are never bound together")
+            else:
+                host.preds.append(c)
+
+    def plan(self) -> tuple[_Node, list[_Guard]]:
+        q = self.q
+        root = self.tree(q.pattern, self.positive, bool(self.key_attrs))
+        for c in self.positive:
+            if ast.has_equivalence(c):
+                self.final.append(c)
+        self._place(root, [c for c in self.positive if not ast.has_equivalence(c)])
+        self._negations(q.pattern, root)
+        return root, self.output_guards
+
+    def _negations(self, node: ast.Item, root: _Node) -> None:
+        if not isinstance(node, ast.Operator):
+            return
+        positives = [i for i in node.items if not isinstance(i, ast.Negation)]
+        pos_vars = [tuple(ast.positive_vars(i)) for i in positives]
+        seen_positive = 0
+        for item in node.items:
+            if not isinstance(item, ast.Negation):
+                seen_positive += 1
+                self._negations(item, root)
+                continue
+            if node.op == ast.AND:
+                mode, left, right = "AND", (), ()
+                active = tuple(v for vs in pos_vars for v in vs)
+            elif seen_positive == 0:
+                mode, left, right = "LEADING", (), pos_vars[0]
+                active = right
+            elif seen_positive == len(positives):
+                mode, left, right = "TRAILING", pos_vars[-1], ()
+                active = left
+            else:
+                mode = "GAP"
+                left, right = pos_vars[seen_positive - 1], pos_vars[seen_positive]
+                active = left + right
+            self._guard(item, mode, left, right, active, root)
+
+    def _guard(self, neg: ast.Negation, mode, left, right, active, root: _Node) -> None:
+        neg_vars = set(ast.positive_vars(neg.pattern))
+        mine = [c for c in self.negation_conjuncts if ast.expr_vars(c) & neg_vars]
+        inner, outer = [], []
+        for c in mine:
+            others = ast.expr_vars(c) - neg_vars
+            if others & self.negated:
+                self.dropped.append(f"{_text(c)}: names variables of two different negations")
+            elif not others and not ast.has_equivalence(c):
+                inner.append(c)
+            else:
+                outer.append(c)
+        tree = self.tree(neg.pattern, inner, False)
+        self._place(tree, inner)
+        guard = _Guard(neg, mode, left, right, active, tree)
+        anchor = set(active)
+        for c in outer:
+            others = set(ast.expr_vars(c)) - neg_vars
+            if self.lca(root, anchor | others).kind == Kind.OR:
+                self.dropped.append(f"{_text(c)}: never bound together with the NOT's gap")
+                continue
+            guard.preds.append(c)
+            anchor |= others
+        at_output = mode != "GAP" or any(ast.has_equivalence(c) for c in guard.preds)
+        if at_output:
+            self.output_guards.append(guard)
+        else:
+            self.lca(root, anchor).guards.append(guard)
+
+
+def _text(e: ast.Expr) -> str:
+    from dqcep.lang.printer import format_expr
+    return format_expr(e)
+
+
+# -------------------------------------------------------------- interning
+
+
+class _Interner:
+    """Hash-conses per-query trees into one orthogonal list."""
+
+    def __init__(self):
+        self.graph = OrthogonalList()
+        self.ids: dict[tuple, int] = {}
+        self.types: list[str] = []
+        self.event_type: list[int] = []
+        self.window: list[int] = []
+        self.estimate: list[float] = []
+        self.slots: list[tuple[str, ...]] = []
+        self.preds: list[tuple[Predicate, ...]] = []
+        self.key_attrs: list[tuple[str, ...]] = []
+        self.guard: list[GuardSpec | None] = []
+        self.users: list[list[str]] = []
+
+    def _new(self, kind: Kind, sig: tuple, *, slots=(), preds=(), key=(), etype=-1,
+             guard=None, estimate=0.0, window: int, user: str) -> tuple[int, bool]:
+        if sig in self.ids:
+            v = self.ids[sig]
+            if self.window[v] != UNBOUNDED:
+                self.window[v] = UNBOUNDED if window == UNBOUNDED else max(self.window[v], window)
+            if user not in self.users[v]:
+                self.users[v].append(user)
+            return v, False
+        v = self.graph.add_vertex(kind)
+        self.ids[sig] = v
+        self.event_type.append(etype)
+        self.window.append(window)
+        self.estimate.append(estimate)
+        self.slots.append(tuple(slots))
+        self.preds.append(tuple(preds))
+        self.key_attrs.append(tuple(key))
+        self.guard.append(guard)
+        self.users.append([user])
+        return v, True
+
+    def node(self, t: _Node, key: tuple[str, ...], window: int, user: str, w_query: int) -> int:
+        slot_of = {var: i for i, var in enumerate(t.vars)}
+        preds = tuple(sorted((compile_predicate(c, slot_of, len(t.vars)) for c in t.preds),
+                             key=lambda p: p.signature))
+        guards = [self.not_vertex(g, t.vars, user, w_query) for g in t.guards]
+        common = dict(slots=t.vars, preds=preds, key=key, estimate=t.estimate,
+                      window=window, user=user)
+        if t.kind == Kind.EVENT:
+            if t.etype not in self.types:
+                self.types.append(t.etype)
+            etype = self.types.index(t.etype)
+            sig = (Kind.EVENT, etype, tuple(p.signature for p in preds), key)
+            v, _ = self._new(Kind.EVENT, sig, etype=etype, **common)
+            return v
+        left = self.node(t.left, key, window, user, w_query)
+        right = self.node(t.right, key, window, user, w_query)
+        sig = (t.kind, left, right, tuple(p.signature for p in preds), key, tuple(sorted(guards)))
+        v, created = self._new(t.kind, sig, **common)
+        if created:
+            self.graph.add_arc(left, v, Port.LEFT)
+            self.graph.add_arc(right, v, Port.RIGHT)
+            for gv in guards:
+                self.graph.add_arc(gv, v, Port.GUARD)
+        return v
+
+    def not_vertex(self, g: _Guard, host_vars: tuple[str, ...], user: str, w_query: int) -> int:
+        child = self.node(g.tree, (), UNBOUNDED, user, w_query)
+        slot_of = {var: i for i, var in enumerate(host_vars)}
+        slot_of.update({var: len(host_vars) + i for i, var in enumerate(g.tree.vars)})
+        preds = tuple(sorted((compile_predicate(c, slot_of, len(host_vars)) for c in g.preds),
+                             key=lambda p: p.signature))
+        spec = GuardSpec(
+            mode=g.mode, n_host=len(host_vars),
+            left_slots=tuple(slot_of[x] for x in g.left_vars if x in slot_of),
+            right_slots=tuple(slot_of[x] for x in g.right_vars if x in slot_of),
+            active_slots=tuple(slot_of[x] for x in g.active_vars if x in slot_of),
+            preds=preds, window_ms=w_query, holds_back=g.mode in ("TRAILING", "AND"))
+        sig = (Kind.NOT, child, spec.signature)
+        v, created = self._new(Kind.NOT, sig, slots=g.tree.vars, guard=spec,
+                               estimate=g.tree.estimate, window=UNBOUNDED, user=user)
+        if created:
+            self.graph.add_arc(child, v, Port.CHILD)
+        return v
+
+    def output(self, name: str, root: int, root_vars, preds, guards: list[int],
+               window: int) -> int:
+        v, _ = self._new(Kind.OUTPUT, (Kind.OUTPUT, name), slots=root_vars, preds=preds,
+                         window=window, user=name)
+        self.graph.add_arc(root, v, Port.CHILD)
+        for gv in guards:
+            self.graph.add_arc(gv, v, Port.GUARD)
+        return v
+
+
+def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None) -> Plan:
+    """Plan every query of a file into one shared DAG."""
+    cost = CostModel(dict(rates or {}))
+    interner = _Interner()
+    specs = []
+    for q in queries:
+        qp = _QueryPlanner(q, cost)
+        root_tree, output_guards = qp.plan()
+        w = q.within.ms
+        root = interner.node(root_tree, qp.key_attrs, w, q.name, w)
+        root_vars = root_tree.vars
+        slot_of = {var: i for i, var in enumerate(root_vars)}
+        final = tuple(compile_predicate(c, slot_of, len(root_vars)) for c in qp.final)
+        guards = [interner.not_vertex(g, root_vars, q.name, w) for g in output_guards]
+        out = interner.output(q.name, root, root_vars, final, guards, w)
+        never = not all(evaluate(compile_predicate(c, {}), lambda s, a: None)
+                        for c in qp.constant)
+        specs.append(QuerySpec(
+            name=q.name, output=out, root=root, variables=tuple(ast.positive_vars(q.pattern)),
+            slot_of=tuple(slot_of.items()), window_ms=w, preds=final, never=never,
+            returns=tuple((r.var, r.attr) for r in q.returns), dropped=tuple(qp.dropped)))
+    g = interner.graph
+    g.freeze()
+    plan = Plan(
+        graph=g, types=tuple(interner.types),
+        event_type=_frozen(np.asarray(interner.event_type, dtype=np.int32)),
+        window=_frozen(np.asarray(interner.window, dtype=np.int64)),
+        estimate=_frozen(np.asarray(interner.estimate, dtype=np.float64)),
+        slots=tuple(interner.slots), preds=tuple(interner.preds),
+        key_attrs=tuple(interner.key_attrs), guard=tuple(interner.guard),
+        users=tuple(tuple(u) for u in interner.users), queries=tuple(specs))
+    return plan
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a

@@ -1,0 +1,315 @@
+"""Planner: decomposition shapes, cost model, sharing, predicate placement, invariants."""
+import pickle
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dqcep.events import Event
+from dqcep.lang import ast, parse
+from dqcep.plan import Kind, Port, build_plan
+from dqcep.plan.bytecode import compile_predicate, evaluate_on_events
+from dqcep.reference import holds
+from tests.strategies import queries, query_files
+
+
+def plan_of(text, rates=None):
+    p = build_plan(parse(text).queries, rates)
+    p.graph.check_invariants()
+    return p
+
+
+def shape(p, v):
+    """Nested tuple of the binary tree under v: EVENT -> type name."""
+    k = p.kind(v)
+    if k == Kind.EVENT:
+        return p.types[p.event_type[v]]
+    view = p.vertex(v)
+    return (k.name, shape(p, view.lchild), shape(p, view.rchild))
+
+
+def root_shape(p, q=0):
+    return shape(p, p.queries[q].root)
+
+
+def vertices(p, kind):
+    return [v for v in range(p.n_vertices) if p.kind(v) == kind]
+
+
+# ---------------------------------------------------------------- decomposition
+
+
+def test_nary_operators_become_binary_left_deep_by_default():
+    p = plan_of("PATTERN SEQ(A a, B b, C c, D d) WITHIN 1 s")
+    assert root_shape(p) == ("SEQ", ("SEQ", ("SEQ", "A", "B"), "C"), "D")
+    p = plan_of("PATTERN OR(A a, B b, C c) WITHIN 1 s")
+    assert root_shape(p) == ("OR", ("OR", "A", "B"), "C")
+    p = plan_of("PATTERN AND(A a, B b, C c) WITHIN 1 s")
+    assert root_shape(p) == ("AND", ("AND", "A", "B"), "C")
+
+
+def test_every_operator_vertex_has_one_operator_and_two_operands():
+    p = plan_of("PATTERN SEQ(A a, AND(B b, C c, D d), OR(E e, F f, G g), H h) WITHIN 1 s")
+    for v in range(p.n_vertices):
+        ports = sorted(int(p.graph.port[a]) for a in p.graph.in_arcs(v))
+        if p.kind(v) in (Kind.SEQ, Kind.AND, Kind.OR):
+            assert ports == [Port.LEFT, Port.RIGHT]
+        elif p.kind(v) == Kind.EVENT:
+            assert ports == []
+    assert root_shape(p) == ("SEQ", ("SEQ", ("SEQ", "A", ("AND", ("AND", "B", "C"), "D")),
+                                     ("OR", ("OR", "E", "F"), "G")), "H")
+
+
+def test_cost_model_chooses_the_bracketing_with_fewer_partial_matches():
+    text = "PATTERN SEQ(A a, B b, C c) WITHIN 1 s"
+    # A is frequent, B and C rare: join B with C first
+    p = plan_of(text, {"A": 1000, "B": 1, "C": 1})
+    assert root_shape(p) == ("SEQ", "A", ("SEQ", "B", "C"))
+    # C frequent: the default left-deep tree is best
+    assert root_shape(plan_of(text, {"A": 1, "B": 1, "C": 1000})) == (
+        "SEQ", ("SEQ", "A", "B"), "C")
+    # a selective predicate between b and c makes (B C) cheap too
+    p = plan_of("PATTERN SEQ(A a, B b, C c) WHERE b.k = c.k AND c.x = b.x WITHIN 1 s")
+    assert root_shape(p) == ("SEQ", "A", ("SEQ", "B", "C"))
+
+
+def test_cost_model_reorders_and_operands():
+    p = plan_of("PATTERN AND(A a, B b, C c) WITHIN 1 s", {"A": 1000, "B": 2, "C": 3})
+    assert root_shape(p) == ("AND", ("AND", "B", "C"), "A")
+    assert p.queries[0].slot_of == (("b", 0), ("c", 1), ("a", 2))
+    assert p.queries[0].variables == ("a", "b", "c")
+
+
+def test_estimates_and_total_cost():
+    p = plan_of("PATTERN SEQ(A a, B b) WHERE a.x = 1 WITHIN 10 s", {"A": 2, "B": 3})
+    leaf_a = [v for v in vertices(p, Kind.EVENT) if p.types[p.event_type[v]] == "A"][0]
+    assert p.estimate[leaf_a] == 2 * 10 * 0.1
+    root = p.queries[0].root
+    assert p.estimate[root] == 2.0 * 30 / 2
+    assert p.total_cost == p.estimate[root]
+
+
+# ----------------------------------------------------------------------- NOT
+
+
+def test_not_is_a_unary_guard_on_the_gap_it_constrains():
+    p = plan_of("PATTERN SEQ(A a, B b, NOT N n, C c) WITHIN 1 s")
+    (nv,) = vertices(p, Kind.NOT)
+    g = p.guard[nv]
+    assert g.mode == "GAP" and not g.holds_back
+    host = p.vertex(nv).parents[0]
+    assert shape(p, host) == ("SEQ", ("SEQ", "A", "B"), "C")
+    assert [p.slots[host][s] for s in g.left_slots] == ["b"]
+    assert [p.slots[host][s] for s in g.right_slots] == ["c"]
+    arcs = [a for a in p.graph.in_arcs(host) if p.graph.port[a] == Port.GUARD]
+    assert [int(p.graph.tail[a]) for a in arcs] == [nv]
+    assert p.types[p.event_type[p.vertex(nv).lchild]] == "N"
+    # with B C joined first, the gap b|c is decided at the inner vertex
+    p = plan_of("PATTERN SEQ(A a, B b, NOT N n, C c) WITHIN 1 s", {"A": 1000})
+    (nv,) = vertices(p, Kind.NOT)
+    assert shape(p, p.vertex(nv).parents[0]) == ("SEQ", "B", "C")
+
+
+def test_whole_match_negations_are_checked_at_the_output():
+    p = plan_of("PATTERN SEQ(NOT L l, A a, B b, NOT T t) WITHIN 1 s;"
+                "PATTERN AND(A a, NOT N n, B b) WITHIN 2 s")
+    modes = {}
+    for nv in vertices(p, Kind.NOT):
+        (host,) = p.vertex(nv).parents
+        assert p.kind(host) == Kind.OUTPUT
+        modes[p.guard[nv].mode] = (p.guard[nv].holds_back, p.guard[nv].window_ms)
+    assert modes == {"LEADING": (False, 1000), "TRAILING": (True, 1000), "AND": (True, 2000)}
+
+
+def test_negated_sub_pattern_is_its_own_unbounded_subtree():
+    p = plan_of("PATTERN SEQ(A a, NOT (SEQ(N n, M m)), B b) WHERE m.v = n.v AND n.v > a.v "
+                "WITHIN 1 s")
+    (nv,) = vertices(p, Kind.NOT)
+    child = p.vertex(nv).lchild
+    assert shape(p, child) == ("SEQ", "N", "M")
+    assert p.window[child] == -1
+    assert [x.text for x in p.preds[child]] == ["m.v = n.v"]
+    assert [x.text for x in p.guard[nv].preds] == ["n.v > a.v"]
+    # guard predicates address host slots first, then the negated pattern's
+    assert p.guard[nv].preds[0].slots == (0, 2)
+
+
+def test_negation_conjunct_lifts_the_guard_to_where_its_variables_are_bound():
+    p = plan_of("PATTERN AND(X x, SEQ(A a, NOT N n, B b)) WHERE n.v = x.v WITHIN 1 s")
+    (nv,) = vertices(p, Kind.NOT)
+    host = p.vertex(nv).parents[0]
+    assert shape(p, host) == ("AND", "X", ("SEQ", "A", "B"))
+    g = p.guard[nv]
+    assert [p.slots[host][s] for s in g.active_slots] == ["a", "b"]
+
+
+def test_negated_single_variable_conjunct_is_a_filter_of_the_negated_leaf():
+    p = plan_of("PATTERN SEQ(A a, NOT W w, B b) WHERE w.open = true WITHIN 1 s")
+    (nv,) = vertices(p, Kind.NOT)
+    leaf = p.vertex(nv).lchild
+    assert [x.text for x in p.preds[leaf]] == ["w.open = true"]
+    assert p.guard[nv].preds == ()
+    assert [f.preds[0].text for f in p.pushdown_filters()["W"]] == ["w.open = true"]
+
+
+# ------------------------------------------------------------------- placement
+
+
+def test_predicate_placement():
+    p = plan_of("""PATTERN SEQ(A a, B b, C c)
+                   WHERE a.x > 5 AND b.y = 'on' AND a.x < b.x AND c.z = a.z + b.z
+                     AND ([room] OR c.z > 1) AND 1 < 2
+                   WITHIN 1 s""")
+    by_text = {}
+    for v in range(p.n_vertices):
+        for pred in p.preds[v]:
+            by_text[pred.text] = shape(p, v) if p.kind(v) != Kind.OUTPUT else "OUTPUT"
+    assert by_text == {
+        "a.x > 5": "A", "b.y = 'on'": "B",
+        "a.x < b.x": ("SEQ", "A", "B"),
+        "c.z = a.z + b.z": ("SEQ", ("SEQ", "A", "B"), "C"),
+        "[room] OR c.z > 1": "OUTPUT",
+    }
+    assert p.queries[0].preds[0].text == "[room] OR c.z > 1"
+    assert not p.queries[0].never
+
+
+def test_equivalence_becomes_the_partition_key_of_every_vertex():
+    p = plan_of("PATTERN SEQ(A a, NOT N n, OR(B b, C c)) WHERE [room] AND [site] WITHIN 1 s")
+    for v in range(p.n_vertices):
+        k = p.kind(v)
+        if k == Kind.NOT or (k == Kind.EVENT and p.types[p.event_type[v]] == "N"):
+            assert p.key_attrs[v] == ()  # [attr] never constrains negated events
+        elif k != Kind.OUTPUT:
+            assert p.key_attrs[v] == ("room", "site")
+    assert p.pushdown_filters()["A"][0].required_attrs == ("room", "site")
+
+
+def test_conjunct_across_or_branches_is_ignored_and_reported():
+    p = plan_of("PATTERN OR(A a, B b) WHERE a.x = b.x AND a.y > 1 WITHIN 1 s")
+    assert [x.text for v in range(p.n_vertices) for x in p.preds[v]] == ["a.y > 1"]
+    assert "a.x = b.x" in p.queries[0].dropped[0]
+
+
+def test_constant_false_conjunct_means_never():
+    assert plan_of("PATTERN A a WHERE 1 > 2 WITHIN 1").queries[0].never
+    assert not plan_of("PATTERN A a WHERE 'x' = 'x' WITHIN 1").queries[0].never
+
+
+def test_pushdown_filters_keep_an_event_if_any_leaf_wants_it():
+    p = plan_of("PATTERN SEQ(A a, B b) WHERE a.x > 1 WITHIN 1 s;"
+                "PATTERN SEQ(A a, C c) WHERE a.x < 0 WITHIN 1 s;"
+                "PATTERN SEQ(B b, C c) WITHIN 1 s")
+    f = p.pushdown_filters()
+    assert sorted(alt.preds[0].text for alt in f["A"]) == ["a.x < 0", "a.x > 1"]
+    assert f["B"][0].preds == () and set(f) == {"A", "B", "C"}
+
+
+# --------------------------------------------------------------------- sharing
+
+SHARING = """
+QUERY q_fire  PATTERN SEQ(Temperature t, Smoke s, Alarm a) WHERE [room] AND t.v > 50 WITHIN 30 s;
+QUERY q_door  PATTERN SEQ(Temperature x, Smoke y, Door d)  WHERE [room] AND x.v > 50 WITHIN 1 min;
+QUERY q_pair  PATTERN SEQ(Temperature u, Smoke w)          WHERE [room] AND u.v > 50 WITHIN 10 s;
+QUERY q_other PATTERN SEQ(Temperature t, Smoke s)          WHERE [room] AND t.v > 60 WITHIN 10 s
+"""
+
+
+def test_identical_sub_queries_become_one_vertex_with_several_parents():
+    p = plan_of(SHARING)
+    ts = [v for v in vertices(p, Kind.SEQ) if shape(p, v) == ("SEQ", "Temperature", "Smoke")]
+    # q_fire, q_door, q_pair share one SEQ(T, S) (variable names differ); q_other's
+    # filter differs, so it has its own
+    assert len(ts) == 2
+    shared = next(v for v in ts if len(p.users[v]) == 3)
+    assert set(p.users[shared]) == {"q_fire", "q_door", "q_pair"}
+    assert len(p.vertex(shared).parents) == 3  # two SEQ parents and q_pair's OUTPUT
+    assert p.window[shared] == 60_000          # the largest window among its users
+    assert shared in p.shared_vertices()
+    assert p.queries[2].root == shared
+    # without sharing the four queries would need 4 + 3 + 3 + 2 + 2 + 2 = 16 vertices
+    ops = [v for v in range(p.n_vertices) if p.kind(v) != Kind.OUTPUT]
+    assert len(ops) == 9
+
+
+def test_sharing_spans_nested_sub_patterns_and_negations():
+    p = plan_of("PATTERN SEQ(A a, NOT N n, AND(B b, OR(C c, D d))) WITHIN 1 s;"
+                "PATTERN SEQ(E e, NOT N m, AND(B x, OR(C y, D z))) WITHIN 1 s")
+    ands = [v for v in vertices(p, Kind.AND)]
+    assert len(ands) == 1 and len(p.vertex(ands[0]).parents) == 2
+    assert len(vertices(p, Kind.OR)) == 1
+    assert len(vertices(p, Kind.NOT)) == 1  # the same guard spec on the same gap shape
+
+
+def test_same_leaf_twice_feeds_both_inputs():
+    p = plan_of("PATTERN AND(A x, A y) WITHIN 1 s")
+    (leaf,) = vertices(p, Kind.EVENT)
+    ports = sorted(int(p.graph.port[a]) for a in p.graph.out_arcs(leaf))
+    assert ports == [Port.LEFT, Port.RIGHT]
+
+
+# ------------------------------------------------------ structure and invariants
+
+
+def test_vertex_exposes_the_six_domains_and_parents():
+    p = plan_of("PATTERN SEQ(A a, B b) WITHIN 1 s")
+    root = p.queries[0].root
+    view = p.vertex(root)
+    assert view.node == root and view.data == "SEQ"
+    assert p.label(view.lchild) == "EVENT A" and view.lchild_data == ("a",)
+    assert p.label(view.rchild) == "EVENT B" and view.rchild_data == ("b",)
+    assert view.parents == (p.queries[0].output,)
+
+
+def test_plan_is_plain_data_that_pickles_small():
+    from pathlib import Path
+    text = (Path(__file__).parent.parent / "examples" / "fire.cep").read_text()
+    p = build_plan(parse(text).queries)
+    blob = pickle.dumps(p)
+    assert len(blob) < 8000
+    assert b"lark" not in blob and b"dqcep.lang" not in blob
+    q = pickle.loads(blob)
+    assert (q.graph.tail == p.graph.tail).all() and q.queries == p.queries
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(query_files(max_queries=4))
+def test_invariants_on_random_query_files(f):
+    p = build_plan(f.queries)
+    g = p.graph
+    g.check_invariants()  # each arc in exactly one out-list and one in-list; topo order
+    assert sorted(map(int, g.topo)) == list(range(p.n_vertices))
+    for v in range(p.n_vertices):
+        ports = sorted(int(g.port[a]) for a in g.in_arcs(v) if g.port[a] != Port.GUARD)
+        expect = {Kind.EVENT: [], Kind.NOT: [Port.CHILD], Kind.OUTPUT: [Port.CHILD]}.get(
+            p.kind(v), [Port.LEFT, Port.RIGHT])
+        assert ports == expect
+        if p.kind(v) != Kind.OUTPUT:
+            assert p.vertex(v).parents, f"v{v} feeds nothing"
+        view = p.vertex(v)
+        if p.kind(v) in (Kind.SEQ, Kind.AND, Kind.OR):
+            assert len(p.slots[v]) == len(view.lchild_data) + len(view.rchild_data)
+    for q, spec in zip(f.queries, p.queries):
+        assert sorted(spec.variables) == sorted(ast.positive_vars(q.pattern))
+        assert sorted(v for v, _ in spec.slot_of) == sorted(spec.variables)
+
+
+# -------------------------------------------------------------------- bytecode
+
+VALUES = st.one_of(st.integers(-3, 3), st.floats(-3, 3, allow_nan=False), st.booleans(),
+                   st.sampled_from(["a", "b", ""]))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(queries(types=st.just("T"), var_names=st.sampled_from(["x", "y", "z"]),
+               attrs=st.sampled_from(["p", "q"]), max_depth=2), st.data())
+def test_bytecode_agrees_with_the_reference_evaluator(q, data):
+    vars_ = [e.var for e, neg in ast.event_patterns(q.pattern)]
+    events = {}
+    for i, var in enumerate(vars_):
+        attrs = {a: data.draw(VALUES) for a in ("p", "q") if data.draw(st.booleans())}
+        events[var] = Event(i, "T", data.draw(st.integers(0, 5)), attrs)
+    slot_of = {v: i for i, v in enumerate(vars_)}
+    for c in ast.conjuncts(q.where):
+        pred = compile_predicate(c, slot_of, len(vars_))
+        assert evaluate_on_events(pred, [events[v] for v in vars_]) == \
+            holds(c, events, vars_), pred.text
