@@ -9,6 +9,7 @@ import math
 
 from hypothesis import strategies as st
 
+from dqcep.events import Event
 from dqcep.lang import ast
 from dqcep.lang.parser import KEYWORDS
 
@@ -34,7 +35,8 @@ class _Names:
         return var
 
 
-def _pattern(draw, names: _Names, types, depth: int, negated: bool) -> ast.Pattern:
+def _pattern(draw, names: _Names, types, depth: int, negated: bool,
+             negation_odds: int = 4) -> ast.Pattern:
     if depth == 0 or draw(st.integers(0, 2)) == 0:
         return ast.EventPattern(draw(types), names.fresh(negated))
     op = draw(st.sampled_from([ast.SEQ, ast.AND, ast.OR]))
@@ -43,30 +45,39 @@ def _pattern(draw, names: _Names, types, depth: int, negated: bool) -> ast.Patte
     positive = draw(st.integers(0, n - 1))  # at least this item is not negated
     for k in range(n):
         can_negate = op != ast.OR and not negated and k != positive
-        if can_negate and draw(st.integers(0, 3)) == 0:
+        if can_negate and draw(st.integers(0, negation_odds - 1)) == 0:
             if draw(st.booleans()):
                 inner = ast.EventPattern(draw(types), names.fresh(True))
             else:
-                inner = _pattern(draw, names, types, depth - 1, True)
+                inner = _pattern(draw, names, types, depth - 1, True, negation_odds)
             items.append(ast.Negation(inner))
         else:
-            items.append(_pattern(draw, names, types, depth - 1, negated))
+            items.append(_pattern(draw, names, types, depth - 1, negated, negation_odds))
     return ast.Operator(op, tuple(items))
 
 
-def _num(draw, vars_, attrs, depth):
+NUMBERS = st.one_of(st.integers(0, 10**6), NONNEG_FLOATS)
+SMALL_NUMBERS = st.one_of(st.integers(0, 3), st.sampled_from([0.5, 1.5]))
+
+
+def _num(draw, vars_, attrs, depth, numbers=NUMBERS):
     choice = draw(st.integers(0, 4 if depth > 0 else 1))
     if choice == 0:
-        return ast.Number(draw(st.one_of(st.integers(0, 10**6), NONNEG_FLOATS)))
+        return ast.Number(draw(numbers))
     if choice == 1:
         return ast.AttrRef(draw(st.sampled_from(vars_)), draw(attrs))
     if choice == 2:
-        return ast.Unary("-", _num(draw, vars_, attrs, depth - 1))
+        return ast.Unary("-", _num(draw, vars_, attrs, depth - 1, numbers))
     op = draw(st.sampled_from(ast.ARITHMETIC))
-    return ast.Binary(op, _num(draw, vars_, attrs, depth - 1), _num(draw, vars_, attrs, depth - 1))
+    return ast.Binary(op, _num(draw, vars_, attrs, depth - 1, numbers),
+                      _num(draw, vars_, attrs, depth - 1, numbers))
 
 
-def _bool(draw, vars_, attrs, depth):
+def _bool(draw, vars_, attrs, depth, numbers=NUMBERS, strings=None):
+    if draw(st.integers(0, 3)) == 0:  # the common shape: compare two variables
+        return ast.Binary(draw(st.sampled_from(ast.COMPARISONS)),
+                          ast.AttrRef(draw(st.sampled_from(vars_)), draw(attrs)),
+                          ast.AttrRef(draw(st.sampled_from(vars_)), draw(attrs)))
     choice = draw(st.integers(0, 7 if depth > 0 else 2))
     if choice == 0:
         return ast.Boolean(draw(st.booleans()))
@@ -75,28 +86,40 @@ def _bool(draw, vars_, attrs, depth):
     if choice == 2:
         return ast.AttrRef(draw(st.sampled_from(vars_)), draw(attrs))
     if choice == 3:
-        return ast.Unary("NOT", _bool(draw, vars_, attrs, depth - 1))
+        return ast.Unary("NOT", _bool(draw, vars_, attrs, depth - 1, numbers, strings))
     if choice == 4:
-        return ast.Binary(draw(st.sampled_from(ast.LOGICAL)), _bool(draw, vars_, attrs, depth - 1),
-                          _bool(draw, vars_, attrs, depth - 1))
+        return ast.Binary(draw(st.sampled_from(ast.LOGICAL)),
+                          _bool(draw, vars_, attrs, depth - 1, numbers, strings),
+                          _bool(draw, vars_, attrs, depth - 1, numbers, strings))
     if choice == 5:
-        text = st.text(st.characters(exclude_characters="\n", codec="utf-8"), max_size=6)
+        text = strings if strings is not None else st.text(st.characters(exclude_characters="\n", codec="utf-8"),
+                                  max_size=6)
         return ast.Binary(draw(st.sampled_from(ast.EQUALITY)),
                           ast.AttrRef(draw(st.sampled_from(vars_)), draw(attrs)),
                           ast.String(draw(text)))
-    return ast.Binary(draw(st.sampled_from(ast.COMPARISONS)), _num(draw, vars_, attrs, depth - 1),
-                      _num(draw, vars_, attrs, depth - 1))
+    return ast.Binary(draw(st.sampled_from(ast.COMPARISONS)),
+                      _num(draw, vars_, attrs, depth - 1, numbers),
+                      _num(draw, vars_, attrs, depth - 1, numbers))
+
+
+WINDOWS = st.builds(ast.Within, st.integers(0, 10**6), st.sampled_from(list(ast.UNIT_MS)))
 
 
 @st.composite
-def queries(draw, types=IDENT, var_names=IDENT, attrs=IDENT, max_depth=3, name=None):
+def queries(draw, types=IDENT, var_names=IDENT, attrs=IDENT, max_depth=3, name=None,
+            windows=WINDOWS, numbers=NUMBERS, strings=None, negation_odds=4):
     names = _Names(draw, var_names)
-    pattern = _pattern(draw, names, types, draw(st.integers(0, max_depth)), False)
+    pattern = _pattern(draw, names, types, draw(st.integers(0, max_depth)), False,
+                       negation_odds)
     vars_ = [v for v, _ in names.used]
     where = None
     if draw(st.booleans()):
-        where = _bool(draw, vars_, attrs, draw(st.integers(0, 3)))
-    within = ast.Within(draw(st.integers(0, 10**6)), draw(st.sampled_from(list(ast.UNIT_MS))))
+        where = _bool(draw, vars_, attrs, draw(st.integers(0, 3)), numbers, strings)
+        # top-level conjuncts the way users write them: several, joined by AND
+        for _ in range(draw(st.integers(0, 2))):
+            more = _bool(draw, vars_, attrs, draw(st.integers(0, 2)), numbers, strings)
+            where = ast.Binary("AND", where, more)
+    within = draw(windows)
     positives = [v for v, neg in names.used if not neg]
     returns = []
     for var in draw(st.lists(st.sampled_from(positives), unique=True, max_size=3)):
@@ -106,8 +129,133 @@ def queries(draw, types=IDENT, var_names=IDENT, attrs=IDENT, max_depth=3, name=N
 
 
 @st.composite
-def query_files(draw, max_queries=3):
+def query_files(draw, max_queries=3, **query_kwargs):
     qs = []
     for k in range(draw(st.integers(1, max_queries))):
-        qs.append(draw(queries(name=f"query{k}")))
+        qs.append(draw(queries(name=f"query{k}", **query_kwargs)))
     return ast.QueryFile("<test>", tuple(qs))
+
+
+# ------------------------------------------------------------- small worlds
+# Few types, attributes and values, small windows: matches are frequent, so
+# differential tests exercise every rule instead of agreeing on empty sets.
+
+SMALL_TYPES = st.sampled_from(["A", "B", "C"])
+SMALL_ATTRS = st.sampled_from(["p", "q"])
+SMALL_VARS = st.from_regex(r"[a-h][0-9]?", fullmatch=True)
+SMALL_WINDOWS = st.builds(ast.Within, st.integers(0, 12), st.just("ms"))
+
+
+def small_queries(name=None, max_depth=2):
+    return queries(types=SMALL_TYPES, var_names=SMALL_VARS, attrs=SMALL_ATTRS,
+                   max_depth=max_depth, name=name, windows=SMALL_WINDOWS,
+                   numbers=SMALL_NUMBERS, strings=st.sampled_from(["x", "y"]),
+                   negation_odds=2)
+
+
+@st.composite
+def small_query_files(draw, max_queries=3):
+    """Query files whose queries often share sub-patterns: later queries may copy an
+    earlier one with other variable names and another window."""
+    qs = []
+    for k in range(draw(st.integers(1, max_queries))):
+        if qs and draw(st.booleans()):
+            base = draw(st.sampled_from(qs))
+            q = _renamed(base, draw)
+            q = ast.Query(f"query{k}", q.pattern, q.where, draw(SMALL_WINDOWS), q.returns)
+        else:
+            q = draw(small_queries(name=f"query{k}"))
+        qs.append(q)
+    return ast.QueryFile("<test>", tuple(qs))
+
+
+def _renamed(q: ast.Query, draw) -> ast.Query:
+    """The same query with every variable renamed (v -> v + '_r')."""
+    import dataclasses
+
+    def walk(node):
+        if isinstance(node, ast.EventPattern):
+            return ast.EventPattern(node.type, node.var + "_r")
+        if isinstance(node, ast.AttrRef):
+            return ast.AttrRef(node.var + "_r", node.attr)
+        if isinstance(node, ast.ReturnItem):
+            return ast.ReturnItem(node.var + "_r", node.attr)
+        if dataclasses.is_dataclass(node):
+            changes = {}
+            for f in dataclasses.fields(node):
+                value = getattr(node, f.name)
+                if isinstance(value, tuple):
+                    changes[f.name] = tuple(walk(x) for x in value)
+                elif dataclasses.is_dataclass(value):
+                    changes[f.name] = walk(value)
+            return dataclasses.replace(node, **changes)
+        return node
+
+    return walk(q)
+
+
+ATTR_VALUES = st.one_of(st.integers(0, 3), st.sampled_from([0.5, 1.5]), st.booleans(),
+                        st.sampled_from(["x", "y"]))
+
+
+@st.composite
+def small_event_streams(draw, max_events=12, max_ts=15):
+    n = draw(st.integers(0, max_events))
+    out = []
+    for i in range(n):
+        attrs = {a: draw(ATTR_VALUES) for a in ("p", "q", "room") if draw(st.integers(0, 4))}
+        if "room" in attrs:
+            attrs["room"] = draw(st.sampled_from(["r1", "r2"]))
+        out.append(Event(i + 1, draw(SMALL_TYPES), draw(st.integers(0, max_ts)), attrs))
+    return out
+
+
+@st.composite
+def negation_queries(draw, name="neg"):
+    """SEQ/AND queries built around NOT: every position, sub-patterns, OR branches and
+    conjuncts that tie the negated variable to positive ones."""
+    counter = iter(range(100))
+
+    def leaf(prefix):
+        return ast.EventPattern(draw(SMALL_TYPES), f"{prefix}{next(counter)}")
+
+    op = draw(st.sampled_from([ast.SEQ, ast.AND]))
+    positives = [leaf("x") for _ in range(draw(st.integers(1, 3)))]
+    if draw(st.booleans()):  # one positive item is itself an operator
+        positives[0] = ast.Operator(draw(st.sampled_from([ast.SEQ, ast.AND, ast.OR])),
+                                    (leaf("x"), leaf("x")))
+    items: list[ast.Item] = list(positives)
+    for _ in range(draw(st.integers(1, 2))):
+        if draw(st.integers(0, 2)) == 0:
+            negated = ast.Operator(draw(st.sampled_from([ast.SEQ, ast.AND, ast.OR])),
+                                   (leaf("n"), leaf("n")))
+        else:
+            negated = leaf("n")
+        items.insert(draw(st.integers(0, len(items))), ast.Negation(negated))
+    pattern: ast.Pattern = ast.Operator(op, tuple(items))
+    wrap = draw(st.integers(0, 3))
+    if wrap == 1:  # the negation sits in one branch of an OR
+        pattern = ast.Operator(ast.OR, (pattern, leaf("x")))
+    elif wrap == 2:  # ... or in a SEQ/AND nested in another operator
+        pattern = ast.Operator(draw(st.sampled_from([ast.SEQ, ast.AND])),
+                               (leaf("x"), pattern) if draw(st.booleans()) else (pattern, leaf("x")))
+    pos_vars = ast.positive_vars(pattern)
+    neg_vars = [e.var for e, neg in ast.event_patterns(pattern) if neg]
+    conj: list[ast.Expr] = []
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.integers(0, 3))
+        n = ast.AttrRef(draw(st.sampled_from(neg_vars)), draw(SMALL_ATTRS))
+        if kind == 0:
+            other = ast.AttrRef(draw(st.sampled_from(pos_vars)), draw(SMALL_ATTRS))
+        elif kind == 1:
+            other = ast.AttrRef(draw(st.sampled_from(neg_vars)), draw(SMALL_ATTRS))
+        elif kind == 2:
+            other = ast.Number(draw(st.integers(0, 3)))
+        else:
+            conj.append(ast.Equivalence("room"))
+            continue
+        conj.append(ast.Binary(draw(st.sampled_from(ast.COMPARISONS)), n, other))
+    where = None
+    for c in conj:
+        where = c if where is None else ast.Binary("AND", where, c)
+    return ast.Query(name, pattern, where, draw(SMALL_WINDOWS), ())

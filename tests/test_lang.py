@@ -198,6 +198,13 @@ def test_error_caret_keeps_tabs():
 # ------------------------------------------------------------------ round trip
 
 
+def test_printer_never_writes_a_comment_marker():
+    q = one("PATTERN A a WHERE 0 = -(-a.p) AND a.x - -1 > 0 WITHIN 1")
+    text = to_source(q)
+    assert "--" not in text
+    assert one(text) == q
+
+
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(queries())
 def test_round_trip_query(q):

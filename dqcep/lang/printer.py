@@ -41,7 +41,8 @@ def format_expr(e: ast.Expr) -> str:
         return f"[{e.attr}]"
     if isinstance(e, ast.Unary):
         inner = format_expr(e.operand)
-        if _prec(e.operand) < _prec(e):
+        # "--" would start a comment, so a minus never directly follows another
+        if _prec(e.operand) < _prec(e) or (e.op == "-" and inner.startswith("-")):
             inner = f"({inner})"
         return f"NOT {inner}" if e.op == "NOT" else f"-{inner}"
     assert isinstance(e, ast.Binary)
