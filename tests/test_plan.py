@@ -313,3 +313,17 @@ def test_bytecode_agrees_with_the_reference_evaluator(q, data):
         pred = compile_predicate(c, slot_of, len(vars_))
         assert evaluate_on_events(pred, [events[v] for v in vars_]) == \
             holds(c, events, vars_), pred.text
+
+
+def test_guard_conjunct_on_an_or_neighbour_is_kept():
+    # Found by hypothesis: the gap's neighbour is an OR, the conjunct names one branch.
+    # It applies whenever that branch is taken, so it must not be dropped.
+    p = plan_of("PATTERN SEQ(NOT A n, OR(A x1, A x2)) WHERE n.p = x1.p WITHIN 1 s")
+    (nv,) = vertices(p, Kind.NOT)
+    assert [x.text for x in p.guard[nv].preds] == ["n.p = x1.p"]
+    assert p.queries[0].dropped == ()
+    # whereas a conjunct with the other branch of an OR around the gap never applies
+    p = plan_of("PATTERN OR(SEQ(A a, NOT N n, B b), C c) WHERE n.v = c.v WITHIN 1 s")
+    (nv,) = vertices(p, Kind.NOT)
+    assert p.guard[nv].preds == ()
+    assert "never bound together" in p.queries[0].dropped[0]

@@ -333,3 +333,10 @@ def test_ten_thousand_events_in_seconds():
     elapsed = time.perf_counter() - started
     assert {m.query for m in ms} == {"fire", "pair", "late"}
     print(f"reference: {len(ms)} matches over 10^4 events in {elapsed:.2f} s")
+
+
+def test_leading_not_conjunct_with_an_or_neighbour():
+    # the conjunct names x1; when x1 is bound and the A at ts 0 lacks p, it cannot block
+    q = "PATTERN SEQ(NOT A n, OR(A x1, A x2)) WHERE n.p = x1.p WITHIN 1"
+    es = [ev(1, "A", 0), ev(2, "A", 1)]
+    assert ids(q, es) == {(("x1", 1),), (("x1", 2),), (("x2", 1),)}

@@ -287,6 +287,17 @@ class _QueryPlanner:
             else:
                 return node
 
+    @staticmethod
+    def co_bindable(node: _Node, vars_: set[str]) -> bool:
+        """Can all of ``vars_`` be bound in one match (no OR splits them)?"""
+        if node.left is None:
+            return True
+        sides = [vars_ & set(child.vars) for child in (node.left, node.right)]
+        if node.kind == Kind.OR and all(sides):
+            return False
+        return all(_QueryPlanner.co_bindable(child, side)
+                   for child, side in zip((node.left, node.right), sides) if side)
+
     def _place(self, root: _Node, conjuncts: list[ast.Expr]) -> None:
         for c in conjuncts:
             host = self.lca(root, set(ast.expr_vars(c)))
@@ -350,7 +361,10 @@ class _QueryPlanner:
         anchor = set(active)
         for c in outer:
             others = set(ast.expr_vars(c)) - neg_vars
-            if self.lca(root, anchor | others).kind == Kind.OR:
+            # The guard applies when one of its active variables is bound (its
+            # item was taken); the conjunct matters if its variables can be bound
+            # together with one of them. Where they are not, it is ignored at run time.
+            if not any(self.co_bindable(root, others | {a}) for a in active):
                 self.dropped.append(f"{_text(c)}: never bound together with the NOT's gap")
                 continue
             guard.preds.append(c)
