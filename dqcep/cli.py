@@ -65,8 +65,11 @@ def cmd_run(args) -> int:
     matcher = ReferenceMatcher(queries.queries)
     events = _read_all_events(args)
     matches = matcher.run(events)
-    out_ctx = nullcontext(sys.stdout) if args.output in (None, "-") else \
-        open(args.output, "w", encoding="utf-8")
+    try:
+        out_ctx = nullcontext(sys.stdout) if args.output in (None, "-") else \
+            open(args.output, "w", encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"cannot write matches to {args.output}: {err.strerror}") from None
     with out_ctx as out:
         write_matches(matches, out, with_returns=args.returns)
     return 0

@@ -142,3 +142,10 @@ def test_explain_bad_query_exit_2(tmp_path):
     assert r.stderr.splitlines() == [
         f"{q}:1:17: NOT is allowed only as an item of SEQ or AND, not of OR",
         "    PATTERN OR(A a, NOT B b)", "                    ^"]
+
+
+def test_unwritable_output_exit_2(tmp_path):
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl",
+              "--output", tmp_path / "missing-dir" / "m.jsonl")
+    assert r.returncode == 2
+    assert "cannot write matches to" in r.stderr and "Traceback" not in r.stderr

@@ -270,3 +270,12 @@ def mutated_queries(draw):
 @given(mutated_queries())
 def test_fuzz_mutated_valid_queries(text):
     parse_or_positioned_error(text)
+
+
+def test_nesting_limit_is_a_positioned_error():
+    deep = "PATTERN A a WHERE " + "(" * 300 + "a.x > 1" + ")" * 300 + " WITHIN 1"
+    with pytest.raises(QueryError, match="nested more than 200 levels deep") as info:
+        parse(deep)
+    assert info.value.line == 1 and info.value.col > 200
+    ok = "PATTERN A a WHERE " + "(" * 150 + "a.x > 1" + ")" * 150 + " WITHIN 1"
+    assert parse(ok).queries[0].where.op == ">"

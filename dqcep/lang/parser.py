@@ -11,7 +11,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
 from dqcep.lang import ast
@@ -38,6 +38,9 @@ TERMINAL_NAMES = {
 
 # Limits that keep every number representable by every engine.
 MAX_WINDOW_MS = 2**62
+# Deeper queries are refused with a positioned error instead of exhausting the
+# recursion of the tree walkers (no real query comes near it).
+MAX_NESTING = 200
 
 
 @lru_cache(maxsize=1)
@@ -247,6 +250,18 @@ def _syntax_error(err: UnexpectedInput, text: str, source: str) -> QueryError:
     return at(line, col, f"unexpected {what}; expected {_describe(expected)}")
 
 
+def _deeper_than(tree: Tree, limit: int) -> tuple[int, int] | None:
+    """Position of the first node nested deeper than ``limit`` (iterative walk)."""
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            meta = node.meta
+            return (getattr(meta, "line", 1), getattr(meta, "column", 1))
+        stack.extend((c, depth + 1) for c in node.children if isinstance(c, Tree))
+    return None
+
+
 def parse(text: str, source: str = "<query>") -> ast.QueryFile:
     """Parse and validate a query file; raise QueryError on the first problem."""
     try:
@@ -254,6 +269,11 @@ def parse(text: str, source: str = "<query>") -> ast.QueryFile:
     except UnexpectedInput as err:
         raise _syntax_error(err, text, source) from None
     lines = text.split("\n")
+    too_deep = _deeper_than(tree, MAX_NESTING)
+    if too_deep is not None:
+        line, col = too_deep
+        raise QueryError(f"the query is nested more than {MAX_NESTING} levels deep",
+                         source, line, col, lines[line - 1] if 0 < line <= len(lines) else "")
     if not tree.children:
         raise QueryError("the file holds no query; expected PATTERN or QUERY", source, 1, 1,
                          lines[0])
