@@ -20,13 +20,16 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
+KERNELS = ["ring", "msgpack_encode", "walk"]
+
 extensions = [
     Extension(
-        "dqcep._kernels.ring",
-        ["dqcep/_kernels/ring.pyx"],
+        f"dqcep._kernels.{name}",
+        [f"dqcep/_kernels/{name}.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    ),
+    )
+    for name in KERNELS
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES))

@@ -104,6 +104,12 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    from generator.cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dqcep", description="Complex event processing over IoT streams: "
                 "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
@@ -123,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="JSON object {event type: events per second} for the cost "
                          "model (default: 1 event/s for every type)")
     explain.set_defaults(func=cmd_explain)
+
+    from generator.cli import DESCRIPTION, add_arguments
+
+    generate = sub.add_parser("generate", help="write or publish a synthetic event stream",
+                              description=DESCRIPTION)
+    add_arguments(generate)
+    generate.set_defaults(func=cmd_generate)
 
     run = sub.add_parser("run", help="run queries over an event file",
                          description="Run the queries of QUERIES over the events of "

@@ -1,0 +1,47 @@
+"""Shared fixtures: a real Mosquitto broker started for the tests (never one left running)."""
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory):
+    """(host, port) of a Mosquitto broker on a free loopback port; stopped afterwards.
+
+    Fails (never skips) when Mosquitto is not installed: `apt-get install mosquitto`.
+    """
+    binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
+                                           if shutil.which("/usr/sbin/mosquitto") else None)
+    assert binary, "Mosquitto is not installed (apt-get install -y mosquitto)"
+    port = free_port()
+    conf = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                    "max_queued_messages 0\n")
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                proc.kill()
+                raise AssertionError(f"Mosquitto did not start on port {port}: {out}")
+            time.sleep(0.05)
+    yield "127.0.0.1", port
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
