@@ -35,6 +35,12 @@ def _gaps(rng, n: int, rate_per_s: float) -> np.ndarray:
     return rng.exponential(1000.0 / rate_per_s, n)
 
 
+def _categorical(rng, cdf: np.ndarray, n: int) -> np.ndarray:
+    """n draws from the distribution with cumulative probabilities ``cdf`` (int32)."""
+    return np.minimum(np.searchsorted(cdf, rng.random(n), side="right"),
+                      len(cdf) - 1).astype(np.int32)
+
+
 def _zipf_probabilities(k: int, s: float) -> np.ndarray:
     w = 1.0 / np.arange(1, k + 1) ** s
     return w / w.sum()
@@ -74,7 +80,7 @@ class UniformProfile:
         attrs = [(f"a{i}", "int") for i in range(cfg.attributes)] + [("x", "float"),
                                                                        ("key", "int")]
         self.schema = Schema(tuple(f"T{i}" for i in range(cfg.types)), tuple(attrs))
-        self.p = _zipf_probabilities(cfg.types, cfg.zipf)
+        self.cdf = np.cumsum(_zipf_probabilities(cfg.types, cfg.zipf))
         self.n_sources = cfg.types
 
     def _attrs(self, rng, n):
@@ -85,7 +91,7 @@ class UniformProfile:
 
     def block(self, rng, n: int, t0: float) -> Block:
         ts = t0 + np.cumsum(_gaps(rng, n, self.cfg.event_rate))
-        types = rng.choice(self.cfg.types, n, p=self.p).astype(np.int32)
+        types = _categorical(rng, self.cdf, n)
         return Block(ts, types, types.copy(), self._attrs(rng, n))
 
     def sample(self, rng, type_code: int, n: int) -> dict[str, np.ndarray]:
@@ -153,7 +159,7 @@ class IotProfile:
         self.dev_site = np.array(dev_site, np.int32)
         rate = np.array(rate, float)
         self.total_rate = rate.sum()
-        self.p = rate / self.total_rate
+        self.cdf = np.cumsum(rate / self.total_rate)
         self.n_sources = len(devices)
         attrs = [("device", "str"), ("room", "str"), ("site", "str")]
         for name, kind, *_ in SENSORS.values():
@@ -169,7 +175,7 @@ class IotProfile:
 
     def block(self, rng, n: int, t0: float) -> Block:
         ts = t0 + np.cumsum(_gaps(rng, n, self.total_rate))
-        dev = rng.choice(self.n_sources, n, p=self.p).astype(np.int32)
+        dev = _categorical(rng, self.cdf, n)
         types = self.dev_type[dev]
         cols = {"device": dev.copy(), "room": self.dev_room[dev], "site": self.dev_site[dev]}
         step_sd = np.array([SENSORS[self.schema.types[t]][6] for t in range(len(SENSORS))])
@@ -232,7 +238,7 @@ class StockProfile:
         symbols = tuple(f"S{i:03d}" for i in range(cfg.symbols))
         self.schema = Schema(symbols, (("symbol", "str"), ("price", "float"),
                                        ("volume", "int")), (("symbol", symbols),))
-        self.p = _zipf_probabilities(cfg.symbols, cfg.zipf)
+        self.cdf = np.cumsum(_zipf_probabilities(cfg.symbols, cfg.zipf))
         self.n_sources = cfg.symbols
         init = np.random.default_rng(0).uniform(math.log(10), math.log(500), cfg.symbols)
         self.state = init  # log price per symbol
@@ -241,7 +247,7 @@ class StockProfile:
 
     def block(self, rng, n: int, t0: float) -> Block:
         ts = t0 + np.cumsum(_gaps(rng, n, self.cfg.event_rate))
-        sym = rng.choice(self.cfg.symbols, n, p=self.p).astype(np.int32)
+        sym = _categorical(rng, self.cdf, n)
         logp = reflected_walk(sym, rng.normal(0, self.cfg.volatility, n), self.state,
                               self.lo, self.hi)
         return Block(ts, sym, sym.copy(), self._cols(rng, sym, logp))

@@ -84,25 +84,39 @@ class BatchEncoder:
         return out[:used], ends
 
     # text formats ---------------------------------------------------------
-    def _event_dict(self, batch: EventBatch, i: int):
-        obj = {"id": int(batch.id[i]), "type": self.schema.types[batch.type[i]],
-               "ts": int(batch.ts[i])}
-        for name in self.names:
-            v = batch.value(name, i)
-            if v is not None:
-                obj[name] = v
-        bad = 0 if batch.malformed is None else int(batch.malformed[i])
-        if bad == Malformed.NO_TYPE:
-            del obj["type"]
-        elif bad == Malformed.BAD_TS:
-            obj["ts"] = BAD_TS
-        return obj, bad
+    def _rows(self, batch: EventBatch):
+        """(event dict, malformed kind) per row; columns go to Python lists once per batch."""
+        types = self.schema.types
+        cols = []
+        for name, kind in self.schema.attrs:
+            present = batch.present(name).tolist()
+            col = batch.columns[name]
+            if kind == "str":
+                d = self.schema.dictionary(name)
+                values = [d[c] if c >= 0 else None for c in col.tolist()]
+            elif kind == "bool":
+                values = [c == 1 for c in col.tolist()]
+            else:
+                values = col.tolist()
+            cols.append((name, values, present))
+        bad = [0] * len(batch) if batch.malformed is None else batch.malformed.tolist()
+        for i, (eid, etype, ts) in enumerate(zip(batch.id.tolist(), batch.type.tolist(),
+                                                 batch.ts.tolist())):
+            obj = {"id": eid, "type": types[etype], "ts": ts}
+            for name, values, present in cols:
+                if present[i]:
+                    obj[name] = values[i]
+            if bad[i] == Malformed.NO_TYPE:
+                del obj["type"]
+            elif bad[i] == Malformed.BAD_TS:
+                obj["ts"] = BAD_TS
+            yield obj, bad[i]
 
     def jsonl(self, batch: EventBatch) -> bytes:
+        dumps = json.JSONEncoder(ensure_ascii=False).encode
         lines = []
-        for i in range(len(batch)):
-            obj, bad = self._event_dict(batch, i)
-            line = json.dumps(obj, ensure_ascii=False)
+        for obj, bad in self._rows(batch):
+            line = dumps(obj)
             if bad == Malformed.UNDECODABLE:
                 line = line[: len(line) // 2]  # cut mid-object: not valid JSON
             lines.append(line)
@@ -114,8 +128,7 @@ class BatchEncoder:
         if not self._header_written:
             w.writerow(["id", "type", "ts"] + self.names)
             self._header_written = True
-        for i in range(len(batch)):
-            obj, bad = self._event_dict(batch, i)
+        for obj, bad in self._rows(batch):
             row = [obj["id"], obj.get("type", ""), obj["ts"]]
             for name in self.names:
                 v = obj.get(name)
@@ -126,10 +139,11 @@ class BatchEncoder:
             w.writerow(row)
         return buf.getvalue().encode()
 
-    def encode(self, batch: EventBatch) -> bytes:
+    def encode(self, batch: EventBatch) -> bytes | memoryview:
+        """The batch's bytes (msgpack: a view of the kernel's buffer, not a copy)."""
         if self.fmt == "msgpack":
             buf, _ = self.msgpack_payloads(batch)
-            return buf.tobytes()
+            return memoryview(buf)
         if self.fmt == "jsonl":
             return self.jsonl(batch)
         if self.fmt == "csv":
