@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from dqcep.batch import Malformed
 from dqcep.errors import UserError
 from dqcep.io.event_writers import EVENT_FORMATS, BatchEncoder, ParquetSink
 
@@ -83,6 +84,30 @@ class _Pacer:
                 time.sleep(ahead)
 
 
+# 0xc1 is the one byte msgpack never uses: a payload starting with it cannot decode.
+UNDECODABLE_PAYLOAD = b"\xc1 not msgpack"
+
+
+def _publish(publisher, encoder: BatchEncoder, batch) -> int:
+    """Publish a batch as msgpack payloads; undecodable events go alone as broken payloads.
+
+    Returns the bytes published.
+    """
+    written = 0
+    if batch.malformed is not None:
+        broken = batch.malformed == Malformed.UNDECODABLE
+        for _ in range(int(broken.sum())):
+            publisher.publish(UNDECODABLE_PAYLOAD)
+            written += len(UNDECODABLE_PAYLOAD)
+        batch = batch.take(~broken)
+    buf, ends = encoder.msgpack_payloads(batch)
+    start = 0
+    for end in ends:
+        publisher.publish(buf[start:end].tobytes())
+        start = int(end)
+    return written + len(buf)
+
+
 def run(args) -> int:
     from generator.config import load_scenario
     from generator.core import StreamGenerator
@@ -137,12 +162,7 @@ def run(args) -> int:
         for batch in gen.batches(args.chunk_size):
             pacer.wait(len(batch))
             if publisher is not None:
-                buf, ends = encoder.msgpack_payloads(batch)
-                start = 0
-                for end in ends:
-                    publisher.publish(buf[start:end].tobytes())
-                    start = int(end)
-                written += len(buf)
+                written += _publish(publisher, encoder, batch)
             elif sink is not None:
                 sink.write(batch)
             else:
