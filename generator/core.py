@@ -16,6 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from dqcep.batch import MISSING_INT, EventBatch, Malformed
+from dqcep.errors import UserError
 from dqcep.lang import parse_file
 from generator.config import GeneratorConfig
 from generator.planting import Planter
@@ -53,7 +54,6 @@ class StreamGenerator:
         try:
             self.profile = profile_cls(cfg.profile_config)
         except ValueError as err:
-            from dqcep.errors import UserError
             raise UserError(str(err)) from None
         self.schema = self.profile.schema
         self.summary = Summary()
@@ -69,12 +69,12 @@ class StreamGenerator:
             if cfg.plant.query:
                 queries = [q for q in queries if q.name == cfg.plant.query]
                 if not queries:
-                    from dqcep.errors import UserError
                     raise UserError(f"no query named {cfg.plant.query!r} in "
                                     f"{cfg.plant.queries}")
             self.planter = Planter(list(queries), self.profile, cfg.seed, float(cfg.start_ts),
                                    cfg.plant.every, imp.clock_skew)
         self.truth: list[dict] = []  # ground truth lines completed so far (drained by callers)
+        self.next_id = 1
 
     # ------------------------------------------------------------------ blocks
     def _merged_block(self, b: int, t0: float, remaining: int):
@@ -162,8 +162,7 @@ class StreamGenerator:
         self.next_id = 1
         t = float(self.cfg.start_ts)
         waiting: list[tuple[EventBatch, np.ndarray]] = []  # records not yet arrived
-        out: list[EventBatch] = []
-        out_len = 0
+        carry: EventBatch | None = None  # arrived records short of a whole chunk
         b = 0
         while self.next_id <= self.cfg.events:
             remaining = self.cfg.events - self.next_id + 1
@@ -181,16 +180,17 @@ class StreamGenerator:
             done = self.next_id > self.cfg.events
             ready, waiting = _arrived(waiting, None if done else t_end)
             if ready is not None:
-                out.append(ready)
-                out_len += len(ready)
+                carry = ready if carry is None else EventBatch.concat([carry, ready])
             if self.planter is not None:
                 self._collect_truth()
-            while out_len >= chunk_size or (done and out_len):
-                merged = EventBatch.concat(out)
-                head, rest = merged.take(slice(0, chunk_size)), merged.take(slice(chunk_size, None))
-                out, out_len = ([rest], len(rest)) if len(rest) else ([], 0)
-                self._count(head)
-                yield head
+            if carry is not None:
+                # whole chunks now; at the end also the last, shorter one
+                upto = len(carry) if done else len(carry) // chunk_size * chunk_size
+                for start in range(0, upto, chunk_size):
+                    chunk = carry.take(slice(start, min(start + chunk_size, upto)))
+                    self._count(chunk)
+                    yield chunk
+                carry = carry.take(slice(upto, None)) if upto < len(carry) else None
             t = t_end
             b += 1
 

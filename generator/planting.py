@@ -160,7 +160,7 @@ class Planter:
         out = []
         for occ in self.pending:
             for i, t in enumerate(occ.times):
-                if t <= t_end and occ.vars[i] not in occ.ids and (occ, i) not in out:
+                if t <= t_end and occ.vars[i] not in occ.ids:
                     out.append((occ, i))
         return out
 
