@@ -28,8 +28,13 @@ from dqcep.events import Event
 
 KINDS = ("float", "int", "str", "bool")
 MISSING_INT = np.iinfo(np.int64).min
-_DTYPES = {"float": np.float64, "int": np.int64, "str": np.int32, "bool": np.int8}
-_MISSING = {"float": np.nan, "int": MISSING_INT, "str": -1, "bool": -1}
+DTYPES = {"float": np.float64, "int": np.int64, "str": np.int32, "bool": np.int8}
+MISSING = {"float": np.nan, "int": MISSING_INT, "str": -1, "bool": -1}
+
+
+def missing_column(kind: str, n: int) -> np.ndarray:
+    """A column of n missing values of an attribute kind."""
+    return np.full(n, MISSING[kind], dtype=DTYPES[kind])
 
 
 class Malformed(IntEnum):
@@ -86,9 +91,9 @@ class EventBatch:
         for name, kind in self.schema.attrs:
             col = self.columns.get(name)
             if col is None:
-                self.columns[name] = np.full(n, _MISSING[kind], dtype=_DTYPES[kind])
-            elif col.dtype != _DTYPES[kind] or len(col) != n:
-                raise ValueError(f"column {name} must be {np.dtype(_DTYPES[kind])}[{n}], "
+                self.columns[name] = missing_column(kind, n)
+            elif col.dtype != DTYPES[kind] or len(col) != n:
+                raise ValueError(f"column {name} must be {np.dtype(DTYPES[kind])}[{n}], "
                                  f"got {col.dtype}[{len(col)}]")
 
     def __len__(self) -> int:
@@ -98,7 +103,7 @@ class EventBatch:
         col, kind = self.columns[attr], self.schema.kind(attr)
         if kind == "float":
             return ~np.isnan(col)
-        return col != _MISSING[kind]
+        return col != MISSING[kind]
 
     def take(self, index) -> "EventBatch":
         """Rows selected by a slice, an index array or a boolean mask."""
@@ -157,8 +162,7 @@ class EventBatch:
     def from_events(events: Iterable[Event], schema: Schema) -> "EventBatch":
         events = list(events)
         n = len(events)
-        cols = {name: np.full(n, _MISSING[kind], dtype=_DTYPES[kind])
-                for name, kind in schema.attrs}
+        cols = {name: missing_column(kind, n) for name, kind in schema.attrs}
         codes = {name: {v: i for i, v in enumerate(schema.dictionary(name))}
                  for name, kind in schema.attrs if kind == "str"}
         for i, ev in enumerate(events):

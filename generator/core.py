@@ -15,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from dqcep.batch import MISSING_INT, EventBatch, Malformed
+from dqcep.batch import MISSING, EventBatch, Malformed
 from dqcep.errors import UserError
 from dqcep.lang import parse_file
 from generator.config import GeneratorConfig
@@ -130,8 +130,7 @@ class StreamGenerator:
             rank = np.cumsum(present, axis=0) - 1
             for a, name in enumerate(names):
                 rows = hit & present[a] & (rank[a] == r)
-                batch.columns[name][rows] = {"float": np.nan, "int": MISSING_INT, "str": -1,
-                                             "bool": -1}[self.schema.kind(name)]
+                batch.columns[name][rows] = MISSING[self.schema.kind(name)]
             s.missing_attributes += int(hit.sum())
         if imp.malformed:
             bad = (u[1] < imp.malformed) & background

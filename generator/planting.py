@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dqcep.batch import MISSING_INT, EventBatch
+from dqcep.batch import EventBatch, missing_column
 from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.reference import ReferenceMatcher
@@ -97,12 +97,11 @@ class Planter:
             vars_ = [v for v, _, _ in placed]
             types = np.array([self.schema.type_code(t) for _, t, _ in placed], np.int32)
             times = anchor + np.array([t for _, _, t in placed], float)
-            cols = {name: np.empty(len(placed), self.profile_dtype(name))
-                    for name, _ in self.schema.attrs}
+            cols = {name: missing_column(kind, len(placed)) for name, kind in self.schema.attrs}
             for i, code in enumerate(types):
                 sample = self.profile.sample(rng, int(code), 1)
-                for name, kind in self.schema.attrs:
-                    cols[name][i] = sample[name][0] if name in sample else _missing(kind)
+                for name in sample:
+                    cols[name][i] = sample[name][0]
             for attr in equivalences:
                 if attr in cols:
                     cols[attr][:] = cols[attr][0]
@@ -112,10 +111,6 @@ class Planter:
                 return occ
         raise UserError(f"could not plant query {q.name!r}: no draw out of {MAX_TRIES} "
                         "satisfied its pattern and conditions with this profile's values")
-
-    def profile_dtype(self, name: str):
-        return {"float": np.float64, "int": np.int64, "str": np.int32,
-                "bool": np.int8}[self.schema.kind(name)]
 
     def _place(self, node: ast.Pattern, rng, lo: int, hi: int):
         """[(var, type, time offset)] for one random way through the pattern, or None."""
@@ -173,6 +168,3 @@ class Planter:
         return done
 
 
-
-def _missing(kind: str):
-    return {"float": np.nan, "int": MISSING_INT, "str": -1, "bool": -1}[kind]

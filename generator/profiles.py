@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dqcep._kernels.walk import reflected_walk
-from dqcep.batch import MISSING_INT, Schema
+from dqcep.batch import Schema, missing_column
 
 DAY_MS = 86_400_000
 
@@ -44,11 +44,6 @@ def _categorical(rng, cdf: np.ndarray, n: int) -> np.ndarray:
 def _zipf_probabilities(k: int, s: float) -> np.ndarray:
     w = 1.0 / np.arange(1, k + 1) ** s
     return w / w.sum()
-
-
-def _full(n, kind):
-    return {"float": np.full(n, np.nan), "int": np.full(n, MISSING_INT, np.int64),
-            "str": np.full(n, -1, np.int32), "bool": np.full(n, -1, np.int8)}[kind]
 
 
 # ----------------------------------------------------------------- uniform
@@ -193,7 +188,7 @@ class IotProfile:
             name, kind, lo, hi, base, amp, _, spike_p, spike, _ = SENSORS[sensor]
             mine = types == t
             if name not in cols:
-                cols[name] = _full(n, kind)
+                cols[name] = missing_column(kind, n)
             if kind == "bool":
                 cols[name][mine] = (flips[mine] < base).astype(np.int8)
                 continue
