@@ -20,7 +20,7 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
-KERNELS = ["ring", "msgpack_encode", "walk"]
+KERNELS = ["ring", "store", "operators", "msgpack_encode", "walk"]
 
 extensions = [
     Extension(

@@ -10,8 +10,8 @@ The buffer is a power-of-two array indexed with a mask. It doubles when full and
 halves when a quarter full (never below ``min_capacity``), so its size follows
 the window contents both ways.
 """
-from libc.stdint cimport int64_t
-from libc.stdlib cimport calloc, free
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
 import numpy as np
@@ -216,3 +216,179 @@ cdef class RingBuffer:
                 memcpy(&view[i, 0], self.row(i), row_bytes)
         return (out[:, COL_START].copy(), out[:, COL_END].copy(),
                 out[:, COL_KEY].copy(), out[:, COL_IDS:].copy())
+
+
+# ---------------------------------------------------------------------------
+# KeyedQueue: the input queue of a binary operator, with a hash index on the key
+
+cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
+    """splitmix64 finaliser: spreads keys over the table."""
+    x ^= x >> 30
+    x *= <uint64_t>0xbf58476d1ce4e5b9
+    x ^= x >> 27
+    x *= <uint64_t>0x94d049bb133111eb
+    x ^= x >> 31
+    return x
+
+
+cdef class KeyedQueue:
+    """KeyedQueue(n_ids)
+
+    Records (start, end, key, ids) appended in end-ts order; ``newest_with_key``
+    and ``older_with_key`` walk the records of one key from newest to oldest
+    without scanning the others. Eviction drops head records whose end ts is
+    before a cutoff; stale table entries are swept when they outnumber live ones.
+    """
+
+    def __cinit__(self, idx_t n_ids):
+        self.table_keys = NULL
+        self.table_pos = NULL
+        self.records = RingBuffer(n_ids + 1)
+        self.n_ids = n_ids
+        self.evicted = 0
+        self.table_cap = 0
+        self.table_used = 0
+        self._rebuild(16)
+
+    def __dealloc__(self):
+        free(self.table_keys)
+        free(self.table_pos)
+
+    cdef inline int64_t tail_pos(self) noexcept nogil:
+        return self.evicted + self.records.size
+
+    cdef inline int64_t* at(self, int64_t pos) noexcept nogil:
+        return self.records.row(pos - self.evicted)
+
+    cdef int64_t newest_with_key(self, int64_t key) noexcept nogil:
+        cdef idx_t mask = self.table_cap - 1
+        cdef idx_t i = <idx_t>(_mix(<uint64_t>key) & mask)
+        while self.table_pos[i] != -2:          # -2: empty slot
+            if self.table_keys[i] == key:
+                return self.table_pos[i] if self.table_pos[i] >= self.evicted else -1
+            i = (i + 1) & mask
+        return -1
+
+    cdef inline int64_t older_with_key(self, int64_t pos) noexcept nogil:
+        cdef int64_t prev = self.at(pos)[COL_IDS + self.n_ids]
+        return prev if prev >= self.evicted else -1
+
+    cdef int _table_insert(self, int64_t key, int64_t pos) except -1 nogil:
+        """Point key at pos; returns the position it pointed at before (or -1)."""
+        cdef idx_t mask = self.table_cap - 1
+        cdef idx_t i = <idx_t>(_mix(<uint64_t>key) & mask)
+        while self.table_pos[i] != -2:
+            if self.table_keys[i] == key:
+                self.table_pos[i] = pos
+                return 0
+            i = (i + 1) & mask
+        self.table_keys[i] = key
+        self.table_pos[i] = pos
+        self.table_used += 1
+        return 0
+
+    cdef int _rebuild(self, idx_t capacity) except -1 nogil:
+        """A fresh table holding the newest live position of every live key."""
+        cdef int64_t* keys = <int64_t*>malloc(capacity * sizeof(int64_t))
+        cdef int64_t* pos = <int64_t*>malloc(capacity * sizeof(int64_t))
+        cdef idx_t i
+        cdef int64_t p
+        if keys == NULL or pos == NULL:
+            free(keys)
+            free(pos)
+            with gil:
+                raise MemoryError(f"could not allocate a hash table of {capacity} entries")
+        for i in range(capacity):
+            pos[i] = -2
+        free(self.table_keys)
+        free(self.table_pos)
+        self.table_keys, self.table_pos = keys, pos
+        self.table_cap, self.table_used = capacity, 0
+        for p in range(self.evicted, self.tail_pos()):   # oldest first: newest wins
+            self._table_insert(self.at(p)[COL_KEY], p)
+        return 0
+
+    cdef int append(self, ts_t start, ts_t end, int64_t key, const id_t* ids) except -1 nogil:
+        cdef int64_t pos = self.tail_pos()
+        cdef int64_t* r
+        cdef idx_t j
+        if 2 * (self.table_used + 1) > self.table_cap:
+            self._rebuild(max(16, next_pow2(4 * (self.records.size + 1))))
+        self.records.reserve(1)
+        r = self.records.row(self.records.size)
+        r[COL_START] = start
+        r[COL_END] = end
+        r[COL_KEY] = key
+        for j in range(self.n_ids):
+            r[COL_IDS + j] = ids[j]
+        r[COL_IDS + self.n_ids] = self.newest_with_key(key)  # the chain link
+        self.records.size += 1
+        if self.records.size > self.records.high_water:
+            self.records.high_water = self.records.size
+        self._table_insert(key, pos)
+        return 0
+
+    cdef idx_t evict_end_before(self, ts_t cutoff) except -1 nogil:
+        cdef idx_t n = 0
+        while n < self.records.size and self.records.row(n)[COL_END] < cutoff:
+            n += 1
+        self.records.drop_front(n)
+        self.evicted += n
+        self.records.shrink_if_sparse()
+        if self.table_used > 64 and self.table_used > 4 * (self.records.size + 1):
+            self._rebuild(max(16, next_pow2(4 * (self.records.size + 1))))
+        return n
+
+    # Python API (tests, introspection) -----------------------------------
+    def __len__(self):
+        return self.records.size
+
+    def py_append(self, ts_t start, ts_t end, int64_t key, ids):
+        cdef id_t[::1] buf = np.ascontiguousarray(list(ids) + [0], dtype=np.int64)
+        if buf.shape[0] != self.n_ids + 1:
+            raise ValueError(f"expected {self.n_ids} event ids, got {buf.shape[0] - 1}")
+        self.append(start, end, key, &buf[0])
+
+    def py_key_positions(self, int64_t key):
+        """Logical positions of the live records with this key, newest first."""
+        out = []
+        cdef int64_t p = self.newest_with_key(key)
+        while p >= 0:
+            out.append(p)
+            p = self.older_with_key(p)
+        return out
+
+    def py_evict_end_before(self, ts_t cutoff):
+        return self.evict_end_before(cutoff)
+
+    def py_record(self, int64_t pos):
+        if pos < self.evicted or pos >= self.tail_pos():
+            raise IndexError(f"position {pos} is not live ({self.evicted}..{self.tail_pos() - 1})")
+        cdef int64_t* r = self.at(pos)
+        return (r[COL_START], r[COL_END], r[COL_KEY],
+                tuple(r[COL_IDS + j] for j in range(self.n_ids)))
+
+    @property
+    def nbytes(self):
+        return self.records.nbytes + self.table_cap * 2 * sizeof(int64_t)
+
+    @property
+    def high_water(self):
+        return self.records.high_water
+
+
+cdef idx_t first_end_after(RingBuffer ring, ts_t t, bint inclusive) noexcept nogil:
+    """Index (from the head) of the first record with end > t (>= t if inclusive).
+
+    The ring must be sorted by end ts; binary search.
+    """
+    cdef idx_t lo = 0, hi = ring.size, mid
+    cdef int64_t e
+    while lo < hi:
+        mid = (lo + hi) // 2
+        e = ring.row(mid)[COL_END]
+        if e > t or (inclusive and e == t):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

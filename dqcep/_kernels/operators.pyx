@@ -1,0 +1,337 @@
+"""Operator processors: leaf filters, the SEQ/AND delta join, NOT guards.
+
+Records are (start, end, key, slots): slots hold event sequence numbers of the
+EventStore (-1: an OR variable that is not bound). The router (dqcep.runtime)
+calls these once per vertex and batch; every loop over events, records and
+candidate pairs runs here without the GIL.
+
+Join (``join_delta``): for a vertex L op R with new records dL, dR this batch,
+    AND: dL x old R, then (old L + dL) x dR;   SEQ: (old L + dL) x dR
+(a SEQ never needs its right records later: any future left record ends at or
+after the watermark, so after every stored right record starts). Queues are
+appended in end-ts order, so a probe walks one key's chain from the newest
+record back and stops at the first record ending more than W before the
+probing record ends.
+"""
+from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+import numpy as np
+
+from dqcep._kernels._types cimport idx_t, ts_t
+from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue,
+                                  RingBuffer, first_end_after)
+from dqcep._kernels.store cimport KIND_MISSING, EventStore, cell_hash, eval_pred
+
+ctypedef unsigned char[::1] uint8_t_view
+
+cdef enum:
+    OP_SEQ = 1
+    OP_AND = 2
+
+cdef enum:
+    GUARD_GAP = 0
+    GUARD_LEADING = 1
+    GUARD_TRAILING = 2
+    GUARD_AND = 3
+
+
+cdef class PredicateSet:
+    """PredicateSet(code, pred_start, slots, slot_start, cval, ckind)
+
+    The compiled conjuncts checked at one place: all instructions in ``code``
+    (n x 3 int32), predicate p spanning ``pred_start[p]:pred_start[p+1]``; the
+    slots it reads in ``slots[slot_start[p]:slot_start[p+1]]`` (it is required
+    only when all are bound); a shared constant pool.
+    """
+    cdef readonly int32_t[:, ::1] code
+    cdef readonly int64_t[::1] pred_start
+    cdef readonly int64_t[::1] slots
+    cdef readonly int64_t[::1] slot_start
+    cdef readonly double[::1] cval
+    cdef readonly int8_t[::1] ckind
+    cdef readonly idx_t n
+
+    def __init__(self, code, pred_start, slots, slot_start, cval, ckind):
+        self.code = np.ascontiguousarray(code, dtype=np.int32).reshape(-1, 3)
+        self.pred_start = np.ascontiguousarray(pred_start, dtype=np.int64)
+        self.slots = np.ascontiguousarray(slots, dtype=np.int64)
+        self.slot_start = np.ascontiguousarray(slot_start, dtype=np.int64)
+        self.cval = np.ascontiguousarray(cval, dtype=np.float64)
+        self.ckind = np.ascontiguousarray(ckind, dtype=np.int8)
+        self.n = self.pred_start.shape[0] - 1
+        if self.slot_start.shape[0] != self.n + 1:
+            raise ValueError("pred_start and slot_start disagree")
+
+    cdef bint holds(self, EventStore st, const int64_t* rec) noexcept nogil:
+        cdef idx_t p, j
+        cdef bint bound
+        for p in range(self.n):
+            bound = True
+            for j in range(self.slot_start[p], self.slot_start[p + 1]):
+                if rec[self.slots[j]] < 0:
+                    bound = False
+                    break
+            if bound and not eval_pred(
+                    st, &self.code[self.pred_start[p], 0],
+                    self.pred_start[p + 1] - self.pred_start[p],
+                    &self.cval[0] if self.cval.shape[0] else NULL,
+                    &self.ckind[0] if self.ckind.shape[0] else NULL, rec):
+                return False
+        return True
+
+    def mask(self, EventStore st, const int64_t[:, ::1] recs):
+        """Boolean mask: the records (rows of slots) on which every predicate holds."""
+        n = recs.shape[0]
+        out = np.ones(n, dtype=bool)
+        cdef uint8_t_view o = out.view(np.uint8)
+        cdef idx_t i
+        if self.n == 0 or n == 0:
+            return out
+        with nogil:
+            for i in range(n):
+                o[i] = self.holds(st, &recs[i, 0])
+        return out
+
+
+def leaf_keys(EventStore st, const int64_t[::1] seqs, const int32_t[::1] key_attrs):
+    """(mask, keys): events carrying every key attribute, and their partition keys."""
+    cdef idx_t n = seqs.shape[0], i, a, r
+    cdef idx_t na = st.n_attrs
+    cdef uint64_t h
+    cdef int8_t k
+    ok = np.ones(n, dtype=bool)
+    keys = np.zeros(n, dtype=np.int64)
+    cdef uint8_t_view o = ok.view(np.uint8)
+    cdef int64_t[::1] kv = keys
+    if key_attrs.shape[0] == 0:
+        return ok, keys
+    with nogil:
+        for i in range(n):
+            r = <idx_t>(seqs[i] & st.mask)
+            h = 0x243f6a8885a308d3
+            for a in range(key_attrs.shape[0]):
+                k = st.kind[r * na + key_attrs[a]]
+                if k == KIND_MISSING:
+                    o[i] = 0
+                    break
+                h = h * <uint64_t>0x100000001b3 ^ cell_hash(k, st.val[r * na + key_attrs[a]])
+            kv[i] = <int64_t>h
+    return ok, keys
+
+
+cdef inline bint _same_key(EventStore st, const int32_t[::1] key_attrs, const int64_t* l,
+                           idx_t nl, const int64_t* r, idx_t nr) noexcept nogil:
+    """Do the first bound events of the two records agree on every key attribute?"""
+    cdef idx_t i, a, na = st.n_attrs, rl, rr
+    cdef int64_t sl = -1, sr = -1
+    for i in range(nl):
+        if l[i] >= 0:
+            sl = l[i]
+            break
+    for i in range(nr):
+        if r[i] >= 0:
+            sr = r[i]
+            break
+    rl = <idx_t>(sl & st.mask)
+    rr = <idx_t>(sr & st.mask)
+    for a in range(key_attrs.shape[0]):
+        if st.kind[rl * na + key_attrs[a]] != st.kind[rr * na + key_attrs[a]] or \
+                st.val[rl * na + key_attrs[a]] != st.val[rr * na + key_attrs[a]]:
+            return False
+    return True
+
+
+cdef class JoinSpec:
+    """JoinSpec(op, window, n_left, n_right, key_attrs, preds)"""
+    cdef readonly int op                  # 1 SEQ, 2 AND
+    cdef readonly int64_t window          # ms, -1: unbounded
+    cdef readonly idx_t n_left, n_right
+    cdef readonly int32_t[::1] key_attrs  # [attr] partition key (store columns); empty: none
+    cdef readonly PredicateSet preds
+
+    def __init__(self, int op, int64_t window, idx_t n_left, idx_t n_right, key_attrs,
+                 PredicateSet preds):
+        if op not in (OP_SEQ, OP_AND):
+            raise ValueError(f"join op must be SEQ (1) or AND (2), got {op}")
+        self.op, self.window, self.n_left, self.n_right = op, window, n_left, n_right
+        self.key_attrs = np.ascontiguousarray(key_attrs, dtype=np.int32)
+        self.preds = preds
+
+
+cdef inline int _try_pair(JoinSpec v, EventStore st, const int64_t* l, const int64_t* r,
+                          int64_t* scratch, RingBuffer out) except -1 nogil:
+    """Emit the pair (l, r) if it satisfies the operator, window, key and predicates."""
+    cdef ts_t ls = l[COL_START], le = l[COL_END], rs = r[COL_START], re = r[COL_END]
+    cdef ts_t start = ls if ls < rs else rs
+    cdef ts_t end = le if le > re else re
+    cdef idx_t i, j, nl = v.n_left, nr = v.n_right
+    if v.op == OP_SEQ:
+        if le >= rs:
+            return 0
+    if v.window >= 0 and end - start > v.window:
+        return 0
+    if v.key_attrs.shape[0] and (l[COL_KEY] != r[COL_KEY] or not _same_key(
+            st, v.key_attrs, l + COL_IDS, nl, r + COL_IDS, nr)):
+        return 0
+    if v.op == OP_AND:
+        for i in range(nl):
+            if l[COL_IDS + i] < 0:
+                continue
+            for j in range(nr):
+                if l[COL_IDS + i] == r[COL_IDS + j]:
+                    return 0
+    for i in range(nl):
+        scratch[i] = l[COL_IDS + i]
+    for j in range(nr):
+        scratch[nl + j] = r[COL_IDS + j]
+    if not v.preds.holds(st, scratch):
+        return 0
+    out.push_row(start, end, l[COL_KEY], scratch)
+    return 1
+
+
+cdef int _probe(JoinSpec v, EventStore st, KeyedQueue q, const int64_t* x, bint x_is_left,
+                int64_t* scratch, RingBuffer out) except -1 nogil:
+    """Pair record x with every live record of its key in q (newest first)."""
+    cdef int64_t pos = q.newest_with_key(x[COL_KEY])
+    cdef int64_t* c
+    cdef ts_t horizon = x[COL_END] - v.window
+    while pos >= 0:
+        c = q.at(pos)
+        if v.window >= 0 and c[COL_END] < horizon:
+            break  # this and every older record ends too early for the window
+        if x_is_left:
+            _try_pair(v, st, x, c, scratch, out)
+        else:
+            _try_pair(v, st, c, x, scratch, out)
+        pos = q.older_with_key(pos)
+    return 0
+
+
+def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
+               RingBuffer dl, RingBuffer dr, RingBuffer out):
+    """Join this batch's new records (dl, dr) with each other and the stored ones.
+
+    Appends dl to ``left`` and (AND only) dr to ``right``; pairs go to ``out``.
+    dl and dr must be in end-ts order.
+    """
+    cdef idx_t i
+    cdef int64_t* scratch = <int64_t*>malloc((v.n_left + v.n_right + 1) * sizeof(int64_t))
+    if scratch == NULL:
+        raise MemoryError()
+    if v.op == OP_AND and right is None:
+        raise ValueError("an AND join needs a right queue")
+    try:
+        with nogil:
+            if v.op == OP_AND:
+                for i in range(dl.size):
+                    _probe(v, st, right, dl.row(i), True, scratch, out)
+            for i in range(dl.size):
+                left.append(dl.row(i)[COL_START], dl.row(i)[COL_END], dl.row(i)[COL_KEY],
+                            dl.row(i) + COL_IDS)
+            for i in range(dr.size):
+                _probe(v, st, left, dr.row(i), False, scratch, out)
+            if v.op == OP_AND:
+                for i in range(dr.size):
+                    right.append(dr.row(i)[COL_START], dr.row(i)[COL_END],
+                                 dr.row(i)[COL_KEY], dr.row(i) + COL_IDS)
+    finally:
+        free(scratch)
+
+
+cdef class Guard:
+    """Guard(mode, store, n_host, left_slots, right_slots, active_slots, preds, window)
+
+    A NOT: no record of ``store`` (the negated pattern's matches, in end-ts
+    order) may lie inside the interval the mode defines for a host record.
+    """
+    cdef readonly int mode
+    cdef readonly RingBuffer store
+    cdef readonly idx_t n_host
+    cdef readonly int64_t[::1] left_slots, right_slots, active_slots
+    cdef readonly PredicateSet preds
+    cdef readonly int64_t window
+
+    def __init__(self, int mode, RingBuffer store, idx_t n_host, left_slots, right_slots,
+                 active_slots, PredicateSet preds, int64_t window):
+        self.mode, self.store, self.n_host, self.window = mode, store, n_host, window
+        self.left_slots = np.ascontiguousarray(left_slots, dtype=np.int64)
+        self.right_slots = np.ascontiguousarray(right_slots, dtype=np.int64)
+        self.active_slots = np.ascontiguousarray(active_slots, dtype=np.int64)
+        self.preds = preds
+
+    cdef bint violated(self, EventStore st, const int64_t* host, ts_t start, ts_t end,
+                       int64_t* scratch) noexcept nogil:
+        cdef idx_t i, j, k, nc = self.store.n_ids
+        cdef bint active = False, lo_open, hi_open, shared
+        cdef ts_t lo = 0, hi = 0, t
+        cdef int64_t* r
+        cdef int64_t s
+        for i in range(self.active_slots.shape[0]):
+            if host[self.active_slots[i]] >= 0:
+                active = True
+                break
+        if not active:
+            return False
+        if self.mode == GUARD_GAP or self.mode == GUARD_TRAILING:
+            lo, lo_open = -(1 << 62), True
+            for i in range(self.left_slots.shape[0]):
+                s = host[self.left_slots[i]]
+                if s >= 0:
+                    t = st.ts[s & st.mask]
+                    if t > lo:
+                        lo = t
+        else:
+            lo, lo_open = end - self.window, False
+        if self.mode == GUARD_GAP or self.mode == GUARD_LEADING:
+            hi, hi_open = 1 << 62, True
+            for i in range(self.right_slots.shape[0]):
+                s = host[self.right_slots[i]]
+                if s >= 0:
+                    t = st.ts[s & st.mask]
+                    if t < hi:
+                        hi = t
+        else:
+            hi, hi_open = start + self.window, False
+        i = first_end_after(self.store, lo, not lo_open)
+        while i < self.store.size:
+            r = self.store.row(i)
+            if r[COL_END] > hi or (hi_open and r[COL_END] == hi):
+                break
+            i += 1
+            if r[COL_START] < lo or (lo_open and r[COL_START] == lo):
+                continue
+            shared = False  # the negated event is never one of the match's own
+            for j in range(nc):
+                for k in range(self.n_host):
+                    if r[COL_IDS + j] >= 0 and r[COL_IDS + j] == host[k]:
+                        shared = True
+            if shared:
+                continue
+            for k in range(self.n_host):
+                scratch[k] = host[k]
+            for j in range(nc):
+                scratch[self.n_host + j] = r[COL_IDS + j]
+            if self.preds.holds(st, scratch):
+                return True
+        return False
+
+    def keep(self, EventStore st, const int64_t[::1] starts, const int64_t[::1] ends,
+             const int64_t[:, ::1] recs):
+        """Mask of the host records this NOT does not forbid."""
+        n = recs.shape[0]
+        out = np.ones(n, dtype=bool)
+        cdef uint8_t_view o = out.view(np.uint8)
+        cdef idx_t i
+        cdef int64_t* scratch = <int64_t*>malloc((self.n_host + self.store.n_ids + 1)
+                                                 * sizeof(int64_t))
+        if scratch == NULL:
+            raise MemoryError()
+        try:
+            with nogil:
+                for i in range(n):
+                    o[i] = not self.violated(st, &recs[i, 0], starts[i], ends[i], scratch)
+        finally:
+            free(scratch)
+        return out

@@ -1,0 +1,40 @@
+# Events stored once, by arrival sequence number, and the predicate bytecode evaluator.
+from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
+
+from dqcep._kernels._types cimport idx_t, ts_t
+
+# Kind of an attribute cell: values are float64, strings as dictionary codes.
+cdef enum:
+    KIND_MISSING = 0
+    KIND_NUM = 1
+    KIND_STR = 2
+    KIND_BOOL = 3
+
+# Pseudo-attribute indexes of LOAD: the event's own ts and id.
+cdef enum:
+    ATTR_TS = -1
+    ATTR_ID = -2
+
+cdef enum:
+    MAX_STACK = 128
+
+
+cdef class EventStore:
+    cdef readonly idx_t n_attrs      # attribute columns (those some predicate or key reads)
+    cdef int64_t* ts                 # per row
+    cdef int64_t* ids                # per row: the user's event id
+    cdef double* val                 # row * n_attrs + a
+    cdef int8_t* kind                # row * n_attrs + a
+    cdef readonly int64_t base       # sequence number of the oldest stored event
+    cdef readonly int64_t next_seq   # sequence number the next event gets
+    cdef idx_t cap                   # rows allocated (power of two)
+    cdef idx_t mask                  # cap - 1: row of seq is seq & mask
+    cdef readonly idx_t high_water   # most events held at once
+
+    cdef int _grow(self, idx_t need) except -1 nogil
+    cdef inline idx_t row(self, int64_t seq) noexcept nogil
+
+
+cdef bint eval_pred(EventStore st, const int32_t* code, idx_t n_ins, const double* cval,
+                    const int8_t* ckind, const int64_t* slots) noexcept nogil
+cdef uint64_t cell_hash(int8_t kind, double v) noexcept nogil
