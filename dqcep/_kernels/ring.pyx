@@ -358,6 +358,12 @@ cdef class KeyedQueue:
             p = self.older_with_key(p)
         return out
 
+    def py_set_evicted(self, int64_t n):
+        """Start logical positions at n (restoring a snapshot into an empty queue)."""
+        if self.records.size:
+            raise ValueError("py_set_evicted needs an empty queue")
+        self.evicted = n
+
     def py_evict_end_before(self, ts_t cutoff):
         return self.evict_end_before(cutoff)
 

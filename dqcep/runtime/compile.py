@@ -1,0 +1,149 @@
+"""Plan -> kernel specs: predicates re-addressed to the engine's store, windows, retention.
+
+Predicates stay the plan's bytecode (dqcep/plan/bytecode.py); compiling only
+re-addresses it: LOAD/EQUIV attribute names become EventStore column indexes
+(``ts``/``id`` become the pseudo-columns -1/-2) and constants become (kind,
+value) cells, strings through the engine's dictionary. We chose bytecode over
+vectorized numpy expressions because predicates are evaluated on candidate
+pairs inside the join loop, where a numpy call per pair is out of the question.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from dqcep.errors import UserError
+from dqcep.plan import Kind, Plan, Port
+from dqcep.plan.bytecode import Op, Predicate
+from dqcep.plan.planner import UNBOUNDED
+from dqcep._kernels.operators import PredicateSet
+
+KIND_MISSING, KIND_NUM, KIND_STR, KIND_BOOL = 0, 1, 2, 3
+ATTR_TS, ATTR_ID = -1, -2
+MAX_STACK = 128  # dqcep/_kernels/store.pxd
+
+
+class StringDictionary:
+    """Engine-wide codes for string values (attribute values and string constants)."""
+
+    def __init__(self, values: Sequence[str] = ()):
+        self.values: list[str] = []
+        self.codes: dict[str, int] = {}
+        for v in values:
+            self.code(v)
+
+    def code(self, value: str) -> int:
+        c = self.codes.get(value)
+        if c is None:
+            c = self.codes[value] = len(self.values)
+            self.values.append(value)
+        return c
+
+    def codes_for(self, values: Sequence[str]) -> np.ndarray:
+        return np.array([self.code(v) for v in values], dtype=np.float64)
+
+
+def plan_attributes(plan: Plan) -> list[str]:
+    """Every attribute a predicate or a partition key of the plan reads."""
+    names: list[str] = []
+
+    def add(name):
+        if name not in ("ts", "id") and name not in names:
+            names.append(name)
+
+    preds = [p for ps in plan.preds for p in ps]
+    preds += [p for g in plan.guard if g is not None for p in g.preds]
+    preds += [p for q in plan.queries for p in q.preds]
+    for p in preds:
+        for op, a, b in p.code:
+            if op == Op.LOAD:
+                add(p.attrs[b])
+            elif op == Op.EQUIV:
+                add(p.attrs[a])
+    for keys in plan.key_attrs:
+        for k in keys:
+            add(k)
+    return names
+
+
+def _stack_depth(p: Predicate) -> int:
+    depth = top = 0
+    for op, _, _ in p.code:
+        if op in (Op.CONST, Op.LOAD, Op.EQUIV):
+            top += 1
+        elif op not in (Op.NEG, Op.NOT):
+            top -= 1
+        depth = max(depth, top)
+    return depth
+
+
+def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],
+                  dictionary: StringDictionary) -> PredicateSet:
+    code, pred_start, slots, slot_start = [], [0], [], [0]
+    cval: list[float] = []
+    ckind: list[int] = []
+    for p in preds:
+        if _stack_depth(p) > MAX_STACK:
+            raise UserError(f"condition {p.text!r} is nested too deeply for the native "
+                            f"engine (more than {MAX_STACK} operands pending)")
+        base = len(cval)
+        for c in p.consts:
+            if isinstance(c, bool):
+                ckind.append(KIND_BOOL)
+                cval.append(1.0 if c else 0.0)
+            elif isinstance(c, str):
+                ckind.append(KIND_STR)
+                cval.append(float(dictionary.code(c)))
+            else:
+                ckind.append(KIND_NUM)
+                cval.append(float(c))
+        for op, a, b in p.code:
+            if op == Op.CONST:
+                code.append((op, base + a, 0))
+            elif op == Op.LOAD:
+                name = p.attrs[b]
+                col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
+                code.append((op, a, col))
+            elif op == Op.EQUIV:
+                name = p.attrs[a]
+                col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
+                code.append((op, col, b))
+            else:
+                code.append((op, 0, 0))
+        pred_start.append(len(code))
+        slots.extend(p.slots)
+        slot_start.append(len(slots))
+    return PredicateSet(np.array(code, dtype=np.int32).reshape(-1, 3), pred_start, slots,
+                        slot_start, np.array(cval, dtype=np.float64),
+                        np.array(ckind, dtype=np.int8))
+
+
+def effective_windows(plan: Plan) -> np.ndarray:
+    """Per vertex, the largest span a record of it can usefully have (ms).
+
+    A vertex's own window when it has one; a vertex used only under a negation
+    (window UNBOUNDED in the plan) gets what its consumers can use: a NOT's
+    interval is at most 2 W long, an operator parent bounds it by its own.
+    """
+    g = plan.graph
+    eff = np.array(plan.window, dtype=np.int64).copy()
+    need = np.zeros(plan.n_vertices, dtype=np.int64)
+    for v in map(int, reversed(g.topo)):
+        if eff[v] == UNBOUNDED:
+            eff[v] = need[v]
+        for a in g.in_arcs(v):
+            child = int(g.tail[a])
+            if plan.kind(v) == Kind.NOT:
+                want = 2 * plan.guard[v].window_ms
+            else:
+                want = int(eff[v])
+            need[child] = max(need[child], want)
+    return eff
+
+
+def guard_hosts(plan: Plan) -> dict[int, list[int]]:
+    """NOT vertices checked at each vertex (binary operators and OUTPUTs)."""
+    g = plan.graph
+    return {v: [int(g.tail[a]) for a in g.in_arcs(v) if g.port[a] == Port.GUARD]
+            for v in range(plan.n_vertices)}

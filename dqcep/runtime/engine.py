@@ -1,0 +1,596 @@
+"""The native engine: the general processor (result router) over the plan's DAG.
+
+    engine = Engine(plan)
+    matches = engine.process(batch)      # EventBatch or a list of Events
+    matches += engine.advance_watermark(ts)
+    matches += engine.flush()            # end of stream
+    blob = engine.snapshot(); other = Engine(plan); other.restore(blob)
+
+For each batch the router (1) puts the events in event-time order through a
+K-slack reorder buffer (``lateness`` ms; later events are counted as late and
+left out, never silently), (2) stores them once in the EventStore, (3) runs the
+vertices in topological order: EVENT vertices filter and key their type's
+events, SEQ/AND vertices delta-join their inputs' new records with each other
+and with their queues, OR vertices merge, NOT vertices collect their child's
+records for the guards, and every new record goes to each parent that reads it
+(a shared vertex's records feed all its parents), (4) at each query's OUTPUT
+checks the exact window, the whole-match conditions and the guards, emits the
+matches or holds those that wait on a trailing or AND negation, and (5)
+advances the watermark: evicts what no future match can use and releases held
+matches whose start + W has passed.
+
+Matches come back columnar (``MatchBatch``); ``to_matches()`` makes Python
+objects only when asked.
+"""
+from __future__ import annotations
+
+import io
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import msgpack
+import numpy as np
+
+from dqcep._kernels.operators import Guard, JoinSpec, join_delta, leaf_keys
+from dqcep._kernels.ring import KeyedQueue, RingBuffer
+from dqcep._kernels.store import EventStore
+from dqcep.batch import MISSING_INT, EventBatch
+from dqcep.errors import UserError
+from dqcep.events import Event, Match
+from dqcep.plan import Kind, Plan, Port
+from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
+                                   StringDictionary, effective_windows, guard_hosts,
+                                   plan_attributes, predicate_set)
+
+SNAPSHOT_MAGIC = b"DQCEPSNP"
+SNAPSHOT_VERSION = 1
+_GUARD_MODES = {"GAP": 0, "LEADING": 1, "TRAILING": 2, "AND": 3}
+_EMPTY_I64 = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class Records:
+    """New records of one vertex in one batch, in end-ts order."""
+
+    start: np.ndarray
+    end: np.ndarray
+    key: np.ndarray
+    slots: np.ndarray  # int64 [n, n_slots]: event sequence numbers, -1 unbound
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @staticmethod
+    def empty(n_slots: int) -> "Records":
+        return Records(_EMPTY_I64, _EMPTY_I64, _EMPTY_I64, np.empty((0, n_slots), np.int64))
+
+    def take(self, index) -> "Records":
+        return Records(self.start[index], self.end[index], self.key[index], self.slots[index])
+
+    def sorted_by_end(self) -> "Records":
+        order = np.argsort(self.end, kind="stable")
+        return self.take(order)
+
+    def ring(self) -> RingBuffer:
+        r = RingBuffer(self.slots.shape[1], max(16, len(self)))
+        if len(self):
+            r.push_batch(self.start, self.end, self.key, np.ascontiguousarray(self.slots))
+        return r
+
+    @staticmethod
+    def from_ring(r: RingBuffer) -> "Records":
+        s, e, k, ids = r.to_arrays()
+        return Records(s, e, k, ids)
+
+
+@dataclass
+class MatchBatch:
+    """Matches, column by column, per query."""
+
+    queries: tuple[tuple[str, tuple[str, ...]], ...]    # (name, variables) per query
+    parts: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    # (query index, detected_at int64[n], event ids int64[n, n_vars] with -1 = unbound)
+
+    def __len__(self) -> int:
+        return sum(len(d) for _, d, _ in self.parts)
+
+    def __iadd__(self, other: "MatchBatch") -> "MatchBatch":
+        self.parts.extend(other.parts)
+        return self
+
+    def counts(self) -> dict[str, int]:
+        out = {name: 0 for name, _ in self.queries}
+        for q, d, _ in self.parts:
+            out[self.queries[q][0]] += len(d)
+        return out
+
+    def to_matches(self) -> list[Match]:
+        out = []
+        for q, detected, ids in self.parts:
+            name, variables = self.queries[q]
+            for d, row in zip(detected.tolist(), ids.tolist()):
+                out.append(Match(name, d, tuple((v, i) for v, i in zip(variables, row)
+                                                if i >= 0)))
+        return out
+
+
+@dataclass
+class VertexStats:
+    inputs: int = 0
+    outputs: int = 0
+    evictions: int = 0
+
+
+class _Query:
+    """What the OUTPUT of one query needs at run time."""
+
+    def __init__(self, engine: "Engine", index: int, spec, guards: list[int]):
+        plan = engine.plan
+        self.index, self.spec = index, spec
+        self.name, self.window, self.never = spec.name, spec.window_ms, spec.never
+        slot_of = dict(spec.slot_of)
+        self.var_slots = np.array([slot_of[v] for v in spec.variables], dtype=np.int64)
+        self.preds = predicate_set(spec.preds, engine.attr_index, engine.dictionary)
+        self.now_guards = [engine.guards[g] for g in guards if not plan.guard[g].holds_back]
+        self.held_guards = [engine.guards[g] for g in guards if plan.guard[g].holds_back]
+        self.held_active = [np.array(plan.guard[g].active_slots, dtype=np.int64)
+                            for g in guards if plan.guard[g].holds_back]
+        self.n_slots = len(spec.slot_of)
+        self.pending = Records.empty(self.n_slots)
+
+
+class Engine:
+    """Runs a plan over event batches; see the module docstring."""
+
+    def __init__(self, plan: Plan, lateness: int = 0):
+        if lateness < 0:
+            raise UserError(f"lateness must be >= 0 ms, got {lateness}")
+        self.plan, self.lateness = plan, lateness
+        g = plan.graph
+        self.dictionary = StringDictionary()
+        self.attrs = plan_attributes(plan)
+        self.attr_index = {a: i for i, a in enumerate(self.attrs)}
+        self.store = EventStore(len(self.attrs))
+        self.eff_window = effective_windows(plan)
+        hosts = guard_hosts(plan)
+        self.topo = [int(v) for v in g.topo]
+        self.kind = [plan.kind(v) for v in range(plan.n_vertices)]
+        self.n_slots = [len(plan.slots[v]) for v in range(plan.n_vertices)]
+        self.children = {v: (g.child(v, Port.LEFT), g.child(v, Port.RIGHT),
+                             g.child(v, Port.CHILD)) for v in range(plan.n_vertices)}
+        self.preds, self.keys, self.joins = {}, {}, {}
+        self.left_q: dict[int, KeyedQueue] = {}
+        self.right_q: dict[int, KeyedQueue] = {}
+        self.not_store: dict[int, RingBuffer] = {}
+        self.guards: dict[int, Guard] = {}
+        self.host_guards: dict[int, list[int]] = {}
+        for v in self.topo:
+            k = self.kind[v]
+            if k in (Kind.EVENT, Kind.SEQ, Kind.AND):
+                self.preds[v] = predicate_set(plan.preds[v], self.attr_index, self.dictionary)
+                self.keys[v] = np.array([self.attr_index[a] for a in plan.key_attrs[v]],
+                                        dtype=np.int32)
+            if k in (Kind.SEQ, Kind.AND):
+                left, right = self.children[v][:2]
+                self.joins[v] = JoinSpec(1 if k == Kind.SEQ else 2, int(self.eff_window[v]),
+                                         self.n_slots[left], self.n_slots[right],
+                                         self.keys[v], self.preds[v])
+                self.left_q[v] = KeyedQueue(self.n_slots[left])
+                if k == Kind.AND:
+                    self.right_q[v] = KeyedQueue(self.n_slots[right])
+                self.host_guards[v] = hosts[v]
+            elif k == Kind.NOT:
+                spec = plan.guard[v]
+                store = RingBuffer(self.n_slots[self.children[v][2]])
+                self.not_store[v] = store
+                self.guards[v] = Guard(
+                    _GUARD_MODES[spec.mode], store, spec.n_host, spec.left_slots,
+                    spec.right_slots, spec.active_slots,
+                    predicate_set(spec.preds, self.attr_index, self.dictionary),
+                    spec.window_ms)
+        self.queries = [_Query(self, i, spec, hosts[spec.output])
+                        for i, spec in enumerate(plan.queries)]
+        self.match_queries = tuple((q.name, tuple(q.spec.variables)) for q in self.queries)
+        self.type_code = {t: i for i, t in enumerate(plan.types)}
+        # how far back (ms) each kind of state must reach behind the watermark
+        windows = [int(w) for w in self.eff_window] + [0]
+        self.store_retention = 2 * max(windows) + 2
+        self.wm: int | None = None        # every future event has ts >= wm
+        self.max_seen: int | None = None
+        self._buffer: list[tuple] = []    # reorder buffer: (ts, ids, types, val, kind)
+        self.stats = {v: VertexStats() for v in range(plan.n_vertices)}
+        self.events_in = 0
+        self.late = 0
+        self.late_ids: list[int] = []
+        self.peak_state_bytes = 0
+        self.busy_seconds = 0.0
+
+    # ------------------------------------------------------------------ input
+    def _columns_from_batch(self, batch: EventBatch):
+        schema = batch.schema
+        tmap = np.array([self.type_code.get(t, -1) for t in schema.types] + [-1], np.int32)
+        types = tmap[batch.type]
+        n = len(batch)
+        val = np.zeros((n, len(self.attrs)), dtype=np.float64)
+        kind = np.zeros((n, len(self.attrs)), dtype=np.int8)
+        kinds = dict(schema.attrs)
+        for a, name in enumerate(self.attrs):
+            if name not in kinds:
+                continue
+            col, k = batch.columns[name], kinds[name]
+            if k == "float":
+                present = ~np.isnan(col)
+                val[:, a] = np.where(present, col, 0.0)
+                kind[:, a] = np.where(present, KIND_NUM, KIND_MISSING)
+            elif k == "int":
+                present = col != MISSING_INT
+                val[:, a] = np.where(present, col, 0).astype(np.float64)
+                kind[:, a] = np.where(present, KIND_NUM, KIND_MISSING)
+            elif k == "str":
+                codes = self.dictionary.codes_for(schema.dictionary(name))
+                present = col >= 0
+                val[:, a] = np.where(present, codes[np.maximum(col, 0)] if len(codes) else 0, 0)
+                kind[:, a] = np.where(present, KIND_STR, KIND_MISSING)
+            else:
+                present = col >= 0
+                val[:, a] = np.where(present, col, 0)
+                kind[:, a] = np.where(present, KIND_BOOL, KIND_MISSING)
+        good = np.ones(n, bool) if batch.malformed is None else batch.malformed == 0
+        return (batch.ts[good], batch.id[good], types[good], val[good], kind[good])
+
+    def _columns_from_events(self, events: Sequence[Event]):
+        n = len(events)
+        ts = np.fromiter((e.ts for e in events), np.int64, n)
+        ids = np.fromiter((e.id for e in events), np.int64, n)
+        types = np.fromiter((self.type_code.get(e.type, -1) for e in events), np.int32, n)
+        val = np.zeros((n, len(self.attrs)), dtype=np.float64)
+        kind = np.zeros((n, len(self.attrs)), dtype=np.int8)
+        code = self.dictionary.code
+        for i, e in enumerate(events):
+            for a, name in enumerate(self.attrs):
+                v = e.attrs.get(name)
+                if v is None:
+                    continue
+                if isinstance(v, bool):
+                    kind[i, a], val[i, a] = KIND_BOOL, float(v)
+                elif isinstance(v, (int, float)):
+                    kind[i, a], val[i, a] = KIND_NUM, float(v)
+                else:
+                    kind[i, a], val[i, a] = KIND_STR, code(v)
+        return ts, ids, types, val, kind
+
+    def process(self, batch: EventBatch | Sequence[Event]) -> MatchBatch:
+        """Feed events (any order within the batch); returns the matches now complete."""
+        started = time.perf_counter()
+        cols = self._columns_from_batch(batch) if isinstance(batch, EventBatch) \
+            else self._columns_from_events(batch)
+        out = MatchBatch(self.match_queries)
+        n = len(cols[0])
+        self.events_in += n
+        if n:
+            ts = cols[0]
+            if self.wm is not None:  # later than the released watermark: late
+                late = ts < self.wm
+                if late.any():
+                    self.late += int(late.sum())
+                    self.late_ids.extend(cols[1][late].tolist())
+                    cols = tuple(c[~late] for c in cols)
+                    ts = cols[0]
+            if len(ts):
+                self.max_seen = int(ts.max()) if self.max_seen is None else \
+                    max(self.max_seen, int(ts.max()))
+                self._buffer.append(cols)
+                out += self._release(self.max_seen - self.lateness)
+        self.busy_seconds += time.perf_counter() - started
+        return out
+
+    def advance_watermark(self, ts: int) -> MatchBatch:
+        """No event with ts < ``ts`` will come any more (e.g. an idle source)."""
+        out = self._release(ts - 1)
+        if self.wm is None or ts > self.wm:
+            self.wm = ts
+            out += self._after_watermark()
+        return out
+
+    def flush(self) -> MatchBatch:
+        """End of stream: everything buffered is processed, every held match released."""
+        out = MatchBatch(self.match_queries)
+        if self._buffer:
+            out += self._release(None)
+        for q in self.queries:
+            out += self._release_held(q, None)
+        return out
+
+    def take_late(self) -> list[int]:
+        ids, self.late_ids = self.late_ids, []
+        return ids
+
+    # ------------------------------------------------------------ processing
+    def _release(self, upto: int | None) -> MatchBatch:
+        """Process buffered events with ts <= upto (all when None), in ts order."""
+        out = MatchBatch(self.match_queries)
+        if not self._buffer:
+            return out
+        cols = tuple(np.concatenate([b[i] for b in self._buffer]) for i in range(5))
+        order = np.lexsort((np.arange(len(cols[0])), cols[0]))
+        cols = tuple(c[order] for c in cols)
+        cut = len(cols[0]) if upto is None else int(np.searchsorted(cols[0], upto, "right"))
+        self._buffer = [tuple(c[cut:] for c in cols)] if cut < len(cols[0]) else []
+        if cut == 0:
+            return out
+        ts, ids, types, val, kind = (c[:cut] for c in cols)
+        used = types >= 0  # events of types no query uses only move event time
+        out += self._run(ts[used], ids[used], types[used], np.ascontiguousarray(val[used]),
+                         np.ascontiguousarray(kind[used]))
+        last = int(ts[-1])
+        if self.wm is None or last > self.wm:
+            self.wm = last
+        out += self._after_watermark()
+        return out
+
+    def _run(self, ts, ids, types, val, kind) -> MatchBatch:
+        out = MatchBatch(self.match_queries)
+        if not len(ts):
+            return out
+        first = self.store.append(ts, ids, val, kind)
+        seqs = np.arange(first, first + len(ts), dtype=np.int64)
+        delta: dict[int, Records] = {}
+        plan = self.plan
+        for v in self.topo:
+            k = self.kind[v]
+            if k == Kind.EVENT:
+                sel = types == plan.event_type[v]
+                s, t = seqs[sel], ts[sel]
+                ok, keys = leaf_keys(self.store, s, self.keys[v])
+                recs = Records(t[ok], t[ok], keys[ok], s[ok].reshape(-1, 1))
+                if len(recs) and self.preds[v].n:
+                    recs = recs.take(self.preds[v].mask(self.store, recs.slots))
+                self.stats[v].inputs += int(sel.sum())
+            elif k == Kind.OR:
+                left, right = delta[self.children[v][0]], delta[self.children[v][1]]
+                nl, nr = self.n_slots[self.children[v][0]], self.n_slots[self.children[v][1]]
+                recs = Records(
+                    np.concatenate([left.start, right.start]),
+                    np.concatenate([left.end, right.end]),
+                    np.concatenate([left.key, right.key]),
+                    np.concatenate([
+                        np.hstack([left.slots, np.full((len(left), nr), -1, np.int64)]),
+                        np.hstack([np.full((len(right), nl), -1, np.int64), right.slots])]),
+                ).sorted_by_end()
+                self.stats[v].inputs += len(left) + len(right)
+            elif k in (Kind.SEQ, Kind.AND):
+                recs = self._join(v, delta)
+            elif k == Kind.NOT:
+                child = delta[self.children[v][2]]
+                if len(child):
+                    self.not_store[v].push_batch(child.start, child.end, child.key,
+                                                 np.ascontiguousarray(child.slots))
+                self.stats[v].inputs += len(child)
+                recs = child
+            else:  # OUTPUT
+                continue
+            delta[v] = recs
+            self.stats[v].outputs += len(recs)
+        for q in self.queries:
+            out += self._output(q, delta[q.spec.root])
+        self._measure_state()
+        return out
+
+    def _join(self, v: int, delta: dict[int, Records]) -> Records:
+        left, right = self.children[v][0], self.children[v][1]
+        dl, dr = delta[left], delta[right]
+        self.stats[v].inputs += len(dl) + len(dr)
+        n_out = self.n_slots[v]
+        if not len(dl) and not len(dr):
+            return Records.empty(n_out)
+        out_ring = RingBuffer(n_out, 64)
+        join_delta(self.joins[v], self.store, self.left_q[v], self.right_q.get(v),
+                   dl.ring(), dr.ring(), out_ring)
+        recs = Records.from_ring(out_ring)
+        for gv in self.host_guards[v]:
+            if len(recs):
+                recs = recs.take(self.guards[gv].keep(self.store, recs.start, recs.end,
+                                                       np.ascontiguousarray(recs.slots)))
+        return recs.sorted_by_end()
+
+    def _output(self, q: _Query, recs: Records) -> MatchBatch:
+        out = MatchBatch(self.match_queries)
+        if q.never or not len(recs):
+            return out
+        recs = recs.take(recs.end - recs.start <= q.window)
+        slots = np.ascontiguousarray(recs.slots)
+        if len(recs) and q.preds.n:
+            recs = recs.take(q.preds.mask(self.store, slots))
+            slots = np.ascontiguousarray(recs.slots)
+        for guard in q.now_guards:
+            if len(recs):
+                recs = recs.take(guard.keep(self.store, recs.start, recs.end, slots))
+                slots = np.ascontiguousarray(recs.slots)
+        if not len(recs):
+            return out
+        held = np.zeros(len(recs), bool)
+        for active in q.held_active:
+            held |= (slots[:, active] >= 0).any(axis=1)
+        if held.any():
+            hold = recs.take(held)
+            q.pending = Records(*(np.concatenate([a, b]) for a, b in zip(
+                (q.pending.start, q.pending.end, q.pending.key, q.pending.slots),
+                (hold.start, hold.end, hold.key, hold.slots))))
+            recs = recs.take(~held)
+        self._emit(out, q, recs.end, recs.slots)
+        return out
+
+    def _emit(self, out: MatchBatch, q: _Query, detected: np.ndarray, slots: np.ndarray):
+        if len(detected):
+            ids = self.store.ids_of(np.ascontiguousarray(slots[:, q.var_slots]))
+            out.parts.append((q.index, detected.astype(np.int64), ids))
+            self.stats[q.spec.output].outputs += len(detected)
+
+    def _release_held(self, q: _Query, wm: int | None) -> MatchBatch:
+        """Held matches whose start + W is behind the watermark (all when wm is None)."""
+        out = MatchBatch(self.match_queries)
+        p = q.pending
+        if not len(p):
+            return out
+        due = np.ones(len(p), bool) if wm is None else p.start + q.window < wm
+        if not due.any():
+            return out
+        ready, q.pending = p.take(due), p.take(~due)
+        slots = np.ascontiguousarray(ready.slots)
+        for guard in q.held_guards:
+            if len(ready):
+                keep = guard.keep(self.store, ready.start, ready.end, slots)
+                ready = ready.take(keep)
+                slots = np.ascontiguousarray(ready.slots)
+        self._emit(out, q, ready.start + q.window, ready.slots)
+        return out
+
+    def _after_watermark(self) -> MatchBatch:
+        """Release held matches that are due, then evict what the watermark made useless."""
+        out = MatchBatch(self.match_queries)
+        wm = self.wm
+        for q in self.queries:
+            out += self._release_held(q, wm)
+        for v, queue in self.left_q.items():
+            w = int(self.eff_window[v])
+            n = queue.py_evict_end_before(wm - w)
+            if v in self.right_q:
+                n += self.right_q[v].py_evict_end_before(wm - w)
+            self.stats[v].evictions += n
+        for v, store in self.not_store.items():
+            self.stats[v].evictions += store.evict_before(wm - 2 * self.plan.guard[v].window_ms - 1)
+        held_start = min((int(q.pending.start.min()) for q in self.queries if len(q.pending)),
+                         default=wm)
+        self.store.evict_before(min(wm - self.store_retention, held_start))
+        return out
+
+    # ---------------------------------------------------------- introspection
+    def _measure_state(self) -> None:
+        self.peak_state_bytes = max(self.peak_state_bytes, self.state_bytes())
+
+    def state_bytes(self) -> int:
+        """Bytes held by queues, NOT stores, the event store and held matches."""
+        total = self.store.nbytes
+        total += sum(q.nbytes for q in self.left_q.values())
+        total += sum(q.nbytes for q in self.right_q.values())
+        total += sum(s.nbytes for s in self.not_store.values())
+        total += sum(q.pending.slots.nbytes + 24 * len(q.pending) for q in self.queries)
+        return total
+
+    def vertex_stats(self) -> list[dict]:
+        rows = []
+        for v in self.topo:
+            st = self.stats[v]
+            high = 0
+            if v in self.left_q:
+                high = self.left_q[v].high_water + (self.right_q[v].high_water
+                                                    if v in self.right_q else 0)
+            elif v in self.not_store:
+                high = self.not_store[v].high_water
+            rows.append({"vertex": v, "operator": self.plan.label(v), "inputs": st.inputs,
+                         "outputs": st.outputs, "queue_high_water": high,
+                         "evictions": st.evictions})
+        return rows
+
+    # ------------------------------------------------------------- snapshots
+    def snapshot(self) -> bytes:
+        """The complete engine state, versioned (restore it into an Engine of the same plan)."""
+        def arr(a: np.ndarray):
+            a = np.ascontiguousarray(a)
+            return [a.dtype.str, list(a.shape), a.tobytes()]
+
+        def recs(r: Records):
+            return [arr(r.start), arr(r.end), arr(r.key), arr(r.slots)]
+
+        seqs, ts, ids, val, kind = self.store.dump()
+        state = {
+            "plan": self._plan_fingerprint(),
+            "wm": self.wm, "max_seen": self.max_seen, "lateness": self.lateness,
+            "dictionary": self.dictionary.values,
+            "store": [int(self.store.base), arr(ts), arr(ids), arr(val), arr(kind)],
+            "buffer": [[arr(c) for c in b] for b in self._buffer],
+            "left": {str(v): self._queue_state(q, arr) for v, q in self.left_q.items()},
+            "right": {str(v): self._queue_state(q, arr) for v, q in self.right_q.items()},
+            "not": {str(v): recs(Records.from_ring(s)) for v, s in self.not_store.items()},
+            "pending": [recs(q.pending) for q in self.queries],
+            "stats": {str(v): [s.inputs, s.outputs, s.evictions] for v, s in self.stats.items()},
+            "counters": [self.events_in, self.late],
+        }
+        body = msgpack.packb(state, use_bin_type=True)
+        return SNAPSHOT_MAGIC + struct.pack("<I", SNAPSHOT_VERSION) + body
+
+    @staticmethod
+    def _queue_state(q: KeyedQueue, arr):
+        s, e, k, ids = q.records.to_arrays()
+        return [int(q.evicted), arr(s), arr(e), arr(k), arr(ids[:, :q.n_ids])]
+
+    def _plan_fingerprint(self) -> str:
+        import hashlib
+        import pickle
+        return hashlib.sha256(pickle.dumps((self.plan.queries, self.plan.types,
+                                            self.plan.graph.tail.tobytes(),
+                                            self.plan.graph.head.tobytes()))).hexdigest()
+
+    def restore(self, blob: bytes) -> None:
+        """Load a snapshot taken by ``snapshot()`` of an engine running the same plan."""
+        if not blob.startswith(SNAPSHOT_MAGIC):
+            raise UserError("not a dqcep engine snapshot")
+        (version,) = struct.unpack("<I", blob[len(SNAPSHOT_MAGIC):len(SNAPSHOT_MAGIC) + 4])
+        if version != SNAPSHOT_VERSION:
+            raise UserError(f"snapshot version {version} is not supported "
+                            f"(this engine reads version {SNAPSHOT_VERSION})")
+        state = msgpack.unpackb(blob[len(SNAPSHOT_MAGIC) + 4:], raw=False,
+                                strict_map_key=False)
+        if state["plan"] != self._plan_fingerprint():
+            raise UserError("the snapshot was taken by an engine running other queries")
+
+        def arr(x):
+            dtype, shape, data = x
+            return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+
+        self.wm, self.max_seen, self.lateness = state["wm"], state["max_seen"], state["lateness"]
+        self.dictionary = StringDictionary(state["dictionary"])
+        base, ts, ids, val, kind = state["store"]
+        self.store = EventStore(len(self.attrs))
+        self.store.load(base, arr(ts), arr(ids), arr(val), arr(kind))
+        self._buffer = [tuple(arr(c) for c in b) for b in state["buffer"]]
+        for side, queues in (("left", self.left_q), ("right", self.right_q)):
+            for v_str, (evicted, s, e, k, ids_) in state[side].items():
+                q = KeyedQueue(queues[int(v_str)].n_ids)
+                q.py_set_evicted(evicted)
+                for row in zip(arr(s).tolist(), arr(e).tolist(), arr(k).tolist(),
+                               arr(ids_).tolist()):
+                    q.py_append(row[0], row[1], row[2], row[3])
+                queues[int(v_str)] = q
+        for v_str, r in state["not"].items():
+            v = int(v_str)
+            store = Records(*(arr(x) for x in r)).ring()
+            self.not_store[v] = store
+            spec = self.plan.guard[v]
+            self.guards[v] = Guard(_GUARD_MODES[spec.mode], store, spec.n_host,
+                                   spec.left_slots, spec.right_slots, spec.active_slots,
+                                   self.guards[v].preds, spec.window_ms)
+        for q, r in zip(self.queries, state["pending"]):
+            q.pending = Records(*(arr(x) for x in r))
+            q.now_guards = [self.guards[g] for g in self._query_guards(q, held=False)]
+            q.held_guards = [self.guards[g] for g in self._query_guards(q, held=True)]
+        for v_str, (i, o, e) in state["stats"].items():
+            self.stats[int(v_str)] = VertexStats(i, o, e)
+        self.events_in, self.late = state["counters"]
+
+    def _query_guards(self, q: _Query, held: bool) -> list[int]:
+        g = self.plan.graph
+        return [int(g.tail[a]) for a in g.in_arcs(q.spec.output) if g.port[a] == Port.GUARD
+                and self.plan.guard[int(g.tail[a])].holds_back == held]
+
+
+def run_events(plan: Plan, batches: Iterable, lateness: int = 0) -> tuple[MatchBatch, Engine]:
+    """Convenience: every match of a finite stream (batches of events), flushed at the end."""
+    engine = Engine(plan, lateness)
+    out = MatchBatch(engine.match_queries)
+    for b in batches:
+        out += engine.process(b)
+    out += engine.flush()
+    return out, engine

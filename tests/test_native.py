@@ -1,0 +1,147 @@
+"""The native engine against the reference matcher, match for match.
+
+Hypothesis draws query files (every operator, nesting, NOT in every position,
+predicates, [attr], queries sharing sub-patterns) and event streams (equal
+timestamps, bursts, gaps), and feeds the stream to the native engine in random
+batches. Both must return the same matches, detected_at included.
+"""
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dqcep.events import Event, event_from_mapping
+from dqcep.lang import ast, file_to_source, parse
+from dqcep.plan import build_plan
+from dqcep.reference import ReferenceMatcher
+from dqcep.runtime import Engine, MatchBatch, run_events
+from tests.strategies import (ATTR_VALUES, SMALL_TYPES, negation_queries, small_event_streams,
+                              small_query_files)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def as_set(matches):
+    out = [(m.query, m.events, m.detected_at) for m in matches]
+    assert len(out) == len(set(out)), "a match was emitted twice"
+    return set(out)
+
+
+def native(queries, batches, lateness=0):
+    mb, _ = run_events(build_plan(queries), batches, lateness)
+    return as_set(mb.to_matches())
+
+
+def split(events, cuts, shuffle_seed=None):
+    """Events in ts order, cut into batches; each batch optionally shuffled."""
+    events = sorted(events, key=lambda e: (e.ts, e.id))
+    bounds = sorted({0, len(events), *[c % (len(events) + 1) for c in cuts]})
+    batches = [events[a:b] for a, b in zip(bounds, bounds[1:])]
+    if shuffle_seed is not None:
+        rnd = random.Random(shuffle_seed)
+        for b in batches:
+            rnd.shuffle(b)
+    return batches
+
+
+def check(queries, events, cuts=(), shuffle_seed=None):
+    expected = as_set(ReferenceMatcher(queries).run(events))
+    got = native(queries, split(events, cuts, shuffle_seed))
+    assert got == expected
+
+
+@st.composite
+def bursty_streams(draw, max_events=14):
+    """Bursts of equal timestamps and long gaps between them."""
+    out, t = [], 0
+    for i in range(draw(st.integers(0, max_events))):
+        t += draw(st.sampled_from([0, 0, 0, 1, 2, 7, 40]))
+        attrs = {a: draw(ATTR_VALUES) for a in ("p", "q") if draw(st.booleans())}
+        out.append(Event(i + 1, draw(SMALL_TYPES), t, attrs))
+    return out
+
+
+CUTS = st.lists(st.integers(0, 40), max_size=4)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(small_query_files(), small_event_streams(), CUTS, st.none() | st.integers(0, 9))
+def test_native_matches_reference(f, events, cuts, shuffle):
+    check(parse(file_to_source(f)).queries, events, cuts, shuffle)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(negation_queries(), small_event_streams(), CUTS)
+def test_native_matches_reference_on_negations(q, events, cuts):
+    check(parse(file_to_source(ast.QueryFile("<t>", (q,)))).queries, events, cuts)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(small_query_files(), bursty_streams(), CUTS)
+def test_native_matches_reference_on_bursts_and_gaps(f, events, cuts):
+    check(parse(file_to_source(f)).queries, events, cuts)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(small_query_files(), small_event_streams(), st.randoms(use_true_random=False))
+def test_reorder_buffer_restores_event_time_order(f, events, rnd):
+    """Fed in any order with a lateness covering the disorder, nothing is lost."""
+    queries = parse(file_to_source(f)).queries
+    expected = as_set(ReferenceMatcher(queries).run(events))
+    shuffled = list(events)
+    rnd.shuffle(shuffled)
+    batches = [shuffled[i:i + 3] for i in range(0, len(shuffled), 3)]
+    assert native(queries, batches, lateness=100) == expected
+
+
+# ------------------------------------------------------------ fixed regressions
+
+REGRESSIONS = [
+    # (queries, events as (id, type, ts, attrs))
+    ("PATTERN SEQ(NOT A n, OR(A x1, A x2)) WHERE n.p = x1.p WITHIN 1",
+     [(1, "A", 0, {}), (2, "A", 1, {})]),
+    ("PATTERN AND(A x, A y) WITHIN 5", [(1, "A", 3, {}), (2, "A", 3, {}), (3, "A", 9, {})]),
+    ("PATTERN SEQ(A a, B b, NOT C c) WHERE [p] WITHIN 3",
+     [(1, "A", 0, {"p": 1}), (2, "B", 1, {"p": 1}), (3, "C", 3, {"p": 2}),
+      (4, "B", 2, {"p": 1.0})]),
+    ("PATTERN AND(A a, NOT (SEQ(B b, C c)), B d) WITHIN 10",
+     [(1, "A", 5, {}), (2, "B", 0, {}), (3, "C", 14, {}), (4, "B", 7, {})]),
+    ("QUERY x PATTERN SEQ(A a, B b) WHERE a.p < b.p WITHIN 4;"
+     "QUERY y PATTERN SEQ(A c, B d) WHERE c.p < d.p WITHIN 9",
+     [(1, "A", 0, {"p": 1}), (2, "B", 6, {"p": 2}), (3, "B", 3, {"p": "x"})]),
+    ("PATTERN SEQ(OR(A a, B b), NOT C c, OR(A d, B e)) WHERE c.q = a.q WITHIN 6",
+     [(1, "A", 0, {"q": 1}), (2, "C", 1, {"q": 2}), (3, "B", 2, {}), (4, "C", 3, {})]),
+]
+
+
+@pytest.mark.parametrize("text,rows", REGRESSIONS, ids=[r[0][:48] for r in REGRESSIONS])
+def test_fixed_regressions(text, rows):
+    events = [Event(i, t, ts, a) for i, t, ts, a in rows]
+    queries = parse(text).queries
+    for cuts in ((), (1,), (1, 2, 3)):
+        check(queries, events, cuts)
+
+
+def test_examples_agree():
+    for cep, data in (("fire.cep", "fire-events.jsonl"),):
+        queries = parse((ROOT / "examples" / cep).read_text()).queries
+        events = [event_from_mapping(json.loads(x))
+                  for x in (ROOT / "examples" / data).read_text().splitlines()]
+        check(queries, events, (3, 7))
+
+
+def test_generated_iot_stream_agrees():
+    from generator import GeneratorConfig, Planting, generate
+    queries = parse((ROOT / "examples" / "iot.cep").read_text()).queries
+    cfg = GeneratorConfig(profile="iot", events=6000, seed=4,
+                          plant=Planting(queries=str(ROOT / "examples" / "iot.cep"),
+                                         every=130_000))
+    batches = list(generate(cfg, 500))
+    events = [e for b in batches for e in b.to_events()]
+    expected = as_set(ReferenceMatcher(queries).run(events))
+    assert len(expected) > 20
+    mb, _ = run_events(build_plan(queries), batches)  # columnar batches, not Events
+    assert as_set(mb.to_matches()) == expected
