@@ -27,51 +27,159 @@ def _load_queries(path: str):
     return parse_file(path)
 
 
-def _read_all_events(args) -> list:
-    """Every event of the input, ids checked for uniqueness; bad records per --on-bad-event."""
-    from dqcep.io.readers import EventInputError, read_events
+class _BadEvents:
+    """Applies --on-bad-event: raise, or report on stderr and count."""
 
-    skipped = 0
+    def __init__(self, policy: str):
+        self.policy, self.skipped = policy, 0
 
-    def reject(err: EventInputError) -> None:
-        nonlocal skipped
-        if args.on_bad_event == "fail":
+    def __call__(self, err) -> None:
+        if self.policy == "fail":
             raise err
-        skipped += 1
+        self.skipped += 1
         print(f"skipped: {err}", file=sys.stderr)
 
-    events, first_seen = [], {}
-    for where, ev in read_events(args.input, args.format, on_error=reject):
-        if ev.id in first_seen:
-            reject(EventInputError("<stdin>" if args.input == "-" else args.input, where,
-                                   f"duplicate event id {ev.id} (first at {first_seen[ev.id]})"))
+    def summary(self) -> None:
+        if self.skipped:
+            print(f"dqcep run: skipped {self.skipped} bad event record(s)", file=sys.stderr)
+
+
+class _RecentIds:
+    """Duplicate-id check over the last ``capacity`` events (None: all; bounded memory)."""
+
+    def __init__(self, capacity: int | None):
+        from collections import deque
+        self.capacity, self.order, self.where = capacity, deque(), {}
+
+    def first_seen(self, event_id: int, where: str) -> str | None:
+        if event_id in self.where:
+            return self.where[event_id]
+        self.where[event_id] = where
+        if self.capacity is not None:
+            self.order.append(event_id)
+            if len(self.order) > self.capacity:
+                del self.where[self.order.popleft()]
+        return None
+
+
+# The native engine checks ids for duplicates among this many recent events.
+DUPLICATE_WINDOW = 1_000_000
+
+
+def _event_chunks(args, bad: _BadEvents, chunk_size: int | None, dup_window: int | None):
+    """Events of the input in chunks (all of them in one when chunk_size is None)."""
+    from dqcep.io.readers import EventInputError, read_events
+
+    seen, chunk = _RecentIds(dup_window), []
+    source = "<stdin>" if args.input == "-" else args.input
+    for where, ev in read_events(args.input, args.format, on_error=bad):
+        first = seen.first_seen(ev.id, where)
+        if first is not None:
+            bad(EventInputError(source, where, f"duplicate event id {ev.id} (first at {first})"))
             continue
-        first_seen[ev.id] = where
-        events.append(ev)
-    if skipped:
-        print(f"dqcep run: skipped {skipped} bad event record(s)", file=sys.stderr)
-    return events
+        chunk.append(ev)
+        if chunk_size is not None and len(chunk) >= chunk_size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _print_stats(engine, seconds: float) -> None:
+    out = sys.stderr
+    print(f"{'vertex':<7} {'operator':<24} {'inputs':>10} {'outputs':>10} "
+          f"{'queue-hw':>9} {'evictions':>10}", file=out)
+    for r in engine.vertex_stats():
+        print(f"v{r['vertex']:<6} {r['operator'][:24]:<24} {r['inputs']:>10} "
+              f"{r['outputs']:>10} {r['queue_high_water']:>9} {r['evictions']:>10}", file=out)
+    rate = engine.events_in / seconds if seconds > 0 else 0.0
+    print(f"events: {engine.events_in} in {seconds:.3f} s ({rate:,.0f} events/s); late "
+          f"{engine.late}; peak state {engine.peak_state_bytes} bytes", file=out)
+
+
+class _Returns:
+    """RETURN values for native matches, from the recent events (bounded by the window)."""
+
+    def __init__(self, queries, engine):
+        from collections import deque
+        self.specs = {q.name: q.returns for q in queries}
+        self.engine, self.events, self.order = engine, {}, deque()
+
+    def remember(self, chunk) -> None:
+        for e in chunk:
+            self.events[e.id] = e
+            self.order.append((e.ts, e.id))
+        if self.engine.wm is not None:
+            horizon = self.engine.wm - self.engine.store_retention - 1
+            while self.order and self.order[0][0] < horizon:
+                self.events.pop(self.order.popleft()[1], None)
+
+    def fill(self, m):
+        from dataclasses import replace
+        bound = dict(m.events)
+        values = []
+        for r in self.specs[m.query]:
+            label = r.var if r.attr is None else f"{r.var}.{r.attr}"
+            ev = self.events.get(bound.get(r.var, -1))
+            if ev is None:
+                values.append((label, None))
+            elif r.attr is None:
+                values.append((label, ev.id))
+            else:
+                values.append((label, ev.value(r.attr) if r.attr in ("ts", "id")
+                               else ev.attrs.get(r.attr)))
+        return replace(m, returns=tuple(values))
+
+
+def _write(batch, sink, returns) -> None:
+    from dqcep.io.writers import write_matches
+
+    matches = batch.to_matches()
+    if returns is not None:
+        matches = [returns.fill(m) for m in matches]
+    write_matches(matches, sink, with_returns=returns is not None)
 
 
 def cmd_run(args) -> int:
+    import time
+
     from dqcep.io.writers import write_matches
 
-    queries = _load_queries(args.queries)
-    if args.engine == "native":
-        raise UserError("the native engine is not built yet (it comes with the native "
-                        "runtime); use --engine reference")
-    from dqcep.reference import ReferenceMatcher
-
-    matcher = ReferenceMatcher(queries.queries)
-    events = _read_all_events(args)
-    matches = matcher.run(events)
+    queries = _load_queries(args.queries).queries
+    if args.chunk_size < 1:
+        raise UserError("--chunk-size must be >= 1")
     try:
-        out_ctx = nullcontext(sys.stdout) if args.output in (None, "-") else \
+        out = nullcontext(sys.stdout) if args.output in (None, "-") else \
             open(args.output, "w", encoding="utf-8")
     except OSError as err:
         raise UserError(f"cannot write matches to {args.output}: {err.strerror}") from None
-    with out_ctx as out:
-        write_matches(matches, out, with_returns=args.returns)
+    bad = _BadEvents(args.on_bad_event)
+    with out as sink:
+        if args.engine == "reference":
+            from dqcep.reference import ReferenceMatcher
+
+            events = [e for chunk in _event_chunks(args, bad, None, None) for e in chunk]
+            write_matches(ReferenceMatcher(queries).run(events), sink,
+                          with_returns=args.returns)
+        else:
+            from dqcep.plan import build_plan
+            from dqcep.runtime import Engine
+
+            engine = Engine(build_plan(queries), lateness=args.lateness)
+            returns = _Returns(queries, engine) if args.returns else None
+            started = time.perf_counter()
+            for chunk in _event_chunks(args, bad, args.chunk_size, DUPLICATE_WINDOW):
+                if returns is not None:
+                    returns.remember(chunk)
+                _write(engine.process(chunk), sink, returns)
+            _write(engine.flush(), sink, returns)
+            elapsed = time.perf_counter() - started
+            if engine.late:
+                print(f"dqcep run: {engine.late} event(s) arrived more than --lateness "
+                      f"{args.lateness} ms late and were left out", file=sys.stderr)
+            if args.stats:
+                _print_stats(engine, elapsed)
+    bad.summary()
     return 0
 
 
@@ -146,8 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--format", choices=("jsonl", "msgpack", "csv"),
                      help="event format (default: from the file extension; jsonl for -)")
     run.add_argument("--output", "-o", metavar="OUT", help="match file (default: stdout)")
-    run.add_argument("--engine", choices=("reference", "native"), default="reference",
-                     help="execution engine (default: reference)")
+    run.add_argument("--engine", choices=("native", "reference"), default="native",
+                     help="execution engine: the compiled runtime (native, default) or the "
+                     "reference matcher (simple and exact, holds the whole input)")
+    run.add_argument("--lateness", type=int, default=0, metavar="MS",
+                     help="native: events may arrive up to MS ms out of event-time order "
+                     "(a K-slack buffer); later ones are counted and left out (default 0)")
+    run.add_argument("--chunk-size", type=int, default=65_536, metavar="N",
+                     help="native: events read and processed per step (default 65536)")
+    run.add_argument("--stats", action="store_true",
+                     help="native: print per-vertex inputs, outputs, queue high-water marks "
+                     "and evictions, events/s and peak state bytes to stderr")
     run.add_argument("--on-bad-event", choices=("fail", "skip"), default="fail",
                      help="a malformed event record stops the run with exit code 2 "
                      "(fail, default) or is reported on stderr, counted and skipped")

@@ -1,0 +1,215 @@
+"""Runtime: kernels alone, snapshot/restore, bounded state, engine API behaviour."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dqcep._kernels.operators import Guard, JoinSpec, PredicateSet, join_delta, leaf_keys
+from dqcep._kernels.ring import KeyedQueue, RingBuffer
+from dqcep._kernels.store import EventStore, py_eval
+from dqcep.errors import UserError
+from dqcep.events import Event
+from dqcep.lang import parse
+from dqcep.plan import build_plan
+from dqcep.plan.bytecode import compile_predicate
+from dqcep.reference import ReferenceMatcher
+from dqcep.runtime import Engine, MatchBatch, run_events
+from dqcep.runtime.compile import StringDictionary, predicate_set
+from generator import GeneratorConfig, UniformConfig, generate
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_PREDS = PredicateSet(np.zeros((0, 3), np.int32), [0], [], [0], [], [])
+
+
+def store_with(rows, n_attrs=1):
+    """rows: (ts, id, [(kind, value)] * n_attrs)"""
+    st = EventStore(n_attrs)
+    st.append(np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], np.int64),
+              np.array([[c[1] for c in r[2]] for r in rows], np.float64).reshape(len(rows), n_attrs),
+              np.array([[c[0] for c in r[2]] for r in rows], np.int8).reshape(len(rows), n_attrs))
+    return st
+
+
+# --------------------------------------------------------------------- kernels
+
+
+def test_keyed_queue_chains_eviction_and_table_sweep():
+    q = KeyedQueue(2)
+    for i in range(100):
+        q.py_append(i, i, i % 3, [i, -1])
+    assert q.py_key_positions(1)[:3] == [97, 94, 91]
+    assert len(q.py_key_positions(0)) == 34
+    assert q.py_evict_end_before(90) == 90
+    assert q.py_key_positions(1) == [97, 94, 91]  # chains stop at the head
+    assert q.py_record(97) == (97, 97, 1, (97, -1))
+    with pytest.raises(IndexError, match="not live"):
+        q.py_record(10)
+    for i in range(100, 20_000):  # many keys come and go: the table is swept, not grown
+        q.py_append(i, i, i, [i, i])
+        q.py_evict_end_before(i - 50)
+    assert len(q) == 51 and q.nbytes < 64 * 1024
+    assert q.py_key_positions(19_990) == [19_990] and q.py_key_positions(5) == []
+
+
+def test_event_store_wraps_and_grows():
+    st = EventStore(1)
+    for base in range(0, 5000, 100):
+        rows = [(t, t + 1000, [(1, t * 0.5)]) for t in range(base, base + 100)]
+        first = st.append(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+                          np.array([[r[2][0][1]] for r in rows]), np.ones((100, 1), np.int8))
+        st.evict_before(base - 300)
+    assert len(st) == 400 and st.base == 4600
+    assert st.cell(4999, 0) == (1, 2499.5)
+    assert st.ids_of(np.array([[4999, -1]])).tolist() == [[5999, -1]]
+    with pytest.raises(IndexError, match="not in the store"):
+        st.cell(10, 0)
+
+
+def test_bytecode_evaluator_failure_semantics():
+    # slot 0 = event with attribute x; kinds: 1 num, 2 str, 3 bool
+    st = store_with([(5, 1, [(1, 2.0)]), (6, 2, [(2, 0.0)]), (7, 3, [(0, 0.0)])])
+    d = StringDictionary()
+
+    def ev(text, slots):
+        q = parse(f"PATTERN AND(A a, B b) WHERE {text} WITHIN 1").queries[0]
+        p = compile_predicate(q.where, {"a": 0, "b": 1}, 2)
+        ps = predicate_set([p], {"x": 0}, d)
+        return py_eval(st, np.asarray(ps.code), np.asarray(ps.cval), np.asarray(ps.ckind),
+                       np.array(slots, np.int64))
+
+    assert ev("a.x + 1 = 3", [0, 1])
+    assert not ev("a.x = b.x", [0, 1])           # number vs string: fails
+    assert not ev("NOT (a.x = b.x)", [0, 1])     # and the failure is not negated
+    assert not ev("b.x < 1", [1, 0])             # ordering on a string
+    assert not ev("a.x / 0 > 1", [0, 1])         # division by zero
+    assert not ev("a.x > 1 OR b.x > 1", [0, 1])  # no short-circuit past a failure
+    assert not ev("a.x = 2", [2, 1])             # missing attribute
+    assert ev("a.ts = 5 AND a.id = 1", [0, 1])   # ts and id pseudo-attributes
+    assert ev("[x] OR true", [0, 0]) and not ev("[x]", [0, 1])
+
+
+def test_leaf_keys_and_join_processor_alone():
+    # events: A at 1,2 (key attr 7, 8), B at 3 (7), B at 4 (8), B at 9 (7)
+    st = store_with([(1, 10, [(1, 7)]), (2, 11, [(1, 8)]), (3, 12, [(1, 7)]),
+                     (4, 13, [(1, 8)]), (9, 14, [(1, 7)])])
+    ok, keys = leaf_keys(st, np.arange(5, dtype=np.int64), np.array([0], np.int32))
+    assert ok.all() and keys[0] == keys[2] == keys[4] != keys[1] == keys[3]
+
+    def ring(seqs):
+        r = RingBuffer(1)
+        for s in seqs:
+            r.push(st.ts_of(np.array([s]))[0], st.ts_of(np.array([s]))[0], keys[s], [s])
+        return r
+
+    spec = JoinSpec(1, 5, 1, 1, np.array([0], np.int32), NO_PREDS)  # SEQ, W = 5, keyed
+    left, out = KeyedQueue(1), RingBuffer(2)
+    join_delta(spec, st, left, None, ring([0, 1]), ring([2, 3, 4]), out)
+    s, e, k, ids = out.to_arrays()
+    assert sorted(map(tuple, ids.tolist())) == [(0, 2), (1, 3)]  # (0, 4) is outside W
+    assert len(left) == 2
+    # AND: both orders, equal ts allowed, never the same event twice
+    st2 = store_with([(5, 1, [(1, 1)]), (5, 2, [(1, 1)])])
+    ok, keys = leaf_keys(st2, np.arange(2, dtype=np.int64), np.zeros(0, np.int32))
+    both = RingBuffer(1)
+    both.push(5, 5, 0, [0])
+    both.push(5, 5, 0, [1])
+    out = RingBuffer(2)
+    join_delta(JoinSpec(2, 0, 1, 1, [], NO_PREDS), st2, KeyedQueue(1), KeyedQueue(1),
+               both, both, out)
+    assert sorted(map(tuple, out.to_arrays()[3].tolist())) == [(0, 1), (1, 0)]
+
+
+def test_guard_processor_alone():
+    st = store_with([(10, 1, [(0, 0)]), (15, 2, [(0, 0)]), (20, 3, [(0, 0)]), (30, 4, [(0, 0)])])
+    negated = RingBuffer(1)
+    negated.push(15, 15, 0, [1])
+    gap = Guard(0, negated, 2, [0], [1], [0, 1], NO_PREDS, 100)
+    host = np.array([[0, 2], [2, 3]], np.int64)  # (10, 20) contains 15; (20, 30) does not
+    keep = gap.keep(st, np.array([10, 20]), np.array([20, 30]), host)
+    assert keep.tolist() == [False, True]
+    trailing = Guard(2, negated, 1, [0], [], [0], NO_PREDS, 5)  # (end(x), start + 5]
+    keep = trailing.keep(st, np.array([10, 10]), np.array([10, 10]),
+                         np.array([[0], [-1]], np.int64))
+    assert keep.tolist() == [False, True]  # inactive when its slot is unbound
+
+
+# --------------------------------------------------------------- engine API
+
+
+def uniform_stream(events, seed=1):
+    cfg = GeneratorConfig(profile="uniform", events=events, seed=seed,
+                          profile_config=UniformConfig(types=3, keys=20, attributes=1,
+                                                       domain=10, event_rate=1000))
+    return generate(cfg, 1000)
+
+
+QUERIES = """
+QUERY pairs PATTERN SEQ(T0 a, T1 b) WHERE [key] AND a.a0 < b.a0 WITHIN 50 ms;
+QUERY guarded PATTERN SEQ(T0 a, NOT T2 n, T1 b) WHERE [key] WITHIN 40 ms;
+QUERY trailing PATTERN SEQ(T1 a, T0 b, NOT T2 n) WHERE [key] AND n.key = a.key WITHIN 30 ms;
+QUERY either PATTERN AND(T2 c, OR(T0 a, T1 b)) WHERE [key] WITHIN 20 ms
+"""
+
+
+def matches_of(mb: MatchBatch):
+    return {(m.query, m.events, m.detected_at) for m in mb.to_matches()}
+
+
+def test_snapshot_mid_stream_resumes_exactly():
+    plan = build_plan(parse(QUERIES).queries)
+    batches = list(uniform_stream(20_000))
+    whole, _ = run_events(plan, batches)
+    first = Engine(plan)
+    got = MatchBatch(first.match_queries)
+    for b in batches[:9]:
+        got += first.process(b)
+    blob = first.snapshot()
+    second = Engine(plan)
+    second.restore(blob)
+    for b in batches[9:]:
+        got += second.process(b)
+    got += second.flush()
+    assert matches_of(got) == matches_of(whole)
+    assert len(whole) > 1000
+    assert second.snapshot()[:12] == blob[:12]  # same magic and version
+    with pytest.raises(UserError, match="other queries"):
+        Engine(build_plan(parse("PATTERN SEQ(T0 a, T1 b) WITHIN 5").queries)).restore(blob)
+    with pytest.raises(UserError, match="not a dqcep engine snapshot"):
+        Engine(plan).restore(b"nonsense")
+
+
+def test_state_stays_bounded_on_a_long_stream():
+    plan = build_plan(parse(QUERIES).queries)
+    engine = Engine(plan)
+    sizes = []
+    for i, batch in enumerate(uniform_stream(400_000, seed=3)):
+        engine.process(batch)
+        if i % 50 == 49:
+            sizes.append(engine.state_bytes())
+    engine.flush()
+    assert len(sizes) == 8
+    assert max(sizes[1:]) <= 1.2 * min(sizes[1:]), sizes  # flat, not growing with length
+    assert len(engine.store) < 2_000                       # a few windows of events
+    assert sum(s.evictions for s in engine.stats.values()) > 100_000
+
+
+def test_agrees_with_reference_on_a_generated_stream():
+    queries = parse(QUERIES).queries
+    batches = list(uniform_stream(8_000, seed=5))
+    events = [e for b in batches for e in b.to_events()]
+    expected = {(m.query, m.events, m.detected_at) for m in ReferenceMatcher(queries).run(events)}
+    got, _ = run_events(build_plan(queries), batches)
+    assert matches_of(got) == expected and len(expected) > 100
+
+
+def test_watermark_releases_held_matches_and_late_events_are_counted():
+    plan = build_plan(parse("PATTERN SEQ(A a, B b, NOT C c) WITHIN 10").queries)
+    e = Engine(plan)
+    assert len(e.process([Event(1, "A", 0), Event(2, "B", 5)])) == 0  # held until ts > 10
+    assert len(e.advance_watermark(10)) == 0
+    assert [m.detected_at for m in e.advance_watermark(11).to_matches()] == [10]
+    e.process([Event(3, "A", 20)])
+    assert len(e.process([Event(4, "B", 19)])) == 0
+    assert e.late == 1 and e.take_late() == [4] and e.take_late() == []
+    with pytest.raises(UserError, match="lateness must be >= 0"):
+        Engine(plan, lateness=-1)
