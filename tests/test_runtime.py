@@ -95,27 +95,25 @@ def test_leaf_keys_and_join_processor_alone():
     ok, keys = leaf_keys(st, np.arange(5, dtype=np.int64), np.array([0], np.int32))
     assert ok.all() and keys[0] == keys[2] == keys[4] != keys[1] == keys[3]
 
-    def ring(seqs):
-        r = RingBuffer(1)
-        for s in seqs:
-            r.push(st.ts_of(np.array([s]))[0], st.ts_of(np.array([s]))[0], keys[s], [s])
-        return r
+    def delta(seqs):
+        s = np.array(seqs, np.int64)
+        t = st.ts_of(s)
+        return t, t.copy(), keys[s], s.reshape(-1, 1)
 
     spec = JoinSpec(1, 5, 1, 1, np.array([0], np.int32), NO_PREDS)  # SEQ, W = 5, keyed
     left, out = KeyedQueue(1), RingBuffer(2)
-    join_delta(spec, st, left, None, ring([0, 1]), ring([2, 3, 4]), out)
+    join_delta(spec, st, left, None, *delta([0, 1]), *delta([2, 3, 4]), out)
     s, e, k, ids = out.to_arrays()
     assert sorted(map(tuple, ids.tolist())) == [(0, 2), (1, 3)]  # (0, 4) is outside W
     assert len(left) == 2
     # AND: both orders, equal ts allowed, never the same event twice
     st2 = store_with([(5, 1, [(1, 1)]), (5, 2, [(1, 1)])])
     ok, keys = leaf_keys(st2, np.arange(2, dtype=np.int64), np.zeros(0, np.int32))
-    both = RingBuffer(1)
-    both.push(5, 5, 0, [0])
-    both.push(5, 5, 0, [1])
+    both = (np.array([5, 5]), np.array([5, 5]), np.zeros(2, np.int64),
+            np.array([[0], [1]], np.int64))
     out = RingBuffer(2)
     join_delta(JoinSpec(2, 0, 1, 1, [], NO_PREDS), st2, KeyedQueue(1), KeyedQueue(1),
-               both, both, out)
+               *both, *both, out)
     assert sorted(map(tuple, out.to_arrays()[3].tolist())) == [(0, 1), (1, 0)]
 
 

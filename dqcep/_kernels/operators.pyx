@@ -20,7 +20,8 @@ import numpy as np
 
 from dqcep._kernels._types cimport idx_t, ts_t
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue,
-                                  RingBuffer, first_end_after)
+                                  RingBuffer, first_end_after, kq_at, kq_older, ring_push,
+                                  ring_row)
 from dqcep._kernels.store cimport KIND_MISSING, EventStore, cell_hash, eval_pred
 
 ctypedef unsigned char[::1] uint8_t_view
@@ -149,6 +150,8 @@ cdef class JoinSpec:
     cdef readonly idx_t n_left, n_right
     cdef readonly int32_t[::1] key_attrs  # [attr] partition key (store columns); empty: none
     cdef readonly PredicateSet preds
+    cdef readonly bint keyed              # key_attrs is not empty
+    cdef readonly bint has_preds          # preds is not empty
 
     def __init__(self, int op, int64_t window, idx_t n_left, idx_t n_right, key_attrs,
                  PredicateSet preds):
@@ -157,6 +160,8 @@ cdef class JoinSpec:
         self.op, self.window, self.n_left, self.n_right = op, window, n_left, n_right
         self.key_attrs = np.ascontiguousarray(key_attrs, dtype=np.int32)
         self.preds = preds
+        self.keyed = self.key_attrs.shape[0] > 0
+        self.has_preds = preds.n > 0
 
 
 cdef inline int _try_pair(JoinSpec v, EventStore st, const int64_t* l, const int64_t* r,
@@ -166,12 +171,13 @@ cdef inline int _try_pair(JoinSpec v, EventStore st, const int64_t* l, const int
     cdef ts_t start = ls if ls < rs else rs
     cdef ts_t end = le if le > re else re
     cdef idx_t i, j, nl = v.n_left, nr = v.n_right
+    cdef int64_t* row
     if v.op == OP_SEQ:
         if le >= rs:
             return 0
     if v.window >= 0 and end - start > v.window:
         return 0
-    if v.key_attrs.shape[0] and (l[COL_KEY] != r[COL_KEY] or not _same_key(
+    if v.keyed and (l[COL_KEY] != r[COL_KEY] or not _same_key(
             st, v.key_attrs, l + COL_IDS, nl, r + COL_IDS, nr)):
         return 0
     if v.op == OP_AND:
@@ -181,61 +187,91 @@ cdef inline int _try_pair(JoinSpec v, EventStore st, const int64_t* l, const int
             for j in range(nr):
                 if l[COL_IDS + i] == r[COL_IDS + j]:
                     return 0
+    if v.has_preds:
+        for i in range(nl):
+            scratch[i] = l[COL_IDS + i]
+        for j in range(nr):
+            scratch[nl + j] = r[COL_IDS + j]
+        if not v.preds.holds(st, scratch):
+            return 0
+    row = ring_push(out)
+    row[COL_START], row[COL_END], row[COL_KEY] = start, end, l[COL_KEY]
     for i in range(nl):
-        scratch[i] = l[COL_IDS + i]
+        row[COL_IDS + i] = l[COL_IDS + i]
     for j in range(nr):
-        scratch[nl + j] = r[COL_IDS + j]
-    if not v.preds.holds(st, scratch):
-        return 0
-    out.push_row(start, end, l[COL_KEY], scratch)
+        row[COL_IDS + nl + j] = r[COL_IDS + j]
     return 1
 
 
-cdef int _probe(JoinSpec v, EventStore st, KeyedQueue q, const int64_t* x, bint x_is_left,
-                int64_t* scratch, RingBuffer out) except -1 nogil:
+cdef inline int _probe(JoinSpec v, EventStore st, KeyedQueue q, const int64_t* x,
+                       bint x_is_left, int64_t* scratch, RingBuffer out) except -1 nogil:
     """Pair record x with every live record of its key in q (newest first)."""
     cdef int64_t pos = q.newest_with_key(x[COL_KEY])
     cdef int64_t* c
     cdef ts_t horizon = x[COL_END] - v.window
     while pos >= 0:
-        c = q.at(pos)
+        c = kq_at(q, pos)
         if v.window >= 0 and c[COL_END] < horizon:
             break  # this and every older record ends too early for the window
         if x_is_left:
             _try_pair(v, st, x, c, scratch, out)
         else:
             _try_pair(v, st, c, x, scratch, out)
-        pos = q.older_with_key(pos)
+        pos = kq_older(q, pos)
     return 0
 
 
-def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
-               RingBuffer dl, RingBuffer dr, RingBuffer out):
-    """Join this batch's new records (dl, dr) with each other and the stored ones.
+cdef inline void _record(int64_t* buf, idx_t width, const int64_t[::1] starts,
+                         const int64_t[::1] ends, const int64_t[::1] keys,
+                         const int64_t[:, ::1] ids, idx_t i) noexcept nogil:
+    cdef idx_t j
+    buf[COL_START], buf[COL_END], buf[COL_KEY] = starts[i], ends[i], keys[i]
+    for j in range(width):
+        buf[COL_IDS + j] = ids[i, j]
 
-    Appends dl to ``left`` and (AND only) dr to ``right``; pairs go to ``out``.
-    dl and dr must be in end-ts order.
+
+def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
+               const int64_t[::1] l_start, const int64_t[::1] l_end, const int64_t[::1] l_key,
+               const int64_t[:, ::1] l_ids, const int64_t[::1] r_start,
+               const int64_t[::1] r_end, const int64_t[::1] r_key, const int64_t[:, ::1] r_ids,
+               RingBuffer out):
+    """Join this batch's new records (left and right deltas) with each other and the stored ones.
+
+    Each delta must be in end-ts order. They are taken merged in that order
+    (left first on equal ends): a left record first probes the right queue
+    (AND) and is then appended to the left queue; a right record probes the
+    left queue and is then appended to the right queue (AND). So every pair is
+    produced once, when the later of its two records comes, ``out`` receives
+    pairs in end-ts order, and a probe only sees records ending no later than
+    the probing one.
     """
-    cdef idx_t i
-    cdef int64_t* scratch = <int64_t*>malloc((v.n_left + v.n_right + 1) * sizeof(int64_t))
-    if scratch == NULL:
-        raise MemoryError()
+    cdef idx_t i = 0, j = 0, nl = l_start.shape[0], nr = r_start.shape[0]
+    cdef bint take_left
+    if l_ids.shape[1] != v.n_left or r_ids.shape[1] != v.n_right:
+        raise ValueError(f"deltas have {l_ids.shape[1]} and {r_ids.shape[1]} slots, the join "
+                         f"expects {v.n_left} and {v.n_right}")
     if v.op == OP_AND and right is None:
         raise ValueError("an AND join needs a right queue")
+    cdef int64_t* scratch = <int64_t*>malloc((v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
+    cdef int64_t* x = scratch + v.n_left + v.n_right + 3
+    if scratch == NULL:
+        raise MemoryError()
     try:
         with nogil:
-            if v.op == OP_AND:
-                for i in range(dl.size):
-                    _probe(v, st, right, dl.row(i), True, scratch, out)
-            for i in range(dl.size):
-                left.append(dl.row(i)[COL_START], dl.row(i)[COL_END], dl.row(i)[COL_KEY],
-                            dl.row(i) + COL_IDS)
-            for i in range(dr.size):
-                _probe(v, st, left, dr.row(i), False, scratch, out)
-            if v.op == OP_AND:
-                for i in range(dr.size):
-                    right.append(dr.row(i)[COL_START], dr.row(i)[COL_END],
-                                 dr.row(i)[COL_KEY], dr.row(i) + COL_IDS)
+            while i < nl or j < nr:
+                take_left = j >= nr or (i < nl and l_end[i] <= r_end[j])
+                if take_left:
+                    _record(x, v.n_left, l_start, l_end, l_key, l_ids, i)
+                    if v.op == OP_AND:
+                        _probe(v, st, right, x, True, scratch, out)
+                    left.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
+                    i += 1
+                else:
+                    _record(x, v.n_right, r_start, r_end, r_key, r_ids, j)
+                    _probe(v, st, left, x, False, scratch, out)
+                    if v.op == OP_AND:
+                        right.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
+                    j += 1
     finally:
         free(scratch)
 

@@ -58,3 +58,30 @@ cdef class KeyedQueue:
 
 
 cdef idx_t first_end_after(RingBuffer ring, ts_t t, bint inclusive) noexcept nogil
+
+
+# Inline accessors for hot loops in other modules (bodies here so they inline there).
+
+cdef inline int64_t* ring_row(RingBuffer r, idx_t i) noexcept nogil:
+    return r.data + ((r.head + i) & r.mask) * r.width
+
+
+cdef inline int64_t* kq_at(KeyedQueue q, int64_t pos) noexcept nogil:
+    return ring_row(q.records, <idx_t>(pos - q.evicted))
+
+
+cdef inline int64_t kq_older(KeyedQueue q, int64_t pos) noexcept nogil:
+    cdef int64_t prev = kq_at(q, pos)[COL_IDS + q.n_ids]
+    return prev if prev >= q.evicted else -1
+
+
+cdef inline int64_t* ring_push(RingBuffer r) except NULL nogil:
+    """Room for one more record at the tail; the caller fills all its words."""
+    cdef int64_t* row
+    if r.size == r.capacity:
+        r.reserve(1)
+    row = ring_row(r, r.size)
+    r.size += 1
+    if r.size > r.high_water:
+        r.high_water = r.size
+    return row

@@ -195,6 +195,11 @@ cdef class RingBuffer:
         self.drop_front(self.size)
         self.shrink_if_sparse()
 
+    def reset(self):
+        """Drop every record but keep the capacity (a scratch buffer reused per batch)."""
+        self.head = 0
+        self.size = 0
+
     def __getitem__(self, idx_t i):
         """(start, end, key, ids) of the i-th record from the head."""
         if i < 0:
@@ -205,17 +210,28 @@ cdef class RingBuffer:
         return (r[COL_START], r[COL_END], r[COL_KEY],
                 tuple(r[COL_IDS + j] for j in range(self.n_ids)))
 
-    def to_arrays(self):
-        """Copies (starts, ends, keys, ids[n, n_ids]) in head-to-tail order."""
-        out = np.empty((self.size, self.width), dtype=np.int64)
-        cdef int64_t[:, ::1] view = out
+    def to_arrays(self, idx_t n_ids=-1):
+        """Copies (starts, ends, keys, ids[n, n_ids]) in head-to-tail order.
+
+        ``n_ids`` < the record's slots returns only the first ones.
+        """
+        if n_ids < 0 or n_ids > self.n_ids:
+            n_ids = self.n_ids
+        starts = np.empty(self.size, dtype=np.int64)
+        ends = np.empty(self.size, dtype=np.int64)
+        keys = np.empty(self.size, dtype=np.int64)
+        ids = np.empty((self.size, n_ids), dtype=np.int64)
+        cdef int64_t[::1] s = starts, e = ends, k = keys
+        cdef int64_t[:, ::1] d = ids
         cdef idx_t i
-        cdef size_t row_bytes = <size_t>self.width * sizeof(int64_t)
+        cdef int64_t* r
         with nogil:
             for i in range(self.size):
-                memcpy(&view[i, 0], self.row(i), row_bytes)
-        return (out[:, COL_START].copy(), out[:, COL_END].copy(),
-                out[:, COL_KEY].copy(), out[:, COL_IDS:].copy())
+                r = self.row(i)
+                s[i], e[i], k[i] = r[COL_START], r[COL_END], r[COL_KEY]
+                if n_ids:
+                    memcpy(&d[i, 0], r + COL_IDS, n_ids * sizeof(int64_t))
+        return starts, ends, keys, ids
 
 
 # ---------------------------------------------------------------------------

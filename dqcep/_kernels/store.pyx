@@ -158,13 +158,19 @@ cdef class EventStore:
         out = np.empty((seqs.shape[0], seqs.shape[1]), dtype=np.int64)
         cdef int64_t[:, ::1] o = out
         cdef idx_t i, j
-        for i in range(seqs.shape[0]):
-            for j in range(seqs.shape[1]):
-                if seqs[i, j] < 0:
-                    o[i, j] = -1
-                else:
-                    self._check(seqs[i, j])
-                    o[i, j] = self.ids[self.row(seqs[i, j])]
+        cdef int64_t s, bad = -1
+        with nogil:
+            for i in range(seqs.shape[0]):
+                for j in range(seqs.shape[1]):
+                    s = seqs[i, j]
+                    if s < 0:
+                        o[i, j] = -1
+                    elif s < self.base or s >= self.next_seq:
+                        bad = s
+                    else:
+                        o[i, j] = self.ids[self.row(s)]
+        if bad >= 0:
+            self._check(bad)
         return out
 
     def cell(self, int64_t seq, idx_t a):

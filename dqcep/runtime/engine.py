@@ -132,6 +132,7 @@ class _Query:
         self.name, self.window, self.never = spec.name, spec.window_ms, spec.never
         slot_of = dict(spec.slot_of)
         self.var_slots = np.array([slot_of[v] for v in spec.variables], dtype=np.int64)
+        self.identity_slots = self.var_slots.tolist() == list(range(len(slot_of)))
         self.preds = predicate_set(spec.preds, engine.attr_index, engine.dictionary)
         self.now_guards = [engine.guards[g] for g in guards if not plan.guard[g].holds_back]
         self.held_guards = [engine.guards[g] for g in guards if plan.guard[g].holds_back]
@@ -162,6 +163,7 @@ class Engine:
                              g.child(v, Port.CHILD)) for v in range(plan.n_vertices)}
         self.preds, self.keys, self.joins = {}, {}, {}
         self.left_q: dict[int, KeyedQueue] = {}
+        self.out_ring: dict[int, RingBuffer] = {}
         self.right_q: dict[int, KeyedQueue] = {}
         self.not_store: dict[int, RingBuffer] = {}
         self.guards: dict[int, Guard] = {}
@@ -178,6 +180,7 @@ class Engine:
                                          self.n_slots[left], self.n_slots[right],
                                          self.keys[v], self.preds[v])
                 self.left_q[v] = KeyedQueue(self.n_slots[left])
+                self.out_ring[v] = RingBuffer(self.n_slots[v], 1024)  # reused every batch
                 if k == Kind.AND:
                     self.right_q[v] = KeyedQueue(self.n_slots[right])
                 self.host_guards[v] = hosts[v]
@@ -385,21 +388,25 @@ class Engine:
         n_out = self.n_slots[v]
         if not len(dl) and not len(dr):
             return Records.empty(n_out)
-        out_ring = RingBuffer(n_out, 64)
+        out_ring = self.out_ring[v]
+        out_ring.reset()
         join_delta(self.joins[v], self.store, self.left_q[v], self.right_q.get(v),
-                   dl.ring(), dr.ring(), out_ring)
-        recs = Records.from_ring(out_ring)
+                   dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
+                   dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots), out_ring)
+        recs = Records.from_ring(out_ring)  # the join emits in end-ts order
         for gv in self.host_guards[v]:
             if len(recs):
                 recs = recs.take(self.guards[gv].keep(self.store, recs.start, recs.end,
                                                        np.ascontiguousarray(recs.slots)))
-        return recs.sorted_by_end()
+        return recs
 
     def _output(self, q: _Query, recs: Records) -> MatchBatch:
         out = MatchBatch(self.match_queries)
         if q.never or not len(recs):
             return out
-        recs = recs.take(recs.end - recs.start <= q.window)
+        inside = recs.end - recs.start <= q.window
+        if not inside.all():
+            recs = recs.take(inside)
         slots = np.ascontiguousarray(recs.slots)
         if len(recs) and q.preds.n:
             recs = recs.take(q.preds.mask(self.store, slots))
@@ -424,7 +431,8 @@ class Engine:
 
     def _emit(self, out: MatchBatch, q: _Query, detected: np.ndarray, slots: np.ndarray):
         if len(detected):
-            ids = self.store.ids_of(np.ascontiguousarray(slots[:, q.var_slots]))
+            picked = slots if q.identity_slots else slots[:, q.var_slots]
+            ids = self.store.ids_of(np.ascontiguousarray(picked))
             out.parts.append((q.index, detected.astype(np.int64), ids))
             self.stats[q.spec.output].outputs += len(detected)
 
