@@ -17,7 +17,7 @@ from dqcep.events import Event, event_from_mapping
 from dqcep.lang import ast, file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
-from dqcep.runtime import Engine, MatchBatch, run_events
+from dqcep.runtime import run_events
 from tests.strategies import (ATTR_VALUES, SMALL_TYPES, negation_queries, small_event_streams,
                               small_query_files)
 

@@ -1,7 +1,6 @@
 """Reference matcher: hand-checked cases for every rule of spec sections 3 and 4."""
 import time
 
-import pytest
 
 from dqcep.events import Event
 from dqcep.lang import parse

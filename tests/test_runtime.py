@@ -55,7 +55,7 @@ def test_event_store_wraps_and_grows():
     st = EventStore(1)
     for base in range(0, 5000, 100):
         rows = [(t, t + 1000, [(1, t * 0.5)]) for t in range(base, base + 100)]
-        first = st.append(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+        st.append(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
                           np.array([[r[2][0][1]] for r in rows]), np.ones((100, 1), np.int8))
         st.evict_before(base - 300)
     assert len(st) == 400 and st.base == 4600

@@ -24,7 +24,6 @@ objects only when asked.
 """
 from __future__ import annotations
 
-import io
 import struct
 import time
 from dataclasses import dataclass, field
@@ -99,12 +98,6 @@ class MatchBatch:
     def __iadd__(self, other: "MatchBatch") -> "MatchBatch":
         self.parts.extend(other.parts)
         return self
-
-    def counts(self) -> dict[str, int]:
-        out = {name: 0 for name, _ in self.queries}
-        for q, d, _ in self.parts:
-            out[self.queries[q][0]] += len(d)
-        return out
 
     def to_matches(self) -> list[Match]:
         out = []
