@@ -211,3 +211,17 @@ def test_watermark_releases_held_matches_and_late_events_are_counted():
     assert e.late == 1 and e.take_late() == [4] and e.take_late() == []
     with pytest.raises(UserError, match="lateness must be >= 0"):
         Engine(plan, lateness=-1)
+
+
+def test_equality_conjunct_becomes_the_join_key():
+    text = ("PATTERN SEQ(T0 a, OR(T1 b, T2 c), T1 d) WHERE a.key = d.key AND b.a0 = a.a0 "
+            "WITHIN 50 ms")
+    queries = parse(text).queries
+    engine = Engine(build_plan(queries))
+    (v, index), = engine.eq_index.items()      # a.key = d.key only: b sits under an OR
+    assert engine.plan.label(v) == "SEQ" and index[0] == 0 and index[2] == 0
+    batches = list(uniform_stream(6_000, seed=7))
+    events = [e for b in batches for e in b.to_events()]
+    expected = {(m.query, m.events, m.detected_at) for m in ReferenceMatcher(queries).run(events)}
+    got, _ = run_events(build_plan(queries), batches)
+    assert matches_of(got) == expected and len(expected) > 50

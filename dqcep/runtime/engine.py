@@ -38,7 +38,7 @@ from dqcep._kernels.store import EventStore
 from dqcep.batch import MISSING_INT, EventBatch
 from dqcep.errors import UserError
 from dqcep.events import Event, Match
-from dqcep.plan import Kind, Plan, Port
+from dqcep.plan import Kind, Op, Plan, Port
 from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
                                    StringDictionary, effective_windows, guard_hosts,
                                    plan_attributes, predicate_set)
@@ -186,6 +186,7 @@ class Engine:
                     spec.right_slots, spec.active_slots,
                     predicate_set(spec.preds, self.attr_index, self.dictionary),
                     spec.window_ms)
+        self.eq_index = self._equality_indexes()
         self.queries = [_Query(self, i, spec, hosts[spec.output])
                         for i, spec in enumerate(plan.queries)]
         self.match_queries = tuple((q.name, tuple(q.spec.variables)) for q in self.queries)
@@ -202,6 +203,59 @@ class Engine:
         self.late_ids: list[int] = []
         self.peak_state_bytes = 0
         self.busy_seconds = 0.0
+
+    def _equality_indexes(self) -> dict[int, tuple[int, int, int, int]]:
+        """Join keys from equality conjuncts: vertex -> (left slot, attr, right slot, attr).
+
+        A SEQ/AND vertex without an [attr] key whose predicates include
+        ``l.x = r.y`` (one slot from each operand, neither under an OR, so the
+        conjunct is always required) joins on hash(l.x) = hash(r.y). The
+        conjunct stays a predicate, so a hash collision cannot make a match.
+        """
+        plan, out = self.plan, {}
+        maybe_unbound: dict[int, list[bool]] = {}
+        for v in self.topo:
+            k = self.kind[v]
+            left, right, child = self.children[v]
+            if k == Kind.EVENT:
+                maybe_unbound[v] = [False]
+            elif k == Kind.OR:
+                maybe_unbound[v] = [True] * self.n_slots[v]
+            elif k in (Kind.SEQ, Kind.AND):
+                maybe_unbound[v] = maybe_unbound[left] + maybe_unbound[right]
+            if k not in (Kind.SEQ, Kind.AND) or plan.key_attrs[v]:
+                continue
+            nl = self.n_slots[left]
+            for p in plan.preds[v]:
+                code = p.code
+                if len(code) != 3 or code[0][0] != Op.LOAD or code[1][0] != Op.LOAD \
+                        or code[2][0] != Op.EQ:
+                    continue
+                (s1, a1), (s2, a2) = (code[0][1], p.attrs[code[0][2]]), \
+                    (code[1][1], p.attrs[code[1][2]])
+                if s1 >= nl:
+                    (s1, a1), (s2, a2) = (s2, a2), (s1, a1)
+                if not s1 < nl <= s2 or a1 in ("ts", "id") or a2 in ("ts", "id"):
+                    continue
+                if maybe_unbound[v][s1] or maybe_unbound[v][s2]:
+                    continue
+                out[v] = (s1, self.attr_index[a1], s2 - nl, self.attr_index[a2])
+                break
+        return out
+
+    def _join_input(self, v: int, recs: Records, side: int) -> Records:
+        """The records as this vertex's queue sees them: keyed for its join."""
+        if self.plan.key_attrs[v] or not len(recs):
+            return recs  # [attr] keys come up from the leaves
+        index = self.eq_index.get(v)
+        if index is None:
+            if recs.key.any():
+                recs = Records(recs.start, recs.end, np.zeros(len(recs), np.int64), recs.slots)
+            return recs
+        slot, attr = index[2 * side], index[2 * side + 1]
+        ok, keys = leaf_keys(self.store, np.ascontiguousarray(recs.slots[:, slot]),
+                             np.array([attr], np.int32))
+        return Records(recs.start[ok], recs.end[ok], keys[ok], recs.slots[ok])
 
     # ------------------------------------------------------------------ input
     def _columns_from_batch(self, batch: EventBatch):
@@ -378,6 +432,7 @@ class Engine:
         left, right = self.children[v][0], self.children[v][1]
         dl, dr = delta[left], delta[right]
         self.stats[v].inputs += len(dl) + len(dr)
+        dl, dr = self._join_input(v, dl, 0), self._join_input(v, dr, 1)
         n_out = self.n_slots[v]
         if not len(dl) and not len(dr):
             return Records.empty(n_out)
