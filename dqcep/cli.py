@@ -218,6 +218,14 @@ def cmd_generate(args) -> int:
     return run(args)
 
 
+def cmd_demo(args) -> int:
+    from dqcep.demo import run_demo
+
+    if args.events < 1:
+        raise UserError("--events must be >= 1")
+    return run_demo(args.events, args.seed, args.show)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dqcep", description="Complex event processing over IoT streams: "
                 "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
@@ -237,6 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
                          help="JSON object {event type: events per second} for the cost "
                          "model (default: 1 event/s for every type)")
     explain.set_defaults(func=cmd_explain)
+
+    demo = sub.add_parser(
+        "demo", help="run example queries over a generated IoT stream (no services needed)",
+        description="Generate an IoT sensor stream with planted occurrences of the demo "
+        "queries (dqcep/data/iot.cep), run it through the native engine and print matches, "
+        "recall of the planted occurrences and the engine's figures.")
+    demo.add_argument("--events", "-n", type=int, default=200_000,
+                      help="events to generate (default 200000)")
+    demo.add_argument("--seed", type=int, default=1, help="generator seed (default 1)")
+    demo.add_argument("--show", type=int, default=10, help="matches to print (default 10)")
+    demo.set_defaults(func=cmd_demo)
 
     from generator.cli import DESCRIPTION, add_arguments
 

@@ -1,5 +1,6 @@
 """The dqcep command line, run as a user runs it (a subprocess of the installed package)."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,13 @@ def test_unwritable_output_exit_2(tmp_path):
               "--output", tmp_path / "missing-dir" / "m.jsonl")
     assert r.returncode == 2
     assert "cannot write matches to" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_demo_runs_in_process_and_finds_every_planted_occurrence():
+    r = dqcep("demo", "--events", 60_000, "--show", 3)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "first 3 matches:" in out and out.count('{"query": ') == 3
+    found, planted = re.search(r"planted occurrences found: (\d+) of (\d+)", out).groups()
+    assert found == planted and int(planted) > 5
+    assert "events/s" in out

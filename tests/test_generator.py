@@ -148,7 +148,7 @@ def test_stock_ticks():
 
 
 def test_planted_occurrences_are_found_by_the_reference_matcher(tmp_path):
-    queries = ROOT / "examples" / "iot.cep"
+    queries = ROOT / "dqcep" / "data" / "iot.cep"
     cfg = GeneratorConfig(profile="iot", events=20_000, seed=9,
                           plant=Planting(queries=str(queries), every=130_000))
     g = StreamGenerator(cfg)
@@ -165,7 +165,7 @@ def test_planted_occurrences_are_found_by_the_reference_matcher(tmp_path):
 
 def test_planting_cli_writes_ground_truth(tmp_path):
     out = tmp_path / "s.jsonl"
-    r = cli("--profile", "iot", "-n", 10_000, "--plant", ROOT / "examples" / "iot.cep",
+    r = cli("--profile", "iot", "-n", 10_000, "--plant", ROOT / "dqcep" / "data" / "iot.cep",
             "--plant-query", "intrusion", "--plant-every", 20_000, "-o", out)
     truth = [json.loads(x) for x in (tmp_path / "s.jsonl.truth.jsonl").read_text().splitlines()]
     assert truth and all(t["query"] == "intrusion" for t in truth)
@@ -173,10 +173,10 @@ def test_planting_cli_writes_ground_truth(tmp_path):
 
 
 def test_planting_errors_are_user_errors(tmp_path):
-    r = cli("--profile", "uniform", "-n", 10, "--plant", ROOT / "examples" / "iot.cep",
+    r = cli("--profile", "uniform", "-n", 10, "--plant", ROOT / "dqcep" / "data" / "iot.cep",
             "-o", tmp_path / "x.jsonl", check=False)
     assert r.returncode == 2 and b"profile uniform has no event type" in r.stderr
-    r = cli("--profile", "iot", "-n", 10, "--plant", ROOT / "examples" / "iot.cep",
+    r = cli("--profile", "iot", "-n", 10, "--plant", ROOT / "dqcep" / "data" / "iot.cep",
             "--plant-every", 1000, "-o", tmp_path / "x.jsonl", check=False)
     assert r.returncode == 2 and b"must be more than 2 x (window + clock skew)" in r.stderr
     q = tmp_path / "impossible.cep"

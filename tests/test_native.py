@@ -135,9 +135,9 @@ def test_examples_agree():
 
 def test_generated_iot_stream_agrees():
     from generator import GeneratorConfig, Planting, generate
-    queries = parse((ROOT / "examples" / "iot.cep").read_text()).queries
+    queries = parse((ROOT / "dqcep" / "data" / "iot.cep").read_text()).queries
     cfg = GeneratorConfig(profile="iot", events=6000, seed=4,
-                          plant=Planting(queries=str(ROOT / "examples" / "iot.cep"),
+                          plant=Planting(queries=str(ROOT / "dqcep" / "data" / "iot.cep"),
                                          every=130_000))
     batches = list(generate(cfg, 500))
     events = [e for b in batches for e in b.to_events()]
