@@ -101,6 +101,9 @@ def test_reorder_buffer_restores_event_time_order(f, events, rnd):
 
 REGRESSIONS = [
     # (queries, events as (id, type, ts, attrs))
+    # the A in the gap is a0's event: it may not count for the NOT (found by hypothesis)
+    ("PATTERN AND(SEQ(A a, NOT A b, C c), A a0) WITHIN 2",
+     [(1, "A", 1, {}), (2, "A", 0, {}), (3, "C", 2, {})]),
     ("PATTERN SEQ(NOT A n, OR(A x1, A x2)) WHERE n.p = x1.p WITHIN 1",
      [(1, "A", 0, {}), (2, "A", 1, {})]),
     ("PATTERN AND(A x, A y) WITHIN 5", [(1, "A", 3, {}), (2, "A", 3, {}), (3, "A", 9, {})]),

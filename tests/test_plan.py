@@ -327,3 +327,15 @@ def test_guard_conjunct_on_an_or_neighbour_is_kept():
     (nv,) = vertices(p, Kind.NOT)
     assert p.guard[nv].preds == ()
     assert "never bound together" in p.queries[0].dropped[0]
+
+
+def test_gap_guard_rises_to_where_a_same_type_variable_is_bound():
+    # a0 (type A) may bind the event in the gap of NOT A b: decide the NOT where a0 is bound
+    p = plan_of("PATTERN AND(SEQ(A a, NOT A b, C c), A a0) WITHIN 2 s")
+    (nv,) = vertices(p, Kind.NOT)
+    (host,) = p.vertex(nv).parents
+    assert shape(p, host) == ("AND", ("SEQ", "A", "C"), "A")
+    # no variable of type N elsewhere: the guard stays on its gap
+    p = plan_of("PATTERN AND(SEQ(A a, NOT N b, C c), A a0) WITHIN 2 s")
+    (nv,) = vertices(p, Kind.NOT)
+    assert shape(p, p.vertex(nv).parents[0]) == ("SEQ", "A", "C")

@@ -369,6 +369,14 @@ class _QueryPlanner:
                 continue
             guard.preds.append(c)
             anchor |= others
+        # The negated event is never one of the match's own events: a variable of a
+        # type the NOT forbids, bound elsewhere in the same match, may hold the very
+        # event the gap would see. Decide the guard where such variables are bound.
+        neg_types = {e.type for e, _ in ast.event_patterns(neg.pattern)}
+        for ev, negated in ast.event_patterns(self.q.pattern):
+            if not negated and ev.type in neg_types and ev.var not in anchor and \
+                    any(self.co_bindable(root, {ev.var, a}) for a in active):
+                anchor.add(ev.var)
         at_output = mode != "GAP" or any(ast.has_equivalence(c) for c in guard.preds)
         if at_output:
             self.output_guards.append(guard)
