@@ -140,11 +140,40 @@ def _write(batch, sink, returns) -> None:
     write_matches(matches, sink, with_returns=returns is not None)
 
 
+def _serve(args) -> int:
+    from dqcep.service import ServiceConfig, serve
+
+    if not all(i.startswith("mqtt://") for i in args.input):
+        raise UserError("MQTT inputs cannot be mixed with files")
+    if args.engine != "native":
+        raise UserError("the streaming service runs the native engine")
+    missing = [flag for flag, v in (("--journal", args.journal), ("--checkpoint",
+               args.checkpoint), ("--output", args.output)) if not v]
+    if missing or args.output == "-":
+        raise UserError("an MQTT input needs --journal DIR, --checkpoint FILE and --output "
+                        "FILE (a file, so that a restart can cut it back to the checkpoint)")
+    fmt = args.format or "msgpack"
+    if fmt not in ("msgpack", "json"):
+        raise UserError("MQTT payloads are msgpack or json (--format)")
+    _load_queries(args.queries)  # positioned errors before anything starts
+    return serve(ServiceConfig(
+        queries=args.queries, inputs=args.input, journal=args.journal,
+        checkpoint=args.checkpoint, output=args.output,
+        dead_letter=args.dead_letter or args.output + ".dead-letter.jsonl",
+        late=args.late or args.output + ".late.jsonl", fmt=fmt, lateness=args.lateness,
+        stats_every=args.stats_every, stats_file=args.stats_file))
+
+
 def cmd_run(args) -> int:
     import time
 
     from dqcep.io.writers import write_matches
 
+    if any(i.startswith("mqtt://") for i in args.input):
+        return _serve(args)
+    if len(args.input) != 1:
+        raise UserError("give one event file (--input), or MQTT URLs")
+    args.input = args.input[0]
     queries = _load_queries(args.queries).queries
     if args.chunk_size < 1:
         raise UserError("--chunk-size must be >= 1")
@@ -268,10 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run the queries of QUERIES over the events of "
                          "--input and print one JSON line per match (docs/cli.md).")
     run.add_argument("queries", metavar="QUERIES.cep", help="query file")
-    run.add_argument("--input", "-i", required=True, metavar="EVENTS",
-                     help="event file (.jsonl, .msgpack, .csv) or - for stdin")
-    run.add_argument("--format", choices=("jsonl", "msgpack", "csv"),
-                     help="event format (default: from the file extension; jsonl for -)")
+    run.add_argument("--input", "-i", required=True, metavar="EVENTS", action="append",
+                     help="event file (.jsonl, .msgpack, .csv), - for stdin, or "
+                     "mqtt://host:port/topic (repeatable) to run as a streaming service")
+    run.add_argument("--format", choices=("jsonl", "msgpack", "csv", "json"),
+                     help="event format (default: from the file extension; jsonl for -; "
+                     "MQTT payloads: msgpack, or json)")
     run.add_argument("--output", "-o", metavar="OUT", help="match file (default: stdout)")
     run.add_argument("--engine", choices=("native", "reference"), default="native",
                      help="execution engine: the compiled runtime (native, default) or the "
@@ -287,6 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--on-bad-event", choices=("fail", "skip"), default="fail",
                      help="a malformed event record stops the run with exit code 2 "
                      "(fail, default) or is reported on stderr, counted and skipped")
+    service = run.add_argument_group("streaming service (MQTT input; docs/streaming.md)")
+    service.add_argument("--journal", metavar="DIR",
+                         help="durable journal of received payloads (acked once on disk)")
+    service.add_argument("--checkpoint", metavar="FILE",
+                         help="engine state, journal offset and sink lengths, for restarts")
+    service.add_argument("--dead-letter", metavar="FILE",
+                         help="bad payloads and events with their reason "
+                         "(default OUTPUT.dead-letter.jsonl)")
+    service.add_argument("--late", metavar="FILE",
+                         help="events later than --lateness (default OUTPUT.late.jsonl)")
+    service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, kept current")
+    service.add_argument("--stats-every", type=float, default=10.0, metavar="S",
+                         help="seconds between stats lines on stderr (default 10)")
     run.add_argument("--returns", action="store_true",
                      help="add each match's RETURN values as a \"return\" object")
     run.set_defaults(func=cmd_run)

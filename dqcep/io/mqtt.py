@@ -83,3 +83,92 @@ class MqttPublisher:
         finally:
             self.client.disconnect()
             self.client.loop_stop()
+
+
+class MqttSource:
+    """Subscribes with QoS 1 in a persistent session; journals messages, acks when durable.
+
+    Messages are appended to the journal as they arrive; a committer thread
+    fsyncs the journal every ``commit_interval`` seconds and only then sends the
+    PUBACKs, so a message the broker considers delivered is on disk. The client
+    id is fixed and the session persistent (clean session off), so the broker
+    keeps what arrives while the service is away; paho reconnects with backoff.
+    A message delivered again (a PUBACK lost in a crash) is journaled twice;
+    the service drops repeated event ids.
+    """
+
+    def __init__(self, urls: list[MqttUrl], journal, client_id: str = "dqcep-engine",
+                 commit_interval: float = 0.01, connect_timeout: float = 10.0):
+        import paho.mqtt.client as mqtt
+
+        hosts = {(u.host, u.port) for u in urls}
+        if len(hosts) != 1:
+            raise UserError("all --input MQTT URLs must name the same broker")
+        self.host, self.port = hosts.pop()
+        self.topics = [u.topic for u in urls]
+        self.journal = journal
+        self.commit_interval = commit_interval
+        self.connect_timeout = connect_timeout
+        self.received = 0
+        self._lock = threading.Lock()
+        self._pending: list[int] = []
+        self._stop = threading.Event()
+        self._subscribed = threading.Event()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                                  clean_session=False, manual_ack=True)
+        self.client.reconnect_delay_set(1, 8)
+        self.client.max_inflight_messages_set(1000)
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda c, u, mid, rc, p: self._subscribed.set()
+        self.client.on_message = self._on_message
+        self._committer = threading.Thread(target=self._commit_loop, daemon=True,
+                                           name="journal-committer")
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties):
+        if not reason_code.is_failure:
+            client.subscribe([(t, 1) for t in self.topics])
+
+    def _on_message(self, client, userdata, msg):
+        with self._lock:
+            self.journal.append(msg.topic, msg.payload)
+            self._pending.append(msg.mid)
+            self.received += 1
+
+    def _commit(self) -> None:
+        with self._lock:
+            if not self._pending:
+                return
+            self.journal.commit()
+            mids, self._pending = self._pending, []
+        for mid in mids:
+            self.client.ack(mid, 1)
+
+    def _commit_loop(self) -> None:
+        while not self._stop.wait(self.commit_interval):
+            self._commit()
+
+    def start(self) -> None:
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            try:
+                self.client.connect(self.host, self.port)
+                break
+            except OSError as err:
+                if time.monotonic() > deadline:
+                    raise UserError(f"cannot connect to the MQTT broker at {self.host}:"
+                                    f"{self.port}: {err.strerror or err}") from None
+                time.sleep(0.5)
+        self.client.loop_start()
+        self._committer.start()
+        if not self._subscribed.wait(self.connect_timeout):
+            self.stop()
+            raise UserError(f"the MQTT broker at {self.host}:{self.port} did not confirm "
+                            f"the subscription to {', '.join(self.topics)}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._committer.is_alive():
+            self._committer.join()
+        self._commit()
+        self.client.disconnect()
+        self.client.loop_stop()
