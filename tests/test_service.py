@@ -115,3 +115,61 @@ def test_sigkill_mid_stream_loses_and_repeats_nothing(mosquitto, tmp_path):
     assert dead and all(d["reason"] and d["payload"] for d in dead)
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["malformed"] == len(dead) and stats["duplicates"] > 0
+
+
+def test_out_of_order_within_lateness_and_late_events(mosquitto, tmp_path):
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/ooo"
+    # delays up to 300 ms for 20% of events, 2% beyond 300 ms (up to 5 s)
+    extra = ("--out-of-order", "0.2", "--slack", "300", "--late", "0.02", "--late-max", "5000")
+    svc = Service(tmp_path, url)
+    svc.args += ["--lateness", "400"]
+    svc.start()
+    subprocess.run(gen_args(20_000, url, extra), check=True)
+    svc.wait_for(20_000 - 50)
+    time.sleep(0.5)
+    svc.stop()
+    late = [json.loads(x)["event"] for x in
+            (tmp_path / "out.jsonl.late.jsonl").read_text().splitlines()]
+    assert late, "events delayed by up to 5 s must exceed a 400 ms lateness"
+    # the service's matches are the reference's over the events it did not divert
+    stream = tmp_path / "s.msgpack"
+    subprocess.run(gen_args(20_000, str(stream), extra), check=True)
+    late_ids = {e["id"] for e in late}
+    events = [event_from_mapping(e) for p in msgpack.Unpacker(open(stream, "rb"), raw=False)
+              for e in p["events"] if e["id"] not in late_ids]
+    want = {json.dumps(m.to_json_obj())
+            for m in ReferenceMatcher(parse_file(QUERIES).queries).run(events)}
+    assert svc.output() == want
+
+
+def test_hostile_payloads_never_stop_the_service(mosquitto, tmp_path):
+    import random
+
+    import paho.mqtt.client as mqtt
+    host, port = mosquitto
+    topic = "dqcep/fuzz"
+    svc = Service(tmp_path, f"mqtt://{host}:{port}/{topic}")
+    svc.start()
+    rnd = random.Random(3)
+    payloads = [bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 64)))
+                for _ in range(200)]
+    payloads += [msgpack.packb({"events": [{"id": "x", "type": 5, "ts": None}] * 100}),
+                 msgpack.packb({"events": []}), b"\x91" * 50_000 + b"\xc0",
+                 msgpack.packb({"id": 1, "type": "Door", "ts": 5, "open": {"a": [1, [2]]}}),
+                 msgpack.packb({"events": [{"id": i, "type": "Door", "ts": i, "open": True}
+                                           for i in range(1, 20_001)]})]
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="fuzzer")
+    pub.connect(host, port)
+    pub.loop_start()
+    infos = [pub.publish(topic, p, qos=1) for p in payloads]
+    for info in infos:
+        info.wait_for_publish(10)
+    pub.disconnect()
+    pub.loop_stop()
+    svc.wait_for(20_000)  # the big valid batch at the end got through
+    svc.stop()
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["payloads"] == len(payloads)
+    dead = (tmp_path / "out.jsonl.dead-letter.jsonl").read_text().splitlines()
+    assert len(dead) == stats["malformed"] >= 200
