@@ -173,3 +173,59 @@ def test_hostile_payloads_never_stop_the_service(mosquitto, tmp_path):
     assert stats["payloads"] == len(payloads)
     dead = (tmp_path / "out.jsonl.dead-letter.jsonl").read_text().splitlines()
     assert len(dead) == stats["malformed"] >= 200
+
+
+class Broker:
+    """A Mosquitto with persistence on a fixed port, so it can be stopped and started again."""
+
+    def __init__(self, tmp_path):
+        import shutil
+        from tests.conftest import free_port
+        self.port = free_port()
+        self.binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        self.conf = tmp_path / "broker.conf"
+        (tmp_path / "broker-db").mkdir()
+        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+                             f"persistence true\npersistence_location {tmp_path / 'broker-db'}/\n"
+                             "autosave_interval 1\nmax_queued_messages 0\n")
+        self.proc = None
+
+    def start(self):
+        import socket
+        self.proc = subprocess.Popen([self.binary, "-c", str(self.conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline and self.proc.poll() is None
+                time.sleep(0.05)
+
+    def stop(self):
+        self.proc.terminate()  # mosquitto saves its persistence database on SIGTERM
+        self.proc.wait(10)
+
+
+def test_broker_restart_mid_stream_loses_nothing(tmp_path):
+    broker = Broker(tmp_path)
+    broker.start()
+    url = f"mqtt://127.0.0.1:{broker.port}/dqcep/restart"
+    want, n_events = expected_matches(30_000, tmp_path)
+    svc = Service(tmp_path, url)
+    try:
+        svc.start()
+        pub = subprocess.Popen(gen_args(30_000, url, ("--rate", "10000")))
+        svc.wait_for(6_000)
+        broker.stop()           # the broker goes away mid-stream ...
+        time.sleep(1.0)
+        broker.start()          # ... and comes back: both clients reconnect
+        assert pub.wait(90) == 0
+        svc.wait_for(n_events, timeout=90)
+        svc.stop()
+        assert svc.output() == want
+    finally:
+        if svc.proc and svc.proc.poll() is None:
+            svc.proc.kill()
+        broker.stop()
