@@ -30,7 +30,7 @@ from pathlib import Path
 import msgpack
 
 from dqcep.errors import UserError
-from dqcep.io.journal import Journal
+from dqcep.io.journal import Journal, JournalTail
 from dqcep.io.mqtt import MqttSource, MqttUrl
 from dqcep.io.payloads import decode_payload
 from dqcep.io.writers import match_line
@@ -111,6 +111,7 @@ class StreamingService:
             restored_counts = state["counts"]
         else:
             restored_counts = {}
+        self.tail = JournalTail(cfg.journal, self.offset)
         self.out = _Sink(cfg.output, sizes.get("output"))
         self.dead = _Sink(cfg.dead_letter, sizes.get("dead_letter"))
         self.late = _Sink(cfg.late, sizes.get("late"))
@@ -128,7 +129,7 @@ class StreamingService:
     def step(self) -> int:
         """Process what the journal holds beyond our offset; returns records consumed."""
         n = 0
-        for offset, topic, payload in self.journal.read(self.offset):
+        for offset, topic, payload in self.tail.read(self.journal.durable_offset):
             events, rejected = decode_payload(payload, self.cfg.fmt)
             self.counts["payloads"] += 1
             for r in rejected:
@@ -219,6 +220,7 @@ class StreamingService:
         self._write_stats()
         for sink in (self.out, self.dead, self.late):
             sink.close()
+        self.tail.close()
         self.journal.close()
         return 0
 

@@ -102,3 +102,20 @@ def test_sigkill_loses_nothing_committed(tmp_path):
     records = list(j.read())
     assert len(records) >= committed
     assert [p for _, _, p in records] == [b"event %d" % i for i in range(len(records))]
+
+
+def test_tail_follows_appends_and_segment_rolls(tmp_path):
+    from dqcep.io.journal import JournalTail
+    j = Journal(tmp_path, segment_bytes=300)
+    tail = JournalTail(tmp_path, 0)
+    seen = []
+    for start in range(0, 200, 13):
+        for topic, p in payloads(13, start):
+            j.append(topic, p)
+        j.commit()
+        seen += [(o, t, p) for o, t, p in tail.read(j.durable_offset)]
+    assert seen == list(j.read()) and len(seen) == len(payloads(13)) * 16
+    assert len(list(tmp_path.glob("*.seg"))) > 10
+    late = JournalTail(tmp_path, 150)   # starting in the middle of a closed segment
+    assert [o for o, _, _ in late.read(j.durable_offset)] == list(range(150, 208))
+    assert list(late.read(j.durable_offset)) == []

@@ -197,3 +197,65 @@ def read_journal(directory: str | Path, start: int = 0, include_open: bool = Fal
                     topic, payload = msgpack.unpackb(body, raw=False)
                     yield offset, topic, payload
                 offset += 1
+
+
+class JournalTail:
+    """Follows a journal from an offset without re-reading: keeps its file and position.
+
+    ``read(upto)`` yields the records from where the previous call stopped up to
+    (not including) offset ``upto`` — pass the writer's durable offset, so only
+    whole, committed records are read. When a segment ends it moves on to the
+    segment starting at the next offset (the writer may have renamed the one it
+    was reading: an open file keeps reading the same data).
+    """
+
+    def __init__(self, directory: str | Path, offset: int = 0):
+        self.dir = Path(directory)
+        self.offset = offset
+        self._file: BinaryIO | None = None
+
+    def _open_at(self, offset: int) -> bool:
+        """Open the segment holding ``offset`` and skip to it; False if none does yet."""
+        names = sorted(self.dir.glob("*" + SEG)) + sorted(self.dir.glob("*" + OPEN))
+        names.sort(key=lambda p: int(p.stem))
+        holding = [p for p in names if int(p.stem) <= offset]
+        if not holding:
+            return False
+        path = holding[-1]
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:  # renamed meanwhile
+            f = open(self.dir / _name(int(path.stem), SEG), "rb")
+        for _ in range(offset - int(path.stem)):
+            head = f.read(HEADER.size)
+            if len(head) < HEADER.size:
+                f.close()
+                return False
+            f.seek(HEADER.unpack(head)[0], os.SEEK_CUR)
+        if self._file is not None:
+            self._file.close()
+        self._file = f
+        return True
+
+    def read(self, upto: int) -> Iterator[tuple[int, str, bytes]]:
+        while self.offset < upto:
+            if self._file is None and not self._open_at(self.offset):
+                return
+            head = self._file.read(HEADER.size)
+            if len(head) < HEADER.size:  # end of this segment: the next one starts here
+                self._file.seek(-len(head), os.SEEK_CUR)
+                if not self._open_at(self.offset):
+                    return
+                continue
+            length, crc = HEADER.unpack(head)
+            body = self._file.read(length)
+            if len(body) < length or zlib.crc32(body) != crc:
+                raise UserError(f"journal {self.dir} is damaged at offset {self.offset}")
+            topic, payload = msgpack.unpackb(body, raw=False)
+            yield self.offset, topic, payload
+            self.offset += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
