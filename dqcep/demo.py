@@ -67,3 +67,131 @@ def run_demo(events: int = 200_000, seed: int = 1, show: int = 10, out=sys.stdou
           f"({engine.events_in / busy:,.0f} events/s), peak state "
           f"{engine.peak_state_bytes / 1e6:.1f} MB, late {engine.late}", file=out)
     return 0 if recalled == len(planted) else 1
+
+
+def _reachable(host: str, port: int) -> bool:
+    import socket
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _start_mosquitto(workdir):
+    """A Mosquitto of our own on a free loopback port, or None if it is not installed."""
+    import shutil
+    import socket
+    import subprocess
+
+    binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
+                                           if shutil.which("/usr/sbin/mosquitto") else None)
+    if binary is None:
+        return None, None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\n")
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not _reachable("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            return None, None
+        time.sleep(0.05)
+    return proc, port
+
+
+def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
+                  broker: str | None = None, out=sys.stdout) -> int:
+    """The demo over a real broker: generator -> MQTT -> streaming service -> matches."""
+    import json
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from dqcep.errors import UserError
+    from dqcep.io.event_writers import BatchEncoder
+    from dqcep.io.mqtt import MqttPublisher, MqttUrl
+    from dqcep.service import ServiceConfig, StreamingService
+    from generator import GeneratorConfig, Planting, StreamGenerator
+
+    with tempfile.TemporaryDirectory(prefix="dqcep-demo-") as tmp:
+        tmp = Path(tmp)
+        proc = None
+        if broker:
+            host, _, port_text = broker.rpartition(":")
+            if not host or not port_text.isdigit():
+                raise UserError(f"--broker must be HOST:PORT, got {broker!r}")
+            host, port = host, int(port_text)
+            if not _reachable(host, port):
+                raise UserError(f"cannot reach the MQTT broker at {broker}")
+        elif _reachable("127.0.0.1", 1883):
+            host, port = "127.0.0.1", 1883
+        else:
+            proc, port = _start_mosquitto(tmp)
+            host = "127.0.0.1"
+            if proc is None:
+                raise UserError(
+                    "dqcep demo --mqtt needs an MQTT broker: none answers on localhost:1883 "
+                    "and Mosquitto is not installed. Install it (Debian/Ubuntu: "
+                    "sudo apt-get install mosquitto; macOS: brew install mosquitto) or give "
+                    "--broker HOST:PORT. `dqcep demo` without --mqtt needs no broker.")
+        try:
+            where = f"{host}:{port}" + (" (a Mosquitto started for the demo)" if proc else "")
+            print(f"dqcep demo --mqtt: broker {where}", file=out)
+            url = f"mqtt://{host}:{port}/dqcep-demo/{time.time_ns()}"
+            path = demo_queries_path()
+            svc = StreamingService(ServiceConfig(
+                queries=path, inputs=[url], journal=str(tmp / "journal"),
+                checkpoint=str(tmp / "checkpoint"), output=str(tmp / "matches.jsonl"),
+                dead_letter=str(tmp / "dead.jsonl"), late=str(tmp / "late.jsonl"),
+                stats_every=3600, client_id=f"dqcep-demo-{time.time_ns()}"))
+            stop = threading.Event()
+            worker = threading.Thread(target=svc.run, args=(stop,), daemon=True)
+            worker.start()
+            time.sleep(0.5)
+            gen = StreamGenerator(GeneratorConfig(profile="iot", events=events, seed=seed,
+                                                  plant=Planting(queries=path,
+                                                                 every=PLANT_EVERY_MS)))
+            publisher = MqttPublisher(MqttUrl.parse(url))
+            encoder = BatchEncoder(gen.schema, "msgpack", 1000)
+            started = time.perf_counter()
+            for batch in gen.batches(16_384):
+                buf, ends = encoder.msgpack_payloads(batch)
+                start = 0
+                for end in ends:
+                    publisher.publish(buf[start:end].tobytes())
+                    start = int(end)
+            publisher.close()
+            deadline = time.monotonic() + 120
+            while svc.counts["events_in"] < events and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stop.set()
+            worker.join(60)
+            elapsed = time.perf_counter() - started
+            lines = (tmp / "matches.jsonl").read_text().splitlines()
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+    matches = [json.loads(x) for x in lines]
+    print(f"\n{svc.counts['events_in']:,} of {events:,} events arrived over MQTT; first "
+          f"{min(show, len(matches))} matches:", file=out)
+    for line in lines[:show]:
+        print("  " + line, file=out)
+    counts: dict[str, int] = {}
+    found = set()
+    for m in matches:
+        counts[m["query"]] = counts.get(m["query"], 0) + 1
+        found.add((m["query"], frozenset(m["events"].items())))
+    print("\nmatches per query:", file=out)
+    for name, n in sorted(counts.items()):
+        print(f"  {name:<12} {n:>8,}", file=out)
+    planted = [(t["query"], frozenset(t["events"].items())) for t in gen.truth]
+    recalled = sum(1 for p in planted if p in found)
+    print(f"\nplanted occurrences found: {recalled} of {len(planted)}", file=out)
+    print(f"publish -> match: {events / elapsed:,.0f} events/s end to end", file=out)
+    return 0 if recalled == len(planted) and svc.counts["events_in"] == events else 1

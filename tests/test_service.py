@@ -229,3 +229,19 @@ def test_broker_restart_mid_stream_loses_nothing(tmp_path):
         if svc.proc and svc.proc.poll() is None:
             svc.proc.kill()
         broker.stop()
+
+
+def test_demo_over_mqtt(mosquitto):
+    host, port = mosquitto
+    r = subprocess.run([sys.executable, "-m", "dqcep", "demo", "--mqtt", "--broker",
+                        f"{host}:{port}", "--events", "20000", "--show", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"broker {host}:{port}" in r.stdout
+    assert "20,000 of 20,000 events arrived over MQTT" in r.stdout
+    found, planted = r.stdout.split("planted occurrences found: ")[1].split()[0:3:2]
+    assert found == planted
+    from tests.conftest import free_port
+    r = subprocess.run([sys.executable, "-m", "dqcep", "demo", "--mqtt", "--broker",
+                        f"127.0.0.1:{free_port()}"], capture_output=True, text=True)
+    assert r.returncode == 2 and "cannot reach the MQTT broker" in r.stderr
