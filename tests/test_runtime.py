@@ -225,3 +225,13 @@ def test_equality_conjunct_becomes_the_join_key():
     expected = {(m.query, m.events, m.detected_at) for m in ReferenceMatcher(queries).run(events)}
     got, _ = run_events(build_plan(queries), batches)
     assert matches_of(got) == expected and len(expected) > 50
+
+
+def test_kernel_constants_mirror_the_python_ones():
+    from dqcep._kernels.store import KINDS, OPCODES
+    from dqcep.plan.bytecode import Op
+    from dqcep.runtime import compile as rc
+    assert OPCODES == {op.name: int(op) for op in Op}
+    assert KINDS == {"MISSING": rc.KIND_MISSING, "NUM": rc.KIND_NUM, "STR": rc.KIND_STR,
+                     "BOOL": rc.KIND_BOOL, "ATTR_TS": rc.ATTR_TS, "ATTR_ID": rc.ATTR_ID,
+                     "MAX_STACK": rc.MAX_STACK}

@@ -45,6 +45,15 @@ cdef enum:
     OP_OR = 16
 
 
+# The opcodes as the kernel sees them; tests check they equal dqcep.plan.bytecode.Op.
+OPCODES = {"CONST": OP_CONST, "LOAD": OP_LOAD, "EQUIV": OP_EQUIV, "NEG": OP_NEG,
+           "NOT": OP_NOT, "ADD": OP_ADD, "SUB": OP_SUB, "MUL": OP_MUL, "DIV": OP_DIV,
+           "EQ": OP_EQ, "NE": OP_NE, "LT": OP_LT, "LE": OP_LE, "GT": OP_GT, "GE": OP_GE,
+           "AND": OP_AND, "OR": OP_OR}
+KINDS = {"MISSING": KIND_MISSING, "NUM": KIND_NUM, "STR": KIND_STR, "BOOL": KIND_BOOL,
+         "ATTR_TS": ATTR_TS, "ATTR_ID": ATTR_ID, "MAX_STACK": MAX_STACK}
+
+
 cdef class EventStore:
     """EventStore(n_attrs)"""
 
