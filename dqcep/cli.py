@@ -143,7 +143,7 @@ def _write(batch, sink, returns) -> None:
 def _serve(args) -> int:
     from dqcep.service import ServiceConfig, serve
 
-    if not all(i.startswith("mqtt://") for i in args.input):
+    if not all(i.startswith(("mqtt://", "mqtts://")) for i in args.input):
         raise UserError("MQTT inputs cannot be mixed with files")
     if args.engine != "native":
         raise UserError("the streaming service runs the native engine")
@@ -169,7 +169,7 @@ def cmd_run(args) -> int:
 
     from dqcep.io.writers import write_matches
 
-    if any(i.startswith("mqtt://") for i in args.input):
+    if any(i.startswith(("mqtt://", "mqtts://")) for i in args.input):
         return _serve(args)
     if len(args.input) != 1:
         raise UserError("give one event file (--input), or MQTT URLs")

@@ -116,7 +116,7 @@ def run(args) -> int:
         raise UserError("--chunk-size and --batch-size must be >= 1")
     cfg = load_scenario(args.scenario, _overrides(args))
     gen = StreamGenerator(cfg)
-    mqtt = args.output.startswith("mqtt://")
+    mqtt = args.output.startswith(("mqtt://", "mqtts://"))
     fmt = args.format
     if mqtt:
         if fmt not in (None, "msgpack"):

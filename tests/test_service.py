@@ -245,3 +245,35 @@ def test_demo_over_mqtt(mosquitto):
     r = subprocess.run([sys.executable, "-m", "dqcep", "demo", "--mqtt", "--broker",
                         f"127.0.0.1:{free_port()}"], capture_output=True, text=True)
     assert r.returncode == 2 and "cannot reach the MQTT broker" in r.stderr
+
+
+def test_username_and_password_from_the_environment(tmp_path):
+    import shutil
+    from tests.conftest import free_port
+    pw = tmp_path / "passwords"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(pw), "sensor", "s3cret"], check=True)
+    port = free_port()
+    conf = tmp_path / "auth.conf"
+    import getpass  # as root Mosquitto would drop to its own user, who cannot read tmp_path
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {pw}\n"
+                    f"user {getpass.getuser()}\n")
+    broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c",
+                               str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        url = f"mqtt://sensor@127.0.0.1:{port}/dqcep/auth"
+        env = {**os.environ, "DQCEP_MQTT_PASSWORD": "wrong"}
+        bad = subprocess.run(["timeout", "30", *Service(tmp_path, url).args], env=env,
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and "refused the connection" in bad.stderr
+        os.environ["DQCEP_MQTT_PASSWORD"] = "s3cret"
+        svc = Service(tmp_path, url)
+        svc.start()
+        subprocess.run(gen_args(5_000, url), check=True)
+        svc.wait_for(5_000)
+        svc.stop()
+        assert svc.output()
+    finally:
+        os.environ.pop("DQCEP_MQTT_PASSWORD", None)
+        broker.terminate()
+        broker.wait(10)

@@ -11,26 +11,49 @@ from dqcep.errors import UserError
 DEFAULT_PORT = 1883
 
 
+TLS_PORT = 8883
+PASSWORD_ENV = "DQCEP_MQTT_PASSWORD"
+CA_ENV = "DQCEP_MQTT_CA"
+
+
 @dataclass(frozen=True)
 class MqttUrl:
     host: str
     port: int
     topic: str
+    username: str | None = None
+    tls: bool = False
 
     @staticmethod
     def parse(url: str) -> "MqttUrl":
-        """``mqtt://host[:port]/topic/with/levels``."""
+        """``mqtt[s]://[user@]host[:port]/topic/with/levels``.
+
+        The password comes from the environment (DQCEP_MQTT_PASSWORD), never
+        from the URL: a command line is visible to every user of the machine.
+        ``mqtts`` means TLS (default port 8883; DQCEP_MQTT_CA names a CA file).
+        """
         parts = urlsplit(url)
-        if parts.scheme != "mqtt" or not parts.hostname:
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
             raise UserError(f"not an MQTT URL: {url!r} (expected mqtt://host:port/topic)")
+        if parts.password is not None:
+            raise UserError(f"put no password in an MQTT URL; set {PASSWORD_ENV} instead")
         topic = parts.path.lstrip("/")
         if not topic:
             raise UserError(f"MQTT URL {url!r} names no topic (mqtt://host:port/topic)")
+        tls = parts.scheme == "mqtts"
         try:
-            port = parts.port or DEFAULT_PORT
+            port = parts.port or (TLS_PORT if tls else DEFAULT_PORT)
         except ValueError:
             raise UserError(f"MQTT URL {url!r} has an invalid port") from None
-        return MqttUrl(parts.hostname, port, topic)
+        return MqttUrl(parts.hostname, port, topic, parts.username, tls)
+
+    def configure(self, client) -> None:
+        """Credentials and TLS on a paho client, as this URL and the environment say."""
+        import os
+        if self.username:
+            client.username_pw_set(self.username, os.environ.get(PASSWORD_ENV))
+        if self.tls:
+            client.tls_set(ca_certs=os.environ.get(CA_ENV) or None)
 
 
 class MqttPublisher:
@@ -54,6 +77,7 @@ class MqttPublisher:
             self._connected.set()
 
         self.client.on_connect = on_connect
+        url.configure(self.client)
         try:
             self.client.connect(url.host, url.port)
         except OSError as err:
@@ -101,10 +125,10 @@ class MqttSource:
                  commit_interval: float = 0.01, connect_timeout: float = 10.0):
         import paho.mqtt.client as mqtt
 
-        hosts = {(u.host, u.port) for u in urls}
+        hosts = {(u.host, u.port, u.username, u.tls) for u in urls}
         if len(hosts) != 1:
-            raise UserError("all --input MQTT URLs must name the same broker")
-        self.host, self.port = hosts.pop()
+            raise UserError("all --input MQTT URLs must name the same broker and user")
+        self.host, self.port = urls[0].host, urls[0].port
         self.topics = [u.topic for u in urls]
         self.journal = journal
         self.commit_interval = commit_interval
@@ -114,8 +138,10 @@ class MqttSource:
         self._pending: list[int] = []
         self._stop = threading.Event()
         self._subscribed = threading.Event()
+        self._refused: str | None = None
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
                                   clean_session=False, manual_ack=True)
+        urls[0].configure(self.client)
         self.client.reconnect_delay_set(1, 8)
         self.client.max_inflight_messages_set(1000)
         self.client.on_connect = self._on_connect
@@ -125,7 +151,10 @@ class MqttSource:
                                            name="journal-committer")
 
     def _on_connect(self, client, userdata, flags, reason_code, properties):
-        if not reason_code.is_failure:
+        if reason_code.is_failure:
+            self._refused = str(reason_code)
+            self._subscribed.set()  # wake start() up: it reports the refusal
+        else:
             client.subscribe([(t, 1) for t in self.topics])
 
     def _on_message(self, client, userdata, msg):
@@ -160,8 +189,11 @@ class MqttSource:
                 time.sleep(0.5)
         self.client.loop_start()
         self._committer.start()
-        if not self._subscribed.wait(self.connect_timeout):
+        if not self._subscribed.wait(self.connect_timeout) or self._refused:
             self.stop()
+            if self._refused:
+                raise UserError(f"the MQTT broker at {self.host}:{self.port} refused the "
+                                f"connection: {self._refused}")
             raise UserError(f"the MQTT broker at {self.host}:{self.port} did not confirm "
                             f"the subscription to {', '.join(self.topics)}")
 
