@@ -277,3 +277,41 @@ def test_username_and_password_from_the_environment(tmp_path):
         os.environ.pop("DQCEP_MQTT_PASSWORD", None)
         broker.terminate()
         broker.wait(10)
+
+
+def test_tls_broker(tmp_path):
+    import getpass
+    import shutil
+    from tests.conftest import free_port
+
+    def sh(*args):
+        subprocess.run(args, check=True, capture_output=True, cwd=tmp_path)
+
+    sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+       "-out", "ca.crt", "-days", "1", "-subj", "/CN=dqcep-test-ca")
+    sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+       "server.csr", "-subj", "/CN=127.0.0.1")
+    (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    sh("openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+       "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
+    port = free_port()
+    conf = tmp_path / "tls.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
+                    f"cafile {tmp_path / 'ca.crt'}\ncertfile {tmp_path / 'server.crt'}\n"
+                    f"keyfile {tmp_path / 'server.key'}\nuser {getpass.getuser()}\n")
+    broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c",
+                               str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ["DQCEP_MQTT_CA"] = str(tmp_path / "ca.crt")
+    try:
+        time.sleep(0.5)
+        url = f"mqtts://127.0.0.1:{port}/dqcep/tls"
+        svc = Service(tmp_path, url)
+        svc.start()
+        subprocess.run(gen_args(5_000, url), check=True)
+        svc.wait_for(5_000)
+        svc.stop()
+        assert svc.output()
+    finally:
+        os.environ.pop("DQCEP_MQTT_CA", None)
+        broker.terminate()
+        broker.wait(10)
