@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import nullcontext
 from typing import Sequence
 
 from dqcep import __version__
@@ -132,12 +131,8 @@ class _Returns:
 
 
 def _write(batch, sink, returns) -> None:
-    from dqcep.io.writers import write_matches
-
-    matches = batch.to_matches()
-    if returns is not None:
-        matches = [returns.fill(m) for m in matches]
-    write_matches(matches, sink, with_returns=returns is not None)
+    for m in batch.to_matches():
+        sink.write(returns.fill(m) if returns is not None else m)
 
 
 def _serve(args) -> int:
@@ -147,11 +142,16 @@ def _serve(args) -> int:
         raise UserError("MQTT inputs cannot be mixed with files")
     if args.engine != "native":
         raise UserError("the streaming service runs the native engine")
+    from dqcep.io.sinks import is_mqtt
+
     missing = [flag for flag, v in (("--journal", args.journal), ("--checkpoint",
                args.checkpoint), ("--output", args.output)) if not v]
     if missing or args.output == "-":
         raise UserError("an MQTT input needs --journal DIR, --checkpoint FILE and --output "
-                        "FILE (a file, so that a restart can cut it back to the checkpoint)")
+                        "FILE or mqtt://... (not stdout: a restart cuts a file back to the "
+                        "checkpoint)")
+    if is_mqtt(args.output) and not (args.dead_letter and args.late):
+        raise UserError("with --output mqtt://..., give --dead-letter FILE and --late FILE")
     fmt = args.format or "msgpack"
     if fmt not in ("msgpack", "json"):
         raise UserError("MQTT payloads are msgpack or json (--format)")
@@ -161,13 +161,12 @@ def _serve(args) -> int:
         checkpoint=args.checkpoint, output=args.output,
         dead_letter=args.dead_letter or args.output + ".dead-letter.jsonl",
         late=args.late or args.output + ".late.jsonl", fmt=fmt, lateness=args.lateness,
+        output_format=args.output_format,
         stats_every=args.stats_every, stats_file=args.stats_file))
 
 
 def cmd_run(args) -> int:
     import time
-
-    from dqcep.io.writers import write_matches
 
     if any(i.startswith(("mqtt://", "mqtts://")) for i in args.input):
         return _serve(args)
@@ -177,19 +176,17 @@ def cmd_run(args) -> int:
     queries = _load_queries(args.queries).queries
     if args.chunk_size < 1:
         raise UserError("--chunk-size must be >= 1")
-    try:
-        out = nullcontext(sys.stdout) if args.output in (None, "-") else \
-            open(args.output, "w", encoding="utf-8")
-    except OSError as err:
-        raise UserError(f"cannot write matches to {args.output}: {err.strerror}") from None
+    from dqcep.io.sinks import open_match_sink
+
+    sink = open_match_sink(args.output, args.output_format, with_returns=args.returns)
     bad = _BadEvents(args.on_bad_event)
-    with out as sink:
+    try:
         if args.engine == "reference":
             from dqcep.reference import ReferenceMatcher
 
             events = [e for chunk in _event_chunks(args, bad, None, None) for e in chunk]
-            write_matches(ReferenceMatcher(queries).run(events), sink,
-                          with_returns=args.returns)
+            for m in ReferenceMatcher(queries).run(events):
+                sink.write(m)
         else:
             from dqcep.plan import build_plan
             from dqcep.runtime import Engine
@@ -208,6 +205,8 @@ def cmd_run(args) -> int:
                       f"{args.lateness} ms late and were left out", file=sys.stderr)
             if args.stats:
                 _print_stats(engine, elapsed)
+    finally:
+        sink.close()
     bad.summary()
     return 0
 
@@ -313,7 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--format", choices=("jsonl", "msgpack", "csv", "json"),
                      help="event format (default: from the file extension; jsonl for -; "
                      "MQTT payloads: msgpack, or json)")
-    run.add_argument("--output", "-o", metavar="OUT", help="match file (default: stdout)")
+    run.add_argument("--output", "-o", metavar="OUT",
+                     help="match file, or mqtt://host:port/topic (default: stdout)")
+    run.add_argument("--output-format", choices=("json", "msgpack"), default="json",
+                     help="payload encoding of matches published to MQTT (default json)")
     run.add_argument("--engine", choices=("native", "reference"), default="native",
                      help="execution engine: the compiled runtime (native, default) or the "
                      "reference matcher (simple and exact, holds the whole input)")

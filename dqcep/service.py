@@ -33,7 +33,7 @@ from dqcep.errors import UserError
 from dqcep.io.journal import Journal, JournalTail
 from dqcep.io.mqtt import MqttSource, MqttUrl
 from dqcep.io.payloads import decode_payload
-from dqcep.io.writers import match_line
+from dqcep.io.sinks import open_match_sink
 
 CHECKPOINT_VERSION = 1
 
@@ -53,6 +53,7 @@ class ServiceConfig:
     stats_every: float = 10.0
     stats_file: str | None = None
     client_id: str = "dqcep-engine"
+    output_format: str = "json"
     recent_ids: int = 100_000
 
 
@@ -69,9 +70,6 @@ class _Sink:
 
     def write(self, obj: dict) -> None:
         self.f.write((json.dumps(obj, ensure_ascii=False) + "\n").encode())
-
-    def write_line(self, line: str) -> None:
-        self.f.write((line + "\n").encode())
 
     def sync(self) -> int:
         self.f.flush()
@@ -112,7 +110,8 @@ class StreamingService:
         else:
             restored_counts = {}
         self.tail = JournalTail(cfg.journal, self.offset)
-        self.out = _Sink(cfg.output, sizes.get("output"))
+        self.out = open_match_sink(cfg.output, cfg.output_format,
+                                   keep=sizes.get("output") if ck.exists() else None)
         self.dead = _Sink(cfg.dead_letter, sizes.get("dead_letter"))
         self.late = _Sink(cfg.late, sizes.get("late"))
         self.counts = {"payloads": 0, "events_in": 0, "matches_out": 0, "malformed": 0,
@@ -158,7 +157,7 @@ class StreamingService:
 
     def _emit(self, batch) -> None:
         for m in batch.to_matches():
-            self.out.write_line(match_line(m))
+            self.out.write(m)
             self.counts["matches_out"] += 1
 
     def checkpoint(self) -> None:

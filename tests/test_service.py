@@ -315,3 +315,34 @@ def test_tls_broker(tmp_path):
         os.environ.pop("DQCEP_MQTT_CA", None)
         broker.terminate()
         broker.wait(10)
+
+
+def test_matches_published_to_mqtt(mosquitto, tmp_path):
+    import paho.mqtt.client as mqtt
+    host, port = mosquitto
+    got, ready = [], __import__("threading").Event()
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="match-reader")
+    sub.on_connect = lambda c, u, f, rc, p: c.subscribe("dqcep/matches", qos=1)
+    sub.on_subscribe = lambda c, u, mid, rc, p: ready.set()
+    sub.on_message = lambda c, u, msg: got.append(msg.payload)
+    sub.connect(host, port)
+    sub.loop_start()
+    try:
+        assert ready.wait(10)
+        examples = ROOT / "examples"
+        for fmt, decode in (("json", json.loads), ("msgpack", msgpack.unpackb)):
+            got.clear()
+            r = subprocess.run([sys.executable, "-m", "dqcep", "run", examples / "fire.cep",
+                                "--input", examples / "fire-events.jsonl", "--output",
+                                f"mqtt://{host}:{port}/dqcep/matches", "--output-format", fmt],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            want = (examples / "fire-expected.jsonl").read_text().splitlines()
+            deadline = time.monotonic() + 10
+            while len(got) < len(want) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sorted(json.dumps(decode(p)) for p in got) == sorted(
+                json.dumps(json.loads(x)) for x in want)
+    finally:
+        sub.loop_stop()
+        sub.disconnect()

@@ -1,0 +1,87 @@
+"""Where matches go: a JSON-lines file or stdout, or an MQTT topic (QoS 1).
+
+File sinks can be cut back to a checkpointed length (``sync`` returns it), which
+makes the streaming service's output exactly once. An MQTT topic cannot be cut
+back: across a crash of the service, matches found after its last checkpoint
+are published again (at least once); every match is one payload, so a consumer
+can drop repeats by (query, events).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import msgpack
+
+from dqcep.errors import UserError
+from dqcep.events import Match
+
+MATCH_FORMATS = ("json", "msgpack")
+
+
+def is_mqtt(target: str | None) -> bool:
+    return bool(target) and target.startswith(("mqtt://", "mqtts://"))
+
+
+class FileMatchSink:
+    def __init__(self, target: str | None, keep: int | None = None,
+                 with_returns: bool = False):
+        self.with_returns = with_returns
+        if target in (None, "-"):
+            self.f, self.path = sys.stdout.buffer, None
+            return
+        self.path = Path(target)
+        try:
+            self.f = open(self.path, "ab" if keep is not None else "wb")
+        except OSError as err:
+            raise UserError(f"cannot write matches to {target}: {err.strerror}") from None
+        if keep is not None:
+            self.f.truncate(keep)
+            self.f.seek(0, os.SEEK_END)
+
+    def write(self, m: Match) -> None:
+        self.f.write((json.dumps(m.to_json_obj(self.with_returns), ensure_ascii=False)
+                      + "\n").encode())
+
+    def sync(self) -> int | None:
+        self.f.flush()
+        if self.path is None:
+            return None
+        os.fsync(self.f.fileno())
+        return self.f.tell()
+
+    def close(self) -> None:
+        self.sync()
+        if self.path is not None:
+            self.f.close()
+
+
+class MqttMatchSink:
+    """One payload per match (the spec's JSON object, or the same as msgpack), QoS 1."""
+
+    def __init__(self, target: str, fmt: str = "json", with_returns: bool = False):
+        from dqcep.io.mqtt import MqttPublisher, MqttUrl
+        if fmt not in MATCH_FORMATS:
+            raise UserError(f"match format must be one of {', '.join(MATCH_FORMATS)}")
+        self.fmt, self.with_returns = fmt, with_returns
+        self.publisher = MqttPublisher(MqttUrl.parse(target))
+
+    def write(self, m: Match) -> None:
+        obj = m.to_json_obj(self.with_returns)
+        self.publisher.publish(json.dumps(obj, ensure_ascii=False).encode()
+                               if self.fmt == "json" else msgpack.packb(obj))
+
+    def sync(self) -> None:
+        return None  # nothing to cut back: see the module docstring
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+def open_match_sink(target: str | None, fmt: str = "json", keep: int | None = None,
+                    with_returns: bool = False):
+    if is_mqtt(target):
+        return MqttMatchSink(target, fmt, with_returns)
+    return FileMatchSink(target, keep, with_returns)
