@@ -1,5 +1,4 @@
 """The streaming service against a real Mosquitto: end to end, SIGKILL + restart, dead letters."""
-import io
 import json
 import os
 import signal

@@ -1,5 +1,5 @@
-"""Sources and sinks: event files in and matches out (MQTT comes with the streaming service)."""
-from dqcep.io.readers import EventInputError, read_events, FORMATS
-from dqcep.io.writers import write_matches
+"""Sources and sinks: event files and MQTT in, matches out, the durable journal between."""
+from dqcep.io.readers import FORMATS, EventInputError, read_events
+from dqcep.io.sinks import match_line, open_match_sink
 
-__all__ = ["EventInputError", "read_events", "write_matches", "FORMATS"]
+__all__ = ["EventInputError", "read_events", "FORMATS", "match_line", "open_match_sink"]

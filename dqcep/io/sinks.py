@@ -21,6 +21,11 @@ from dqcep.events import Match
 MATCH_FORMATS = ("json", "msgpack")
 
 
+def match_line(m: Match, with_returns: bool = False) -> str:
+    """A match as the spec's one-line JSON object (section 3)."""
+    return json.dumps(m.to_json_obj(with_returns), ensure_ascii=False)
+
+
 def is_mqtt(target: str | None) -> bool:
     return bool(target) and target.startswith(("mqtt://", "mqtts://"))
 
@@ -42,8 +47,7 @@ class FileMatchSink:
             self.f.seek(0, os.SEEK_END)
 
     def write(self, m: Match) -> None:
-        self.f.write((json.dumps(m.to_json_obj(self.with_returns), ensure_ascii=False)
-                      + "\n").encode())
+        self.f.write((match_line(m, self.with_returns) + "\n").encode())
 
     def sync(self) -> int | None:
         self.f.flush()
@@ -69,9 +73,8 @@ class MqttMatchSink:
         self.publisher = MqttPublisher(MqttUrl.parse(target))
 
     def write(self, m: Match) -> None:
-        obj = m.to_json_obj(self.with_returns)
-        self.publisher.publish(json.dumps(obj, ensure_ascii=False).encode()
-                               if self.fmt == "json" else msgpack.packb(obj))
+        self.publisher.publish(match_line(m, self.with_returns).encode() if self.fmt == "json"
+                               else msgpack.packb(m.to_json_obj(self.with_returns)))
 
     def sync(self) -> None:
         return None  # nothing to cut back: see the module docstring
