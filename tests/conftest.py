@@ -13,35 +13,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def mosquitto(tmp_path_factory):
-    """(host, port) of a Mosquitto broker on a free loopback port; stopped afterwards.
-
-    Fails (never skips) when Mosquitto is not installed: `apt-get install mosquitto`.
-    """
+def mosquitto_binary() -> str:
     binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
                                            if shutil.which("/usr/sbin/mosquitto") else None)
     assert binary, "Mosquitto is not installed (apt-get install -y mosquitto)"
-    port = free_port()
-    conf = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-                    "max_queued_messages 0\n")
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.PIPE,
+    return binary
+
+
+def start_mosquitto(conf, port: int) -> subprocess.Popen:
+    """Start Mosquitto with a config file and wait until it accepts connections on port.
+
+    Fails (never skips) when Mosquitto is not installed or does not come up.
+    """
+    proc = subprocess.Popen([mosquitto_binary(), "-c", str(conf)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
+            return proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
                 proc.kill()
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
                 raise AssertionError(f"Mosquitto did not start on port {port}: {out}")
             time.sleep(0.05)
-    yield "127.0.0.1", port
-    proc.terminate()
+
+
+def stop_mosquitto(proc: subprocess.Popen) -> None:
+    proc.terminate()  # Mosquitto saves its persistence database on SIGTERM
     try:
-        proc.wait(5)
+        proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory):
+    """(host, port) of a Mosquitto broker on a free loopback port; stopped afterwards."""
+    port = free_port()
+    conf = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                    "max_queued_messages 0\n")
+    proc = start_mosquitto(conf, port)
+    yield "127.0.0.1", port
+    stop_mosquitto(proc)

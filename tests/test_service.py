@@ -12,6 +12,7 @@ import msgpack
 from dqcep.events import event_from_mapping
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
+from tests.conftest import free_port, start_mosquitto, stop_mosquitto
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
@@ -178,10 +179,7 @@ class Broker:
     """A Mosquitto with persistence on a fixed port, so it can be stopped and started again."""
 
     def __init__(self, tmp_path):
-        import shutil
-        from tests.conftest import free_port
         self.port = free_port()
-        self.binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         self.conf = tmp_path / "broker.conf"
         (tmp_path / "broker-db").mkdir()
         self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
@@ -190,21 +188,10 @@ class Broker:
         self.proc = None
 
     def start(self):
-        import socket
-        self.proc = subprocess.Popen([self.binary, "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                assert time.monotonic() < deadline and self.proc.poll() is None
-                time.sleep(0.05)
+        self.proc = start_mosquitto(self.conf, self.port)
 
     def stop(self):
-        self.proc.terminate()  # mosquitto saves its persistence database on SIGTERM
-        self.proc.wait(10)
+        stop_mosquitto(self.proc)
 
 
 def test_broker_restart_mid_stream_loses_nothing(tmp_path):
@@ -240,15 +227,12 @@ def test_demo_over_mqtt(mosquitto):
     assert "20,000 of 20,000 events arrived over MQTT" in r.stdout
     found, planted = r.stdout.split("planted occurrences found: ")[1].split()[0:3:2]
     assert found == planted
-    from tests.conftest import free_port
     r = subprocess.run([sys.executable, "-m", "dqcep", "demo", "--mqtt", "--broker",
                         f"127.0.0.1:{free_port()}"], capture_output=True, text=True)
     assert r.returncode == 2 and "cannot reach the MQTT broker" in r.stderr
 
 
 def test_username_and_password_from_the_environment(tmp_path):
-    import shutil
-    from tests.conftest import free_port
     pw = tmp_path / "passwords"
     subprocess.run(["mosquitto_passwd", "-c", "-b", str(pw), "sensor", "s3cret"], check=True)
     port = free_port()
@@ -256,10 +240,8 @@ def test_username_and_password_from_the_environment(tmp_path):
     import getpass  # as root Mosquitto would drop to its own user, who cannot read tmp_path
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {pw}\n"
                     f"user {getpass.getuser()}\n")
-    broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c",
-                               str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    broker = start_mosquitto(conf, port)
     try:
-        time.sleep(0.5)
         url = f"mqtt://sensor@127.0.0.1:{port}/dqcep/auth"
         env = {**os.environ, "DQCEP_MQTT_PASSWORD": "wrong"}
         bad = subprocess.run(["timeout", "30", *Service(tmp_path, url).args], env=env,
@@ -274,14 +256,11 @@ def test_username_and_password_from_the_environment(tmp_path):
         assert svc.output()
     finally:
         os.environ.pop("DQCEP_MQTT_PASSWORD", None)
-        broker.terminate()
-        broker.wait(10)
+        stop_mosquitto(broker)
 
 
 def test_tls_broker(tmp_path):
     import getpass
-    import shutil
-    from tests.conftest import free_port
 
     def sh(*args):
         subprocess.run(args, check=True, capture_output=True, cwd=tmp_path)
@@ -298,11 +277,9 @@ def test_tls_broker(tmp_path):
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
                     f"cafile {tmp_path / 'ca.crt'}\ncertfile {tmp_path / 'server.crt'}\n"
                     f"keyfile {tmp_path / 'server.key'}\nuser {getpass.getuser()}\n")
-    broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c",
-                               str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    broker = start_mosquitto(conf, port)
     os.environ["DQCEP_MQTT_CA"] = str(tmp_path / "ca.crt")
     try:
-        time.sleep(0.5)
         url = f"mqtts://127.0.0.1:{port}/dqcep/tls"
         svc = Service(tmp_path, url)
         svc.start()
@@ -312,8 +289,7 @@ def test_tls_broker(tmp_path):
         assert svc.output()
     finally:
         os.environ.pop("DQCEP_MQTT_CA", None)
-        broker.terminate()
-        broker.wait(10)
+        stop_mosquitto(broker)
 
 
 def test_matches_published_to_mqtt(mosquitto, tmp_path):
