@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default OUTPUT.dead-letter.jsonl)")
     service.add_argument("--late", metavar="FILE",
                          help="events later than --lateness (default OUTPUT.late.jsonl)")
-    service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, kept current")
+    service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, rewritten with each stats line")
     service.add_argument("--stats-every", type=float, default=10.0, metavar="S",
                          help="seconds between stats lines on stderr (default 10)")
     run.add_argument("--returns", action="store_true",

@@ -207,10 +207,9 @@ class StreamingService:
                 if now - last_ck >= self.cfg.checkpoint_every:
                     self.checkpoint()
                     last_ck = now
-                if now - last_stats >= self.cfg.stats_every or self.cfg.stats_file:
-                    if now - last_stats >= min(self.cfg.stats_every, 0.2):
-                        self._write_stats()
-                        last_stats = now
+                if now - last_stats >= self.cfg.stats_every:
+                    self._write_stats()
+                    last_stats = now
         finally:
             source.stop()
         self.step()                      # drain

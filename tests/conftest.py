@@ -2,7 +2,9 @@
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -58,3 +60,23 @@ def mosquitto(tmp_path_factory):
     proc = start_mosquitto(conf, port)
     yield "127.0.0.1", port
     stop_mosquitto(proc)
+
+
+@contextmanager
+def subscribed(host: str, port: int, topic: str, client_id: str):
+    """A QoS 1 subscriber; yields the list its payloads are appended to, once subscribed."""
+    import paho.mqtt.client as mqtt
+
+    received, ready = [], threading.Event()
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    sub.on_connect = lambda c, u, f, rc, p: c.subscribe(topic, qos=1)
+    sub.on_subscribe = lambda c, u, mid, rcs, p: ready.set()
+    sub.on_message = lambda c, u, msg: received.append(msg.payload)
+    sub.connect(host, port)
+    sub.loop_start()
+    try:
+        assert ready.wait(10), f"no subscription to {topic}"
+        yield received
+    finally:
+        sub.loop_stop()
+        sub.disconnect()

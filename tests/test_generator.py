@@ -4,7 +4,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -21,6 +20,7 @@ from dqcep.reference import ReferenceMatcher
 from generator import (GeneratorConfig, Imperfections, IotConfig, Planting, StreamGenerator,
                        UniformConfig, generate)
 from generator.profiles import SENSORS
+from tests.conftest import subscribed
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPERFECT = Imperfections(out_of_order=0.1, slack=300, late=0.02, late_max=2000,
@@ -266,19 +266,9 @@ def test_bounded_memory():
 
 
 def test_publish_to_mosquitto_every_event_arrives(mosquitto, tmp_path):
-    import paho.mqtt.client as mqtt
-
     host, port = mosquitto
     topic = "dqcep/test/generate"
-    received, subscribed = [], threading.Event()
-    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="test-sub")
-    sub.on_connect = lambda c, u, f, rc, p: c.subscribe(topic, qos=1)
-    sub.on_subscribe = lambda c, u, mid, rcs, p: subscribed.set()
-    sub.on_message = lambda c, u, msg: received.append(msg.payload)
-    sub.connect(host, port)
-    sub.loop_start()
-    try:
-        assert subscribed.wait(10)
+    with subscribed(host, port, topic, "test-sub") as received:
         n = 25_000
         args = ["--profile", "iot", "-n", n, "--seed", 3, "--batch-size", 500,
                 "--duplicates", 0.01, "--malformed", 0.006]
@@ -305,9 +295,6 @@ def test_publish_to_mosquitto_every_event_arrives(mosquitto, tmp_path):
         assert sorted(got) == want
         assert len(set(got)) == n - broken  # every event but the undecodable ones, by id
         assert undecodable == broken        # those arrive as payloads that do not decode
-    finally:
-        sub.loop_stop()
-        sub.disconnect()
 
 
 def test_mqtt_errors(tmp_path):

@@ -12,7 +12,7 @@ import msgpack
 from dqcep.events import event_from_mapping
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
-from tests.conftest import free_port, start_mosquitto, stop_mosquitto
+from tests.conftest import free_port, start_mosquitto, stop_mosquitto, subscribed
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
@@ -43,6 +43,16 @@ def expected_matches(n, tmp_path, extra=()):
             events.append(e)
     ms = ReferenceMatcher(parse_file(QUERIES).queries).run(events)
     return {json.dumps(m.to_json_obj()) for m in ms}, len(events)
+
+
+def run_small_stream(tmp_path, url, events=5_000):
+    """Service up, the generator publishes, everything arrives, clean stop: some matches."""
+    svc = Service(tmp_path, url)
+    svc.start()
+    subprocess.run(gen_args(events, url), check=True)
+    svc.wait_for(events)
+    svc.stop()
+    assert svc.output()
 
 
 class Service:
@@ -248,12 +258,7 @@ def test_username_and_password_from_the_environment(tmp_path):
                              capture_output=True, text=True)
         assert bad.returncode == 2 and "refused the connection" in bad.stderr
         os.environ["DQCEP_MQTT_PASSWORD"] = "s3cret"
-        svc = Service(tmp_path, url)
-        svc.start()
-        subprocess.run(gen_args(5_000, url), check=True)
-        svc.wait_for(5_000)
-        svc.stop()
-        assert svc.output()
+        run_small_stream(tmp_path, url)
     finally:
         os.environ.pop("DQCEP_MQTT_PASSWORD", None)
         stop_mosquitto(broker)
@@ -281,30 +286,17 @@ def test_tls_broker(tmp_path):
     os.environ["DQCEP_MQTT_CA"] = str(tmp_path / "ca.crt")
     try:
         url = f"mqtts://127.0.0.1:{port}/dqcep/tls"
-        svc = Service(tmp_path, url)
-        svc.start()
-        subprocess.run(gen_args(5_000, url), check=True)
-        svc.wait_for(5_000)
-        svc.stop()
-        assert svc.output()
+        run_small_stream(tmp_path, url)
     finally:
         os.environ.pop("DQCEP_MQTT_CA", None)
         stop_mosquitto(broker)
 
 
 def test_matches_published_to_mqtt(mosquitto, tmp_path):
-    import paho.mqtt.client as mqtt
     host, port = mosquitto
-    got, ready = [], __import__("threading").Event()
-    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="match-reader")
-    sub.on_connect = lambda c, u, f, rc, p: c.subscribe("dqcep/matches", qos=1)
-    sub.on_subscribe = lambda c, u, mid, rc, p: ready.set()
-    sub.on_message = lambda c, u, msg: got.append(msg.payload)
-    sub.connect(host, port)
-    sub.loop_start()
-    try:
-        assert ready.wait(10)
-        examples = ROOT / "examples"
+    examples = ROOT / "examples"
+    want = (examples / "fire-expected.jsonl").read_text().splitlines()
+    with subscribed(host, port, "dqcep/matches", "match-reader") as got:
         for fmt, decode in (("json", json.loads), ("msgpack", msgpack.unpackb)):
             got.clear()
             r = subprocess.run([sys.executable, "-m", "dqcep", "run", examples / "fire.cep",
@@ -312,12 +304,8 @@ def test_matches_published_to_mqtt(mosquitto, tmp_path):
                                 f"mqtt://{host}:{port}/dqcep/matches", "--output-format", fmt],
                                capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
-            want = (examples / "fire-expected.jsonl").read_text().splitlines()
             deadline = time.monotonic() + 10
             while len(got) < len(want) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert sorted(json.dumps(decode(p)) for p in got) == sorted(
                 json.dumps(json.loads(x)) for x in want)
-    finally:
-        sub.loop_stop()
-        sub.disconnect()
