@@ -49,7 +49,11 @@ def split(events, cuts, shuffle_seed=None):
 
 def check(queries, events, cuts=(), shuffle_seed=None):
     expected = as_set(ReferenceMatcher(queries).run(events))
-    got = native(queries, split(events, cuts, shuffle_seed))
+    batches = split(events, cuts, shuffle_seed)
+    # a shuffled batch is out of order by up to its ts span: a lateness covering it
+    lateness = max((max(e.ts for e in b) - min(e.ts for e in b) for b in batches if b),
+                   default=0) if shuffle_seed is not None else 0
+    got = native(queries, batches, lateness)
     assert got == expected
 
 
@@ -95,6 +99,26 @@ def test_reorder_buffer_restores_event_time_order(f, events, rnd):
     rnd.shuffle(shuffled)
     batches = [shuffled[i:i + 3] for i in range(0, len(shuffled), 3)]
     assert native(queries, batches, lateness=100) == expected
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(small_query_files(), small_event_streams(), st.randoms(use_true_random=False),
+       st.integers(0, 6), CUTS)
+def test_late_events_and_matches_do_not_depend_on_batching(f, events, rnd, lateness, cuts):
+    """K-slack is decided per event in arrival order: one event per batch or any
+    cut of the same arrival sequence gives the same late events and matches."""
+    queries = parse(file_to_source(f)).queries
+    plan = build_plan(queries)
+    arrival = sorted(events, key=lambda e: e.ts + rnd.randint(0, 8))  # disorder up to 8
+    bounds = sorted({0, len(arrival), *[c % (len(arrival) + 1) for c in cuts]})
+    results = []
+    for batches in ([[e] for e in arrival], [arrival[a:b] for a, b in zip(bounds, bounds[1:])]):
+        mb, engine = run_events(plan, batches, lateness)
+        results.append((as_set(mb.to_matches()), sorted(engine.take_late())))
+    assert results[0] == results[1]
+    late = set(results[0][1])
+    expected = as_set(ReferenceMatcher(queries).run([e for e in arrival if e.id not in late]))
+    assert results[0][0] == expected
 
 
 # ------------------------------------------------------------ fixed regressions

@@ -7,8 +7,8 @@
     blob = engine.snapshot(); other = Engine(plan); other.restore(blob)
 
 For each batch the router (1) puts the events in event-time order through a
-K-slack reorder buffer (``lateness`` ms; later events are counted as late and
-left out, never silently), (2) stores them once in the EventStore, (3) runs the
+K-slack reorder buffer (``lateness`` ms behind the largest ts that arrived
+earlier; later events are counted as late and left out, never silently), (2) stores them once in the EventStore, (3) runs the
 vertices in topological order: EVENT vertices filter and key their type's
 events, SEQ/AND vertices delta-join their inputs' new records with each other
 and with their queues, OR vertices merge, NOT vertices collect their child's
@@ -312,7 +312,7 @@ class Engine:
         return ts, ids, types, val, kind
 
     def process(self, batch: EventBatch | Sequence[Event]) -> MatchBatch:
-        """Feed events (any order within the batch); returns the matches now complete."""
+        """Feed events in arrival order; returns the matches now complete."""
         started = time.perf_counter()
         cols = self._columns_from_batch(batch) if isinstance(batch, EventBatch) \
             else self._columns_from_events(batch)
@@ -320,21 +320,41 @@ class Engine:
         n = len(cols[0])
         self.events_in += n
         if n:
-            ts = cols[0]
-            if self.wm is not None:  # later than the released watermark: late
-                late = ts < self.wm
-                if late.any():
-                    self.late += int(late.sum())
-                    self.late_ids.extend(cols[1][late].tolist())
-                    cols = tuple(c[~late] for c in cols)
-                    ts = cols[0]
-            if len(ts):
-                self.max_seen = int(ts.max()) if self.max_seen is None else \
-                    max(self.max_seen, int(ts.max()))
+            late = self._late(cols[0])
+            self.max_seen = int(cols[0].max()) if self.max_seen is None else \
+                max(self.max_seen, int(cols[0].max()))
+            if late.any():
+                self.late += int(late.sum())
+                self.late_ids.extend(cols[1][late].tolist())
+                cols = tuple(c[~late] for c in cols)
+            if len(cols[0]):
                 self._buffer.append(cols)
                 out += self._release(self.max_seen - self.lateness)
         self.busy_seconds += time.perf_counter() - started
         return out
+
+    def _late(self, ts: np.ndarray) -> np.ndarray:
+        """Which events of a batch, in arrival order, are late.
+
+        An event is late when its ts is more than ``lateness`` below the largest
+        ts that arrived before it, or below an explicit watermark. Decided per
+        event, not per batch, so the same stream gives the same late events and
+        the same matches however it is cut into batches (the service, the file
+        runner and a replay of the journal all agree).
+        """
+        before = np.empty_like(ts)
+        np.maximum.accumulate(ts[:-1], out=before[1:])
+        if self.max_seen is None:
+            before[0] = ts[0]
+        else:
+            before[0] = self.max_seen
+            np.maximum(before, self.max_seen, out=before)
+        # before - ts exactly, without int64 overflow (it is < 2**64 where before > ts)
+        gap = before.view(np.uint64) - ts.view(np.uint64)
+        late = (before > ts) & (gap > np.uint64(self.lateness))
+        if self.wm is not None:
+            late |= ts < self.wm
+        return late
 
     def advance_watermark(self, ts: int) -> MatchBatch:
         """No event with ts < ``ts`` will come any more (e.g. an idle source)."""
