@@ -20,7 +20,7 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
-KERNELS = ["ring", "store", "operators", "msgpack_encode", "walk"]
+KERNELS = ["ring", "store", "operators", "msgpack_encode", "msgpack_decode", "recent_ids", "walk"]
 
 extensions = [
     Extension(

@@ -27,11 +27,12 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import msgpack
 import numpy as np
 
+from dqcep._kernels.msgpack_decode import ColumnDecoder
 from dqcep._kernels.operators import Guard, JoinSpec, join_delta, leaf_keys
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.store import EventStore
@@ -47,6 +48,27 @@ SNAPSHOT_MAGIC = b"DQCEPSNP"
 SNAPSHOT_VERSION = 1
 _GUARD_MODES = {"GAP": 0, "LEADING": 1, "TRAILING": 2, "AND": 3}
 _EMPTY_I64 = np.empty(0, dtype=np.int64)
+
+
+class EventColumns(NamedTuple):
+    """Events in the engine's own input layout, in arrival order.
+
+    ``ts`` and ``id`` int64; ``type`` int32 engine type codes (-1: a type no
+    query uses); ``val`` float64 and ``kind`` int8, both [n, attributes]: one
+    cell per attribute some predicate or key reads (``engine.attrs``), its kind
+    KIND_MISSING/NUM/STR/BOOL and its value (strings as codes of the engine's
+    dictionary). ``process`` turns every other input into this;
+    ``engine.column_decoder()`` decodes msgpack payloads straight into it.
+    """
+
+    ts: np.ndarray
+    id: np.ndarray
+    type: np.ndarray
+    val: np.ndarray
+    kind: np.ndarray
+
+    def take(self, index) -> "EventColumns":
+        return EventColumns(*(c[index] for c in self))
 
 
 @dataclass
@@ -311,11 +333,23 @@ class Engine:
                     kind[i, a], val[i, a] = KIND_STR, code(v)
         return ts, ids, types, val, kind
 
-    def process(self, batch: EventBatch | Sequence[Event]) -> MatchBatch:
+    def column_decoder(self) -> ColumnDecoder:
+        """A decoder of msgpack payloads into this engine's EventColumns.
+
+        It caches string codes of the engine's dictionary: make it after
+        ``restore``, which replaces the dictionary.
+        """
+        return ColumnDecoder(self.plan.types, self.attrs, self.dictionary)
+
+    def process(self, batch: EventBatch | EventColumns | Sequence[Event]) -> MatchBatch:
         """Feed events in arrival order; returns the matches now complete."""
         started = time.perf_counter()
-        cols = self._columns_from_batch(batch) if isinstance(batch, EventBatch) \
-            else self._columns_from_events(batch)
+        if isinstance(batch, EventBatch):
+            cols = self._columns_from_batch(batch)
+        elif isinstance(batch, EventColumns):
+            cols = tuple(batch)
+        else:
+            cols = self._columns_from_events(batch)
         out = MatchBatch(self.match_queries)
         n = len(cols[0])
         self.events_in += n

@@ -1,0 +1,48 @@
+# msgpack event payloads -> the engine's input columns, and the byte-string tables it needs.
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+
+from dqcep._kernels._types cimport idx_t
+
+
+cdef struct TableSlot:
+    uint64_t hash
+    idx_t offset       # of the key's bytes in the arena; -1 marks an empty slot
+    idx_t length
+    int32_t value
+
+
+cdef class BytesTable:
+    """Open-addressing map of byte strings to int32 values (keys copied to an arena)."""
+    cdef TableSlot* slots
+    cdef idx_t cap             # power of two
+    cdef readonly idx_t n
+    cdef uint8_t* arena
+    cdef idx_t arena_len, arena_cap
+
+    cdef int32_t get(self, const uint8_t* s, idx_t n, uint64_t h) noexcept nogil
+    cdef int put(self, const uint8_t* s, idx_t n, uint64_t h, int32_t value) except -1 nogil
+    cdef int _grow(self) except -1 nogil
+
+
+cdef uint64_t bytes_hash(const uint8_t* s, idx_t n) noexcept nogil
+cdef bint utf8_valid(const uint8_t* s, idx_t n) noexcept nogil
+
+
+cdef class ColumnDecoder:
+    cdef BytesTable keys       # "type"/"ts"/"id"/"events" -> KEY_*, attribute -> column
+    cdef BytesTable types      # event type -> engine type code
+    cdef BytesTable strings    # string value -> engine dictionary code
+    cdef object dictionary     # .code(str) -> int: codes for strings not yet seen
+    cdef readonly idx_t n_attrs
+    cdef readonly idx_t rows   # rows held, taken by take()
+    cdef idx_t cap
+    cdef int64_t* ts
+    cdef int64_t* ids
+    cdef int32_t* type_codes
+    cdef double* val           # row * n_attrs + column
+    cdef int8_t* kind          # row * n_attrs + column
+
+    cdef int _reserve(self, idx_t rows) except -1 nogil
+    cdef int _parse(self, const uint8_t* p, idx_t end) except -2 nogil
+    cdef int _event(self, const uint8_t* p, idx_t* pos, idx_t end) except -2 nogil
+    cdef int32_t _string_code(self, const uint8_t* s, idx_t n, uint64_t h) except -2 nogil

@@ -1,0 +1,222 @@
+"""The ingest kernels through their Python API: ColumnDecoder against the
+validator (one set of rules), strict UTF-8, BytesTable and RecentIds."""
+import struct
+from collections import deque
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from dqcep._kernels.msgpack_decode import BytesTable, is_utf8
+from dqcep._kernels.recent_ids import RecentIds
+from dqcep.io.payloads import decode_payload
+from dqcep.lang import parse
+from dqcep.plan import build_plan
+from dqcep.runtime import Engine
+
+QUERY = "PATTERN SEQ(A a, B b) WHERE a.p = b.q AND a.s = 'x' AND b.ok = true WITHIN 10"
+
+
+def engine() -> Engine:
+    return Engine(build_plan(parse(QUERY).queries))
+
+
+# ------------------------------------------------------------------ payloads
+
+KEYS = st.sampled_from(["type", "ts", "id", "events", "p", "q", "s", "ok", "other", "é"])
+GOOD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6),
+    st.sampled_from(["x", "A", "B", "", "ü"]))
+ANY_VALUES = st.one_of(
+    GOOD_VALUES, st.floats(), st.binary(max_size=3), st.lists(st.integers(-9, 9), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(-9, 9), max_size=2),
+    st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=2)))
+
+
+def raw_str(data: bytes) -> bytes:
+    """A msgpack str whose bytes may not be UTF-8 (msgpack.packb cannot write that)."""
+    return (bytes([0xA0 | len(data)]) if len(data) < 32 else b"\xd9" + bytes([len(data)])) + data
+
+
+@st.composite
+def event_pairs(draw, good: bool):
+    """Packed key/value pairs of one event map (repeated and odd keys allowed)."""
+    pairs = []
+    if good or draw(st.integers(0, 5)) > 0:
+        pairs = [("type", draw(st.sampled_from(["A", "B", "C", "Ünknown"]))),
+                 ("ts", draw(st.integers(-2**63, 2**63 - 1))),
+                 ("id", draw(st.integers(-2**63, 2**63 - 1)))]
+        if not good and draw(st.integers(0, 3)) == 0:  # one required field left out
+            del pairs[draw(st.integers(0, 2))]
+        pairs += draw(st.lists(st.tuples(st.sampled_from(["p", "q", "s", "ok", "other"]),
+                                         GOOD_VALUES), max_size=5))
+    packed = [msgpack.packb(k) + msgpack.packb(v) for k, v in pairs]
+    if not good:  # odd pairs; where a key repeats, the last one counts
+        odd_keys = st.one_of(KEYS, KEYS, KEYS, st.integers(0, 3), st.binary(max_size=2))
+        packed += [msgpack.packb(k) + msgpack.packb(v) for k, v in draw(st.lists(st.tuples(
+            odd_keys, st.one_of(GOOD_VALUES, GOOD_VALUES, ANY_VALUES)), max_size=2))]
+        if draw(st.integers(0, 3)) == 0:  # a float32 value
+            packed.append(msgpack.packb(draw(KEYS)) + b"\xca"
+                          + struct.pack(">f", draw(st.floats(width=32))))
+        if draw(st.integers(0, 5)) == 0:  # a string that is not UTF-8
+            packed.append(msgpack.packb(draw(KEYS))
+                          + raw_str(draw(st.binary(min_size=1, max_size=4))))
+    draw(st.randoms()).shuffle(packed)
+    return msgpack.Packer().pack_map_header(len(packed)) + b"".join(packed)
+
+
+@st.composite
+def payloads(draw, good: bool = False):
+    events = draw(st.lists(event_pairs(good), max_size=5 if good else 3))
+    shape = draw(st.sampled_from(["batch", "single"] if good else
+                                 ["batch", "batch", "batch", "single", "extra", "trailing", "cut", "bytes"]))
+    if shape == "bytes":
+        return draw(st.binary(max_size=40))
+    if shape == "single" and events:
+        body = events[0]
+    else:
+        body = (b"\x81" + msgpack.packb("events")
+                + msgpack.Packer().pack_array_header(len(events)) + b"".join(events))
+    if shape == "extra":  # a batch with one more key
+        body = b"\x82" + body[1:] + msgpack.packb("type") + msgpack.packb("A")
+    if shape == "trailing":
+        body += b"\xc0"
+    if shape == "cut":
+        body = body[:draw(st.integers(0, max(0, len(body) - 1)))]
+    return body
+
+
+def slow_columns(e: Engine, payload: bytes):
+    events, rejected = decode_payload(payload)
+    return rejected, e._columns_from_events(events)
+
+
+def assert_same(fast, slow):
+    for name, a, b in zip(("ts", "id", "type", "val", "kind"), fast, slow):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert np.array_equal(a, b), name
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(payloads(good=True), min_size=1, max_size=4))
+def test_well_formed_payloads_take_the_fast_path_with_the_validators_result(batch):
+    e = engine()
+    dec = e.column_decoder()
+    slow = [slow_columns(e, p) for p in batch]
+    for p in batch:
+        assert dec.decode(p) >= 0, p
+    assert all(not rejected for rejected, _ in slow)
+    assert_same(dec.take(), tuple(np.concatenate([c[i] for _, c in slow]) for i in range(5)))
+    assert dec.rows == 0
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(payloads())
+def test_the_fast_path_accepts_only_what_the_validator_accepts(payload):
+    e = engine()
+    dec = e.column_decoder()
+    n = dec.decode(payload)
+    rejected, cols = slow_columns(e, payload)
+    event("fast path" if n >= 0 else "left to the validator")
+    if n < 0:
+        assert dec.rows == 0  # nothing of a refused payload stays behind
+        return
+    assert not rejected and n == len(cols[0])
+    assert_same(dec.take(), cols)
+
+
+def test_refused_payload_leaves_earlier_rows_alone():
+    dec = engine().column_decoder()
+    good = msgpack.packb({"events": [{"type": "A", "ts": 1, "id": 1, "p": 2}]})
+    assert dec.decode(good) == 1
+    for bad in (msgpack.packb({"events": [{"type": "A", "ts": 1, "id": 2}, {"ts": 3}]}),
+                msgpack.packb({"type": "A", "ts": 1.5, "id": 3}),
+                msgpack.packb({"type": "A", "ts": 1, "id": 3, "p": float("nan")}),
+                msgpack.packb({"type": "A", "ts": 1, "id": 3, "p": [1]}),
+                msgpack.packb({"type": "A", "ts": 2**63, "id": 3}),
+                msgpack.packb({"type": "A", "ts": True, "id": 3}),
+                msgpack.packb({"type": "", "ts": 1, "id": 3}),
+                b"", b"\xc1"):
+        assert dec.decode(bad) == -1, bad
+    ts, ids, *_ = dec.take()
+    assert ids.tolist() == [1] and ts.tolist() == [1]
+
+
+def test_decoder_strings_share_the_engines_dictionary():
+    e = engine()
+    dec = e.column_decoder()
+    payload = msgpack.packb({"events": [{"type": "A", "ts": i, "id": i, "s": v}
+                                        for i, v in enumerate(["x", "y", "x", "ü" * 40])]})
+    assert dec.decode(payload) == 4
+    _, _, types, val, kind = dec.take()
+    col = e.attrs.index("s")
+    assert [e.dictionary.values[int(c)] for c in val[:, col]] == ["x", "y", "x", "ü" * 40]
+    assert types.tolist() == [e.type_code["A"]] * 4
+
+
+# ---------------------------------------------------------------- utf-8, table
+
+@given(st.binary(max_size=12))
+def test_is_utf8_agrees_with_python(data):
+    try:
+        data.decode("utf-8")
+        ok = True
+    except UnicodeDecodeError:
+        ok = False
+    assert is_utf8(data) == ok
+
+
+@pytest.mark.parametrize("data,ok", [
+    ("\U0010FFFF".encode(), True), (b"\xf4\x90\x80\x80", False),   # above U+10FFFF
+    (b"\xed\xa0\x80", False), ("\ud7ff".encode(), True),           # surrogate / just below
+    (b"\xc0\xaf", False), (b"\xe0\x80\xaf", False), (b"\xf0\x80\x80\xaf", False),  # overlong
+    (b"\xe2\x82", False), (b"\xe2\x82\xac", True)])
+def test_is_utf8_edges(data, ok):
+    assert is_utf8(data) == ok
+
+
+def test_bytes_table_grows_and_overwrites():
+    t = BytesTable()
+    keys = [f"key-{i}".encode() * (1 + i % 7) for i in range(5000)]
+    for i, k in enumerate(keys):
+        t[k] = i
+    t[keys[10]] = -7
+    assert len(t) == 5000 and t[keys[10]] == -7
+    assert all(t[k] == i for i, k in enumerate(keys) if i != 10)
+    with pytest.raises(KeyError):
+        t[b"absent"]
+
+
+# ---------------------------------------------------------------- RecentIds
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9), st.lists(st.lists(st.integers(-5, 30), max_size=12), max_size=8))
+def test_recent_ids_agrees_with_a_deque_and_a_set(capacity, batches):
+    r, order, seen = RecentIds(capacity), deque(), set()
+    for batch in batches:
+        expected = []
+        for x in batch:
+            fresh = x not in seen
+            expected.append(fresh)
+            if fresh:
+                if len(order) == capacity:
+                    seen.discard(order.popleft())
+                order.append(x)
+                seen.add(x)
+        assert r.admit(np.array(batch, dtype=np.int64)).tolist() == expected
+        assert r.ids().tolist() == list(order) and len(r) == len(order)
+        assert all((x in r) == (x in seen) for x in range(-6, 32))
+
+
+def test_recent_ids_restores_from_its_ids():
+    r = RecentIds(1000)
+    r.admit(np.arange(0, 5000, 3, dtype=np.int64))
+    again = RecentIds(1000)
+    again.admit(r.ids())
+    probe = np.arange(4000, 6000, dtype=np.int64)
+    assert np.array_equal(r.admit(probe.copy()), again.admit(probe.copy()))
+    with pytest.raises(ValueError):
+        RecentIds(0)
