@@ -20,7 +20,7 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
-KERNELS = ["ring", "store", "operators", "msgpack_encode", "msgpack_decode", "recent_ids", "walk"]
+KERNELS = ["ring", "store", "operators", "msgpack_encode", "msgpack_decode", "recent_ids", "match_format", "walk"]
 
 extensions = [
     Extension(

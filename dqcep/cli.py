@@ -131,8 +131,11 @@ class _Returns:
 
 
 def _write(batch, sink, returns) -> None:
+    if returns is None:
+        sink.write_batch(batch)
+        return
     for m in batch.to_matches():
-        sink.write(returns.fill(m) if returns is not None else m)
+        sink.write(returns.fill(m))
 
 
 def _serve(args) -> int:

@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 import msgpack
+import numpy as np
 
+from dqcep._kernels.match_format import format_matches
 from dqcep.errors import UserError
 from dqcep.events import Match
 
@@ -24,6 +26,22 @@ MATCH_FORMATS = ("json", "msgpack")
 def match_line(m: Match, with_returns: bool = False) -> str:
     """A match as the spec's one-line JSON object (section 3)."""
     return json.dumps(m.to_json_obj(with_returns), ensure_ascii=False)
+
+
+def match_lines(batch) -> bytes:
+    """Every match of a MatchBatch as ``match_line`` writes it, one per line, in order.
+
+    Formatted from the match columns by a kernel, without a Match or a dict per
+    match: what keeps output cheap when queries match often.
+    """
+    out = []
+    for q, detected, ids in batch.parts:
+        name, variables = batch.queries[q]
+        head = f'{{"query": {json.dumps(name, ensure_ascii=False)}, "detected_at": '
+        keys = [(json.dumps(v, ensure_ascii=False) + ": ").encode() for v in variables]
+        out.append(format_matches(head.encode(), keys, np.ascontiguousarray(detected),
+                                  np.ascontiguousarray(ids)))
+    return b"".join(out)
 
 
 def is_mqtt(target: str | None) -> bool:
@@ -48,6 +66,13 @@ class FileMatchSink:
 
     def write(self, m: Match) -> None:
         self.f.write((match_line(m, self.with_returns) + "\n").encode())
+
+    def write_batch(self, batch) -> int:
+        """Write every match of a MatchBatch (RETURN values need ``write``); returns how many."""
+        if self.with_returns:
+            raise ValueError("a sink with RETURN values writes Match objects one by one")
+        self.f.write(match_lines(batch))
+        return len(batch)
 
     def sync(self) -> int | None:
         self.f.flush()
@@ -75,6 +100,12 @@ class MqttMatchSink:
     def write(self, m: Match) -> None:
         self.publisher.publish(match_line(m, self.with_returns).encode() if self.fmt == "json"
                                else msgpack.packb(m.to_json_obj(self.with_returns)))
+
+    def write_batch(self, batch) -> int:
+        matches = batch.to_matches()
+        for m in matches:
+            self.write(m)
+        return len(matches)
 
     def sync(self) -> None:
         return None  # nothing to cut back: see the module docstring

@@ -1,0 +1,95 @@
+"""Matches -> JSON lines, from the engine's match columns, in one nogil pass.
+
+The per-query constant parts (the query name, each variable's key) arrive as
+JSON-encoded bytes made by ``json.dumps``; the kernel only copies them and
+writes integers in decimal, so a line is byte for byte what
+``json.dumps(match.to_json_obj(), ensure_ascii=False)`` writes (the tests
+compare the two).
+"""
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+from dqcep._kernels._types cimport idx_t
+
+
+cdef inline idx_t put_decimal(uint8_t* out, int64_t v) noexcept nogil:
+    cdef uint8_t digits[20]
+    cdef idx_t n = 0, k = 0
+    cdef uint64_t u = <uint64_t>v
+    if v < 0:
+        out[0] = 45  # '-'
+        k = 1
+        u = (~u) + 1  # magnitude, exact for INT64_MIN too
+    while True:
+        digits[n] = 48 + <uint8_t>(u % 10)
+        n += 1
+        u //= 10
+        if u == 0:
+            break
+    while n:
+        n -= 1
+        out[k] = digits[n]
+        k += 1
+    return k
+
+
+def format_matches(bytes head, list keys, const int64_t[::1] detected,
+                   const int64_t[:, ::1] ids) -> bytes:
+    """One line per row: head + detected + ', "events": {' + bound keys/ids + '}}\\n'.
+
+    ``head`` is ``{"query": <name>, "detected_at": ``; ``keys[j]`` is
+    ``<variable j>: `` (both JSON); ids below 0 (unbound variables) are left out.
+    """
+    cdef bytes mid = b', "events": {'
+    cdef idx_t n = detected.shape[0], k = ids.shape[1], i, j, pos = 0
+    if len(keys) != k or ids.shape[0] != n:
+        raise ValueError("keys and ids columns disagree")
+    if not all(isinstance(x, bytes) for x in keys):
+        raise TypeError("keys must be bytes")
+    cdef idx_t key_total = sum(len(x) for x in keys)
+    cdef idx_t per_row = len(head) + 20 + len(mid) + key_total + k * 22 + 3
+    cdef const uint8_t* h = head
+    cdef const uint8_t* m = mid
+    cdef idx_t hn = len(head), mn = len(mid)
+    cdef const uint8_t** kp = <const uint8_t**>malloc(max(k, 1) * sizeof(uint8_t*))
+    cdef idx_t* kn = <idx_t*>malloc(max(k, 1) * sizeof(idx_t))
+    cdef uint8_t* out = <uint8_t*>malloc(max(n * per_row, 1))
+    cdef bint first
+    if kp == NULL or kn == NULL or out == NULL:
+        free(kp)
+        free(kn)
+        free(out)
+        raise MemoryError()
+    for j in range(k):
+        kp[j] = <const uint8_t*><bytes>keys[j]
+        kn[j] = len(keys[j])
+    try:
+        with nogil:
+            for i in range(n):
+                memcpy(out + pos, h, hn)
+                pos += hn
+                pos += put_decimal(out + pos, detected[i])
+                memcpy(out + pos, m, mn)
+                pos += mn
+                first = True
+                for j in range(k):
+                    if ids[i, j] < 0:
+                        continue
+                    if not first:
+                        out[pos] = 44  # ','
+                        out[pos + 1] = 32
+                        pos += 2
+                    first = False
+                    memcpy(out + pos, kp[j], kn[j])
+                    pos += kn[j]
+                    pos += put_decimal(out + pos, ids[i, j])
+                out[pos] = 125  # '}'
+                out[pos + 1] = 125
+                out[pos + 2] = 10  # '\n'
+                pos += 3
+        return (<char*>out)[:pos]
+    finally:
+        free(kp)
+        free(kn)
+        free(out)
