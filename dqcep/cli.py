@@ -164,7 +164,7 @@ def _serve(args) -> int:
         checkpoint=args.checkpoint, output=args.output,
         dead_letter=args.dead_letter or args.output + ".dead-letter.jsonl",
         late=args.late or args.output + ".late.jsonl", fmt=fmt, lateness=args.lateness,
-        output_format=args.output_format,
+        output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file))
 
 
@@ -343,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default OUTPUT.dead-letter.jsonl)")
     service.add_argument("--late", metavar="FILE",
                          help="events later than --lateness (default OUTPUT.late.jsonl)")
+    service.add_argument("--client-id", default="dqcep-engine", metavar="ID",
+                         help="MQTT client id of the persistent session (default "
+                         "dqcep-engine); every service on a broker needs its own")
     service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, rewritten with each stats line")
     service.add_argument("--stats-every", type=float, default=10.0, metavar="S",
                          help="seconds between stats lines on stderr (default 10)")

@@ -309,3 +309,21 @@ def test_matches_published_to_mqtt(mosquitto, tmp_path):
                 time.sleep(0.05)
             assert sorted(json.dumps(decode(p)) for p in got) == sorted(
                 json.dumps(json.loads(x)) for x in want)
+
+
+def test_two_services_with_their_own_client_ids_each_get_the_whole_stream(mosquitto, tmp_path):
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/two"
+    want, n_events = expected_matches(5_000, tmp_path)
+    services = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        svc = Service(tmp_path / name, url)
+        svc.args += ["--client-id", f"dqcep-{name}"]
+        svc.start()
+        services.append(svc)
+    subprocess.run(gen_args(5_000, url), check=True)
+    for svc in services:
+        svc.wait_for(n_events)
+        svc.stop()
+        assert svc.output() == want
