@@ -341,6 +341,31 @@ class Engine:
         """
         return ColumnDecoder(self.plan.types, self.attrs, self.dictionary)
 
+    def needed(self, cols: EventColumns) -> np.ndarray:
+        """Boolean mask: the events some EVENT vertex accepts (its type, its key
+        attributes present, its leaf predicates true). No other event can take
+        part in a match or violate a negation, so a preprocessing stage may drop
+        them before the shuffle (``plan.pushdown_filters()`` lists the same rules).
+        """
+        n = len(cols.ts)
+        keep = np.zeros(n, dtype=bool)
+        if not n:
+            return keep
+        store = EventStore(len(self.attrs))  # scratch: evaluated, then dropped
+        first = store.append(np.ascontiguousarray(cols.ts), np.ascontiguousarray(cols.id),
+                             np.ascontiguousarray(cols.val), np.ascontiguousarray(cols.kind))
+        seqs = np.arange(first, first + n, dtype=np.int64)
+        for v in self.topo:
+            if self.kind[v] != Kind.EVENT:
+                continue
+            rows = np.flatnonzero(cols.type == self.plan.event_type[v])
+            ok, _ = leaf_keys(store, seqs[rows], self.keys[v])
+            rows = rows[ok]
+            if len(rows) and self.preds[v].n:
+                rows = rows[self.preds[v].mask(store, seqs[rows].reshape(-1, 1))]
+            keep[rows] = True
+        return keep
+
     def process(self, batch: EventBatch | EventColumns | Sequence[Event]) -> MatchBatch:
         """Feed events in arrival order; returns the matches now complete."""
         started = time.perf_counter()
