@@ -1,0 +1,264 @@
+"""What runs inside Spark's Python workers: events as engine columns, the pushdown
+filter, partition assignment and the native engine per partition.
+
+Events travel through Spark as rows whose ``event`` column holds the event map
+as msgpack; a worker joins a batch of them into one ``{"events": [...]}``
+payload and decodes it with the engine's ColumnDecoder kernel (no Python object
+per event). Everything here is plain functions over pandas DataFrames, so the
+tests call them without Spark too.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import msgpack
+import numpy as np
+import pandas as pd
+
+from dqcep.lang import parse
+from dqcep.plan import build_plan
+from dqcep.runtime import Engine, EventColumns
+from dqcep.runtime.compile import KIND_MISSING, KIND_STR
+from preprocess.partitioning import BROADCAST, Partitioning
+
+GROUP_KEYED, GROUP_SLICED = 0, 1
+
+
+def batch_payload(events) -> bytes:
+    """msgpack event maps (a sequence of bytes) -> one ``{"events": [...]}`` payload."""
+    packer = msgpack.Packer()
+    return b"\x81\xa6events" + packer.pack_array_header(len(events)) + b"".join(events)
+
+
+def event_columns(engine: Engine, events) -> EventColumns:
+    decoder = engine.column_decoder()
+    if decoder.decode(batch_payload(events)) < 0:
+        raise ValueError("an event row does not decode; rows must come from decode_events")
+    return EventColumns(*decoder.take())
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser over uint64 (vectorised)."""
+    h = h.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    return h
+
+
+def key_parts(engine: Engine, cols: EventColumns, attr: str, n: int):
+    """(present mask, partition of the value) of one key attribute, per event.
+
+    Equal values under the spec's equality get equal partitions in every worker:
+    numbers by their float64 value (1 and 1.0 are equal), strings by their
+    UTF-8 bytes (not by the worker's dictionary codes), booleans apart from both.
+    """
+    a = engine.attr_index[attr]
+    kind, val = cols.kind[:, a], cols.val[:, a].copy()
+    present = kind != KIND_MISSING
+    val[val == 0.0] = 0.0  # -0.0 and 0.0 are equal
+    bits = val.view(np.uint64)
+    strings = kind == KIND_STR
+    if strings.any():
+        values = engine.dictionary.values
+        codes = val[strings].astype(np.int64)
+        table = {c: zlib.crc32(values[c].encode()) for c in np.unique(codes).tolist()}
+        bits = bits.copy()
+        bits[strings] = np.array([table[c] for c in codes.tolist()], dtype=np.uint64)
+    h = _mix(bits ^ (kind.astype(np.uint64) << np.uint64(56)))
+    return present, (h % np.uint64(n)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What every worker needs: the queries' text and how they are partitioned."""
+
+    queries_text: str
+    partitioning: Partitioning
+    partitions: int         # keyed: number of key partitions
+    slice_ms: int = 0       # time slices: length L
+
+    def engine(self, names=None) -> Engine:
+        queries = parse(self.queries_text).queries
+        if names is not None:
+            queries = [q for q in queries if q.name in names]
+        return Engine(build_plan(queries))
+
+
+# ------------------------------------------------------------------ pushdown
+
+def pushdown_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Keep the events some query can use (``Engine.needed``)."""
+    engine = spec.engine()
+    for df in batches:
+        if len(df):
+            df = df[engine.needed(event_columns(engine, df["event"].tolist()))]
+        yield df
+
+
+# ----------------------------------------------------------------- partitions
+
+def slices_of(ts: np.ndarray, length: int, overlap: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) slice index per event: slice i holds iL - W <= ts < (i+1)L + W."""
+    return np.floor_divide(ts - overlap, length), np.floor_divide(ts + overlap, length)
+
+
+def assign_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Each event row once per (group, part) it must reach; adds columns group, part."""
+    p = spec.partitioning
+    engine = spec.engine()
+    type_code = engine.type_code
+    for df in batches:
+        if not len(df):
+            continue
+        cols = event_columns(engine, df["event"].tolist())
+        rows, groups, parts = [], [], []
+        if p.keyed:
+            for etype, attrs in p.roles.items():
+                code = type_code.get(etype)
+                of_type = np.flatnonzero(cols.type == code) if code is not None else []
+                if not len(of_type):
+                    continue
+                if BROADCAST in attrs:
+                    rows.append(np.repeat(of_type, spec.partitions))
+                    parts.append(np.tile(np.arange(spec.partitions), len(of_type)))
+                    continue
+                sub = cols.take(of_type)
+                found = [key_parts(engine, sub, attr, spec.partitions) for attr in attrs]
+                r = np.concatenate([of_type[present] for present, _ in found])
+                t = np.concatenate([part[present] for present, part in found])
+                if len(attrs) > 1:  # one copy per distinct partition
+                    r, t = np.unique(np.stack([r, t]), axis=1)
+                rows.append(r)
+                parts.append(t)
+            n_keyed = sum(len(r) for r in rows)
+            groups.append(np.full(n_keyed, GROUP_KEYED))
+        if p.sliced:
+            sliced_types = [type_code[t] for t in _sliced_types(spec) if t in type_code]
+            use = np.flatnonzero(np.isin(cols.type, sliced_types))
+            first, last = slices_of(cols.ts[use], spec.slice_ms, p.slice_window)
+            count = last - first + 1
+            r = np.repeat(use, count)
+            offset = np.arange(len(r)) - np.repeat(np.cumsum(count) - count, count)
+            rows.append(r)
+            parts.append(np.repeat(first, count) + offset)
+            groups.append(np.full(len(r), GROUP_SLICED))
+        if not rows:
+            continue
+        rows = np.concatenate(rows)
+        out = df.iloc[rows].reset_index(drop=True)
+        out["group"] = np.concatenate(groups).astype(np.int32)
+        out["part"] = np.concatenate(parts).astype(np.int64)
+        yield out
+
+
+def _sliced_types(spec: JobSpec) -> set[str]:
+    queries = [q for q in parse(spec.queries_text).queries if q.name in spec.partitioning.sliced]
+    from dqcep.lang import ast
+    return {e.type for q in queries for e, _ in ast.event_patterns(q.pattern)}
+
+
+# --------------------------------------------------------------------- engine
+
+MATCH_COLUMNS = ["query", "detected_at", "line"]
+
+
+class _Lookup:
+    """id -> (ts, key partition per attribute) for the recent events of one part."""
+
+    def __init__(self, horizon: int):
+        self.horizon = horizon
+        self.chunks: list[tuple[int, np.ndarray, np.ndarray, dict]] = []
+
+    def add(self, cols: EventColumns, parts: dict[str, np.ndarray]) -> None:
+        if len(cols.ts):
+            self.chunks.append((int(cols.ts.max()), cols.id, cols.ts, parts))
+
+    def prune(self) -> None:
+        """Forget what no match still to come can name (called after each emit)."""
+        if self.chunks:
+            newest = max(c[0] for c in self.chunks)
+            self.chunks = [c for c in self.chunks if c[0] >= newest - self.horizon]
+
+    def find(self, ids: np.ndarray):
+        all_ids = np.concatenate([c[1] for c in self.chunks])
+        order = np.argsort(all_ids, kind="stable")
+        pos = np.minimum(np.searchsorted(all_ids[order], ids), len(order) - 1)
+        at = order[pos]
+        if not np.array_equal(all_ids[at], ids):
+            raise RuntimeError("a match names an event the partition no longer holds")
+        ts = np.concatenate([c[2] for c in self.chunks])[at]
+        parts = {a: np.concatenate([c[3][a] for c in self.chunks])[at]
+                 for a in self.chunks[0][3]}
+        return ts, parts
+
+
+def engine_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Rows sorted by (group, part, ts, arrival): one engine per (group, part); each
+    emits the matches it owns, as the spec's JSON lines."""
+    from dqcep.io.sinks import match_lines
+
+    p = spec.partitioning
+    keyed = {k.name: k for k in p.keyed}
+    engines = {GROUP_KEYED: [k.name for k in p.keyed], GROUP_SLICED: list(p.sliced)}
+    owner_attrs = sorted({a for k in p.keyed for _, a in k.keys})
+    state = None  # (group, part, engine, lookup)
+
+    def finish():
+        if state is not None:
+            yield from owned(state, state[2].flush())
+
+    def owned(st, mb):
+        group, part, engine, lookup = st
+        out = []
+        for q, detected, ids in mb.parts:
+            if not len(detected):
+                continue
+            name, variables = mb.queries[q]
+            bound = ids >= 0
+            some = ids[bound][0]  # stands in for unbound slots in lookups
+            ts, parts = lookup.find(np.where(bound, ids, some).ravel())
+            if group == GROUP_KEYED:  # owner: the key partition of the first bound variable
+                owner = np.full(len(ids), -1, dtype=np.int64)
+                for var, attr in keyed[name].keys:
+                    j = variables.index(var)
+                    fill = (owner < 0) & bound[:, j]
+                    owner[fill] = parts[attr].reshape(ids.shape)[fill, j]
+                keep = owner == part
+            else:  # owner: the slice holding the match's start
+                ts = np.where(bound.ravel(), ts, np.iinfo(np.int64).max).reshape(ids.shape)
+                keep = np.floor_divide(ts.min(axis=1), spec.slice_ms) == part
+            if keep.any():
+                out.append((q, detected[keep], ids[keep]))
+        if out:
+            mb.parts = out
+            lines = match_lines(mb).decode().splitlines()
+            queries = [mb.queries[q][0] for q, d, _ in out for _ in range(len(d))]
+            detected = np.concatenate([d for _, d, _ in out])
+            yield pd.DataFrame({"query": queries, "detected_at": detected, "line": lines})
+
+    for df in batches:
+        if not len(df):
+            continue
+        g, pt = df["group"].to_numpy(), df["part"].to_numpy()
+        bounds = np.flatnonzero((g[1:] != g[:-1]) | (pt[1:] != pt[:-1])) + 1
+        for run in np.split(np.arange(len(df)), bounds):
+            group, part = int(df["group"].iat[run[0]]), int(df["part"].iat[run[0]])
+            if state is None or (state[0], state[1]) != (group, part):
+                yield from finish()
+                engine = spec.engine(engines[group])
+                horizon = engine.store_retention
+                state = (group, part, engine, _Lookup(horizon))
+            engine, lookup = state[2], state[3]
+            cols = event_columns(engine, df["event"].iloc[run].tolist())
+            parts = {a: key_parts(engine, cols, a, spec.partitions)[1] for a in owner_attrs} \
+                if group == GROUP_KEYED else {}
+            lookup.add(cols, parts)
+            yield from owned(state, engine.process(cols))
+            lookup.prune()
+    yield from finish()

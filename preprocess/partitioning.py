@@ -1,0 +1,142 @@
+"""How a query file is split over partitions so that no match is lost or found twice.
+
+Two strategies, chosen per query:
+
+- **Keyed.** A query whose positive variables all carry one equivalence key —
+  ``[attr]`` as a conjunct of its own, or equality conjuncts ``x.a = y.b``
+  linking every positive variable — is partitioned by the key's value. An
+  event goes to the partition of its key value for every role its type plays
+  (type T, key attribute a). A negated variable is keyed too when an equality
+  conjunct ties it to the key; otherwise ``[attr]`` does not constrain it
+  (spec section 4) and its events go to every partition (broadcast).
+- **Time slices** (the parallel-CEP thesis, chapter 3): the other queries split
+  event time into slices of length L; slice i holds the events with
+  iL - W <= ts < (i+1)L + W (W the largest window of those queries), so every
+  event a match or its negations may look at, within [start - W, start + W],
+  is in the slice of the match's start.
+
+Either way a partition may see a match that belongs to another one (a
+broadcast event, an overlap); each match has exactly one **owner** — the
+partition of its first variable's key value, or the slice holding its start —
+and only the owner emits it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dqcep.lang import ast
+
+BROADCAST = ""  # a role without a key: the event goes to every partition
+
+
+@dataclass(frozen=True)
+class KeyedQuery:
+    name: str
+    keys: tuple[tuple[str, str], ...]   # (positive variable, its key attribute), in order
+    roles: tuple[tuple[str, str], ...]  # (event type, key attribute or BROADCAST)
+    # the owner of a match: the partition of the key value of its first bound variable
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    keyed: tuple[KeyedQuery, ...] = ()
+    sliced: tuple[str, ...] = ()          # names of the time-sliced queries
+    slice_window: int = 0                 # W: the largest window of the sliced queries
+    roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # keyed: type -> attrs
+
+    def describe(self) -> str:
+        lines = []
+        for k in self.keyed:
+            roles = ", ".join(f"{t} by {a}" if a else f"{t} to every partition"
+                              for t, a in k.roles)
+            lines.append(f"{k.name}: keyed ({roles})")
+        for name in self.sliced:
+            lines.append(f"{name}: time slices (overlap {self.slice_window} ms)")
+        return "\n".join(lines)
+
+
+def _maybe_unbound(node: ast.Item, under_or: bool = False) -> set[str]:
+    """Positive variables that a match may leave unbound (inside an OR branch)."""
+    if isinstance(node, ast.EventPattern):
+        return {node.var} if under_or else set()
+    if isinstance(node, ast.Negation):
+        return set()
+    out: set[str] = set()
+    for item in node.items:
+        out |= _maybe_unbound(item, under_or or node.op == "OR")
+    return out
+
+
+class _UnionFind:
+    def __init__(self):
+        self.parent: dict = {}
+
+    def find(self, x):
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a, b):
+        self.parent[self.find(a)] = self.find(b)
+
+
+def query_key(q: ast.Query) -> KeyedQuery | None:
+    """The query's equivalence key, or None when it has none (time slices then)."""
+    leaves = ast.event_patterns(q.pattern)
+    types = {e.var: e.type for e, _ in leaves}
+    positive = [e.var for e, neg in leaves if not neg]
+    negated = [e.var for e, neg in leaves if neg]
+    unbound = _maybe_unbound(q.pattern)
+    uf = _UnionFind()
+    anchors = []  # a node of each key candidate
+    for c in ast.conjuncts(q.where):
+        if isinstance(c, ast.Equivalence):
+            for v in positive:
+                uf.union((v, c.attr), (positive[0], c.attr))
+            anchors.append((positive[0], c.attr))
+        elif isinstance(c, ast.Binary) and c.op == "=" and \
+                isinstance(c.left, ast.AttrRef) and isinstance(c.right, ast.AttrRef):
+            a, b = c.left, c.right
+            if a.var == b.var or {a.attr, b.attr} & {"ts", "id"} or {a.var, b.var} & unbound:
+                continue  # not a key: one event, or a conjunct that may be ignored
+            uf.union((a.var, a.attr), (b.var, b.attr))
+            anchors.append((a.var, a.attr))
+    nodes = list(uf.parent)
+    for anchor in anchors:
+        root = uf.find(anchor)
+        members = [n for n in nodes if uf.find(n) == root]
+        attr_of = {}
+        for var, attr in members:
+            attr_of.setdefault(var, attr)
+        if all(v in attr_of for v in positive):
+            roles = []
+            for v in positive + negated:
+                role = (types[v], attr_of.get(v, BROADCAST))
+                if role not in roles:
+                    roles.append(role)
+            return KeyedQuery(q.name, tuple((v, attr_of[v]) for v in positive), tuple(roles))
+    return None
+
+
+def plan_partitioning(queries, strategy: str = "auto") -> Partitioning:
+    """Keyed where a query has a key (``strategy="auto"``), else time slices;
+    ``strategy="time"`` slices every query (for tests and comparisons)."""
+    if strategy not in ("auto", "time"):
+        raise ValueError(f"unknown partitioning strategy {strategy!r}")
+    keyed, sliced, window = [], [], 0
+    for q in queries:
+        k = query_key(q) if strategy == "auto" else None
+        if k is None:
+            sliced.append(q.name)
+            window = max(window, q.within.ms)
+        else:
+            keyed.append(k)
+    roles: dict[str, list[str]] = {}
+    for k in keyed:
+        for t, a in k.roles:
+            if a not in roles.setdefault(t, []):
+                roles[t].append(a)
+    return Partitioning(tuple(keyed), tuple(sliced), window,
+                        {t: tuple(a) for t, a in roles.items()})
