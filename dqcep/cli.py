@@ -298,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--broker", metavar="HOST:PORT", help="the MQTT broker for --mqtt")
     demo.set_defaults(func=cmd_demo)
 
+    from preprocess.cli import add_spark_parser
+    add_spark_parser(sub, _Parser)
+
     from generator.cli import DESCRIPTION, add_arguments
 
     generate = sub.add_parser("generate", help="write or publish a synthetic event stream",

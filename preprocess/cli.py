@@ -1,0 +1,74 @@
+"""``dqcep spark ...``: the Spark jobs on the command line (pyspark imported on use)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dqcep.errors import UserError
+
+
+def _require_pyspark() -> None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise UserError("the Spark jobs need PySpark: pip install 'dqcep[spark]'") from None
+
+
+def cmd_spark_run(args) -> int:
+    _require_pyspark()
+    from dqcep.lang import parse_file
+    from preprocess.batch import run_batch
+    from preprocess.session import spark_session
+
+    text = Path(args.queries).read_text(encoding="utf-8")
+    parse_file(args.queries)  # positioned errors before Spark starts
+    spark = spark_session(args.master, "dqcep spark run", args.partitions)
+    try:
+        stats = run_batch(spark, text, args.input, args.output, fmt=args.format,
+                          partitions=args.partitions, lateness=args.lateness,
+                          output_format=args.output_format, strategy=args.partitioning,
+                          slice_ms=args.slice_ms, overwrite=args.overwrite)
+    finally:
+        spark.stop()
+    print(f"dqcep spark run: {stats.records} records, {stats.dead_letter} dead-lettered, "
+          f"{stats.duplicates} duplicates, {stats.late} late, {stats.after_pushdown} after "
+          f"pushdown; {stats.matches} matches -> {args.output}", file=sys.stderr)
+    return 0
+
+
+def add_spark_parser(sub, parser_class) -> None:
+    spark = sub.add_parser("spark", help="run the queries on Spark (batch files, journal stream)",
+                           description="The Spark jobs (PySpark 4; docs/spark.md).")
+    jobs = spark.add_subparsers(dest="job", required=True, metavar="JOB",
+                                parser_class=parser_class)
+    run = jobs.add_parser(
+        "run", help="batch: event files -> matches, dead letters, late events",
+        description="Read JSON Lines, msgpack or Parquet event files (or directories of "
+        "them), validate, drop repeated ids, divert late events, push the plan's filters "
+        "down, partition (by the queries' key, else time slices with an overlap of one "
+        "window) and run the native engine in the executors. Writes DIR/matches (the "
+        "spec's match lines, or Parquet), DIR/dead-letter, DIR/late and DIR/_stats.json.")
+    run.add_argument("queries", metavar="QUERIES.cep", help="query file")
+    run.add_argument("--input", "-i", nargs="+", required=True, metavar="PATH",
+                     help="event files or directories, in arrival order")
+    run.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
+    run.add_argument("--master", default=None,
+                     help="Spark master: local[N], local-cluster[N,C,MB], spark://host:port "
+                     "(default: spark-submit's, else local[*])")
+    run.add_argument("--partitions", type=int, default=4, metavar="N",
+                     help="key partitions and shuffle partitions (default 4)")
+    run.add_argument("--format", choices=("jsonl", "msgpack", "parquet"),
+                     help="input format (default: from each file's extension)")
+    run.add_argument("--lateness", type=int, default=0, metavar="MS",
+                     help="allowed out-of-orderness in arrival order (default 0)")
+    run.add_argument("--output-format", choices=("json", "parquet"), default="json",
+                     help="matches as JSON Lines (default) or Parquet")
+    run.add_argument("--partitioning", choices=("auto", "time"), default="auto",
+                     help="auto: by each query's key where it has one, else time slices; "
+                     "time: time slices for every query")
+    run.add_argument("--slice-ms", type=int, default=None, metavar="MS",
+                     help="time-slice length (default: a few slices per partition, at least "
+                     "the window)")
+    run.add_argument("--overwrite", action="store_true", help="replace DIR's contents")
+    run.set_defaults(func=cmd_spark_run)

@@ -1,0 +1,160 @@
+"""Event files as a Spark data source (``pyspark.sql.datasource``), positions kept.
+
+``spark.read.format("dqcep_events").option("paths", json.dumps([...])).load()``
+gives one row per record of JSON Lines, msgpack or Parquet event files, in file
+order, with the record's position; each file is one input partition, read in
+an executor by the same readers as ``dqcep run`` (one set of validation rules
+and the same positions). A bad record becomes a row with its ``reason``
+instead of an event; a msgpack stream broken beyond resynchronisation ends its
+file with one such row.
+
+Columns: ``file_index`` (position of the file in the sorted listing: arrival
+order across files), ``seq`` (arrival order within the file), ``where``
+(``file:line:col``, ``file:record N (byte B)`` or ``file:row N``), ``id``,
+``type``, ``ts``, ``event`` (the event map as msgpack) and ``reason``.
+
+The files must be readable at the same path from every executor (a local
+directory for ``local[*]`` and ``local-cluster``, a shared filesystem on a real
+cluster).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+SCHEMA = ("file_index int, seq long, `where` string, id long, type string, ts long, "
+          "event binary, reason string")
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".msgpack": "msgpack",
+              ".mpk": "msgpack", ".parquet": "parquet"}
+BATCH_ROWS = 10_000
+
+
+def list_event_files(paths: list[str]) -> list[str]:
+    """Files of the inputs (directories walked), sorted within each input, in order."""
+    from dqcep.errors import UserError
+    out = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(str(f) for f in path.rglob("*")
+                           if f.is_file() and f.suffix.lower() in EXTENSIONS
+                           and not f.name.startswith((".", "_")))
+            if not found:
+                raise UserError(f"no event files (.jsonl, .msgpack, .parquet) under {p}")
+            out += found
+        elif path.is_file():
+            out.append(str(path))
+        else:
+            raise UserError(f"no such input file or directory: {p}")
+    return out
+
+
+def file_format(path: str, fmt: str | None) -> str:
+    from dqcep.errors import UserError
+    if fmt:
+        return fmt
+    ext = Path(path).suffix.lower()
+    if ext not in EXTENSIONS:
+        raise UserError(f"cannot tell the format of {path!r} from its extension; "
+                        f"use --format jsonl|msgpack|parquet")
+    return EXTENSIONS[ext]
+
+
+def _parquet_records(path: str):
+    """(where, event map or EventInputError) of each row of a Parquet event file."""
+    import pyarrow.parquet as pq
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
+        for obj in batch.to_pylist():
+            row += 1
+            yield f"row {row}", obj
+
+
+def read_file(index: int, path: str, fmt: str):
+    """Rows of one file, as tuples in SCHEMA order."""
+    import msgpack
+
+    from dqcep.events import EventError, event_from_mapping
+    from dqcep.io.readers import EventInputError, read_events
+
+    seq = 0
+
+    def good(where, ev):
+        return (index, seq, where, ev.id, ev.type, ev.ts,
+                msgpack.packb({"id": ev.id, "type": ev.type, "ts": ev.ts, **ev.attrs}), None)
+
+    def bad(where, reason):
+        return (index, seq, where, None, None, None, None, reason)
+
+    if fmt == "parquet":
+        for where, obj in _parquet_records(path):
+            try:
+                yield good(f"{path}:{where}", event_from_mapping(
+                    {k: v for k, v in obj.items() if v is not None}))
+            except EventError as err:
+                yield bad(f"{path}:{where}", str(err))
+            seq += 1
+        return
+    errors: list[EventInputError] = []
+    items = read_events(path, fmt, on_error=errors.append)
+    while True:
+        try:
+            where, ev = next(items)
+        except StopIteration:
+            break
+        except EventInputError as err:  # the stream itself is broken: nothing more to read
+            errors.append(err)
+            ev = None
+        for err in errors:  # bad records come in file order, before the next good one
+            yield bad(f"{err.source}:{err.where}", err.reason)
+            seq += 1
+        errors.clear()
+        if ev is None:
+            break
+        yield good(f"{path}:{where}", ev)
+        seq += 1
+    for err in errors:
+        yield bad(f"{err.source}:{err.where}", err.reason)
+        seq += 1
+
+
+class EventFilesReader(DataSourceReader):
+    def __init__(self, options):
+        self.files = json.loads(options["paths"])
+        self.fmt = options.get("format") or None
+
+    def partitions(self):
+        return [InputPartition((i, path, file_format(path, self.fmt)))
+                for i, path in enumerate(self.files)]
+
+    def read(self, partition):
+        index, path, fmt = partition.value
+        yield from read_file(index, path, fmt)
+
+
+class EventFilesSource(DataSource):
+    """Options: ``paths`` (a JSON list of files, in arrival order), ``format``."""
+
+    @classmethod
+    def name(cls):
+        return "dqcep_events"
+
+    def schema(self):
+        return SCHEMA
+
+    def reader(self, schema):
+        return EventFilesReader(self.options)
+
+
+def load_events(spark, paths: list[str], fmt: str | None = None):
+    """The source's DataFrame over the files of ``paths`` (listed on the driver)."""
+    files = list_event_files(paths)
+    for f in files:
+        file_format(f, fmt)  # an unknown extension is an error before any task starts
+    spark.dataSource.register(EventFilesSource)
+    return (spark.read.format("dqcep_events").option("paths", json.dumps(files))
+            .option("format", fmt or "").load())
+
+
