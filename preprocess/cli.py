@@ -37,6 +37,21 @@ def cmd_spark_run(args) -> int:
     return 0
 
 
+def cmd_spark_cluster(args) -> int:
+    _require_pyspark()
+    from preprocess.cluster import start_cluster, stop_cluster
+    if args.action == "start":
+        state = start_cluster(args.dir, args.workers, args.cores, args.memory)
+        print(state["master"])
+        print(f"dqcep spark cluster: master and {state['workers']} workers running "
+              f"(state and logs in {args.dir}); stop with: dqcep spark cluster stop "
+              f"--dir {args.dir}", file=sys.stderr)
+    else:
+        state = stop_cluster(args.dir)
+        print(f"dqcep spark cluster: stopped {state['master']}", file=sys.stderr)
+    return 0
+
+
 def add_spark_parser(sub, parser_class) -> None:
     spark = sub.add_parser("spark", help="run the queries on Spark (batch files, journal stream)",
                            description="The Spark jobs (PySpark 4; docs/spark.md).")
@@ -72,3 +87,16 @@ def add_spark_parser(sub, parser_class) -> None:
                      "the window)")
     run.add_argument("--overwrite", action="store_true", help="replace DIR's contents")
     run.set_defaults(func=cmd_spark_run)
+
+    cluster = jobs.add_parser(
+        "cluster", help="start or stop a local standalone cluster (master + workers)",
+        description="Start a Spark standalone master and workers on free loopback ports from "
+        "the pip-installed pyspark (bin/spark-class), or stop them. 'start' prints the "
+        "master URL for --master.")
+    cluster.add_argument("action", choices=("start", "stop"))
+    cluster.add_argument("--dir", default=".dqcep-spark", metavar="DIR",
+                         help="state and logs (default .dqcep-spark)")
+    cluster.add_argument("--workers", type=int, default=2, help="workers (default 2)")
+    cluster.add_argument("--cores", type=int, default=1, help="cores per worker (default 1)")
+    cluster.add_argument("--memory", default="1g", help="memory per worker (default 1g)")
+    cluster.set_defaults(func=cmd_spark_cluster)
