@@ -58,7 +58,7 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
         raise UserError("--output-format must be json or parquet")
     if partitions < 1:
         raise UserError("--partitions must be >= 1")
-    out = Path(output)
+    out = Path(output).resolve()  # executors write from other working directories
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"output directory {output} is not empty (use --overwrite)")
     queries = parse(queries_text).queries

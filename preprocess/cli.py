@@ -1,8 +1,9 @@
 """``dqcep spark ...``: the Spark jobs on the command line (pyspark imported on use)."""
 from __future__ import annotations
 
-import argparse
+import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from dqcep.errors import UserError
@@ -15,6 +16,20 @@ def _require_pyspark() -> None:
         raise UserError("the Spark jobs need PySpark: pip install 'dqcep[spark]'") from None
 
 
+@contextmanager
+def _executor_errors():
+    """A UserError raised in an executor comes back wrapped in Spark's exception:
+    unwrap it, so the user reads one line instead of two stack traces."""
+    from pyspark.errors import PySparkException
+    try:
+        yield
+    except PySparkException as err:
+        found = re.findall(r"dqcep\.errors\.UserError: (.*)", str(err))
+        if found:
+            raise UserError(found[-1]) from None
+        raise
+
+
 def cmd_spark_run(args) -> int:
     _require_pyspark()
     from dqcep.lang import parse_file
@@ -25,10 +40,11 @@ def cmd_spark_run(args) -> int:
     parse_file(args.queries)  # positioned errors before Spark starts
     spark = spark_session(args.master, "dqcep spark run", args.partitions)
     try:
-        stats = run_batch(spark, text, args.input, args.output, fmt=args.format,
-                          partitions=args.partitions, lateness=args.lateness,
-                          output_format=args.output_format, strategy=args.partitioning,
-                          slice_ms=args.slice_ms, overwrite=args.overwrite)
+        with _executor_errors():
+            stats = run_batch(spark, text, args.input, args.output, fmt=args.format,
+                              partitions=args.partitions, lateness=args.lateness,
+                              output_format=args.output_format, strategy=args.partitioning,
+                              slice_ms=args.slice_ms, overwrite=args.overwrite)
     finally:
         spark.stop()
     print(f"dqcep spark run: {stats.records} records, {stats.dead_letter} dead-lettered, "

@@ -36,7 +36,7 @@ def list_event_files(paths: list[str]) -> list[str]:
     from dqcep.errors import UserError
     out = []
     for p in paths:
-        path = Path(p)
+        path = Path(p).resolve()  # executors run in other working directories
         if path.is_dir():
             found = sorted(str(f) for f in path.rglob("*")
                            if f.is_file() and f.suffix.lower() in EXTENSIONS

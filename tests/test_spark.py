@@ -2,6 +2,7 @@
 exactly the reference's matches, whatever the partitioning, input format and
 imperfections of the stream. Spark missing is a failure, never a skip."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,31 @@ def test_batch_job_on_a_multi_process_cluster(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(job_lines(out)) == want and want
     assert "matches ->" in proc.stderr
+
+
+def test_scripted_standalone_cluster(tmp_path):
+    """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on
+    its spark:// master, stop: the processes are gone."""
+    events = generate(tmp_path / "events.jsonl", 3000)
+    want, _, _ = expected([events])
+    state = tmp_path / "cluster"
+    start = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "start",
+                            "--dir", str(state)], capture_output=True, text=True, timeout=120)
+    assert start.returncode == 0, start.stderr
+    master = start.stdout.strip()
+    try:
+        assert master.startswith("spark://127.0.0.1:")
+        run = subprocess.run(
+            [sys.executable, "-m", "dqcep", "spark", "run", str(QUERIES), "-i", str(events),
+             "-o", str(tmp_path / "out"), "--master", master, "--lateness", str(LATENESS)],
+            capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert set(job_lines(tmp_path / "out")) == want and want
+    finally:
+        pids = [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"]]
+        stop = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "stop",
+                               "--dir", str(state)], capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0, stop.stderr
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
