@@ -37,6 +37,7 @@ class BatchStats:
     matches: int
     partitioning: str
     slice_ms: int
+    assigned: int | None = None  # event copies after partition assignment (count_copies)
 
 
 def slice_length(events, window: int, tasks: int) -> int:
@@ -52,7 +53,8 @@ def slice_length(events, window: int, tasks: int) -> int:
 def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
               fmt: str | None = None, partitions: int = 4, lateness: int = 0,
               output_format: str = "json", strategy: str = "auto",
-              slice_ms: int | None = None, overwrite: bool = False) -> BatchStats:
+              slice_ms: int | None = None, overwrite: bool = False,
+              count_copies: bool = False) -> BatchStats:
     from dqcep.lang import parse
     if output_format not in ("json", "parquet"):
         raise UserError("--output-format must be json or parquet")
@@ -65,16 +67,20 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
     plan = plan_partitioning(queries, strategy)
     mode = "overwrite" if overwrite else "errorifexists"
 
+    # persisted: what more than one output or count reads is computed once
     rows = load_events(spark, inputs, fmt).persist()
     events, dead = split_valid(rows)
-    events, duplicates = deduplicate(events)
-    events, late = mark_late(events, lateness)
+    first, _ = deduplicate(events)
+    first = first.persist()
+    on_time, late = mark_late(first, lateness)
+    late = late.persist()
     spec = JobSpec(queries_text, plan, partitions)
-    kept = pushdown(events, spec).persist()
+    kept = pushdown(on_time, spec).persist()
     if plan.sliced:
         spec = JobSpec(queries_text, plan, partitions,
                        slice_ms or slice_length(kept, plan.slice_window, partitions))
-    matches = run_engines(partition(kept, spec, partitions), spec).persist()
+    parted = partition(kept, spec, partitions)
+    matches = run_engines(parted, spec).persist()
 
     if output_format == "json":
         matches.select("line").write.mode(mode).text(str(out / "matches"))
@@ -86,12 +92,14 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
         F.to_json(F.struct("where", "reason")).alias("value")) \
         .write.mode(mode).text(str(out / "dead-letter"))
     _late_lines(late).write.mode(mode).text(str(out / "late"))
+    n_rows, n_dead, n_first = rows.count(), dead.count(), first.count()
     stats = BatchStats(
-        records=rows.count(), dead_letter=dead.count(), duplicates=duplicates.count(),
+        records=n_rows, dead_letter=n_dead, duplicates=n_rows - n_dead - n_first,
         late=late.count(), after_pushdown=kept.count(), matches=matches.count(),
-        partitioning=plan.describe(), slice_ms=spec.slice_ms)
+        partitioning=plan.describe(), slice_ms=spec.slice_ms,
+        assigned=parted.count() if count_copies else None)
     (out / "_stats.json").write_text(json.dumps(asdict(stats), indent=2) + "\n")
-    for df in (rows, kept, matches):
+    for df in (rows, first, late, kept, matches):
         df.unpersist()
     return stats
 
