@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--input", "-i", required=True, metavar="EVENTS", action="append",
                      help="event file (.jsonl, .msgpack, .csv), - for stdin, or "
                      "mqtt://host:port/topic (repeatable) to run as a streaming service")
-    run.add_argument("--format", choices=("jsonl", "msgpack", "csv", "json"),
+    run.add_argument("--format", choices=("jsonl", "msgpack", "csv", "parquet", "json"),
                      help="event format (default: from the file extension; jsonl for -; "
                      "MQTT payloads: msgpack, or json)")
     run.add_argument("--output", "-o", metavar="OUT",

@@ -1,7 +1,7 @@
 """Event files as a Spark data source (``pyspark.sql.datasource``), positions kept.
 
 ``spark.read.format("dqcep_events").option("paths", json.dumps([...])).load()``
-gives one row per record of JSON Lines, msgpack or Parquet event files, in file
+gives one row per record of event files (JSON Lines, msgpack, CSV, Parquet), in file
 order, with the record's position; each file is one input partition, read in
 an executor by the same readers as ``dqcep run`` (one set of validation rules
 and the same positions). A bad record becomes a row with its ``reason``
@@ -10,7 +10,7 @@ file with one such row.
 
 Columns: ``file_index`` (position of the file in the sorted listing: arrival
 order across files), ``seq`` (arrival order within the file), ``where``
-(``file:line:col``, ``file:record N (byte B)`` or ``file:row N``), ``id``,
+(as ``dqcep.io.readers`` names positions), ``id``,
 ``type``, ``ts``, ``event`` (the event map as msgpack) and ``reason``.
 
 The files must be readable at the same path from every executor (a local
@@ -24,25 +24,24 @@ from pathlib import Path
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from dqcep.errors import UserError
+from dqcep.io.readers import EXTENSIONS, format_for
+
 SCHEMA = ("file_index int, seq long, `where` string, id long, type string, ts long, "
           "event binary, reason string")
-EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".msgpack": "msgpack",
-              ".mpk": "msgpack", ".parquet": "parquet"}
 BATCH_ROWS = 10_000
 
 
 def list_event_files(paths: list[str]) -> list[str]:
     """Files of the inputs (directories walked), sorted within each input, in order."""
-    from dqcep.errors import UserError
     out = []
     for p in paths:
         path = Path(p).resolve()  # executors run in other working directories
         if path.is_dir():
             found = sorted(str(f) for f in path.rglob("*")
-                           if f.is_file() and f.suffix.lower() in EXTENSIONS
-                           and not f.name.startswith((".", "_")))
+                           if f.is_file() and f.suffix.lower() in EXTENSIONS and not f.name.startswith((".", "_")))
             if not found:
-                raise UserError(f"no event files (.jsonl, .msgpack, .parquet) under {p}")
+                raise UserError(f"no event files ({', '.join(sorted(EXTENSIONS))}) under {p}")
             out += found
         elif path.is_file():
             out.append(str(path))
@@ -51,32 +50,10 @@ def list_event_files(paths: list[str]) -> list[str]:
     return out
 
 
-def file_format(path: str, fmt: str | None) -> str:
-    from dqcep.errors import UserError
-    if fmt:
-        return fmt
-    ext = Path(path).suffix.lower()
-    if ext not in EXTENSIONS:
-        raise UserError(f"cannot tell the format of {path!r} from its extension; "
-                        f"use --format jsonl|msgpack|parquet")
-    return EXTENSIONS[ext]
-
-
-def _parquet_records(path: str):
-    """(where, event map or EventInputError) of each row of a Parquet event file."""
-    import pyarrow.parquet as pq
-    row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
-        for obj in batch.to_pylist():
-            row += 1
-            yield f"row {row}", obj
-
-
 def read_file(index: int, path: str, fmt: str):
     """Rows of one file, as tuples in SCHEMA order."""
     import msgpack
 
-    from dqcep.events import EventError, event_from_mapping
     from dqcep.io.readers import EventInputError, read_events
 
     seq = 0
@@ -88,15 +65,6 @@ def read_file(index: int, path: str, fmt: str):
     def bad(where, reason):
         return (index, seq, where, None, None, None, None, reason)
 
-    if fmt == "parquet":
-        for where, obj in _parquet_records(path):
-            try:
-                yield good(f"{path}:{where}", event_from_mapping(
-                    {k: v for k, v in obj.items() if v is not None}))
-            except EventError as err:
-                yield bad(f"{path}:{where}", str(err))
-            seq += 1
-        return
     errors: list[EventInputError] = []
     items = read_events(path, fmt, on_error=errors.append)
     while True:
@@ -136,7 +104,7 @@ class EventFilesReader(DataSourceReader):
         self.fmt = options.get("format") or None
 
     def partitions(self):
-        return [InputPartition((i, path, file_format(path, self.fmt)))
+        return [InputPartition((i, path, format_for(path, self.fmt)))
                 for i, path in enumerate(self.files)]
 
     def read(self, partition):
@@ -172,7 +140,7 @@ def load_events(spark, paths: list[str], fmt: str | None = None):
     """The source's DataFrame over the files of ``paths`` (listed on the driver)."""
     files = list_event_files(paths)
     for f in files:
-        file_format(f, fmt)  # an unknown extension is an error before any task starts
+        format_for(f, fmt)  # an unknown extension is an error before any task starts
     spark.dataSource.register(EventFilesSource)
     return (spark.read.format("dqcep_events").option("paths", json.dumps(files))
             .option("format", fmt or "").load())

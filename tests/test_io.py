@@ -137,3 +137,18 @@ def test_match_lines_writes_what_match_line_writes(parts):
         for q, rows in parts])
     assert match_lines(batch).decode() == "".join(match_line(m) + "\n"
                                                   for m in batch.to_matches())
+
+
+def test_parquet_reads_what_the_generator_wrote(tmp_path):
+    import subprocess
+    import sys
+    for ext in ("jsonl", "parquet"):
+        subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                        "500", "--missing-attributes", "0.1", "--quiet", "-o",
+                        str(tmp_path / f"e.{ext}")], check=True)
+    assert events(tmp_path / "e.parquet") == events(tmp_path / "e.jsonl")
+    where = [w for w, _ in read_events(str(tmp_path / "e.parquet"))]
+    assert where[:2] == ["row 1", "row 2"]
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(EventInputError, match="invalid Parquet"):
+        events(tmp_path / "bad.parquet")

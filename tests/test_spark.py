@@ -42,8 +42,7 @@ def expected(paths, lateness=LATENESS, text=None):
     events, errors, seen, latest, late = [], 0, set(), None, []
     for path in paths:
         bad = []
-        for e in parquet_events(path) if str(path).endswith(".parquet") else \
-                (e for _, e in read_events(str(path), on_error=bad.append)):
+        for _, e in read_events(str(path), on_error=bad.append):
             if e.id in seen:
                 continue
             seen.add(e.id)
@@ -57,14 +56,6 @@ def expected(paths, lateness=LATENESS, text=None):
     lines = {json.dumps(m.to_json_obj(), ensure_ascii=False)
              for m in ReferenceMatcher(queries).run(events)}
     return lines, errors, late
-
-
-def parquet_events(path):
-    import pyarrow.parquet as pq
-
-    from dqcep.events import event_from_mapping
-    for row in pq.read_table(path).to_pylist():
-        yield event_from_mapping({k: v for k, v in row.items() if v is not None})
 
 
 def job_lines(out: Path, what="matches") -> list[str]:

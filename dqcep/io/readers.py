@@ -5,12 +5,15 @@ Formats (chosen from the file extension, or given explicitly):
 - ``jsonl``: one JSON event object per line (spec section 1); blank lines are skipped.
 - ``msgpack``: a stream of msgpack objects, each an event map or a batch
   ``{"events": [<event map>, ...]}`` (the MQTT payload form).
+- ``parquet``: the generator's layout (``id``, ``type``, ``ts``, a column per
+  attribute; null = absent); positions are ``row N``.
 - ``csv``: a header row naming ``id``, ``type``, ``ts`` and attribute columns;
   cells are typed as integer, decimal, ``true``/``false``, or else string; an
   empty cell is an absent attribute.
 
 Readers yield ``(location, event)``; a bad record is an EventInputError naming
-``file:line:col`` (text formats) or ``file:record N (byte B)`` (msgpack).
+``file:line:col`` (text formats), ``file:record N (byte B)`` (msgpack) or
+``file:row N`` (Parquet).
 """
 from __future__ import annotations
 
@@ -27,9 +30,10 @@ import msgpack
 from dqcep.errors import UserError
 from dqcep.events import Event, EventError, event_from_mapping
 
-FORMATS = ("jsonl", "msgpack", "csv")
-_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
-               ".msgpack": "msgpack", ".mpk": "msgpack", ".csv": "csv"}
+FORMATS = ("jsonl", "msgpack", "csv", "parquet")
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+               ".msgpack": "msgpack", ".mpk": "msgpack", ".csv": "csv",
+              ".parquet": "parquet"}
 
 
 class EventInputError(UserError):
@@ -46,10 +50,10 @@ def format_for(path: str, fmt: str | None) -> str:
     if path == "-":
         return "jsonl"
     ext = Path(path).suffix.lower()
-    if ext not in _EXTENSIONS:
+    if ext not in EXTENSIONS:
         raise UserError(f"cannot tell the format of {path!r} from its extension; "
                         f"use --format {'|'.join(FORMATS)}")
-    return _EXTENSIONS[ext]
+    return EXTENSIONS[ext]
 
 
 def _reject_constant(name: str):
@@ -146,6 +150,24 @@ def _csv(stream: IO[str], source: str) -> Iterator:
         yield _event(obj, source, f"{lineno}:1")
 
 
+def _parquet(stream: IO[bytes], source: str) -> Iterator:
+    """Rows of a Parquet file (the generator's layout: id, type, ts, one column per
+    attribute); a null cell is an absent attribute."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError("reading Parquet needs pyarrow: pip install 'dqcep[parquet]'") from None
+    row = 0
+    try:
+        for batch in pq.ParquetFile(stream).iter_batches(batch_size=10_000):
+            for obj in batch.to_pylist():
+                row += 1
+                yield _event({k: v for k, v in obj.items() if v is not None}, source,
+                             f"row {row}")
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
+        raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
+
+
 def read_events(path: str, fmt: str | None = None,
                 on_error: Callable[[EventInputError], None] | None = None,
                 ) -> Iterator[tuple[str, Event]]:
@@ -157,14 +179,14 @@ def read_events(path: str, fmt: str | None = None,
     fmt = format_for(path, fmt)
     source = "<stdin>" if path == "-" else path
     try:
-        if fmt == "msgpack":
+        if fmt in ("msgpack", "parquet"):
             stream = sys.stdin.buffer if path == "-" else open(path, "rb")
         else:
             stream = (io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="")
                       if path == "-" else open(path, encoding="utf-8", newline=""))
     except OSError as err:
         raise UserError(f"cannot read event file {path}: {err.strerror}") from None
-    decode = {"jsonl": _jsonl, "msgpack": _msgpack, "csv": _csv}[fmt]
+    decode = {"jsonl": _jsonl, "msgpack": _msgpack, "csv": _csv, "parquet": _parquet}[fmt]
     with stream:
         try:
             for item in decode(stream, source):
