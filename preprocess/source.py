@@ -10,8 +10,9 @@ file with one such row.
 
 Columns: ``file_index`` (position of the file in the sorted listing: arrival
 order across files), ``seq`` (arrival order within the file), ``where``
-(as ``dqcep.io.readers`` names positions), ``id``,
-``type``, ``ts``, ``event`` (the event map as msgpack) and ``reason``.
+(as ``dqcep.io.readers`` names positions), ``id``, ``ts``, ``file_before``
+(the largest ts of the file's events before this row: for late events),
+``event`` (the event map as msgpack) and ``reason`` (null for events).
 
 The files must be readable at the same path from every executor (a local
 directory for ``local[*]`` and ``local-cluster``, a shared filesystem on a real
@@ -22,12 +23,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from dqcep.errors import UserError
 from dqcep.io.readers import EXTENSIONS, format_for
 
-SCHEMA = ("file_index int, seq long, `where` string, id long, type string, ts long, "
+SCHEMA = ("file_index int, seq long, `where` string, id long, ts long, file_before long, "
           "event binary, reason string")
 BATCH_ROWS = 10_000
 
@@ -50,20 +53,154 @@ def list_event_files(paths: list[str]) -> list[str]:
     return out
 
 
-def read_file(index: int, path: str, fmt: str):
-    """Rows of one file, as tuples in SCHEMA order."""
+class _Batches:
+    """Builds Arrow record batches of the source's rows, a few columns at a time.
+
+    Events of a well-formed msgpack record arrive as columns (ids, ts, the byte
+    range of each event map in the record); others one by one. ``file_before``
+    (the largest ts of the file's events before the row) is filled in here.
+    """
+
+    def __init__(self, index: int):
+        import pyarrow as pa
+        self.pa, self.index, self.seq, self.latest = pa, index, 0, None
+        self._reset()
+
+    def _reset(self):
+        self.where, self.reason = [], []
+        self.ids, self.ts, self.valid = [], [], []
+        self.data, self.offsets, self.size = [], [0], 0
+        self.rows = 0
+
+    def event(self, where: str, ev) -> None:
+        import msgpack
+        blob = msgpack.packb({"id": ev.id, "type": ev.type, "ts": ev.ts, **ev.attrs})
+        self._rows([where], [None], [ev.id], [ev.ts], [True], blob, [len(blob)])
+
+    def bad(self, where: str, reason: str) -> None:
+        self._rows([where], [reason], [0], [0], [False], b"", [0])
+
+    def record(self, prefix: str, payload: bytes, ids, ts, spans) -> None:
+        """The n events of one well-formed record (``ColumnDecoder`` output)."""
+        if not len(ids):
+            return
+        region = payload[spans[0, 0]:spans[-1, 1]]  # event maps are contiguous in a batch
+        lengths = spans[:, 1] - spans[:, 0]
+        where = [prefix] if len(ids) == 1 and spans[0, 0] == 0 else \
+            [f"{prefix} event {i}" for i in range(len(ids))]
+        self._rows(where, [None] * len(ids), ids, ts, [True] * len(ids), region, lengths)
+
+    def _rows(self, where, reason, ids, ts, valid, blob, lengths) -> None:
+        self.where += where
+        self.reason += reason
+        self.ids.append(np.asarray(ids, np.int64))
+        self.ts.append(np.asarray(ts, np.int64))
+        self.valid.append(np.asarray(valid, bool))
+        self.data.append(blob)
+        ends = self.size + np.cumsum(np.asarray(lengths, np.int64))
+        self.offsets.append(ends)
+        self.size = int(ends[-1]) if len(ends) else self.size
+        self.rows += len(where)
+
+    def full(self) -> bool:
+        return self.rows >= BATCH_ROWS
+
+    def take(self):
+        pa, n = self.pa, self.rows
+        ids, ts, valid = (np.concatenate(x) for x in (self.ids, self.ts, self.valid))
+        # the running maximum of the valid events' ts, before each row
+        masked = np.where(valid, ts, np.iinfo(np.int64).min)
+        running = np.maximum.accumulate(masked)
+        before = np.empty(n, np.int64)
+        before[1:] = running[:-1]
+        before[0] = np.iinfo(np.int64).min
+        if self.latest is not None:
+            np.maximum(before, self.latest, out=before)
+        if valid.any():
+            top = int(running[-1])
+            self.latest = top if self.latest is None else max(self.latest, top)
+        known = before != np.iinfo(np.int64).min
+        offsets = np.concatenate([np.zeros(1, np.int64)] + self.offsets[1:]).astype(np.int32)
+        events = pa.Array.from_buffers(pa.binary(), n, [
+            pa.py_buffer(np.packbits(valid, bitorder="little")),
+            pa.py_buffer(offsets), pa.py_buffer(b"".join(self.data))])
+        batch = pa.RecordBatch.from_arrays([
+            pa.array(np.full(n, self.index, np.int32)),
+            pa.array(np.arange(self.seq, self.seq + n, dtype=np.int64)),
+            pa.array(self.where, pa.string()),
+            pa.array(ids, mask=~valid), pa.array(ts, mask=~valid),
+            pa.array(before, mask=~known), events,
+            pa.array(self.reason, pa.string())], names=NAMES)
+        self.seq += n
+        self._reset()
+        return batch
+
+
+def _broken(raw, offset: int) -> str:
+    """Why the stream cannot go on at ``offset``, in the words of dqcep.io.readers
+    (it decodes strings while parsing, so a bad string ahead of a cut wins)."""
+    import msgpack
+    raw.seek(offset)
+    unpacker = msgpack.Unpacker(raw, raw=False, strict_map_key=False)
+    try:
+        unpacker.unpack()
+    except msgpack.OutOfData:
+        return "truncated msgpack data"
+    except (msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as err:
+        return f"invalid msgpack: {err}"
+    return "invalid msgpack"  # not reached: the record did not parse a moment ago
+
+
+def _msgpack_rows(out: _Batches, path: str):
+    """A msgpack file: each well-formed record decoded by the ColumnDecoder kernel
+    (events kept as slices of the record, never re-encoded); any other record
+    through the readers' Python path, which names what is wrong."""
     import msgpack
 
+    from dqcep._kernels.msgpack_decode import ColumnDecoder
+    from dqcep.io.readers import msgpack_record
+
+    decoder = ColumnDecoder([], [], None)  # validation and ids/ts only
+    with open(path, "rb") as f, open(path, "rb") as raw:
+        unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False)
+        record = 0
+        while True:
+            offset = unpacker.tell()
+            record += 1
+            prefix = f"{path}:record {record} (byte {offset})"
+            try:
+                unpacker.skip()
+            except msgpack.OutOfData:
+                if unpacker.tell() != offset:
+                    out.bad(prefix, _broken(raw, offset))
+                break
+            except (msgpack.FormatError, msgpack.StackError, ValueError, TypeError):
+                out.bad(prefix, _broken(raw, offset))
+                break
+            raw.seek(offset)
+            payload = raw.read(unpacker.tell() - offset)
+            if decoder.decode(payload) >= 0:
+                spans = decoder.spans()
+                ts, ids, *_ = decoder.take()
+                out.record(prefix, payload, ids, ts, spans)
+            else:
+                try:
+                    obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+                except (ValueError, TypeError) as err:  # not UTF-8; a map as a key
+                    out.bad(prefix, f"invalid msgpack: {err}")
+                    break
+                for item in msgpack_record(obj, path, prefix[len(path) + 1:]):
+                    if isinstance(item, tuple):
+                        out.event(f"{path}:{item[0]}", item[1])
+                    else:
+                        out.bad(f"{item.source}:{item.where}", item.reason)
+            if out.full():
+                yield out.take()
+
+
+def _reader_rows(out: _Batches, path: str, fmt: str):
+    """Any format through dqcep.io.readers, in file order (bad records included)."""
     from dqcep.io.readers import EventInputError, read_events
-
-    seq = 0
-
-    def good(where, ev):
-        return (index, seq, where, ev.id, ev.type, ev.ts,
-                msgpack.packb({"id": ev.id, "type": ev.type, "ts": ev.ts, **ev.attrs}), None)
-
-    def bad(where, reason):
-        return (index, seq, where, None, None, None, None, reason)
 
     errors: list[EventInputError] = []
     items = read_events(path, fmt, on_error=errors.append)
@@ -76,26 +213,27 @@ def read_file(index: int, path: str, fmt: str):
             errors.append(err)
             ev = None
         for err in errors:  # bad records come in file order, before the next good one
-            yield bad(f"{err.source}:{err.where}", err.reason)
-            seq += 1
+            out.bad(f"{err.source}:{err.where}", err.reason)
         errors.clear()
         if ev is None:
             break
-        yield good(f"{path}:{where}", ev)
-        seq += 1
+        out.event(f"{path}:{where}", ev)
+        if out.full():
+            yield out.take()
     for err in errors:
-        yield bad(f"{err.source}:{err.where}", err.reason)
-        seq += 1
+        out.bad(f"{err.source}:{err.where}", err.reason)
 
 
-ARROW_TYPES = ("int32", "int64", "string", "int64", "string", "int64", "binary", "string")
-NAMES = ("file_index", "seq", "where", "id", "type", "ts", "event", "reason")
+def read_file(index: int, path: str, fmt: str):
+    """Arrow record batches of one file's rows, in file order."""
+    out = _Batches(index)
+    rows = _msgpack_rows(out, path) if fmt == "msgpack" else _reader_rows(out, path, fmt)
+    yield from rows
+    if out.rows:
+        yield out.take()
 
 
-def _record_batch(pa, columns):
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=getattr(pa, t)()) for c, t in zip(columns, ARROW_TYPES)],
-        names=list(NAMES))
+NAMES = ["file_index", "seq", "where", "id", "ts", "file_before", "event", "reason"]
 
 
 class EventFilesReader(DataSourceReader):
@@ -108,18 +246,8 @@ class EventFilesReader(DataSourceReader):
                 for i, path in enumerate(self.files)]
 
     def read(self, partition):
-        """Arrow record batches of BATCH_ROWS rows (much cheaper for Spark than tuples)."""
-        import pyarrow as pa
         index, path, fmt = partition.value
-        columns = [[] for _ in ARROW_TYPES]
-        for row in read_file(index, path, fmt):
-            for col, value in zip(columns, row):
-                col.append(value)
-            if len(columns[0]) >= BATCH_ROWS:
-                yield _record_batch(pa, columns)
-                columns = [[] for _ in ARROW_TYPES]
-        if columns[0]:
-            yield _record_batch(pa, columns)
+        yield from read_file(index, path, fmt)
 
 
 class EventFilesSource(DataSource):

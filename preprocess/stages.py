@@ -16,8 +16,8 @@ from pyspark.sql import functions as F
 
 from preprocess.executor import JobSpec, assign_batches, engine_batches, pushdown_batches
 
-EVENT_COLUMNS = ["file_index", "seq", "where", "id", "type", "ts", "event"]
-EVENT_SCHEMA = ("file_index int, seq long, `where` string, id long, type string, ts long, "
+EVENT_COLUMNS = ["file_index", "seq", "where", "id", "ts", "file_before", "event"]
+EVENT_SCHEMA = ("file_index int, seq long, `where` string, id long, ts long, file_before long, "
                 "event binary")
 ASSIGNED_SCHEMA = EVENT_SCHEMA + ", group int, part long"
 MATCH_SCHEMA = "query string, detected_at long, line string"
@@ -33,11 +33,17 @@ def split_valid(rows: DataFrame) -> tuple[DataFrame, DataFrame]:
 
 
 def deduplicate(events: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """(first occurrence of each event id in arrival order, the repeats)."""
+    """(first occurrence of each event id in arrival order, the repeats).
+
+    Only (id, file_index, seq) are shuffled to find the repeats; the events
+    themselves are not moved (an anti-join against the repeats, usually few).
+    """
     first = Window.partitionBy("id").orderBy("file_index", "seq")
-    ranked = events.withColumn("_rank", F.row_number().over(first))
-    return (ranked.where("_rank = 1").drop("_rank"),
-            ranked.where("_rank > 1").drop("_rank"))
+    repeats = (events.select("id", "file_index", "seq")
+               .withColumn("_rank", F.row_number().over(first))
+               .where("_rank > 1").select("file_index", "seq"))
+    return (events.join(repeats, ["file_index", "seq"], "left_anti"),
+            events.join(repeats, ["file_index", "seq"], "left_semi"))
 
 
 def mark_late(events: DataFrame, lateness: int) -> tuple[DataFrame, DataFrame]:
@@ -46,9 +52,11 @@ def mark_late(events: DataFrame, lateness: int) -> tuple[DataFrame, DataFrame]:
     (docs/runtime.md), so a file replayed here and the same stream run live
     divert the same events.
 
-    Arrival order is (file, position): within a file a running maximum
-    (a window per file), across files the maxima of the files before (one
-    aggregate row per file, computed on the driver).
+    Arrival order is (file, position): within a file the source gives each row
+    ``file_before``, the running maximum before it; across files, the maxima of
+    the files before (one aggregate row per file, combined on the driver). A
+    repeated id never moves the maximum (it repeats an earlier ts), so this may
+    run before or after ``deduplicate``.
     """
     spark = events.sparkSession
     maxima = sorted(events.groupBy("file_index").agg(F.max("ts").alias("m")).collect())
@@ -58,10 +66,8 @@ def mark_late(events: DataFrame, lateness: int) -> tuple[DataFrame, DataFrame]:
         running = row.m if running is None else max(running, row.m)
     earlier = spark.createDataFrame(prefix or [(0, None)],
                                     "file_index int, earlier_max long")
-    within = Window.partitionBy("file_index").orderBy("seq") \
-        .rowsBetween(Window.unboundedPreceding, -1)
     marked = (events.join(F.broadcast(earlier), "file_index", "left")
-              .withColumn("_before", F.greatest(F.max("ts").over(within), F.col("earlier_max")))
+              .withColumn("_before", F.greatest("file_before", "earlier_max"))
               .withColumn("_late", F.coalesce(
                   F.col("_before").cast("decimal(20,0)") - F.col("ts").cast("decimal(20,0)")
                   > F.lit(lateness), F.lit(False))))

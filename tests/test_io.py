@@ -152,3 +152,11 @@ def test_parquet_reads_what_the_generator_wrote(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(EventInputError, match="invalid Parquet"):
         events(tmp_path / "bad.parquet")
+
+
+def test_msgpack_map_as_a_map_key_is_a_positioned_error(tmp_path):
+    """Found by hypothesis: {{"events": []}: ...} is valid msgpack but unhashable."""
+    path = tmp_path / "e.msgpack"
+    path.write_bytes(b"\x81" + b"\x81\xa6events\x90" * 2)
+    with pytest.raises(EventInputError, match=r"record 1 \(byte 0\): invalid msgpack"):
+        events(path)

@@ -118,16 +118,39 @@ def test_parquet_output_and_a_non_empty_output_directory(spark, tmp_path):
 def test_stages_late_and_duplicates(spark):
     """mark_late follows arrival order across files; deduplicate keeps the first."""
     from preprocess.stages import deduplicate, mark_late
-    rows = [(0, 0, "a:1", 1, "A", 100, b""), (0, 1, "a:2", 2, "A", 50, b""),
-            (0, 2, "a:3", 3, "A", 80, b""), (1, 0, "b:1", 4, "A", 60, b""),
-            (1, 1, "b:2", 1, "A", 100, b""), (1, 2, "b:3", 5, "A", 80, b"")]
-    df = spark.createDataFrame(rows, "file_index int, seq long, `where` string, id long, "
-                                     "type string, ts long, event binary")
+    # (file, seq, where, id, ts, file_before): the source's running max per file
+    rows = [(0, 0, "a:1", 1, 100, None), (0, 1, "a:2", 2, 50, 100), (0, 2, "a:3", 3, 80, 100),
+            (1, 0, "b:1", 4, 60, None), (1, 1, "b:2", 1, 100, 60), (1, 2, "b:3", 5, 80, 100)]
+    df = spark.createDataFrame([(*r, b"") for r in rows],
+                               "file_index int, seq long, `where` string, id long, ts long, "
+                               "file_before long, event binary")
     first, repeats = deduplicate(df)
     assert [r.where for r in repeats.collect()] == ["b:2"]
     on_time, late = mark_late(first, 20)
     assert sorted(r.id for r in late.collect()) == [2, 4]  # 100 - 50 > 20, 100 - 60 > 20;
     assert sorted(r.id for r in on_time.collect()) == [1, 3, 5]  # 100 - 80 = 20: on time
+
+
+def test_source_rows_keep_positions_and_running_maxima(tmp_path):
+    """The msgpack fast path and the readers' path give the same rows."""
+    import msgpack
+    import pyarrow as pa
+
+    from preprocess.source import read_file
+    events = [{"id": i, "type": "A", "ts": ts} for i, ts in enumerate([5, 3, 9, 1], 1)]
+    path = tmp_path / "e.msgpack"
+    path.write_bytes(msgpack.packb({"events": events[:2]}) + msgpack.packb(events[2])
+                     + msgpack.packb({"events": [events[3], {"ts": "x"}]}) + b"\xc1")
+    rows = pa.Table.from_batches(list(read_file(3, str(path), "msgpack"))).to_pylist()
+    assert [r["where"][len(str(path)) + 1:] for r in rows] == [
+        "record 1 (byte 0) event 0", "record 1 (byte 0) event 1", "record 2 (byte 41)",
+        "record 3 (byte 57) event 0", "record 3 (byte 57) event 1", "record 4 (byte 88)"]
+    assert [r["id"] for r in rows] == [1, 2, 3, 4, None, None]
+    assert [r["file_before"] for r in rows] == [None, 5, 5, 9, 9, 9]
+    assert [msgpack.unpackb(r["event"]) if r["event"] else None for r in rows] == \
+        events + [None, None]
+    assert rows[4]["reason"].startswith("event has no 'type'") and "invalid msgpack" in rows[5]["reason"]
+    assert [r["seq"] for r in rows] == list(range(6)) and {r["file_index"] for r in rows} == {3}
 
 
 def test_batch_job_on_a_multi_process_cluster(tmp_path):
@@ -171,3 +194,38 @@ def test_scripted_standalone_cluster(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_msgpack_fast_path_reads_what_the_readers_read(tmp_path_factory):
+    """Files of hostile and well-formed payloads: the kernel path and the readers'
+    path give the same rows (positions, events, reasons)."""
+    import msgpack
+    import pyarrow as pa
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from dqcep.events import event_from_mapping
+    from preprocess.source import _Batches, _msgpack_rows, _reader_rows
+    from tests.test_ingest_kernels import payloads
+
+    def rows(gen, out):
+        batches = list(gen)
+        if out.rows:
+            batches.append(out.take())
+        table = pa.Table.from_batches(batches) if batches else None
+        out_rows = table.to_pylist() if table is not None else []
+        for r in out_rows:
+            if r["event"] is not None:
+                r["event"] = event_from_mapping(msgpack.unpackb(r["event"], raw=False))
+        return out_rows
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.one_of(payloads(), payloads(good=True)), max_size=5))
+    def check(records):
+        path = tmp_path_factory.mktemp("mp") / "f.msgpack"
+        path.write_bytes(b"".join(records))
+        a, b = _Batches(0), _Batches(0)
+        assert rows(_msgpack_rows(a, str(path)), a) == rows(_reader_rows(b, str(path),
+                                                                         "msgpack"), b)
+
+    check()

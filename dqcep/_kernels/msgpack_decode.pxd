@@ -41,6 +41,7 @@ cdef class ColumnDecoder:
     cdef int32_t* type_codes
     cdef double* val           # row * n_attrs + column
     cdef int8_t* kind          # row * n_attrs + column
+    cdef int64_t* span         # row * 2: byte range of the event map in its payload
 
     cdef int _reserve(self, idx_t rows) except -1 nogil
     cdef int _parse(self, const uint8_t* p, idx_t end) except -2 nogil

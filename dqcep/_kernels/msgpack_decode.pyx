@@ -332,6 +332,7 @@ cdef class ColumnDecoder:
         self.type_codes = NULL
         self.val = NULL
         self.kind = NULL
+        self.span = NULL
         for code, name in enumerate(types):
             self.types[name.encode()] = code
         for col, name in enumerate(attrs):
@@ -348,6 +349,7 @@ cdef class ColumnDecoder:
         free(self.type_codes)
         free(self.val)
         free(self.kind)
+        free(self.span)
 
     cdef int _reserve(self, idx_t rows) except -1 nogil:
         """Room for ``rows`` more rows."""
@@ -362,8 +364,9 @@ cdef class ColumnDecoder:
         self.type_codes = <int32_t*>realloc(self.type_codes, cap * sizeof(int32_t))
         self.val = <double*>realloc(self.val, cap * width * sizeof(double))
         self.kind = <int8_t*>realloc(self.kind, cap * width * sizeof(int8_t))
+        self.span = <int64_t*>realloc(self.span, cap * 2 * sizeof(int64_t))
         if self.ts == NULL or self.ids == NULL or self.type_codes == NULL or \
-                self.val == NULL or self.kind == NULL:
+                self.val == NULL or self.kind == NULL or self.span == NULL:
             with gil:
                 raise MemoryError()
         self.cap = cap
@@ -383,6 +386,7 @@ cdef class ColumnDecoder:
         cdef int32_t col
         cdef Scalar key, v
         cdef int have = 0
+        cdef idx_t first = pos[0]
         if read_header(p, pos, end, 0x80, 0xF0, 0xDE, &count) < 0:
             return -1
         self._reserve(1)
@@ -434,6 +438,8 @@ cdef class ColumnDecoder:
                         (<double>v.u if v.tag == V_UINT else <double>v.i)
         if have != 7:
             return -1
+        self.span[2 * row] = first
+        self.span[2 * row + 1] = pos[0]
         self.rows += 1
         return 0
 
@@ -467,6 +473,15 @@ cdef class ColumnDecoder:
             self.rows = before
             return -1
         return self.rows - before
+
+    def spans(self):
+        """int64[rows, 2]: where each held row's event map lies in its payload (start,
+        end byte); read before ``take``."""
+        out = np.empty((self.rows, 2), np.int64)
+        cdef int64_t[:, ::1] o = out
+        if self.rows:
+            memcpy(&o[0, 0], self.span, self.rows * 2 * sizeof(int64_t))
+        return out
 
     def take(self):
         """(ts, id, type, val, kind) of the rows held, as numpy arrays; clears them."""

@@ -96,19 +96,24 @@ def _msgpack(stream: IO[bytes], source: str) -> Iterator:
                 raise EventInputError(source, f"record {record} (byte {offset})",
                                       "truncated msgpack data") from None
             return
-        except (msgpack.FormatError, msgpack.StackError, ValueError) as err:
+        except (msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as err:
+            # TypeError: a map or list as a map key (unhashable in Python)
             raise EventInputError(source, f"record {record} (byte {offset})",
                                   f"invalid msgpack: {err}") from None
-        where = f"record {record} (byte {offset})"
-        if isinstance(obj, dict) and "events" in obj and "type" not in obj:
-            batch = obj["events"]
-            if not isinstance(batch, list):
-                yield EventInputError(source, where, "'events' of a batch must be a list")
-                continue
-            for i, item in enumerate(batch):
-                yield _event(item, source, f"{where} event {i}")
-        else:
-            yield _event(obj, source, where)
+        yield from msgpack_record(obj, source, f"record {record} (byte {offset})")
+
+
+def msgpack_record(obj, source: str, where: str) -> Iterator:
+    """The events (or errors) of one decoded msgpack record: an event or a batch."""
+    if isinstance(obj, dict) and "events" in obj and "type" not in obj:
+        batch = obj["events"]
+        if not isinstance(batch, list):
+            yield EventInputError(source, where, "'events' of a batch must be a list")
+            return
+        for i, item in enumerate(batch):
+            yield _event(item, source, f"{where} event {i}")
+    else:
+        yield _event(obj, source, where)
 
 
 _INT = re.compile(r"[+-]?[0-9]+")
