@@ -61,9 +61,9 @@ class _Batches:
     (the largest ts of the file's events before the row) is filled in here.
     """
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, latest=None):
         import pyarrow as pa
-        self.pa, self.index, self.seq, self.latest = pa, index, 0, None
+        self.pa, self.index, self.seq, self.latest = pa, index, 0, latest
         self._reset()
 
     def _reset(self):

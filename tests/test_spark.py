@@ -229,3 +229,42 @@ def test_msgpack_fast_path_reads_what_the_readers_read(tmp_path_factory):
                                                                          "msgpack"), b)
 
     check()
+
+
+def test_journal_source_reads_closed_segments_once_with_the_running_maximum(spark, tmp_path):
+    """One closed segment per micro-batch; file_before is the largest earlier ts of the
+    whole journal; a restarted query reads only the segments it had not committed."""
+    import msgpack
+
+    from dqcep.io.journal import Journal
+    from preprocess.journal_source import JournalSource
+
+    journal = Journal(tmp_path / "journal", fsync="never")
+
+    def append(batch):
+        journal.append("t", msgpack.packb({"events": batch}))
+        journal.commit()
+        journal._roll()  # close the segment: only closed segments are read
+
+    ts = [10, 5, 30, 20, 25, 1]
+    evs = [{"id": i, "type": "A", "ts": t} for i, t in enumerate(ts, 1)]
+    append(evs[0:2])
+    append(evs[2:4])
+    spark.dataSource.register(JournalSource)
+
+    def run():
+        df = (spark.readStream.format("dqcep_journal").option("path", str(tmp_path / "journal"))
+              .option("index", str(tmp_path / "ck" / "index")).load())
+        got = []
+        q = (df.writeStream.option("checkpointLocation", str(tmp_path / "ck" / "q"))
+             .foreachBatch(lambda b, _: got.extend(b.collect())).start())
+        q.processAllAvailable()
+        q.stop()
+        return [(r.id, r.file_before) for r in sorted(got, key=lambda r: (r.file_index, r.seq))]
+
+    assert run() == [(1, None), (2, 10), (3, 10), (4, 30)]
+    append(evs[4:6])
+    journal.append("t", b"\xc1")  # in the open segment: not read yet
+    journal.commit()
+    assert run() == [(5, 30), (6, 30)]
+    journal.close()

@@ -1,0 +1,131 @@
+"""The MQTT ingest journal as a replayable Spark streaming source.
+
+``spark.readStream.format("dqcep_journal").option("path", JOURNAL).option("index",
+DIR).load()`` reads the journal's **closed** segments (``*.seg``: fsynced,
+renamed into place atomically, in increasing name order; see
+``dqcep/io/journal.py``), one segment per micro-batch. The offset is
+``{"segment": n}``: the number of closed segments consumed, recorded by Spark
+in the query's checkpoint, so a restarted query reads exactly what it had not
+committed.
+
+Rows have the batch source's columns (``preprocess.source``): ``file_index`` is
+the segment's number, ``where`` is ``journal:offset N [event i]``, and
+``file_before`` is the largest ts of the events that came before the row in the
+whole journal — the engine's late rule needs that maximum, and a task only
+sees its own segment. So each task, after reading segment n, writes the
+running maximum through n to ``index/<n>.max`` (atomically); the driver hands
+segment n+1's task the maximum through n. One segment per micro-batch keeps
+that chain exact.
+
+Payloads decode as in the streaming service (``dqcep.io.payloads``): msgpack
+(the ``ColumnDecoder`` kernel for well-formed ones) or JSON (``format``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from preprocess.source import SCHEMA, _Batches
+
+SEG = ".seg"
+
+
+def closed_segments(journal: str | Path) -> list[Path]:
+    return sorted(Path(journal).glob("*" + SEG), key=lambda p: int(p.stem))
+
+
+def _index_file(index: str | Path, n: int) -> Path:
+    return Path(index) / f"{n:012d}.max"
+
+
+def read_max(index: str | Path, n: int):
+    """The running maximum ts through segment n (None: no event yet), or KeyError."""
+    path = _index_file(index, n)
+    if not path.exists():
+        raise KeyError(n)
+    return json.loads(path.read_text())["max"]
+
+
+def write_max(index: str | Path, n: int, value) -> None:
+    path = _index_file(index, n)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"max": value}))
+    os.replace(tmp, path)
+
+
+def read_segment(n: int, path: str, next_first: int | None, earlier, fmt: str, index: str):
+    """Arrow batches of one closed segment's events and bad payloads."""
+    from dqcep._kernels.msgpack_decode import ColumnDecoder
+    from dqcep.io.journal import read_journal
+    from dqcep.io.payloads import MAX_PAYLOAD, decode_payload
+
+    out = _Batches(n, earlier)
+    decoder = ColumnDecoder([], [], None)
+    journal = str(Path(path).parent)
+    first = int(Path(path).stem)
+    for offset, _topic, payload in read_journal(journal, first, upto=next_first):
+        prefix = f"{journal}:offset {offset}"
+        if fmt == "msgpack" and len(payload) <= MAX_PAYLOAD and decoder.decode(payload) >= 0:
+            spans = decoder.spans()
+            ts, ids, *_ = decoder.take()
+            out.record(prefix, payload, ids, ts, spans)
+        else:
+            events, rejected = decode_payload(payload, fmt)
+            for r in rejected:
+                out.bad(prefix if r.index is None else f"{prefix} event {r.index}", r.reason)
+            for i, ev in enumerate(events):  # positions of good events in a mixed batch
+                out.event(prefix, ev)        # are not kept by decode_payload
+        if out.full():
+            yield out.take()
+    if out.rows:
+        yield out.take()
+    write_max(index, n, out.latest)
+
+
+class JournalStreamReader(DataSourceStreamReader):
+    def __init__(self, options):
+        self.journal = options["path"]
+        self.index = options["index"]
+        self.fmt = options.get("format") or "msgpack"
+
+    def initialOffset(self):
+        return {"segment": 0}
+
+    def latestOffset(self, start=None, limit=None):
+        done = (start or {"segment": 0})["segment"]
+        return {"segment": min(done + 1, len(closed_segments(self.journal)))}
+
+    def partitions(self, start, end):
+        segments = closed_segments(self.journal)
+        parts = []
+        for n in range(start["segment"], end["segment"]):
+            earlier = None if n == 0 else read_max(self.index, n - 1)
+            nxt = int(segments[n + 1].stem) if n + 1 < len(segments) else None
+            parts.append(InputPartition((n, str(segments[n]), nxt, earlier)))
+        return parts
+
+    def read(self, partition):
+        n, path, nxt, earlier = partition.value
+        yield from read_segment(n, path, nxt, earlier, self.fmt, self.index)
+
+    def commit(self, end):
+        pass  # the journal keeps every segment: it is the replayable record
+
+
+class JournalSource(DataSource):
+    """Options: ``path`` (journal directory), ``index`` (a directory for the
+    per-segment maxima, e.g. under the query's checkpoint), ``format``."""
+
+    @classmethod
+    def name(cls):
+        return "dqcep_journal"
+
+    def schema(self):
+        return SCHEMA
+
+    def streamReader(self, schema):
+        return JournalStreamReader(self.options)
