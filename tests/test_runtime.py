@@ -235,3 +235,14 @@ def test_kernel_constants_mirror_the_python_ones():
     assert KINDS == {"MISSING": rc.KIND_MISSING, "NUM": rc.KIND_NUM, "STR": rc.KIND_STR,
                      "BOOL": rc.KIND_BOOL, "ATTR_TS": rc.ATTR_TS, "ATTR_ID": rc.ATTR_ID,
                      "MAX_STACK": rc.MAX_STACK}
+
+
+def test_next_release_is_when_a_held_match_comes_out():
+    plan = build_plan(parse("PATTERN SEQ(A a, B b, NOT C c) WITHIN 10").queries)
+    e = Engine(plan)
+    assert e.next_release() is None
+    e.process([Event(1, "A", 3), Event(2, "B", 5)])
+    assert e.next_release() == 14  # start 3 + W 10 + 1
+    assert len(e.advance_watermark(13)) == 0
+    assert [m.detected_at for m in e.advance_watermark(14).to_matches()] == [13]
+    assert e.next_release() is None

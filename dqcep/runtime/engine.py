@@ -432,6 +432,16 @@ class Engine:
             out += self._release_held(q, None)
         return out
 
+    def next_release(self) -> int | None:
+        """The smallest watermark at which a held match is released (None: none held).
+
+        A streaming host with event-time timers registers one here, and calls
+        ``advance_watermark`` when it fires.
+        """
+        due = [int(q.pending.start.min()) + int(q.window) + 1
+               for q in self.queries if len(q.pending)]
+        return min(due) if due else None
+
     def take_late(self) -> list[int]:
         ids, self.late_ids = self.late_ids, []
         return ids
