@@ -198,23 +198,57 @@ class _Lookup:
         return ts, parts
 
 
-def engine_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """Rows sorted by (group, part, ts, arrival): one engine per (group, part); each
-    emits the matches it owns, as the spec's JSON lines."""
-    from dqcep.io.sinks import match_lines
+class PartRunner:
+    """The native engine of one (group, part), and the matches it owns.
 
-    p = spec.partitioning
-    keyed = {k.name: k for k in p.keyed}
-    engines = {GROUP_KEYED: [k.name for k in p.keyed], GROUP_SLICED: list(p.sliced)}
-    owner_attrs = sorted({a for k in p.keyed for _, a in k.keys})
-    state = None  # (group, part, engine, lookup)
+    ``feed`` takes the part's events in (ts, arrival) order; ``advance`` moves
+    event time on (held matches come out); ``flush`` closes the stream. Each
+    returns a DataFrame (query, detected_at, line) of the owned matches, or None.
+    ``snapshot``/``restore`` carry the whole state (engine and the recent
+    events' ts and key partitions) between micro-batches of a streaming job.
+    """
 
-    def finish():
-        if state is not None:
-            yield from owned(state, state[2].flush())
+    def __init__(self, spec: JobSpec, group: int, part: int):
+        p = spec.partitioning
+        self.spec, self.group, self.part = spec, group, part
+        names = [k.name for k in p.keyed] if group == GROUP_KEYED else list(p.sliced)
+        self.engine = spec.engine(names)
+        self.keyed = {k.name: k for k in p.keyed}
+        self.owner_attrs = sorted({a for k in p.keyed for _, a in k.keys}) \
+            if group == GROUP_KEYED else []
+        self.lookup = _Lookup(self.engine.store_retention)
 
-    def owned(st, mb):
-        group, part, engine, lookup = st
+    def feed(self, events) -> pd.DataFrame | None:
+        """Events (msgpack maps, in ts then arrival order)."""
+        cols = event_columns(self.engine, events)
+        parts = {a: key_parts(self.engine, cols, a, self.spec.partitions)[1]
+                 for a in self.owner_attrs}
+        self.lookup.add(cols, parts)
+        out = self._owned(self.engine.process(cols))
+        self.lookup.prune()
+        return out
+
+    def advance(self, wm: int) -> pd.DataFrame | None:
+        return self._owned(self.engine.advance_watermark(wm))
+
+    def flush(self) -> pd.DataFrame | None:
+        return self._owned(self.engine.flush())
+
+    def snapshot(self) -> bytes:
+        chunks = [(m, ids.tobytes(), ts.tobytes(), {a: v.tobytes() for a, v in parts.items()})
+                  for m, ids, ts, parts in self.lookup.chunks]
+        return msgpack.packb([self.engine.snapshot(), chunks], use_bin_type=True)
+
+    def restore(self, blob: bytes) -> None:
+        engine, chunks = msgpack.unpackb(blob, raw=False)
+        self.engine.restore(engine)
+        self.lookup.chunks = [
+            (m, np.frombuffer(ids, np.int64), np.frombuffer(ts, np.int64),
+             {a: np.frombuffer(v, np.int64) for a, v in parts.items()})
+            for m, ids, ts, parts in chunks]
+
+    def _owned(self, mb) -> pd.DataFrame | None:
+        from dqcep.io.sinks import match_lines
         out = []
         for q, detected, ids in mb.parts:
             if not len(detected):
@@ -222,43 +256,43 @@ def engine_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[p
             name, variables = mb.queries[q]
             bound = ids >= 0
             some = ids[bound][0]  # stands in for unbound slots in lookups
-            ts, parts = lookup.find(np.where(bound, ids, some).ravel())
-            if group == GROUP_KEYED:  # owner: the key partition of the first bound variable
+            ts, parts = self.lookup.find(np.where(bound, ids, some).ravel())
+            if self.group == GROUP_KEYED:  # the key partition of the first bound variable
                 owner = np.full(len(ids), -1, dtype=np.int64)
-                for var, attr in keyed[name].keys:
+                for var, attr in self.keyed[name].keys:
                     j = variables.index(var)
                     fill = (owner < 0) & bound[:, j]
                     owner[fill] = parts[attr].reshape(ids.shape)[fill, j]
-                keep = owner == part
-            else:  # owner: the slice holding the match's start
+                keep = owner == self.part
+            else:  # the slice holding the match's start
                 ts = np.where(bound.ravel(), ts, np.iinfo(np.int64).max).reshape(ids.shape)
-                keep = np.floor_divide(ts.min(axis=1), spec.slice_ms) == part
+                keep = np.floor_divide(ts.min(axis=1), self.spec.slice_ms) == self.part
             if keep.any():
                 out.append((q, detected[keep], ids[keep]))
-        if out:
-            mb.parts = out
-            lines = match_lines(mb).decode().splitlines()
-            queries = [mb.queries[q][0] for q, d, _ in out for _ in range(len(d))]
-            detected = np.concatenate([d for _, d, _ in out])
-            yield pd.DataFrame({"query": queries, "detected_at": detected, "line": lines})
+        if not out:
+            return None
+        mb.parts = out
+        lines = match_lines(mb).decode().splitlines()
+        queries = [mb.queries[q][0] for q, d, _ in out for _ in range(len(d))]
+        detected = np.concatenate([d for _, d, _ in out])
+        return pd.DataFrame({"query": queries, "detected_at": detected, "line": lines})
 
+
+def engine_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Rows sorted by (group, part, ts, arrival): one PartRunner per (group, part)."""
+    runner = None
     for df in batches:
         if not len(df):
             continue
         g, pt = df["group"].to_numpy(), df["part"].to_numpy()
         bounds = np.flatnonzero((g[1:] != g[:-1]) | (pt[1:] != pt[:-1])) + 1
         for run in np.split(np.arange(len(df)), bounds):
-            group, part = int(df["group"].iat[run[0]]), int(df["part"].iat[run[0]])
-            if state is None or (state[0], state[1]) != (group, part):
-                yield from finish()
-                engine = spec.engine(engines[group])
-                horizon = engine.store_retention
-                state = (group, part, engine, _Lookup(horizon))
-            engine, lookup = state[2], state[3]
-            cols = event_columns(engine, df["event"].iloc[run].tolist())
-            parts = {a: key_parts(engine, cols, a, spec.partitions)[1] for a in owner_attrs} \
-                if group == GROUP_KEYED else {}
-            lookup.add(cols, parts)
-            yield from owned(state, engine.process(cols))
-            lookup.prune()
-    yield from finish()
+            group, part = int(g[run[0]]), int(pt[run[0]])
+            if runner is None or (runner.group, runner.part) != (group, part):
+                if runner is not None and (out := runner.flush()) is not None:
+                    yield out
+                runner = PartRunner(spec, group, part)
+            if (out := runner.feed(df["event"].iloc[run].tolist())) is not None:
+                yield out
+    if runner is not None and (out := runner.flush()) is not None:
+        yield out
