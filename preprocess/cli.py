@@ -53,6 +53,36 @@ def cmd_spark_run(args) -> int:
     return 0
 
 
+def cmd_spark_stream(args) -> int:
+    _require_pyspark()
+    from dqcep.lang import parse_file
+    from preprocess.session import spark_session
+    from preprocess.stream import run_stream
+
+    text = Path(args.queries).read_text(encoding="utf-8")
+    parse_file(args.queries)
+    if not Path(args.input).is_dir():
+        raise UserError(f"no journal directory at {args.input}")
+    spark = spark_session(args.master, "dqcep spark stream", args.partitions)
+    try:
+        with _executor_errors():
+            query = run_stream(spark, text, args.input, args.output, args.checkpoint,
+                               partitions=args.partitions, lateness=args.lateness,
+                               fmt=args.format, strategy=args.partitioning,
+                               slice_ms=args.slice_ms, trigger_seconds=args.trigger,
+                               until_idle=args.until_idle)
+            if not args.until_idle:
+                print(f"dqcep spark stream: running on {args.input}; Ctrl-C stops it",
+                      file=sys.stderr)
+                try:
+                    query.awaitTermination()
+                except KeyboardInterrupt:
+                    query.stop()
+    finally:
+        spark.stop()
+    return 0
+
+
 def cmd_spark_cluster(args) -> int:
     _require_pyspark()
     from preprocess.cluster import start_cluster, stop_cluster
@@ -103,6 +133,36 @@ def add_spark_parser(sub, parser_class) -> None:
                      "the window)")
     run.add_argument("--overwrite", action="store_true", help="replace DIR's contents")
     run.set_defaults(func=cmd_spark_run)
+
+    stream = jobs.add_parser(
+        "stream", help="streaming: the MQTT ingest journal -> matches, dead letters, late",
+        description="Structured Streaming over the closed segments of a journal written by "
+        "'dqcep run --input mqtt://... --journal DIR' (one segment per micro-batch), "
+        "stateful per partition with transformWithStateInPandas: each partition's engine "
+        "lives in Spark's state store, event-time timers release matches held by a trailing "
+        "or AND negation. Writes DIR/matches, DIR/dead-letter and DIR/late, one directory per "
+        "micro-batch; restarted from --checkpoint it loses and repeats nothing.")
+    stream.add_argument("queries", metavar="QUERIES.cep", help="query file")
+    stream.add_argument("--input", "-i", required=True, metavar="JOURNAL", help="journal directory")
+    stream.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
+    stream.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="Spark checkpoint (offsets, state) and the journal index")
+    stream.add_argument("--master", default=None, help="Spark master (as for 'spark run')")
+    stream.add_argument("--partitions", type=int, default=4, metavar="N",
+                        help="key partitions and shuffle partitions (default 4; fixed by the "
+                        "first run of a checkpoint)")
+    stream.add_argument("--format", choices=("msgpack", "json"), default="msgpack",
+                        help="payload encoding (default msgpack)")
+    stream.add_argument("--lateness", type=int, default=0, metavar="MS",
+                        help="allowed out-of-orderness in arrival order (default 0)")
+    stream.add_argument("--partitioning", choices=("auto", "time"), default="auto")
+    stream.add_argument("--slice-ms", type=int, default=None, metavar="MS",
+                        help="time-slice length (default 10 windows, at least 1 s)")
+    stream.add_argument("--trigger", type=float, default=1.0, metavar="S",
+                        help="seconds between micro-batches (default 1)")
+    stream.add_argument("--until-idle", action="store_true",
+                        help="stop when every closed segment is processed (and timers fired)")
+    stream.set_defaults(func=cmd_spark_stream)
 
     cluster = jobs.add_parser(
         "cluster", help="start or stop a local standalone cluster (master + workers)",

@@ -1,0 +1,196 @@
+"""The streaming job: ``dqcep spark stream QUERIES.cep --input JOURNAL --output DIR
+--checkpoint DIR``.
+
+    journal (closed segments, one per micro-batch; preprocess.journal_source)
+      -> route: dead letters and late events to their outputs; the events the
+         queries need to every (group, part) they must reach (as the batch job)
+      -> withWatermark(clock) -> groupBy(group, part)
+      -> transformWithStateInPandas(EngineProcessor): a PartRunner per key whose
+         whole state (engine snapshot, recent ids, recent events' keys) lives in
+         Spark's state store; event-time timers release held matches
+      -> foreachBatch: DIR/matches, DIR/dead-letter, DIR/late, one directory per
+         micro-batch, overwritten whole when Spark re-runs the batch after a
+         crash (exactly once)
+
+Late events follow the engine's per-event rule: a row is late when its ts is
+more than the lateness below ``file_before`` (the largest earlier ts of the
+whole journal). ``clock = max(file_before, ts)`` never decreases along the
+journal, so it is the watermark column: Spark's own late-row filter never
+drops a row, and the watermark is the largest ts seen in earlier batches.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Iterator
+
+import msgpack
+import numpy as np
+import pandas as pd
+
+from preprocess.executor import JobSpec, PartRunner, assign_batches, event_columns
+from preprocess.source import SCHEMA
+
+GROUP_DEAD, GROUP_LATE, GROUP_CLOCK = -1, -2, -3
+ROUTED_SCHEMA = SCHEMA + ", group int, part long, clock long"
+OUTPUT_SCHEMA = "kind string, line string"
+
+
+def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame]):
+    """Source rows -> rows keyed by (group, part); one clock row per batch keeps the
+    watermark moving even when every event of the batch is dropped."""
+    engine = spec.engine()
+    for df in batches:
+        if not len(df):
+            continue
+        before = df["file_before"]
+        clock = np.maximum(before.fillna(df["ts"]).fillna(0), df["ts"].fillna(0)) \
+            .astype(np.int64)
+        df = df.assign(clock=clock)
+        dead = df["reason"].notna()
+        late = ~dead & before.notna() & (before - df["ts"] > lateness)
+        out = [df[dead].assign(group=GROUP_DEAD, part=0),
+               df[late].assign(group=GROUP_LATE, part=0)]
+        events = df[~dead & ~late]
+        if len(events):
+            events = events[engine.needed(event_columns(engine, events["event"].tolist()))]
+        if len(events):
+            out.extend(assign_batches(spec, iter([events])))  # keeps each row's clock
+        marker = df.iloc[[int(np.argmax(clock.to_numpy()))]]
+        out.append(marker.assign(group=GROUP_CLOCK, part=0, event=None))
+        yield pd.concat(out, ignore_index=True)
+
+
+def _json_lines(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    if kind == "dead":
+        lines = [json.dumps({"where": w, "reason": r}, ensure_ascii=False)
+                 for w, r in zip(df["where"], df["reason"])]
+    else:
+        lines = [json.dumps({"where": w, "event": msgpack.unpackb(e, raw=False)},
+                            ensure_ascii=False) for w, e in zip(df["where"], df["event"])]
+    return pd.DataFrame({"kind": kind, "line": lines})
+
+
+def processor_class(spec: JobSpec, lateness: int):
+    """The StatefulProcessor for transformWithStateInPandas (built here so pyspark is
+    imported only when a streaming job runs)."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class EngineProcessor(StatefulProcessor):
+        def init(self, handle) -> None:
+            self.handle = handle
+            self.state = handle.getValueState("part", "blob binary, recent binary")
+
+        def _load(self, group: int, part: int):
+            from dqcep._kernels.recent_ids import RecentIds
+            runner, recent = PartRunner(spec, group, part), RecentIds(RECENT_IDS)
+            if self.state.exists():
+                blob, ids = self.state.get()
+                runner.restore(bytes(blob))
+                recent.admit(np.frombuffer(bytes(ids), np.int64).copy())
+            return runner, recent
+
+        def _save(self, runner, recent) -> None:
+            self.state.update((runner.snapshot(), recent.ids().tobytes()))
+            for t in list(self.handle.listTimers()):
+                self.handle.deleteTimer(t)
+            due = runner.engine.next_release()
+            if due is not None:  # event time must pass due + lateness (see advance)
+                self.handle.registerTimer(due + lateness)
+
+        def handleInputRows(self, key, rows, timerValues):
+            group, part = int(key[0]), int(key[1])
+            df = pd.concat(list(rows), ignore_index=True)
+            if group == GROUP_DEAD:
+                yield _json_lines(df, "dead")
+                return
+            if group == GROUP_LATE:
+                yield _json_lines(df, "late")
+                return
+            if group == GROUP_CLOCK:
+                return
+            runner, recent = self._load(group, part)
+            df = df.sort_values(["file_index", "seq"], kind="stable")
+            df = df[recent.admit(df["id"].to_numpy(np.int64))]   # first copy of an id wins
+            df = df.sort_values(["ts", "file_index", "seq"], kind="stable")
+            outs = [runner.feed(df["event"].tolist())] if len(df) else []
+            outs.append(self._advance(runner, timerValues))
+            self._save(runner, recent)
+            for out in outs:
+                if out is not None:
+                    yield pd.DataFrame({"kind": "match", "line": out["line"]})
+
+        def _advance(self, runner, timerValues):
+            wm = timerValues.getCurrentWatermarkInMs()
+            # every event still to come has ts >= (largest earlier ts) - lateness >= wm - lateness
+            return runner.advance(wm - lateness) if wm > 0 else None
+
+        def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+            runner, recent = self._load(int(key[0]), int(key[1]))
+            out = self._advance(runner, timerValues)
+            self._save(runner, recent)
+            if out is not None:
+                yield pd.DataFrame({"kind": "match", "line": out["line"]})
+
+        def close(self) -> None:
+            pass
+
+    return EngineProcessor
+
+
+RECENT_IDS = 100_000
+
+
+def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: str, *,
+               partitions: int = 4, lateness: int = 0, fmt: str = "msgpack",
+               strategy: str = "auto", slice_ms: int | None = None,
+               trigger_seconds: float = 1.0, until_idle: bool = False):
+    """Start the streaming query; with ``until_idle``, stop once the journal's closed
+    segments are all processed (and event-time timers have fired)."""
+    from pyspark.sql import functions as F
+
+    from dqcep.lang import parse
+    from preprocess.journal_source import JournalSource
+    from preprocess.partitioning import plan_partitioning
+
+    queries = parse(queries_text).queries
+    plan = plan_partitioning(queries, strategy)
+    window = plan.slice_window
+    spec = JobSpec(queries_text, plan, partitions, slice_ms or max(10 * window, 1000))
+    out, ck = Path(output).resolve(), Path(checkpoint).resolve()
+    spark.dataSource.register(JournalSource)
+    rows = (spark.readStream.format("dqcep_journal").option("path", str(Path(journal).resolve()))
+            .option("index", str(ck / "journal-index")).option("format", fmt).load())
+    routed = (rows.mapInPandas(lambda it: route_batches(spec, lateness, it), ROUTED_SCHEMA)
+              .withColumn("clock", F.timestamp_millis("clock"))
+              .withWatermark("clock", "0 seconds"))
+    results = routed.groupBy("group", "part").transformWithStateInPandas(
+        processor_class(spec, lateness)(), OUTPUT_SCHEMA, "Append", "EventTime")
+
+    def write(batch, batch_id: int) -> None:
+        batch = batch.persist()
+        for kind, name in (("match", "matches"), ("dead", "dead-letter"), ("late", "late")):
+            (batch.where(F.col("kind") == kind).select("line").coalesce(1).write
+             .mode("overwrite").text(str(out / name / f"batch={batch_id:010d}")))
+        batch.unpersist()
+
+    query = (results.writeStream.option("checkpointLocation", str(ck / "query"))
+             .trigger(processingTime=f"{trigger_seconds} seconds").foreachBatch(write).start())
+    if not until_idle:
+        return query
+    try:
+        query.processAllAvailable()
+        _let_timers_fire(query, trigger_seconds)
+    finally:
+        query.stop()
+    return query
+
+
+def _let_timers_fire(query, trigger_seconds: float, batches: int = 2) -> None:
+    """Timers fire in the no-data batches that follow the watermark's move."""
+    start = (query.lastProgress or {}).get("batchId", -1)
+    deadline = time.monotonic() + 60
+    while ((query.lastProgress or {}).get("batchId", -1) < start + batches
+           and time.monotonic() < deadline):
+        time.sleep(trigger_seconds / 4)
