@@ -31,6 +31,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from preprocess.source import SCHEMA, _Batches
 
 SEG = ".seg"
+END_WHERE = "<end of stream>"  # the ``where`` of the control row that closes the stream
 
 
 def closed_segments(journal: str | Path) -> list[Path]:
@@ -86,18 +87,35 @@ def read_segment(n: int, path: str, next_first: int | None, earlier, fmt: str, i
     write_max(index, n, out.latest)
 
 
+def end_row(n: int, latest):
+    """One row that tells the partitions the stream is closed (held matches out)."""
+    out = _Batches(-1, latest)
+    out.bad(END_WHERE, None)
+    yield out.take()
+
+
 class JournalStreamReader(DataSourceStreamReader):
+    """Offsets ``{"segment": n}``; ``{"segment": n, "end": 1}`` once the ``end`` file
+    (option) exists and every closed segment is read: a micro-batch of one control
+    row that closes the stream. New segments later open it again."""
+
     def __init__(self, options):
         self.journal = options["path"]
         self.index = options["index"]
+        self.end = options.get("end") or None
         self.fmt = options.get("format") or "msgpack"
 
     def initialOffset(self):
         return {"segment": 0}
 
     def latestOffset(self, start=None, limit=None):
-        done = (start or {"segment": 0})["segment"]
-        return {"segment": min(done + 1, len(closed_segments(self.journal)))}
+        start = start or {"segment": 0}
+        done, available = start["segment"], len(closed_segments(self.journal))
+        if done < available:
+            return {"segment": done + 1}
+        if self.end and Path(self.end).exists() and not start.get("end"):
+            return {"segment": done, "end": 1}
+        return start
 
     def partitions(self, start, end):
         segments = closed_segments(self.journal)
@@ -105,12 +123,19 @@ class JournalStreamReader(DataSourceStreamReader):
         for n in range(start["segment"], end["segment"]):
             earlier = None if n == 0 else read_max(self.index, n - 1)
             nxt = int(segments[n + 1].stem) if n + 1 < len(segments) else None
-            parts.append(InputPartition((n, str(segments[n]), nxt, earlier)))
+            parts.append(InputPartition(("segment", n, str(segments[n]), nxt, earlier)))
+        if end.get("end") and not start.get("end"):
+            n = end["segment"]
+            parts.append(InputPartition(("end", n, None, None,
+                                         None if n == 0 else read_max(self.index, n - 1))))
         return parts
 
     def read(self, partition):
-        n, path, nxt, earlier = partition.value
-        yield from read_segment(n, path, nxt, earlier, self.fmt, self.index)
+        what, n, path, nxt, earlier = partition.value
+        if what == "end":
+            yield from end_row(n, earlier)
+        else:
+            yield from read_segment(n, path, nxt, earlier, self.fmt, self.index)
 
     def commit(self, end):
         pass  # the journal keeps every segment: it is the replayable record

@@ -21,7 +21,6 @@ drops a row, and the watermark is the largest ts seen in earlier batches.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -30,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from preprocess.executor import JobSpec, PartRunner, assign_batches, event_columns
+from preprocess.journal_source import END_WHERE
 from preprocess.source import SCHEMA
 
 GROUP_DEAD, GROUP_LATE, GROUP_CLOCK = -1, -2, -3
@@ -44,6 +44,12 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
     for df in batches:
         if not len(df):
             continue
+        end = (df["where"] == END_WHERE) & df["reason"].isna()
+        if end.any():  # the stream is closed: every part that may hold state flushes
+            yield _end_rows(spec, lateness, df[end].iloc[[0]])
+            df = df[~end]
+            if not len(df):
+                continue
         before = df["file_before"]
         clock = np.maximum(before.fillna(df["ts"]).fillna(0), df["ts"].fillna(0)) \
             .astype(np.int64)
@@ -60,6 +66,23 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
         marker = df.iloc[[int(np.argmax(clock.to_numpy()))]]
         out.append(marker.assign(group=GROUP_CLOCK, part=0, event=None))
         yield pd.concat(out, ignore_index=True)
+
+
+def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
+    """The end-of-stream row, once for each (group, part) that may hold state: every
+    key partition; the slices near the end of event time."""
+    from preprocess.executor import GROUP_KEYED, GROUP_SLICED
+    p = spec.partitioning
+    clock = row["file_before"].fillna(0).astype(np.int64).iloc[0]
+    keys = []
+    if p.keyed:
+        keys += [(GROUP_KEYED, k) for k in range(spec.partitions)]
+    if p.sliced:
+        w, length = p.slice_window, spec.slice_ms
+        lo, hi = (clock - lateness - 2 * w) // length - 1, (clock + w) // length + 1
+        keys += [(GROUP_SLICED, k) for k in range(lo, hi + 1)]
+    out = row.iloc[[0] * len(keys)].reset_index(drop=True)
+    return out.assign(group=[g for g, _ in keys], part=[k for _, k in keys], clock=clock)
 
 
 def _json_lines(df: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -110,12 +133,17 @@ def processor_class(spec: JobSpec, lateness: int):
                 return
             if group == GROUP_CLOCK:
                 return
+            end = (df["where"] == END_WHERE) & df["event"].isna()
+            if end.all() and not self.state.exists():
+                return  # nothing held here
             runner, recent = self._load(group, part)
-            df = df.sort_values(["file_index", "seq"], kind="stable")
+            df = df[~end].sort_values(["file_index", "seq"], kind="stable")
             df = df[recent.admit(df["id"].to_numpy(np.int64))]   # first copy of an id wins
             df = df.sort_values(["ts", "file_index", "seq"], kind="stable")
             outs = [runner.feed(df["event"].tolist())] if len(df) else []
             outs.append(self._advance(runner, timerValues))
+            if end.any():
+                outs.append(runner.flush())
             self._save(runner, recent)
             for out in outs:
                 if out is not None:
@@ -160,8 +188,11 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     spec = JobSpec(queries_text, plan, partitions, slice_ms or max(10 * window, 1000))
     out, ck = Path(output).resolve(), Path(checkpoint).resolve()
     spark.dataSource.register(JournalSource)
+    end_marker = ck / "end-of-stream"
+    end_marker.unlink(missing_ok=True)  # this run's end is decided by this run
     rows = (spark.readStream.format("dqcep_journal").option("path", str(Path(journal).resolve()))
-            .option("index", str(ck / "journal-index")).option("format", fmt).load())
+            .option("index", str(ck / "journal-index")).option("end", str(end_marker))
+            .option("format", fmt).load())
     routed = (rows.mapInPandas(lambda it: route_batches(spec, lateness, it), ROUTED_SCHEMA)
               .withColumn("clock", F.timestamp_millis("clock"))
               .withWatermark("clock", "0 seconds"))
@@ -181,16 +212,9 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
         return query
     try:
         query.processAllAvailable()
-        _let_timers_fire(query, trigger_seconds)
+        end_marker.parent.mkdir(parents=True, exist_ok=True)
+        end_marker.touch()  # the source closes the stream: held matches come out
+        query.processAllAvailable()
     finally:
         query.stop()
     return query
-
-
-def _let_timers_fire(query, trigger_seconds: float, batches: int = 2) -> None:
-    """Timers fire in the no-data batches that follow the watermark's move."""
-    start = (query.lastProgress or {}).get("batchId", -1)
-    deadline = time.monotonic() + 60
-    while ((query.lastProgress or {}).get("batchId", -1) < start + batches
-           and time.monotonic() < deadline):
-        time.sleep(trigger_seconds / 4)
