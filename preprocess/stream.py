@@ -28,7 +28,8 @@ import msgpack
 import numpy as np
 import pandas as pd
 
-from preprocess.executor import JobSpec, PartRunner, assign_batches, event_columns
+from preprocess.executor import (GROUP_SLICED, JobSpec, PartRunner, assign_batches,
+                                 event_columns)
 from preprocess.journal_source import END_WHERE
 from preprocess.source import SCHEMA
 
@@ -71,7 +72,7 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
 def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
     """The end-of-stream row, once for each (group, part) that may hold state: every
     key partition; the slices near the end of event time."""
-    from preprocess.executor import GROUP_KEYED, GROUP_SLICED
+    from preprocess.executor import GROUP_KEYED
     p = spec.partitioning
     clock = row["file_before"].fillna(0).astype(np.int64).iloc[0]
     keys = []
@@ -115,9 +116,18 @@ def processor_class(spec: JobSpec, lateness: int):
             return runner, recent
 
         def _save(self, runner, recent) -> None:
-            self.state.update((runner.snapshot(), recent.ids().tobytes()))
             for t in list(self.handle.listTimers()):
                 self.handle.deleteTimer(t)
+            if runner.group == GROUP_SLICED:
+                # no event of this slice can come once event time - lateness is past
+                # its end, (part + 1) L + W: then nothing is held either
+                done = (runner.part + 1) * spec.slice_ms + spec.partitioning.slice_window
+                wm = runner.engine.wm
+                if wm is not None and wm > done and runner.engine.next_release() is None:
+                    self.state.clear()
+                    return
+                self.handle.registerTimer(done + lateness + 1)
+            self.state.update((runner.snapshot(), recent.ids().tobytes()))
             due = runner.engine.next_release()
             if due is not None:  # event time must pass due + lateness (see advance)
                 self.handle.registerTimer(due + lateness)

@@ -295,14 +295,15 @@ STREAM_IMPERFECT = ("--batch-size", "200", "--out-of-order", "0.1", "--slack", "
                     "--malformed", "0.005")
 
 
-def test_stream_job_gives_the_reference_matches(spark, tmp_path):
+@pytest.mark.parametrize("strategy", ["auto", "time"])
+def test_stream_job_gives_the_reference_matches(spark, tmp_path, strategy):
     from preprocess.stream import run_stream
     events = generate(tmp_path / "events.msgpack", 5000, *STREAM_IMPERFECT)
     want, errors, late = expected([events])
     journal = journal_of(events, tmp_path)
     run_stream(spark, QUERIES.read_text(), str(journal), str(tmp_path / "out"),
                str(tmp_path / "ck"), partitions=2, lateness=LATENESS, until_idle=True,
-               trigger_seconds=0.5)
+               trigger_seconds=0.5, strategy=strategy, slice_ms=90_000)
     got = stream_lines(tmp_path / "out")
     assert len(got) == len(set(got)) and set(got) == want and want
     late_out = [json.loads(x)["event"]["id"] for x in stream_lines(tmp_path / "out", "late")]
