@@ -83,7 +83,13 @@ class _UnionFind:
 
 
 def query_key(q: ast.Query) -> KeyedQuery | None:
-    """The query's equivalence key, or None when it has none (time slices then)."""
+    """The query's equivalence key, or None when it has none (time slices then).
+
+    Only conjuncts between positive variables that every match binds can make
+    the key (a conjunct that names a negated variable constrains the negated
+    event, not the match); negated variables are then tied to the key by the
+    conjuncts that name them.
+    """
     leaves = ast.event_patterns(q.pattern)
     types = {e.var: e.type for e, _ in leaves}
     positive = [e.var for e, neg in leaves if not neg]
@@ -91,6 +97,7 @@ def query_key(q: ast.Query) -> KeyedQuery | None:
     unbound = _maybe_unbound(q.pattern)
     uf = _UnionFind()
     anchors = []  # a node of each key candidate
+    ties = []     # equalities that name a negated variable
     for c in ast.conjuncts(q.where):
         if isinstance(c, ast.Equivalence):
             for v in positive:
@@ -101,22 +108,35 @@ def query_key(q: ast.Query) -> KeyedQuery | None:
             a, b = c.left, c.right
             if a.var == b.var or {a.attr, b.attr} & {"ts", "id"} or {a.var, b.var} & unbound:
                 continue  # not a key: one event, or a conjunct that may be ignored
+            if a.var in negated or b.var in negated:
+                ties.append(((a.var, a.attr), (b.var, b.attr)))
+                continue
             uf.union((a.var, a.attr), (b.var, b.attr))
             anchors.append((a.var, a.attr))
     nodes = list(uf.parent)
     for anchor in anchors:
         root = uf.find(anchor)
-        members = [n for n in nodes if uf.find(n) == root]
+        members = {n for n in nodes if uf.find(n) == root}
         attr_of = {}
-        for var, attr in members:
+        for var, attr in sorted(members, key=nodes.index):
             attr_of.setdefault(var, attr)
-        if all(v in attr_of for v in positive):
-            roles = []
-            for v in positive + negated:
-                role = (types[v], attr_of.get(v, BROADCAST))
-                if role not in roles:
-                    roles.append(role)
-            return KeyedQuery(q.name, tuple((v, attr_of[v]) for v in positive), tuple(roles))
+        if not all(v in attr_of for v in positive):
+            continue
+        grown = True
+        while grown:  # a negated variable equal to a key node is keyed too
+            grown = False
+            for x, y in ties:
+                for (u, a), other in ((x, y), (y, x)):
+                    if other in members and u in negated and (u, a) not in members:
+                        members.add((u, a))
+                        attr_of.setdefault(u, a)
+                        grown = True
+        roles = []
+        for v in positive + negated:
+            role = (types[v], attr_of.get(v, BROADCAST))
+            if role not in roles:
+                roles.append(role)
+        return KeyedQuery(q.name, tuple((v, attr_of[v]) for v in positive), tuple(roles))
     return None
 
 

@@ -162,3 +162,11 @@ def test_broadcast_copies_are_not_matched_twice():
     assert len(want) == 2
     for partitions in (2, 3, 5):
         assert run_partitioned(text, events, partitions) == want
+
+
+def test_a_conjunct_with_a_negated_variable_is_no_key_for_the_match():
+    """Found by hypothesis: in SEQ(NOT A a, C b) WHERE a.p = b.q, b need not carry q."""
+    text = "QUERY q PATTERN SEQ(NOT A a, C b) WHERE a.p = b.q WITHIN 0 ms"
+    assert query_key(parse(text).queries[0]) is None
+    events = [E(1, "C", 0, p=1)]
+    assert run_partitioned(text, events, 2) == reference(text, events) != set()
