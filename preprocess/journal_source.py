@@ -58,17 +58,17 @@ def write_max(index: str | Path, n: int, value) -> None:
     os.replace(tmp, path)
 
 
-def read_segment(n: int, path: str, next_first: int | None, earlier, fmt: str, index: str):
-    """Arrow batches of one closed segment's events and bad payloads."""
+def read_segment(n: int, path: str, earlier, fmt: str, index: str):
+    """Arrow batches of one closed segment's events and bad payloads (that segment
+    only: later ones belong to later micro-batches)."""
     from dqcep._kernels.msgpack_decode import ColumnDecoder
-    from dqcep.io.journal import read_journal
+    from dqcep.io.journal import segment_records
     from dqcep.io.payloads import MAX_PAYLOAD, decode_payload
 
     out = _Batches(n, earlier)
     decoder = ColumnDecoder([], [], None)
     journal = str(Path(path).parent)
-    first = int(Path(path).stem)
-    for offset, _topic, payload in read_journal(journal, first, upto=next_first):
+    for offset, _topic, payload in segment_records(path):
         prefix = f"{journal}:offset {offset}"
         if fmt == "msgpack" and len(payload) <= MAX_PAYLOAD and decoder.decode(payload) >= 0:
             spans = decoder.spans()
@@ -87,7 +87,7 @@ def read_segment(n: int, path: str, next_first: int | None, earlier, fmt: str, i
     write_max(index, n, out.latest)
 
 
-def end_row(n: int, latest):
+def end_row(latest):
     """One row that tells the partitions the stream is closed (held matches out)."""
     out = _Batches(-1, latest)
     out.bad(END_WHERE, None)
@@ -122,20 +122,19 @@ class JournalStreamReader(DataSourceStreamReader):
         parts = []
         for n in range(start["segment"], end["segment"]):
             earlier = None if n == 0 else read_max(self.index, n - 1)
-            nxt = int(segments[n + 1].stem) if n + 1 < len(segments) else None
-            parts.append(InputPartition(("segment", n, str(segments[n]), nxt, earlier)))
+            parts.append(InputPartition(("segment", n, str(segments[n]), earlier)))
         if end.get("end") and not start.get("end"):
             n = end["segment"]
-            parts.append(InputPartition(("end", n, None, None,
+            parts.append(InputPartition(("end", n, None,
                                          None if n == 0 else read_max(self.index, n - 1))))
         return parts
 
     def read(self, partition):
-        what, n, path, nxt, earlier = partition.value
+        what, n, path, earlier = partition.value
         if what == "end":
-            yield from end_row(n, earlier)
+            yield from end_row(earlier)
         else:
-            yield from read_segment(n, path, nxt, earlier, self.fmt, self.index)
+            yield from read_segment(n, path, earlier, self.fmt, self.index)
 
     def commit(self, end):
         pass  # the journal keeps every segment: it is the replayable record

@@ -184,19 +184,22 @@ def read_journal(directory: str | Path, start: int = 0, include_open: bool = Fal
         nxt = int(segments[i + 1].stem) if i + 1 < len(segments) else None
         if nxt is not None and nxt <= start:
             continue
-        offset = first
-        try:
-            f = open(seg, "rb")
-        except FileNotFoundError:  # renamed between listing and opening: read it as .seg
-            f = open(directory / _name(first, SEG), "rb")
-        with f:
-            for _, body in _scan(f):
-                if upto is not None and offset >= upto:
-                    return
-                if offset >= start:
-                    topic, payload = msgpack.unpackb(body, raw=False)
-                    yield offset, topic, payload
-                offset += 1
+        if not seg.exists():  # an open segment closed (renamed) since the listing
+            seg = directory / _name(first, SEG)
+        for offset, topic, payload in segment_records(seg):
+            if upto is not None and offset >= upto:
+                return
+            if offset >= start:
+                yield offset, topic, payload
+
+
+def segment_records(path: str | Path) -> Iterator[tuple[int, str, bytes]]:
+    """(offset, topic, payload) of the intact records of one segment file."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        for offset, (_, body) in enumerate(_scan(f), start=int(path.stem)):
+            topic, payload = msgpack.unpackb(body, raw=False)
+            yield offset, topic, payload
 
 
 class JournalTail:
