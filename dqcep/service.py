@@ -108,7 +108,7 @@ class StreamingService:
             restored_counts = state["counts"]
         else:
             restored_counts = {}
-        self.decoder = self.engine.column_decoder()  # after restore: it caches string codes
+        self.decoder = self.engine.column_decoder()  # after restore, which replaces it
         self._pending: list[tuple[int, bytes, int]] = []  # decoded: (offset, payload, rows)
         self._pending_rows = 0
         self.tail = JournalTail(cfg.journal, self.offset)

@@ -18,7 +18,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from dqcep.errors import UserError
-from preprocess.executor import JobSpec
+from preprocess.executor import JobSpec, record_lines
 from preprocess.partitioning import plan_partitioning
 from preprocess.source import load_events
 from preprocess.stages import (deduplicate, mark_late, partition, pushdown, run_engines,
@@ -88,10 +88,8 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
         (matches.select(F.from_json("line", "query string, detected_at long, "
                                     "events map<string,long>").alias("m")).select("m.*")
          .write.mode(mode).parquet(str(out / "matches")))
-    dead.orderBy("file_index", "seq").select(
-        F.to_json(F.struct("where", "reason")).alias("value")) \
-        .write.mode(mode).text(str(out / "dead-letter"))
-    _late_lines(late).write.mode(mode).text(str(out / "late"))
+    _record_lines(dead, "dead").write.mode(mode).text(str(out / "dead-letter"))
+    _record_lines(late, "late").write.mode(mode).text(str(out / "late"))
     n_rows, n_dead, n_first = rows.count(), dead.count(), first.count()
     stats = BatchStats(
         records=n_rows, dead_letter=n_dead, duplicates=n_rows - n_dead - n_first,
@@ -104,15 +102,12 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
     return stats
 
 
-def _late_lines(late):
-    """``{"where": ..., "event": {...}}`` per late event, in arrival order."""
+def _record_lines(df, kind: str):
+    """Dead-letter or late records as JSON lines (``record_lines``), in arrival order."""
+    columns = ["where", "reason" if kind == "dead" else "event"]
+
     def lines(batches):
-        import msgpack
         import pandas as pd
-        for df in batches:
-            yield pd.DataFrame({"value": [
-                json.dumps({"where": w, "event": msgpack.unpackb(e, raw=False)},
-                           ensure_ascii=False)
-                for w, e in zip(df["where"], df["event"])]})
-    return late.orderBy("file_index", "seq").select("where", "event") \
-        .mapInPandas(lines, "value string")
+        for b in batches:
+            yield pd.DataFrame({"value": record_lines(b, kind)})
+    return df.orderBy("file_index", "seq").select(*columns).mapInPandas(lines, "value string")

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dqcep.errors import UserError
+from dqcep.io.readers import FORMATS
 
 
 def _require_pyspark() -> None:
@@ -119,7 +120,7 @@ def add_spark_parser(sub, parser_class) -> None:
                      "(default: spark-submit's, else local[*])")
     run.add_argument("--partitions", type=int, default=4, metavar="N",
                      help="key partitions and shuffle partitions (default 4)")
-    run.add_argument("--format", choices=("jsonl", "msgpack", "csv", "parquet"),
+    run.add_argument("--format", choices=FORMATS,
                      help="input format (default: from each file's extension)")
     run.add_argument("--lateness", type=int, default=0, metavar="MS",
                      help="allowed out-of-orderness in arrival order (default 0)")

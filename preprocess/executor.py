@@ -9,16 +9,19 @@ tests call them without Spark too.
 """
 from __future__ import annotations
 
+import json
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterator
 
 import msgpack
 import numpy as np
 import pandas as pd
 
-from dqcep.lang import parse
-from dqcep.plan import build_plan
+from dqcep.io.sinks import match_lines
+from dqcep.lang import ast, parse
+from dqcep.plan import Plan, build_plan
 from dqcep.runtime import Engine, EventColumns
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
 from preprocess.partitioning import BROADCAST, Partitioning
@@ -35,8 +38,18 @@ def batch_payload(events) -> bytes:
 def event_columns(engine: Engine, events) -> EventColumns:
     decoder = engine.column_decoder()
     if decoder.decode(batch_payload(events)) < 0:
-        raise ValueError("an event row does not decode; rows must come from decode_events")
+        raise ValueError("an event row does not decode; rows must come from the event source")
     return EventColumns(*decoder.take())
+
+
+def record_lines(df: pd.DataFrame, kind: str) -> list[str]:
+    """The JSON lines of the dead-letter (``where``, ``reason``) or late (``where``,
+    ``event``) outputs, for the batch and the streaming job alike."""
+    if kind == "dead":
+        return [json.dumps({"where": w, "reason": r}, ensure_ascii=False)
+                for w, r in zip(df["where"], df["reason"])]
+    return [json.dumps({"where": w, "event": msgpack.unpackb(e, raw=False)}, ensure_ascii=False)
+            for w, e in zip(df["where"], df["event"])]
 
 
 def _mix(h: np.ndarray) -> np.ndarray:
@@ -64,12 +77,12 @@ def key_parts(engine: Engine, cols: EventColumns, attr: str, n: int):
     val[val == 0.0] = 0.0  # -0.0 and 0.0 are equal
     bits = val.view(np.uint64)
     strings = kind == KIND_STR
-    if strings.any():
+    if strings.any():  # one crc32 per distinct string, not per event
         values = engine.dictionary.values
-        codes = val[strings].astype(np.int64)
-        table = {c: zlib.crc32(values[c].encode()) for c in np.unique(codes).tolist()}
+        distinct, where = np.unique(val[strings].astype(np.int64), return_inverse=True)
+        crc = np.array([zlib.crc32(values[c].encode()) for c in distinct.tolist()], np.uint64)
         bits = bits.copy()
-        bits[strings] = np.array([table[c] for c in codes.tolist()], dtype=np.uint64)
+        bits[strings] = crc[where]
     h = _mix(bits ^ (kind.astype(np.uint64) << np.uint64(56)))
     return present, (h % np.uint64(n)).astype(np.int64)
 
@@ -84,10 +97,18 @@ class JobSpec:
     slice_ms: int = 0       # time slices: length L
 
     def engine(self, names=None) -> Engine:
-        queries = parse(self.queries_text).queries
-        if names is not None:
-            queries = [q for q in queries if q.name in names]
-        return Engine(build_plan(queries))
+        """A fresh engine for the queries named (all when None)."""
+        return Engine(_plan(self.queries_text, None if names is None else tuple(names)))
+
+
+@lru_cache(maxsize=8)
+def _plan(queries_text: str, names: tuple[str, ...] | None) -> Plan:
+    """Parsed and planned once per worker process, however many engines are made
+    (one per part and micro-batch in the streaming job)."""
+    queries = parse(queries_text).queries
+    if names is not None:
+        queries = [q for q in queries if q.name in names]
+    return build_plan(queries)
 
 
 # ------------------------------------------------------------------ pushdown
@@ -108,19 +129,27 @@ def slices_of(ts: np.ndarray, length: int, overlap: int) -> tuple[np.ndarray, np
     return np.floor_divide(ts - overlap, length), np.floor_divide(ts + overlap, length)
 
 
-def assign_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """Each event row once per (group, part) it must reach; adds columns group, part."""
-    p = spec.partitioning
-    engine = spec.engine()
-    type_code = engine.type_code
-    for df in batches:
-        if not len(df):
-            continue
-        cols = event_columns(engine, df["event"].tolist())
+class Assigner:
+    """Each event row once per (group, part) it must reach (adds columns group, part)."""
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.engine = spec.engine()
+        code = self.engine.type_code
+        sliced = [q for q in parse(spec.queries_text).queries
+                  if q.name in spec.partitioning.sliced]
+        self.sliced_types = [code[e.type] for q in sliced
+                             for e, _ in ast.event_patterns(q.pattern) if e.type in code]
+
+    def assign(self, df: pd.DataFrame, cols: EventColumns | None = None) -> pd.DataFrame | None:
+        """``cols``: the rows' events already decoded by ``self.engine``, if at hand."""
+        spec, p, engine = self.spec, self.spec.partitioning, self.engine
+        if cols is None:
+            cols = event_columns(engine, df["event"].tolist())
         rows, groups, parts = [], [], []
         if p.keyed:
             for etype, attrs in p.roles.items():
-                code = type_code.get(etype)
+                code = engine.type_code.get(etype)
                 of_type = np.flatnonzero(cols.type == code) if code is not None else []
                 if not len(of_type):
                     continue
@@ -136,11 +165,9 @@ def assign_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[p
                     r, t = np.unique(np.stack([r, t]), axis=1)
                 rows.append(r)
                 parts.append(t)
-            n_keyed = sum(len(r) for r in rows)
-            groups.append(np.full(n_keyed, GROUP_KEYED))
+            groups.append(np.full(sum(len(r) for r in rows), GROUP_KEYED))
         if p.sliced:
-            sliced_types = [type_code[t] for t in _sliced_types(spec) if t in type_code]
-            use = np.flatnonzero(np.isin(cols.type, sliced_types))
+            use = np.flatnonzero(np.isin(cols.type, self.sliced_types))
             first, last = slices_of(cols.ts[use], spec.slice_ms, p.slice_window)
             count = last - first + 1
             r = np.repeat(use, count)
@@ -149,24 +176,21 @@ def assign_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[p
             parts.append(np.repeat(first, count) + offset)
             groups.append(np.full(len(r), GROUP_SLICED))
         if not rows:
-            continue
-        rows = np.concatenate(rows)
-        out = df.iloc[rows].reset_index(drop=True)
+            return None
+        out = df.iloc[np.concatenate(rows)].reset_index(drop=True)
         out["group"] = np.concatenate(groups).astype(np.int32)
         out["part"] = np.concatenate(parts).astype(np.int64)
-        yield out
+        return out
 
 
-def _sliced_types(spec: JobSpec) -> set[str]:
-    queries = [q for q in parse(spec.queries_text).queries if q.name in spec.partitioning.sliced]
-    from dqcep.lang import ast
-    return {e.type for q in queries for e, _ in ast.event_patterns(q.pattern)}
+def assign_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    assigner = Assigner(spec)
+    for df in batches:
+        if len(df) and (out := assigner.assign(df)) is not None:
+            yield out
 
 
 # --------------------------------------------------------------------- engine
-
-MATCH_COLUMNS = ["query", "detected_at", "line"]
-
 
 class _Lookup:
     """id -> (ts, key partition per attribute) for the recent events of one part."""
@@ -248,7 +272,6 @@ class PartRunner:
             for m, ids, ts, parts in chunks]
 
     def _owned(self, mb) -> pd.DataFrame | None:
-        from dqcep.io.sinks import match_lines
         out = []
         for q, detected, ids in mb.parts:
             if not len(detected):

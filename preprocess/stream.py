@@ -28,8 +28,8 @@ import msgpack
 import numpy as np
 import pandas as pd
 
-from preprocess.executor import (GROUP_SLICED, JobSpec, PartRunner, assign_batches,
-                                 event_columns)
+from preprocess.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
+                                 event_columns, record_lines)
 from preprocess.journal_source import END_WHERE
 from preprocess.source import SCHEMA
 
@@ -41,7 +41,8 @@ OUTPUT_SCHEMA = "kind string, line string"
 def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame]):
     """Source rows -> rows keyed by (group, part); one clock row per batch keeps the
     watermark moving even when every event of the batch is dropped."""
-    engine = spec.engine()
+    assigner = Assigner(spec)
+    engine = assigner.engine
     for df in batches:
         if not len(df):
             continue
@@ -61,9 +62,10 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
                df[late].assign(group=GROUP_LATE, part=0)]
         events = df[~dead & ~late]
         if len(events):
-            events = events[engine.needed(event_columns(engine, events["event"].tolist()))]
-        if len(events):
-            out.extend(assign_batches(spec, iter([events])))  # keeps each row's clock
+            cols = event_columns(engine, events["event"].tolist())
+            needed = engine.needed(cols)
+            if needed.any():  # each row keeps its clock; None: no part wants them
+                out.append(assigner.assign(events[needed], cols.take(needed)))
         marker = df.iloc[[int(np.argmax(clock.to_numpy()))]]
         out.append(marker.assign(group=GROUP_CLOCK, part=0, event=None))
         yield pd.concat(out, ignore_index=True)
@@ -72,7 +74,6 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
 def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
     """The end-of-stream row, once for each (group, part) that may hold state: every
     key partition; the slices near the end of event time."""
-    from preprocess.executor import GROUP_KEYED
     p = spec.partitioning
     clock = row["file_before"].fillna(0).astype(np.int64).iloc[0]
     keys = []
@@ -84,16 +85,6 @@ def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
         keys += [(GROUP_SLICED, k) for k in range(lo, hi + 1)]
     out = row.iloc[[0] * len(keys)].reset_index(drop=True)
     return out.assign(group=[g for g, _ in keys], part=[k for _, k in keys], clock=clock)
-
-
-def _json_lines(df: pd.DataFrame, kind: str) -> pd.DataFrame:
-    if kind == "dead":
-        lines = [json.dumps({"where": w, "reason": r}, ensure_ascii=False)
-                 for w, r in zip(df["where"], df["reason"])]
-    else:
-        lines = [json.dumps({"where": w, "event": msgpack.unpackb(e, raw=False)},
-                            ensure_ascii=False) for w, e in zip(df["where"], df["event"])]
-    return pd.DataFrame({"kind": kind, "line": lines})
 
 
 def processor_class(spec: JobSpec, lateness: int):
@@ -136,10 +127,10 @@ def processor_class(spec: JobSpec, lateness: int):
             group, part = int(key[0]), int(key[1])
             df = pd.concat(list(rows), ignore_index=True)
             if group == GROUP_DEAD:
-                yield _json_lines(df, "dead")
+                yield pd.DataFrame({"kind": "dead", "line": record_lines(df, "dead")})
                 return
             if group == GROUP_LATE:
-                yield _json_lines(df, "late")
+                yield pd.DataFrame({"kind": "late", "line": record_lines(df, "late")})
                 return
             if group == GROUP_CLOCK:
                 return

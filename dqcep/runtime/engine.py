@@ -225,6 +225,7 @@ class Engine:
         self.late_ids: list[int] = []
         self.peak_state_bytes = 0
         self.busy_seconds = 0.0
+        self._decoder: ColumnDecoder | None = None
 
     def _equality_indexes(self) -> dict[int, tuple[int, int, int, int]]:
         """Join keys from equality conjuncts: vertex -> (left slot, attr, right slot, attr).
@@ -334,12 +335,14 @@ class Engine:
         return ts, ids, types, val, kind
 
     def column_decoder(self) -> ColumnDecoder:
-        """A decoder of msgpack payloads into this engine's EventColumns.
+        """The engine's decoder of msgpack payloads into its EventColumns.
 
-        It caches string codes of the engine's dictionary: make it after
-        ``restore``, which replaces the dictionary.
+        One per engine (it caches the codes of the engine's string dictionary);
+        ``restore`` replaces the dictionary and with it the decoder.
         """
-        return ColumnDecoder(self.plan.types, self.attrs, self.dictionary)
+        if self._decoder is None:
+            self._decoder = ColumnDecoder(self.plan.types, self.attrs, self.dictionary)
+        return self._decoder
 
     def needed(self, cols: EventColumns) -> np.ndarray:
         """Boolean mask: the events some EVENT vertex accepts (its type, its key
@@ -688,6 +691,7 @@ class Engine:
                             f"(this engine reads version {SNAPSHOT_VERSION})")
         state = msgpack.unpackb(blob[len(SNAPSHOT_MAGIC) + 4:], raw=False,
                                 strict_map_key=False)
+        self._decoder = None  # its string codes belong to the dictionary replaced below
         if state["plan"] != self._plan_fingerprint():
             raise UserError("the snapshot was taken by an engine running other queries")
 
