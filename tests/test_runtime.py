@@ -192,12 +192,16 @@ def test_state_stays_bounded_on_a_long_stream():
 
 
 def test_agrees_with_reference_on_a_generated_stream():
-    queries = parse(QUERIES).queries
-    batches = list(uniform_stream(8_000, seed=5))
+    assert_agrees_with_reference(parse(QUERIES).queries, 8_000, seed=5, at_least=100)
+
+
+def assert_agrees_with_reference(queries, n, seed, at_least):
+    """The native engine and the reference on a uniform stream of n events."""
+    batches = list(uniform_stream(n, seed=seed))
     events = [e for b in batches for e in b.to_events()]
     expected = {(m.query, m.events, m.detected_at) for m in ReferenceMatcher(queries).run(events)}
     got, _ = run_events(build_plan(queries), batches)
-    assert matches_of(got) == expected and len(expected) > 100
+    assert matches_of(got) == expected and len(expected) > at_least
 
 
 def test_watermark_releases_held_matches_and_late_events_are_counted():
@@ -220,11 +224,7 @@ def test_equality_conjunct_becomes_the_join_key():
     engine = Engine(build_plan(queries))
     (v, index), = engine.eq_index.items()      # a.key = d.key only: b sits under an OR
     assert engine.plan.label(v) == "SEQ" and index[0] == 0 and index[2] == 0
-    batches = list(uniform_stream(6_000, seed=7))
-    events = [e for b in batches for e in b.to_events()]
-    expected = {(m.query, m.events, m.detected_at) for m in ReferenceMatcher(queries).run(events)}
-    got, _ = run_events(build_plan(queries), batches)
-    assert matches_of(got) == expected and len(expected) > 50
+    assert_agrees_with_reference(queries, 6_000, seed=7, at_least=50)
 
 
 def test_kernel_constants_mirror_the_python_ones():
@@ -246,3 +246,18 @@ def test_next_release_is_when_a_held_match_comes_out():
     assert len(e.advance_watermark(13)) == 0
     assert [m.detected_at for m in e.advance_watermark(14).to_matches()] == [13]
     assert e.next_release() is None
+
+
+def test_restore_replaces_the_column_decoder_with_the_dictionary():
+    import msgpack
+    plan = build_plan(parse("PATTERN SEQ(A a, B b) WHERE a.s = 'x' WITHIN 10").queries)
+    old, new = Engine(plan), Engine(plan)
+    old.process([Event(1, "A", 0, {"s": "y"})])          # "y" gets a code in old only
+    decoder = new.column_decoder()
+    assert new.column_decoder() is decoder               # one per engine
+    new.restore(old.snapshot())
+    fresh = new.column_decoder()
+    assert fresh is not decoder
+    fresh.decode(msgpack.packb({"type": "A", "ts": 5, "id": 2, "s": "y"}))
+    *_, val, kind = fresh.take()
+    assert new.dictionary.values[int(val[0, new.attr_index["s"]])] == "y"

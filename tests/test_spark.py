@@ -345,3 +345,23 @@ def test_stream_job_killed_and_restarted_loses_and_repeats_nothing(tmp_path):
     got = stream_lines(tmp_path / "out")
     assert len(got) == len(set(got)), "a match was written twice"
     assert set(got) == want and want
+
+
+def test_a_segment_task_reads_its_segment_only(tmp_path):
+    """A segment closed after the micro-batch was planned belongs to the next one."""
+    import msgpack
+    import pyarrow as pa
+
+    from dqcep.io.journal import Journal
+    from preprocess.journal_source import closed_segments, read_max, read_segment
+    journal = Journal(tmp_path / "j", fsync="never")
+    for first in (1, 3):
+        journal.append("t", msgpack.packb({"events": [{"id": i, "type": "A", "ts": i}
+                                                      for i in (first, first + 1)]}))
+        journal.commit()
+        journal._roll()
+    journal.close()
+    segment = closed_segments(tmp_path / "j")[0]
+    rows = pa.Table.from_batches(list(read_segment(0, str(segment), None, "msgpack",
+                                                   str(tmp_path / "index")))).to_pylist()
+    assert [r["id"] for r in rows] == [1, 2] and read_max(tmp_path / "index", 0) == 2
