@@ -20,7 +20,8 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
-KERNELS = ["ring", "store", "operators", "msgpack_encode", "msgpack_decode", "recent_ids", "match_format", "walk"]
+KERNELS = ["ring", "store", "operators", "msgpack_encode", "msgpack_decode", "recent_ids",
+           "match_format", "walk", "sase"]
 
 extensions = [
     Extension(

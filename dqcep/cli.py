@@ -176,7 +176,8 @@ def cmd_run(args) -> int:
     if len(args.input) != 1:
         raise UserError("give one event file (--input), or MQTT URLs")
     args.input = args.input[0]
-    queries = _load_queries(args.queries).queries
+    query_file = _load_queries(args.queries)
+    queries = query_file.queries
     if args.chunk_size < 1:
         raise UserError("--chunk-size must be >= 1")
     from dqcep.io.sinks import open_match_sink
@@ -191,10 +192,15 @@ def cmd_run(args) -> int:
             for m in ReferenceMatcher(queries).run(events):
                 sink.write(m)
         else:
-            from dqcep.plan import build_plan
-            from dqcep.runtime import Engine
+            if args.engine == "sase":
+                from dqcep.baseline import SaseEngine
 
-            engine = Engine(build_plan(queries), lateness=args.lateness)
+                engine = SaseEngine(queries, args.lateness, source=query_file.source)
+            else:
+                from dqcep.plan import build_plan
+                from dqcep.runtime import Engine
+
+                engine = Engine(build_plan(queries), lateness=args.lateness)
             returns = _Returns(queries, engine) if args.returns else None
             started = time.perf_counter()
             for chunk in _event_chunks(args, bad, args.chunk_size, DUPLICATE_WINDOW):
@@ -322,17 +328,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="match file, or mqtt://host:port/topic (default: stdout)")
     run.add_argument("--output-format", choices=("json", "msgpack"), default="json",
                      help="payload encoding of matches published to MQTT (default json)")
-    run.add_argument("--engine", choices=("native", "reference"), default="native",
-                     help="execution engine: the compiled runtime (native, default) or the "
-                     "reference matcher (simple and exact, holds the whole input)")
+    run.add_argument("--engine", choices=("native", "sase", "reference"), default="native",
+                     help="execution engine: the compiled runtime (native, default), the "
+                     "SASE-style baseline (NFA with active instance stacks; SEQ queries "
+                     "only), or the reference matcher (simple and exact, holds the whole "
+                     "input)")
     run.add_argument("--lateness", type=int, default=0, metavar="MS",
-                     help="native: events may arrive up to MS ms out of event-time order "
+                     help="native, sase: events may arrive up to MS ms out of event-time order "
                      "(a K-slack buffer); later ones are counted and left out (default 0)")
     run.add_argument("--chunk-size", type=int, default=65_536, metavar="N",
-                     help="native: events read and processed per step (default 65536)")
+                     help="native, sase: events read and processed per step (default 65536)")
     run.add_argument("--stats", action="store_true",
                      help="native: print per-vertex inputs, outputs, queue high-water marks "
-                     "and evictions, events/s and peak state bytes to stderr")
+                     "and evictions; sase: per query, instances pushed, matches, peak live "
+                     "instances and instances pruned; both: events/s and peak state bytes, "
+                     "to stderr")
     run.add_argument("--on-bad-event", choices=("fail", "skip"), default="fail",
                      help="a malformed event record stops the run with exit code 2 "
                      "(fail, default) or is reported on stderr, counted and skipped")

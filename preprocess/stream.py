@@ -20,11 +20,9 @@ drops a row, and the watermark is the largest ts seen in earlier batches.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator
 
-import msgpack
 import numpy as np
 import pandas as pd
 

@@ -259,3 +259,30 @@ def negation_queries(draw, name="neg"):
     for c in conj:
         where = c if where is None else ast.Binary("AND", where, c)
     return ast.Query(name, pattern, where, draw(SMALL_WINDOWS), ())
+
+
+@st.composite
+def sase_queries(draw, name="sase"):
+    """Queries inside the SASE subset: a SEQ of 1-4 events with NOTs of single events
+    anywhere (leading, gaps, trailing), conditions over positive and negated
+    variables, and [attr] equivalence tests."""
+    counter = iter(range(100))
+    items: list[ast.Item] = [ast.EventPattern(draw(SMALL_TYPES), f"x{next(counter)}")
+                             for _ in range(draw(st.integers(1, 4)))]
+    for _ in range(draw(st.integers(0, 2))):
+        negated = ast.EventPattern(draw(SMALL_TYPES), f"n{next(counter)}")
+        items.insert(draw(st.integers(0, len(items))), ast.Negation(negated))
+    pattern: ast.Pattern = items[0] if len(items) == 1 else ast.Operator(ast.SEQ, tuple(items))
+    vars_ = [e.var for e, _ in ast.event_patterns(pattern)]
+    parts = []
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.integers(0, 3))
+        if kind == 0:
+            parts.append(ast.Equivalence(draw(st.sampled_from(["p", "q", "room"]))))
+        else:
+            parts.append(_bool(draw, vars_, SMALL_ATTRS, draw(st.integers(0, 2)),
+                               SMALL_NUMBERS, st.sampled_from(["x", "y"])))
+    where = None
+    for p in parts:
+        where = p if where is None else ast.Binary("AND", where, p)
+    return ast.Query(name, pattern, where, draw(SMALL_WINDOWS), ())

@@ -45,14 +45,6 @@ cdef class PredicateSet:
     slots it reads in ``slots[slot_start[p]:slot_start[p+1]]`` (it is required
     only when all are bound); a shared constant pool.
     """
-    cdef readonly int32_t[:, ::1] code
-    cdef readonly int64_t[::1] pred_start
-    cdef readonly int64_t[::1] slots
-    cdef readonly int64_t[::1] slot_start
-    cdef readonly double[::1] cval
-    cdef readonly int8_t[::1] ckind
-    cdef readonly idx_t n
-
     def __init__(self, code, pred_start, slots, slot_start, cval, ckind):
         self.code = np.ascontiguousarray(code, dtype=np.int32).reshape(-1, 3)
         self.pred_start = np.ascontiguousarray(pred_start, dtype=np.int64)
@@ -65,9 +57,13 @@ cdef class PredicateSet:
             raise ValueError("pred_start and slot_start disagree")
 
     cdef bint holds(self, EventStore st, const int64_t* rec) noexcept nogil:
+        return self.holds_range(st, rec, 0, self.n)
+
+    cdef bint holds_range(self, EventStore st, const int64_t* rec, idx_t first,
+                          idx_t last) noexcept nogil:
         cdef idx_t p, j
         cdef bint bound
-        for p in range(self.n):
+        for p in range(first, last):
             bound = True
             for j in range(self.slot_start[p], self.slot_start[p + 1]):
                 if rec[self.slots[j]] < 0:

@@ -1,0 +1,274 @@
+"""What every engine over event time shares: input, reordering, late events.
+
+An engine gets events in arrival order (a list of ``Event``, an ``EventBatch``
+or ``EventColumns``), turns them into its column layout, decides per event
+whether it is late (K-slack: more than ``lateness`` ms behind the largest ts
+that arrived before it), holds the others in a reorder buffer and hands them to
+the subclass in ts order once no earlier event can still come. Subclasses (the
+native ``Engine``, the SASE baseline) implement the matching:
+
+- ``_run(ts, ids, types, val, kind)``: events in ts order -> matches;
+- ``_after_watermark()``: the watermark moved (``self.wm``): release held
+  matches, evict state;
+- ``_flush_held()``: end of stream: release every held match.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from dqcep._kernels.msgpack_decode import ColumnDecoder
+from dqcep.batch import MISSING_INT, EventBatch
+from dqcep.errors import UserError
+from dqcep.events import Event, Match
+from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
+                                   StringDictionary)
+
+
+class EventColumns(NamedTuple):
+    """Events in the engine's own input layout, in arrival order.
+
+    ``ts`` and ``id`` int64; ``type`` int32 engine type codes (-1: a type no
+    query uses); ``val`` float64 and ``kind`` int8, both [n, attributes]: one
+    cell per attribute some predicate or key reads (``engine.attrs``), its kind
+    KIND_MISSING/NUM/STR/BOOL and its value (strings as codes of the engine's
+    dictionary). ``process`` turns every other input into this;
+    ``engine.column_decoder()`` decodes msgpack payloads straight into it.
+    """
+
+    ts: np.ndarray
+    id: np.ndarray
+    type: np.ndarray
+    val: np.ndarray
+    kind: np.ndarray
+
+    def take(self, index) -> "EventColumns":
+        return EventColumns(*(c[index] for c in self))
+
+
+@dataclass
+class MatchBatch:
+    """Matches, column by column, per query."""
+
+    queries: tuple[tuple[str, tuple[str, ...]], ...]    # (name, variables) per query
+    parts: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    # (query index, detected_at int64[n], event ids int64[n, n_vars] with -1 = unbound)
+
+    def __len__(self) -> int:
+        return sum(len(d) for _, d, _ in self.parts)
+
+    def __iadd__(self, other: "MatchBatch") -> "MatchBatch":
+        self.parts.extend(other.parts)
+        return self
+
+    def to_matches(self) -> list[Match]:
+        out = []
+        for q, detected, ids in self.parts:
+            name, variables = self.queries[q]
+            for d, row in zip(detected.tolist(), ids.tolist()):
+                out.append(Match(name, d, tuple((v, i) for v, i in zip(variables, row)
+                                                if i >= 0)))
+        return out
+
+
+
+class EventTimeEngine:
+    """Input and event-time order for an engine; see the module docstring.
+
+    ``types``: the event types the queries use (their index is the engine's
+    type code); ``attrs``: the attribute columns some predicate or key reads;
+    ``match_queries``: (name, variables) per query, the layout of ``MatchBatch``.
+    """
+
+    def __init__(self, types: Sequence[str], attrs: Sequence[str],
+                 match_queries: tuple[tuple[str, tuple[str, ...]], ...], lateness: int = 0):
+        if lateness < 0:
+            raise UserError(f"lateness must be >= 0 ms, got {lateness}")
+        self.lateness = lateness
+        self.types = list(types)
+        self.type_code = {t: i for i, t in enumerate(self.types)}
+        self.attrs = list(attrs)
+        self.attr_index = {a: i for i, a in enumerate(self.attrs)}
+        self.dictionary = StringDictionary()
+        self.match_queries = match_queries
+        self.wm: int | None = None        # every future event has ts >= wm
+        self.max_seen: int | None = None
+        self._buffer: list[tuple] = []    # reorder buffer: (ts, ids, types, val, kind)
+        self.events_in = 0
+        self.late = 0
+        self.late_ids: list[int] = []
+        self.busy_seconds = 0.0
+        self._decoder: ColumnDecoder | None = None
+
+    # ------------------------------------------------------ for subclasses
+    def _run(self, ts, ids, types, val, kind) -> MatchBatch:
+        raise NotImplementedError
+
+    def _after_watermark(self) -> MatchBatch:
+        raise NotImplementedError
+
+    def _flush_held(self) -> MatchBatch:
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- input
+    def _columns_from_batch(self, batch: EventBatch):
+        schema = batch.schema
+        tmap = np.array([self.type_code.get(t, -1) for t in schema.types] + [-1], np.int32)
+        types = tmap[batch.type]
+        n = len(batch)
+        val = np.zeros((n, len(self.attrs)), dtype=np.float64)
+        kind = np.zeros((n, len(self.attrs)), dtype=np.int8)
+        kinds = dict(schema.attrs)
+        for a, name in enumerate(self.attrs):
+            if name not in kinds:
+                continue
+            col, k = batch.columns[name], kinds[name]
+            if k == "float":
+                present = ~np.isnan(col)
+                val[:, a] = np.where(present, col, 0.0)
+                kind[:, a] = np.where(present, KIND_NUM, KIND_MISSING)
+            elif k == "int":
+                present = col != MISSING_INT
+                val[:, a] = np.where(present, col, 0).astype(np.float64)
+                kind[:, a] = np.where(present, KIND_NUM, KIND_MISSING)
+            elif k == "str":
+                codes = self.dictionary.codes_for(schema.dictionary(name))
+                present = col >= 0
+                val[:, a] = np.where(present, codes[np.maximum(col, 0)] if len(codes) else 0, 0)
+                kind[:, a] = np.where(present, KIND_STR, KIND_MISSING)
+            else:
+                present = col >= 0
+                val[:, a] = np.where(present, col, 0)
+                kind[:, a] = np.where(present, KIND_BOOL, KIND_MISSING)
+        good = np.ones(n, bool) if batch.malformed is None else batch.malformed == 0
+        return (batch.ts[good], batch.id[good], types[good], val[good], kind[good])
+
+    def _columns_from_events(self, events: Sequence[Event]):
+        n = len(events)
+        ts = np.fromiter((e.ts for e in events), np.int64, n)
+        ids = np.fromiter((e.id for e in events), np.int64, n)
+        types = np.fromiter((self.type_code.get(e.type, -1) for e in events), np.int32, n)
+        val = np.zeros((n, len(self.attrs)), dtype=np.float64)
+        kind = np.zeros((n, len(self.attrs)), dtype=np.int8)
+        code = self.dictionary.code
+        for i, e in enumerate(events):
+            for a, name in enumerate(self.attrs):
+                v = e.attrs.get(name)
+                if v is None:
+                    continue
+                if isinstance(v, bool):
+                    kind[i, a], val[i, a] = KIND_BOOL, float(v)
+                elif isinstance(v, (int, float)):
+                    kind[i, a], val[i, a] = KIND_NUM, float(v)
+                else:
+                    kind[i, a], val[i, a] = KIND_STR, code(v)
+        return ts, ids, types, val, kind
+
+    def column_decoder(self) -> ColumnDecoder:
+        """The engine's decoder of msgpack payloads into its EventColumns.
+
+        One per engine (it caches the codes of the engine's string dictionary);
+        ``restore`` replaces the dictionary and with it the decoder.
+        """
+        if self._decoder is None:
+            self._decoder = ColumnDecoder(self.types, self.attrs, self.dictionary)
+        return self._decoder
+
+
+    def process(self, batch: EventBatch | EventColumns | Sequence[Event]) -> MatchBatch:
+        """Feed events in arrival order; returns the matches now complete."""
+        started = time.perf_counter()
+        if isinstance(batch, EventBatch):
+            cols = self._columns_from_batch(batch)
+        elif isinstance(batch, EventColumns):
+            cols = tuple(batch)
+        else:
+            cols = self._columns_from_events(batch)
+        out = MatchBatch(self.match_queries)
+        n = len(cols[0])
+        self.events_in += n
+        if n:
+            late = self._late(cols[0])
+            self.max_seen = int(cols[0].max()) if self.max_seen is None else \
+                max(self.max_seen, int(cols[0].max()))
+            if late.any():
+                self.late += int(late.sum())
+                self.late_ids.extend(cols[1][late].tolist())
+                cols = tuple(c[~late] for c in cols)
+            if len(cols[0]):
+                self._buffer.append(cols)
+                out += self._release(self.max_seen - self.lateness)
+        self.busy_seconds += time.perf_counter() - started
+        return out
+
+    def _late(self, ts: np.ndarray) -> np.ndarray:
+        """Which events of a batch, in arrival order, are late.
+
+        An event is late when its ts is more than ``lateness`` below the largest
+        ts that arrived before it, or below an explicit watermark. Decided per
+        event, not per batch, so the same stream gives the same late events and
+        the same matches however it is cut into batches (the service, the file
+        runner and a replay of the journal all agree).
+        """
+        before = np.empty_like(ts)
+        np.maximum.accumulate(ts[:-1], out=before[1:])
+        if self.max_seen is None:
+            before[0] = ts[0]
+        else:
+            before[0] = self.max_seen
+            np.maximum(before, self.max_seen, out=before)
+        # before - ts exactly, without int64 overflow (it is < 2**64 where before > ts)
+        gap = before.view(np.uint64) - ts.view(np.uint64)
+        late = (before > ts) & (gap > np.uint64(self.lateness))
+        if self.wm is not None:
+            late |= ts < self.wm
+        return late
+
+    def advance_watermark(self, ts: int) -> MatchBatch:
+        """No event with ts < ``ts`` will come any more (e.g. an idle source)."""
+        out = self._release(ts - 1)
+        if self.wm is None or ts > self.wm:
+            self.wm = ts
+            out += self._after_watermark()
+        return out
+
+    def flush(self) -> MatchBatch:
+        """End of stream: everything buffered is processed, every held match released."""
+        out = MatchBatch(self.match_queries)
+        if self._buffer:
+            out += self._release(None)
+        out += self._flush_held()
+        return out
+
+
+    def take_late(self) -> list[int]:
+        ids, self.late_ids = self.late_ids, []
+        return ids
+
+    # ------------------------------------------------------------ processing
+
+    def _release(self, upto: int | None) -> MatchBatch:
+        """Process buffered events with ts <= upto (all when None), in ts order."""
+        out = MatchBatch(self.match_queries)
+        if not self._buffer:
+            return out
+        cols = tuple(np.concatenate([b[i] for b in self._buffer]) for i in range(5))
+        order = np.lexsort((np.arange(len(cols[0])), cols[0]))
+        cols = tuple(c[order] for c in cols)
+        cut = len(cols[0]) if upto is None else int(np.searchsorted(cols[0], upto, "right"))
+        self._buffer = [tuple(c[cut:] for c in cols)] if cut < len(cols[0]) else []
+        if cut == 0:
+            return out
+        ts, ids, types, val, kind = (c[:cut] for c in cols)
+        used = types >= 0  # events of types no query uses only move event time
+        out += self._run(ts[used], ids[used], types[used], np.ascontiguousarray(val[used]),
+                         np.ascontiguousarray(kind[used]))
+        last = int(ts[-1])
+        if self.wm is None or last > self.wm:
+            self.wm = last
+        out += self._after_watermark()
+        return out
+

@@ -1,0 +1,167 @@
+"""The SASE baseline (dqcep.baseline, kernel dqcep/_kernels/sase.pyx) against the
+reference matcher, match for match, and its rejection of queries outside SASE."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dqcep.baseline import SaseEngine
+from dqcep.errors import UserError
+from dqcep.events import Event
+from dqcep.lang import ast, file_to_source, parse
+from dqcep.reference import ReferenceMatcher
+from tests.strategies import sase_queries, small_event_streams, small_query_files
+from tests.test_native import CUTS, as_set, bursty_streams, split
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sase(queries, batches, lateness=0):
+    engine = SaseEngine(queries, lateness)
+    out = engine.process([])
+    for b in batches:
+        out += engine.process(b)
+    out += engine.flush()
+    return as_set(out.to_matches())
+
+
+def one(q: ast.Query):
+    return parse(file_to_source(ast.QueryFile("<t>", (q,)))).queries
+
+
+def check(queries, events, cuts=()):
+    assert sase(queries, split(events, cuts)) == as_set(ReferenceMatcher(queries).run(events))
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sase_queries(), small_event_streams(), CUTS)
+def test_sase_matches_reference(q, events, cuts):
+    check(one(q), events, cuts)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sase_queries(), bursty_streams(), CUTS)
+def test_sase_matches_reference_on_bursts_and_gaps(q, events, cuts):
+    check(one(q), events, cuts)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(sase_queries(), min_size=1, max_size=3), small_event_streams(),
+       st.randoms(use_true_random=False))
+def test_sase_reorders_like_the_native_engine(qs, events, rnd):
+    """Several queries at once, fed in any order with a lateness covering it."""
+    queries = parse(file_to_source(ast.QueryFile("<t>", tuple(
+        ast.Query(f"q{i}", q.pattern, q.where, q.within, ()) for i, q in enumerate(qs))))).queries
+    shuffled = list(events)
+    rnd.shuffle(shuffled)
+    batches = [shuffled[i:i + 3] for i in range(0, len(shuffled), 3)]
+    assert sase(queries, batches, lateness=100) == as_set(ReferenceMatcher(queries).run(events))
+
+
+def _outside_sase(q: ast.Query) -> str | None:
+    """What the baseline must reject in q (None: it is inside the SASE subset)."""
+    p = q.pattern
+    if isinstance(p, ast.EventPattern):
+        return None
+    if p.op != ast.SEQ:
+        return p.op
+    for item in p.items:
+        if isinstance(item, ast.Negation) and not isinstance(item.pattern, ast.EventPattern):
+            return "NOT (pattern)"
+        if isinstance(item, ast.Operator):
+            return item.op
+    return None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(small_query_files(), small_event_streams())
+def test_sase_runs_what_it_supports_and_rejects_the_rest(f, events):
+    queries = parse(file_to_source(f)).queries
+    outside = [w for w in map(_outside_sase, queries) if w]
+    if outside:
+        with pytest.raises(UserError, match=f"{outside[0].split()[0]}.*not supported"):
+            SaseEngine(queries)
+    else:
+        check(queries, events)
+
+
+def test_rejection_names_the_query_and_the_position():
+    text = "QUERY ok PATTERN SEQ(A a, B b) WITHIN 5;\nQUERY bad\nPATTERN SEQ(A a, AND(B b, C c))\nWITHIN 5"
+    with pytest.raises(UserError) as err:
+        SaseEngine(parse(text, "q.cep").queries, source="q.cep")
+    assert "q.cep:3:18: query 'bad'" in str(err.value)
+    assert "AND inside SEQ is not supported (use --engine native)" in str(err.value)
+    with pytest.raises(UserError, match="NOT \\(pattern\\) is not supported"):
+        SaseEngine(parse("PATTERN SEQ(A a, NOT (SEQ(B b, C c)), A d) WITHIN 5").queries)
+    with pytest.raises(UserError, match="OR is not supported"):
+        SaseEngine(parse("PATTERN OR(A a, B b) WITHIN 5").queries)
+
+
+def test_equivalence_partitions_the_stacks():
+    q = parse("PATTERN SEQ(A a, B b, C c) WHERE [room] WITHIN 100").queries
+    engine = SaseEngine(q)
+    rooms = ["r1", "r2", "r3", "r1", "r2"]
+    events = [Event(i, t, i, {"room": rooms[i % 5]})
+              for i, t in enumerate(["A", "A", "A", "B", "B", "B", "C", "C", "C", "A"])]
+    events.append(Event(99, "A", 20, {}))  # no room: no partition takes it
+    out = engine.process(events)
+    out += engine.flush()
+    assert engine.nfas[0].partitions == 3
+    assert as_set(out.to_matches()) == as_set(ReferenceMatcher(q).run(events))
+
+
+def _stream(n, seed=0):
+    rnd = np.random.default_rng(seed)
+    types = rnd.choice(["A", "B", "C"], n)
+    rooms = rnd.integers(0, 8, n)
+    return [Event(i, str(types[i]), i, {"room": int(rooms[i]), "p": int(i % 5)})
+            for i in range(n)]
+
+
+def test_window_pruning_bounds_the_stacks():
+    """State follows the window, not the stream: 10x the events, about the same peak,
+    and the stacks hold only instances inside the window at the end."""
+    q = parse("PATTERN SEQ(A a, NOT C n, B b, C c) WHERE [room] AND a.p < c.p WITHIN 50").queries
+    peaks = []
+    for n in (20_000, 200_000):
+        engine = SaseEngine(q)
+        events = _stream(n)
+        for i in range(0, n, 4096):
+            engine.process(events[i:i + 4096])
+        engine.flush()
+        nfa = engine.nfas[0]
+        assert nfa.pruned > n // 10
+        assert nfa.instances <= 2 * 51  # live A and B instances all within the last W
+        peaks.append(engine.peak_state_bytes)
+    assert peaks[1] < 1.5 * peaks[0]
+
+
+def test_cli_engine_sase_agrees_with_native(tmp_path):
+    """dqcep run --engine sase over a generated IoT stream with the SEQ queries of
+    iot.cep: the same matches as the native engine; an AND query: exit code 2."""
+    seq_queries = tmp_path / "seq.cep"
+    text = (ROOT / "dqcep" / "data" / "iot.cep").read_text()
+    seq_queries.write_text(text[:text.index("-- Humid")])
+    events = tmp_path / "events.jsonl"
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                    "20000", "--plant", str(seq_queries), "--plant-every", "130000",
+                    "--quiet", "-o", str(events)], check=True)
+    outs = {}
+    for engine in ("native", "sase"):
+        out = tmp_path / f"{engine}.jsonl"
+        subprocess.run([sys.executable, "-m", "dqcep", "run", str(seq_queries), "-i",
+                        str(events), "--engine", engine, "-o", str(out)], check=True)
+        outs[engine] = sorted(out.read_text().splitlines())
+    assert len(outs["native"]) > 10
+    assert outs["sase"] == outs["native"]
+    bad = subprocess.run([sys.executable, "-m", "dqcep", "run",
+                          str(ROOT / "dqcep" / "data" / "iot.cep"), "-i", str(events),
+                          "--engine", "sase"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "query 'stuffy'" in bad.stderr and "AND is not supported" in bad.stderr
