@@ -49,20 +49,10 @@ def stream(types: int, events: int):
 
 def run_native(plans, types: int, events: int) -> tuple[float, int, int]:
     """(seconds in the engines, matches, peak state bytes) over one stream."""
+    from dqcep.experiments.point import feed
     from dqcep.runtime import Engine
 
-    engines = [Engine(p) for p in plans]
-    busy, matches = 0.0, 0
-    for batch in stream(types, events):
-        t0 = time.perf_counter()
-        for e in engines:
-            matches += len(e.process(batch))
-        busy += time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for e in engines:
-        matches += len(e.flush())
-    busy += time.perf_counter() - t0
-    return busy, matches, sum(e.peak_state_bytes for e in engines)
+    return feed([Engine(p) for p in plans], stream(types, events))
 
 
 def point(workload: str, events: int, mode: str, repeat: int) -> dict:

@@ -34,7 +34,6 @@ from typing import Sequence
 import numpy as np
 
 from dqcep._kernels.sase import NEG_MODES, SaseNFA
-from dqcep._kernels.store import EventStore
 from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Op, Predicate, compile_predicate, evaluate_on_events
@@ -165,7 +164,6 @@ class SaseEngine(EventTimeEngine):
                     types.append(t)
         super().__init__(types, _attributes(self.specs),
                          tuple((s.name, s.variables) for s in self.specs), lateness)
-        self.store = EventStore(len(self.attrs))
         self.nfas: list[SaseNFA | None] = [None if s.never else self._nfa(s)
                                            for s in self.specs]
         self.max_window = max((s.window_ms for s in self.specs), default=0)
@@ -186,13 +184,8 @@ class SaseEngine(EventTimeEngine):
             ranges)
 
     # -------------------------------------------------------------- matching
-    def _run(self, ts, ids, types, val, kind) -> MatchBatch:
+    def _match(self, seqs, ts, types) -> MatchBatch:
         out = MatchBatch(self.match_queries)
-        if not len(ts):
-            return out
-        first = self.store.append(ts, ids, val, kind)
-        seqs = np.arange(first, first + len(ts), dtype=np.int64)
-        types = np.ascontiguousarray(types, dtype=np.int32)
         for nfa in self.nfas:
             if nfa is not None:
                 nfa.scan(self.store, seqs, types)

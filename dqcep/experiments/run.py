@@ -10,6 +10,7 @@ engine state bytes and plan vertices are deterministic.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import subprocess
@@ -48,9 +49,15 @@ def _point(spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _progress(total: int, name: str):
+def _measure(name: str, specs: list[dict], row) -> list[dict]:
+    """Run the points behind a progress bar; ``row(spec, result)`` makes a CSV row."""
     from tqdm import tqdm
-    return tqdm(total=total, desc=name, unit="point", file=sys.stderr, leave=True)
+    rows = []
+    with tqdm(total=len(specs), desc=name, unit="point", file=sys.stderr) as bar:
+        for spec in specs:
+            rows.append(row(spec, _point(spec)))
+            bar.update()
+    return rows
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -122,16 +129,11 @@ def fig3(out: Path, sizes: Sizes, seed: int, command: str) -> None:
     """Memory vs number of basic events, dqcep and the SASE baseline."""
     specs = [{"engine": e, "workload": w, "events": n, "seed": seed, "repeat": 1}
              for w in WORKLOADS for n in sizes.events for e in ("native", "sase")]
-    rows = []
-    with _progress(len(specs), "fig3") as bar:
-        for s in specs:
-            r = _point(s)
-            rows.append({"workload": s["workload"], "engine": s["engine"],
-                         "events": s["events"], "matches": r["matches"],
-                         "peak_state_bytes": r["peak_state_bytes"],
-                         "rss_base_bytes": r["rss_base"], "rss_peak_bytes": r["rss_peak"],
-                         "rss_growth_bytes": r["rss_peak"] - r["rss_base"]})
-            bar.update()
+    rows = _measure("fig3", specs, lambda s, r: {
+        "workload": s["workload"], "engine": s["engine"], "events": s["events"],
+        "matches": r["matches"], "peak_state_bytes": r["peak_state_bytes"],
+        "rss_base_bytes": r["rss_base"], "rss_peak_bytes": r["rss_peak"],
+        "rss_growth_bytes": r["rss_peak"] - r["rss_base"]})
     _write_csv(out / "fig3.csv", rows)
     _plot(out / "fig3.png", [
         ("Peak engine state", "basic events", "bytes", _series(rows, "peak_state_bytes")),
@@ -158,17 +160,13 @@ def fig4(out: Path, sizes: Sizes, seed: int, command: str) -> None:
              for w in WORKLOADS for n in sizes.events for e in ("native", "sase")]
     specs += [{"engine": "reference", "workload": w, "events": n, "seed": seed, "repeat": 1}
               for w in WORKLOADS for n in sizes.events if n <= sizes.reference_max]
-    rows = []
-    with _progress(len(specs), "fig4") as bar:
-        for s in specs:
-            r = _point(s)
-            sec = median(r["seconds"])
-            rows.append({"workload": s["workload"], "engine": s["engine"],
-                         "events": s["events"], "matches": r["matches"], "runs": len(r["seconds"]),
-                         "seconds_median": sec, "seconds_min": min(r["seconds"]),
-                         "seconds_max": max(r["seconds"]),
-                         "events_per_s": s["events"] / sec if sec > 0 else 0.0})
-            bar.update()
+    def row(s, r):
+        sec = median(r["seconds"])
+        return {"workload": s["workload"], "engine": s["engine"], "events": s["events"],
+                "matches": r["matches"], "runs": len(r["seconds"]), "seconds_median": sec,
+                "seconds_min": min(r["seconds"]), "seconds_max": max(r["seconds"]),
+                "events_per_s": s["events"] / sec if sec > 0 else 0.0}
+    rows = _measure("fig4", specs, row)
     _write_csv(out / "fig4.csv", rows)
     _plot(out / "fig4.png", [
         ("Execution time", "basic events", "seconds (median)", _series(rows, "seconds_median")),
@@ -203,16 +201,10 @@ def sharing(out: Path, sizes: Sizes, seed: int, command: str) -> None:
     specs = [{"engine": e, "workload": "sharing", "queries": k, "events": sizes.sharing_events,
               "seed": seed, "repeat": sizes.repeat}
              for k in sizes.sharing_k for e in ("native", "separate", "sase")]
-    rows = []
-    with _progress(len(specs), "sharing") as bar:
-        for s in specs:
-            r = _point(s)
-            rows.append({"queries": s["queries"], "engine": s["engine"],
-                         "events": s["events"], "matches": r["matches"],
-                         "vertices": r.get("vertices", ""),
-                         "peak_state_bytes": r["peak_state_bytes"],
-                         "seconds_median": median(r["seconds"])})
-            bar.update()
+    rows = _measure("sharing", specs, lambda s, r: {
+        "queries": s["queries"], "engine": s["engine"], "events": s["events"],
+        "matches": r["matches"], "vertices": r.get("vertices", ""),
+        "peak_state_bytes": r["peak_state_bytes"], "seconds_median": median(r["seconds"])})
     _write_csv(out / "sharing.csv", rows)
     label = {"native": "dqcep, shared plan", "separate": "dqcep, one plan per query",
              "sase": "SASE, one NFA per query"}
@@ -250,15 +242,10 @@ def latency(out: Path, sizes: Sizes, seed: int, command: str) -> None:
     specs = [{"engine": e, "workload": w, "events": sizes.latency_events, "seed": seed,
               "latency_chunk": sizes.latency_chunk}
              for w in WORKLOADS for e in ("native", "sase")]
-    rows = []
-    with _progress(len(specs), "latency") as bar:
-        for s in specs:
-            r = _point(s)
-            rows.append({"workload": s["workload"], "engine": s["engine"],
-                         "events": s["events"], "chunk": s["latency_chunk"],
-                         "matches": r["matches"], "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"],
-                         "events_per_s": r["events_per_s"]})
-            bar.update()
+    rows = _measure("latency", specs, lambda s, r: {
+        "workload": s["workload"], "engine": s["engine"], "events": s["events"],
+        "chunk": s["latency_chunk"], "matches": r["matches"], "p50_ms": r["p50_ms"],
+        "p99_ms": r["p99_ms"], "events_per_s": r["events_per_s"]})
     _write_csv(out / "latency.csv", rows)
     import matplotlib
     matplotlib.use("Agg")
@@ -297,11 +284,9 @@ def run_experiments(name: str, out: str, quick: bool = False, seed: int = 1,
     if name not in RUNNERS and name != "all":
         raise UserError(f"unknown experiment {name!r}; expected one of "
                         f"{', '.join(EXPERIMENTS)} or all")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         raise UserError("dqcep experiment draws its plots with matplotlib: "
-                        "pip install 'dqcep[experiments]'") from None
+                        "pip install 'dqcep[experiments]'")
     chosen = QUICK if quick else FULL
     if sizes:
         if any(n < 1 for n in sizes):

@@ -115,7 +115,6 @@ class Engine(EventTimeEngine):
         super().__init__(plan.types, plan_attributes(plan), (), lateness)
         self.plan = plan
         g = plan.graph
-        self.store = EventStore(len(self.attrs))
         self.eff_window = effective_windows(plan)
         hosts = guard_hosts(plan)
         self.topo = [int(v) for v in g.topo]
@@ -260,12 +259,8 @@ class Engine(EventTimeEngine):
                for q in self.queries if len(q.pending)]
         return min(due) if due else None
 
-    def _run(self, ts, ids, types, val, kind) -> MatchBatch:
+    def _match(self, seqs, ts, types) -> MatchBatch:
         out = MatchBatch(self.match_queries)
-        if not len(ts):
-            return out
-        first = self.store.append(ts, ids, val, kind)
-        seqs = np.arange(first, first + len(ts), dtype=np.int64)
         delta: dict[int, Records] = {}
         plan = self.plan
         for v in self.topo:

@@ -7,7 +7,8 @@ that arrived before it), holds the others in a reorder buffer and hands them to
 the subclass in ts order once no earlier event can still come. Subclasses (the
 native ``Engine``, the SASE baseline) implement the matching:
 
-- ``_run(ts, ids, types, val, kind)``: events in ts order -> matches;
+- ``_match(seqs, ts, types)``: events in ts order, already in ``self.store``
+  (their sequence numbers, ts and type codes) -> matches;
 - ``_after_watermark()``: the watermark moved (``self.wm``): release held
   matches, evict state;
 - ``_flush_held()``: end of stream: release every held match.
@@ -21,6 +22,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from dqcep._kernels.msgpack_decode import ColumnDecoder
+from dqcep._kernels.store import EventStore
 from dqcep.batch import MISSING_INT, EventBatch
 from dqcep.errors import UserError
 from dqcep.events import Event, Match
@@ -93,6 +95,7 @@ class EventTimeEngine:
         self.attrs = list(attrs)
         self.attr_index = {a: i for i, a in enumerate(self.attrs)}
         self.dictionary = StringDictionary()
+        self.store = EventStore(len(self.attrs))  # every event, once, by sequence number
         self.match_queries = match_queries
         self.wm: int | None = None        # every future event has ts >= wm
         self.max_seen: int | None = None
@@ -104,7 +107,7 @@ class EventTimeEngine:
         self._decoder: ColumnDecoder | None = None
 
     # ------------------------------------------------------ for subclasses
-    def _run(self, ts, ids, types, val, kind) -> MatchBatch:
+    def _match(self, seqs: np.ndarray, ts: np.ndarray, types: np.ndarray) -> MatchBatch:
         raise NotImplementedError
 
     def _after_watermark(self) -> MatchBatch:
@@ -264,8 +267,11 @@ class EventTimeEngine:
             return out
         ts, ids, types, val, kind = (c[:cut] for c in cols)
         used = types >= 0  # events of types no query uses only move event time
-        out += self._run(ts[used], ids[used], types[used], np.ascontiguousarray(val[used]),
-                         np.ascontiguousarray(kind[used]))
+        if used.any():
+            first = self.store.append(ts[used], ids[used], np.ascontiguousarray(val[used]),
+                                      np.ascontiguousarray(kind[used]))
+            seqs = np.arange(first, first + int(used.sum()), dtype=np.int64)
+            out += self._match(seqs, ts[used], np.ascontiguousarray(types[used], np.int32))
         last = int(ts[-1])
         if self.wm is None or last > self.wm:
             self.wm = last
