@@ -88,8 +88,8 @@ def _table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(out)
 
 
-def _plot(path: Path, panels: list[tuple[str, str, str, list[tuple[str, list, list]]]],
-          logx=True, logy=True) -> None:
+def _plot(path: Path, panels: list[tuple[str, str, str, list[tuple[str, list, list]]]]) -> None:
+    """One PNG, a log-log panel per (title, x label, y label, [(label, xs, ys)])."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -100,10 +100,8 @@ def _plot(path: Path, panels: list[tuple[str, str, str, list[tuple[str, list, li
         ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        if logx:
-            ax.set_xscale("log")
-        if logy:
-            ax.set_yscale("log")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
