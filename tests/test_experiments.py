@@ -41,6 +41,8 @@ def test_all_quick_writes_every_result(quick):
     assert "fig3" in proc.stderr and "point" in proc.stderr  # the progress bar
     fig4 = rows(out / "fig4.csv")
     assert {r["engine"] for r in fig4} == {"native", "sase", "reference"}
+    assert {r["query"] for r in fig4 if r["workload"] == "uniform"} == \
+        {"all", "u2_key", "u3_key_pred", "u3_eq", "u4_neg"}  # each query alone, too
     assert "every engine found the same number of matches" in (out / "fig4.md").read_text()
     assert "same matches" in (out / "sharing.md").read_text()
     sharing = {(r["queries"], r["engine"]): r for r in rows(out / "sharing.csv")}

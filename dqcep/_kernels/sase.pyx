@@ -293,60 +293,49 @@ cdef class SaseNFA:
         cdef idx_t r = st.row(seq), j, s, a, part = -1, width = self.n + self.m
         cdef ts_t ts = st.ts[r]
         cdef uint64_t key = 0
-        cdef bint keyed = False
-        cdef Stack* cur
         cdef Stack* prev
-        cdef int64_t rip, n_live
+        cdef int64_t rip, dropped
         for j in range(self.m):
             if self.neg_type[j] != etype:
                 continue
-            for s in range(width):
-                self.rec[s] = -1
+            for a in range(width):
+                self.rec[a] = -1
             self.rec[self.n + j] = seq
             if self.scan_preds.holds(st, self.rec):
                 _stack_push(&self.negs[j], seq, ts, -1)
-        s = self.n - 1
-        while s >= 0:
+        for s in range(self.n - 1, -1, -1):
             if self.state_type[s] != etype:
-                s -= 1
                 continue
             for a in range(width):
                 self.rec[a] = -1
             self.rec[s] = seq
             if not self.scan_preds.holds(st, self.rec):
-                s -= 1
                 continue
-            if part < 0:
-                if not keyed:
-                    for a in range(self.key_attrs.shape[0]):
-                        if st.kind[r * st.n_attrs + self.key_attrs[a]] == KIND_MISSING:
-                            return 0   # [attr] needs the attribute: no state takes it
-                        key = key * <uint64_t>0x100000001b3 ^ cell_hash(
-                            st.kind[r * st.n_attrs + self.key_attrs[a]],
-                            st.val[r * st.n_attrs + self.key_attrs[a]])
-                    keyed = True
+            if part < 0:   # the event's partition, found once
+                for a in range(self.key_attrs.shape[0]):
+                    if st.kind[r * st.n_attrs + self.key_attrs[a]] == KIND_MISSING:
+                        return 0   # [attr] needs the attribute: no state takes it
+                    key = key * <uint64_t>0x100000001b3 ^ cell_hash(
+                        st.kind[r * st.n_attrs + self.key_attrs[a]],
+                        st.val[r * st.n_attrs + self.key_attrs[a]])
                 part = self._partition(key)
+            rip = -1
             if s > 0:
                 prev = &self.stacks[part * self.n + s - 1]
-                n_live = prev.hi - prev.lo
-                self.pruned += _stack_prune(prev, ts - self.window)
-                self.live -= n_live - (prev.hi - prev.lo)
+                dropped = _stack_prune(prev, ts - self.window)
+                self.pruned += dropped
+                self.live -= dropped
                 if prev.hi == prev.lo:
-                    s -= 1
                     continue
                 rip = prev.hi - 1
-            else:
-                rip = -1
             if s == self.n - 1:
                 self._construct(st, part, seq, ts, rip)
             else:
-                cur = &self.stacks[part * self.n + s]
-                _stack_push(cur, seq, ts, rip)
+                _stack_push(&self.stacks[part * self.n + s], seq, ts, rip)
                 self.pushed += 1
                 self.live += 1
                 if self.live > self.live_peak:
                     self.live_peak = self.live
-            s -= 1
         return 0
 
     # ---------------------------------------------------------- construction
@@ -480,13 +469,12 @@ cdef class SaseNFA:
         """Window pruning of every partition's stacks (ts < cutoff) and of the
         negation buffers (ts < neg_cutoff)."""
         cdef idx_t i
-        cdef int64_t before
+        cdef int64_t dropped
         with nogil:
             for i in range(self.n_parts * self.n):
-                before = self.stacks[i].hi - self.stacks[i].lo
-                _stack_prune(&self.stacks[i], cutoff)
-                self.live -= before - (self.stacks[i].hi - self.stacks[i].lo)
-                self.pruned += before - (self.stacks[i].hi - self.stacks[i].lo)
+                dropped = _stack_prune(&self.stacks[i], cutoff)
+                self.live -= dropped
+                self.pruned += dropped
             for i in range(self.m):
                 _stack_prune(&self.negs[i], neg_cutoff)
 

@@ -36,8 +36,8 @@ import numpy as np
 from dqcep._kernels.sase import NEG_MODES, SaseNFA
 from dqcep.errors import UserError
 from dqcep.lang import ast
-from dqcep.plan.bytecode import Op, Predicate, compile_predicate, evaluate_on_events
-from dqcep.runtime.compile import predicate_set
+from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate_on_events
+from dqcep.runtime.compile import attributes_read, predicate_set
 from dqcep.runtime.eventtime import EventTimeEngine, MatchBatch
 
 
@@ -73,7 +73,7 @@ def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
     else:
         items = pattern.items
     positives: list[ast.EventPattern] = []
-    negations: list[tuple[ast.EventPattern, int | None]] = []  # (event, positives before)
+    negations: list[tuple[ast.EventPattern, int]] = []  # (event, positives before it)
     for item in items:
         if isinstance(item, ast.EventPattern):
             positives.append(item)
@@ -112,8 +112,8 @@ def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
         elif negated:
             if len(p.slots) == 1 and not equiv:
                 scan.append(p)
-            else:
-                groups[n + 1 + negated[0] - n].append(p)
+            else:  # negation j = negated[0] - n is group n + 1 + j
+                groups[1 + negated[0]].append(p)
         elif equiv:
             groups[n].append(p)
             if isinstance(c, ast.Equivalence) and c.attr not in ("ts", "id") \
@@ -126,20 +126,6 @@ def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
     return SaseQuery(q.name, q.within.ms, tuple(e.type for e in positives),
                      tuple(e.var for e in positives), tuple(neg_specs), tuple(keys),
                      tuple(scan), tuple(tuple(g) for g in groups), never)
-
-
-def _attributes(specs: Sequence[SaseQuery]) -> list[str]:
-    names: list[str] = []
-    for s in specs:
-        for p in s.scan + tuple(p for g in s.groups for p in g):
-            for op, a, b in p.code:
-                name = p.attrs[b] if op == Op.LOAD else p.attrs[a] if op == Op.EQUIV else None
-                if name is not None and name not in ("ts", "id") and name not in names:
-                    names.append(name)
-        for k in s.key_attrs:
-            if k not in names:
-                names.append(k)
-    return names
 
 
 class SaseEngine(EventTimeEngine):
@@ -162,13 +148,14 @@ class SaseEngine(EventTimeEngine):
             for t in s.states + tuple(t for t, _, _ in s.negations):
                 if t not in types:
                     types.append(t)
-        super().__init__(types, _attributes(self.specs),
-                         tuple((s.name, s.variables) for s in self.specs), lateness)
+        preds = [p for s in self.specs for p in s.scan + tuple(p for g in s.groups for p in g)]
+        attrs = attributes_read(preds, [k for s in self.specs for k in s.key_attrs])
+        super().__init__(types, attrs, tuple((s.name, s.variables) for s in self.specs),
+                         lateness)
         self.nfas: list[SaseNFA | None] = [None if s.never else self._nfa(s)
                                            for s in self.specs]
         self.max_window = max((s.window_ms for s in self.specs), default=0)
         self.store_retention = 2 * self.max_window + 2  # what the CLI's RETURN lookup keeps
-        self.peak_state_bytes = 0
         self.matches_out = [0] * len(self.specs)
 
     def _nfa(self, s: SaseQuery) -> SaseNFA:
@@ -228,9 +215,6 @@ class SaseEngine(EventTimeEngine):
                 self.matches_out[i] += len(detected)
 
     # --------------------------------------------------------- introspection
-    def _measure_state(self) -> None:
-        self.peak_state_bytes = max(self.peak_state_bytes, self.state_bytes())
-
     def state_bytes(self) -> int:
         """Bytes held by the event store, the instance stacks, negation buffers and
         held sequences."""

@@ -35,7 +35,10 @@ def _queries(spec: dict):
     if spec["workload"] == "sharing":
         return SHARING, parse(sharing_queries(spec["queries"])).queries
     w = WORKLOADS[spec["workload"]]
-    return w, parse(w.queries).queries
+    queries = parse(w.queries).queries
+    if spec.get("query"):  # one query of the workload alone
+        queries = tuple(q for q in queries if q.name == spec["query"])
+    return w, queries
 
 
 def _engines(kind: str, queries) -> list:
@@ -81,14 +84,11 @@ def feed(engines: list, batches) -> tuple[float, int, int]:
 
 
 def _holds_back(queries) -> np.ndarray:
-    """Per query: is a match held until the watermark passes start + W (trailing NOT)?"""
-    from dqcep.lang import ast
-    out = []
-    for q in queries:
-        p = q.pattern
-        out.append(isinstance(p, ast.Operator) and p.op == ast.SEQ
-                   and isinstance(p.items[-1], ast.Negation))
-    return np.array(out, dtype=bool)
+    """Per query (all in the SASE subset): is a match held until the watermark passes
+    start + W, i.e. does the query end in a NOT?"""
+    from dqcep.baseline import compile_sase
+    return np.array([any(mode == "TRAILING" for _, mode, _ in compile_sase(q).negations)
+                     for q in queries], dtype=bool)
 
 
 def _latency(kind: str, workload, queries, events: int, seed: int, chunk: int) -> dict:
@@ -104,7 +104,7 @@ def _latency(kind: str, workload, queries, events: int, seed: int, chunk: int) -
     """
     (engine,) = _engines(kind, queries)
     held = _holds_back(queries)
-    arrival, max_ts, emitted = [], [], []  # per chunk; emitted: (call index, batch)
+    arrival, max_ts, emitted = [], [], []  # per call: (return time, its matches)
     started = time.perf_counter()
     for batch in workload.stream(events, seed, chunk):
         arrival.append(time.perf_counter())
@@ -132,7 +132,8 @@ def _latency(kind: str, workload, queries, events: int, seed: int, chunk: int) -
 
 def run_point(spec: dict) -> dict:
     """Measure one point; ``spec``: engine, workload, events, seed, repeat, and
-    queries (sharing) or latency_chunk (latency mode)."""
+    optionally query (one query of the workload), queries (sharing: how many) or
+    latency_chunk (latency mode)."""
     workload, queries = _queries(spec)
     kind, events, seed = spec["engine"], spec["events"], spec["seed"]
     base = _rss()

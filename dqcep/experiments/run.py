@@ -30,15 +30,16 @@ class Sizes:
     events: tuple[int, ...]        # fig3 / fig4
     reference_max: int             # the reference matcher runs up to this size
     repeat: int                    # fig4: median of this many runs
+    per_query_events: int          # fig4: each query of a workload alone, at this size
     sharing_k: tuple[int, ...]
     sharing_events: int
     latency_events: int
     latency_chunk: int
 
 
-FULL = Sizes((10_000, 100_000, 1_000_000, 3_000_000, 10_000_000), 10_000, 3,
+FULL = Sizes((10_000, 100_000, 1_000_000, 3_000_000, 10_000_000), 10_000, 3, 1_000_000,
              (1, 2, 5, 10, 25, 50, 100), 100_000, 300_000, 1000)
-QUICK = Sizes((10_000, 30_000), 10_000, 3, (1, 5, 20), 10_000, 20_000, 1000)
+QUICK = Sizes((10_000, 30_000), 10_000, 3, 10_000, (1, 5, 20), 10_000, 20_000, 1000)
 
 
 def _point(spec: dict) -> dict:
@@ -114,7 +115,7 @@ def _series(rows, key, engines=("native", "sase", "reference")):
     for w in WORKLOADS:
         for eng in engines:
             pts = [(r["events"], r[key]) for r in rows
-                   if r["workload"] == w and r["engine"] == eng and r[key] is not None]
+                   if r["workload"] == w and r["engine"] == eng and r.get("query", "all") == "all"]
             if pts:
                 out.append((f"{'dqcep' if eng == 'native' else eng} / {w}",
                             [p[0] for p in pts], [p[1] for p in pts]))
@@ -139,55 +140,81 @@ def fig3(out: Path, sizes: Sizes, seed: int, command: str) -> None:
     lines = ["# Fig. 3: memory vs number of basic events\n", f"Command: `{command}`\n",
              _table(rows, ["workload", "engine", "events", "matches", "peak_state_bytes",
                            "rss_peak_bytes"]), ""]
+    small, n = min(sizes.events), max(sizes.events)
     for w in WORKLOADS:
         by = {(r["engine"], r["events"]): r for r in rows if r["workload"] == w}
-        n = max(sizes.events)
+
+        def ratio(key, a, b):
+            return a[key] / max(b[key], 1)
         nat, sase = by[("native", n)], by[("sase", n)]
         lines.append(f"- {w}, {n:,} events: SASE / dqcep peak state = "
-                     f"{sase['peak_state_bytes'] / max(nat['peak_state_bytes'], 1):.2f}x; "
-                     f"peak RSS {sase['rss_peak_bytes'] / max(nat['rss_peak_bytes'], 1):.2f}x; "
-                     f"state growth from {min(sizes.events):,} to {n:,} events: dqcep "
-                     f"{nat['peak_state_bytes'] / by[('native', min(sizes.events))]['peak_state_bytes']:.2f}x, "
-                     f"SASE {sase['peak_state_bytes'] / by[('sase', min(sizes.events))]['peak_state_bytes']:.2f}x")
+                     f"{ratio('peak_state_bytes', sase, nat):.2f}x; peak RSS "
+                     f"{ratio('rss_peak_bytes', sase, nat):.2f}x; state growth from {small:,} "
+                     f"to {n:,} events: dqcep "
+                     f"{ratio('peak_state_bytes', nat, by[('native', small)]):.2f}x, SASE "
+                     f"{ratio('peak_state_bytes', sase, by[('sase', small)]):.2f}x")
     (out / "fig3.md").write_text("\n".join(lines) + "\n")
 
 
 def fig4(out: Path, sizes: Sizes, seed: int, command: str) -> None:
-    """Execution time vs number of basic events (median of several runs)."""
+    """Execution time vs number of basic events (median of several runs), and each
+    query of a workload alone at one size (where the difference comes from)."""
+    from dqcep.lang import parse
     specs = [{"engine": e, "workload": w, "events": n, "seed": seed, "repeat": sizes.repeat}
              for w in WORKLOADS for n in sizes.events for e in ("native", "sase")]
     specs += [{"engine": "reference", "workload": w, "events": n, "seed": seed, "repeat": 1}
               for w in WORKLOADS for n in sizes.events if n <= sizes.reference_max]
+    specs += [{"engine": e, "workload": w, "query": q.name, "events": sizes.per_query_events,
+               "seed": seed, "repeat": sizes.repeat}
+              for w in WORKLOADS for q in parse(WORKLOADS[w].queries).queries
+              for e in ("native", "sase")]
+
     def row(s, r):
         sec = median(r["seconds"])
-        return {"workload": s["workload"], "engine": s["engine"], "events": s["events"],
-                "matches": r["matches"], "runs": len(r["seconds"]), "seconds_median": sec,
+        return {"workload": s["workload"], "query": s.get("query", "all"),
+                "engine": s["engine"], "events": s["events"], "matches": r["matches"],
+                "runs": len(r["seconds"]), "seconds_median": sec,
                 "seconds_min": min(r["seconds"]), "seconds_max": max(r["seconds"]),
                 "events_per_s": s["events"] / sec if sec > 0 else 0.0}
     rows = _measure("fig4", specs, row)
     _write_csv(out / "fig4.csv", rows)
+    whole = [r for r in rows if r["query"] == "all"]
     _plot(out / "fig4.png", [
-        ("Execution time", "basic events", "seconds (median)", _series(rows, "seconds_median")),
-        ("Throughput", "basic events", "events/s", _series(rows, "events_per_s"))])
+        ("Execution time", "basic events", "seconds (median)", _series(whole, "seconds_median")),
+        ("Throughput", "basic events", "events/s", _series(whole, "events_per_s"))])
     lines = ["# Fig. 4: execution time vs number of basic events\n", f"Command: `{command}`\n",
-             _table(rows, ["workload", "engine", "events", "matches", "runs", "seconds_median",
-                           "events_per_s"]), "",
+             _table(whole, ["workload", "engine", "events", "matches", "runs", "seconds_median",
+                            "events_per_s"]), "",
              "Slope of log(time) on log(events) (1.0 = linear), and SASE / dqcep time at "
              "the largest size:", ""]
     for w in WORKLOADS:
         for eng in ("native", "sase"):
-            pts = [(r["events"], r["seconds_median"]) for r in rows
+            pts = [(r["events"], r["seconds_median"]) for r in whole
                    if r["workload"] == w and r["engine"] == eng]
             lines.append(f"- {w}, {'dqcep' if eng == 'native' else eng}: slope "
                          f"{_slope(*zip(*pts)):.2f}")
         n = max(sizes.events)
-        t = {r["engine"]: r["seconds_median"] for r in rows
+        t = {r["engine"]: r["seconds_median"] for r in whole
              if r["workload"] == w and r["events"] == n}
         lines.append(f"- {w}, {n:,} events: SASE / dqcep time = "
                      f"{t['sase'] / max(t['native'], 1e-9):.2f}x")
-    mismatched = [(w, n) for w in WORKLOADS for n in sizes.events
-                  if len({r["matches"] for r in rows
-                          if r["workload"] == w and r["events"] == n}) != 1]
+    per_query = []
+    for w in WORKLOADS:
+        for q in dict.fromkeys(r["query"] for r in rows
+                               if r["workload"] == w and r["query"] != "all"):
+            t = {r["engine"]: r for r in rows if r["workload"] == w and r["query"] == q}
+            per_query.append({"workload": w, "query": q, "matches": t["native"]["matches"],
+                              "dqcep_s": t["native"]["seconds_median"],
+                              "sase_s": t["sase"]["seconds_median"],
+                              "sase_over_dqcep": t["sase"]["seconds_median"]
+                              / max(t["native"]["seconds_median"], 1e-9)})
+    lines += ["", f"Each query alone, {sizes.per_query_events:,} events (median of "
+              f"{sizes.repeat}):", "",
+              _table(per_query, ["workload", "query", "matches", "dqcep_s", "sase_s",
+                                 "sase_over_dqcep"]), ""]
+    mismatched = sorted({(r["workload"], r["query"], r["events"]) for r in rows
+                         if len({x["matches"] for x in rows if (x["workload"], x["query"],
+                                 x["events"]) == (r["workload"], r["query"], r["events"])}) != 1})
     lines.append("- every engine found the same number of matches at every point" if not
                  mismatched else f"- MATCH COUNTS DIFFER at {mismatched}")
     (out / "fig4.md").write_text("\n".join(lines) + "\n")
@@ -290,7 +317,7 @@ def run_experiments(name: str, out: str, quick: bool = False, seed: int = 1,
         if any(n < 1 for n in sizes):
             raise UserError("--sizes must be positive event counts")
         chosen = Sizes(tuple(sorted(set(sizes))), chosen.reference_max, chosen.repeat,
-                       chosen.sharing_k, chosen.sharing_events, chosen.latency_events,
+                       chosen.per_query_events, chosen.sharing_k, chosen.sharing_events, chosen.latency_events,
                        chosen.latency_chunk)
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)

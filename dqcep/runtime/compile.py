@@ -44,27 +44,32 @@ class StringDictionary:
         return np.array([self.code(v) for v in values], dtype=np.float64)
 
 
-def plan_attributes(plan: Plan) -> list[str]:
-    """Every attribute a predicate or a partition key of the plan reads."""
+def attributes_read(preds: Sequence[Predicate], keys: Sequence[str] = ()) -> list[str]:
+    """The attribute columns an engine stores: every attribute the predicates read
+    (LOAD, EQUIV) and the partition keys, in first-use order; ts and id are not columns."""
     names: list[str] = []
 
     def add(name):
         if name not in ("ts", "id") and name not in names:
             names.append(name)
 
-    preds = [p for ps in plan.preds for p in ps]
-    preds += [p for g in plan.guard if g is not None for p in g.preds]
-    preds += [p for q in plan.queries for p in q.preds]
     for p in preds:
         for op, a, b in p.code:
             if op == Op.LOAD:
                 add(p.attrs[b])
             elif op == Op.EQUIV:
                 add(p.attrs[a])
-    for keys in plan.key_attrs:
-        for k in keys:
-            add(k)
+    for k in keys:
+        add(k)
     return names
+
+
+def plan_attributes(plan: Plan) -> list[str]:
+    """Every attribute a predicate or a partition key of the plan reads."""
+    preds = [p for ps in plan.preds for p in ps]
+    preds += [p for g in plan.guard if g is not None for p in g.preds]
+    preds += [p for q in plan.queries for p in q.preds]
+    return attributes_read(preds, [k for keys in plan.key_attrs for k in keys])
 
 
 def _stack_depth(p: Predicate) -> int:

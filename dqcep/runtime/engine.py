@@ -162,7 +162,6 @@ class Engine(EventTimeEngine):
         windows = [int(w) for w in self.eff_window] + [0]
         self.store_retention = 2 * max(windows) + 2
         self.stats = {v: VertexStats() for v in range(plan.n_vertices)}
-        self.peak_state_bytes = 0
 
     def _equality_indexes(self) -> dict[int, tuple[int, int, int, int]]:
         """Join keys from equality conjuncts: vertex -> (left slot, attr, right slot, attr).
@@ -398,9 +397,6 @@ class Engine(EventTimeEngine):
         return out
 
     # ---------------------------------------------------------- introspection
-    def _measure_state(self) -> None:
-        self.peak_state_bytes = max(self.peak_state_bytes, self.state_bytes())
-
     def state_bytes(self) -> int:
         """Bytes held by queues, NOT stores, the event store and held matches."""
         total = self.store.nbytes

@@ -11,7 +11,8 @@ native ``Engine``, the SASE baseline) implement the matching:
   (their sequence numbers, ts and type codes) -> matches;
 - ``_after_watermark()``: the watermark moved (``self.wm``): release held
   matches, evict state;
-- ``_flush_held()``: end of stream: release every held match.
+- ``_flush_held()``: end of stream: release every held match;
+- ``state_bytes()``: the bytes its state holds now (``peak_state_bytes`` keeps the largest).
 """
 from __future__ import annotations
 
@@ -104,6 +105,7 @@ class EventTimeEngine:
         self.late = 0
         self.late_ids: list[int] = []
         self.busy_seconds = 0.0
+        self.peak_state_bytes = 0  # largest state_bytes() after a batch
         self._decoder: ColumnDecoder | None = None
 
     # ------------------------------------------------------ for subclasses
@@ -115,6 +117,12 @@ class EventTimeEngine:
 
     def _flush_held(self) -> MatchBatch:
         raise NotImplementedError
+
+    def state_bytes(self) -> int:
+        raise NotImplementedError
+
+    def _measure_state(self) -> None:
+        self.peak_state_bytes = max(self.peak_state_bytes, self.state_bytes())
 
     # --------------------------------------------------------------- input
     def _columns_from_batch(self, batch: EventBatch):
