@@ -89,7 +89,7 @@ class _Sink:
 class StreamingService:
     def __init__(self, cfg: ServiceConfig):
         self.cfg = cfg
-        self.urls = [MqttUrl.parse(u) for u in cfg.inputs]
+        self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
         self.engine = Engine(build_plan(parse_file(cfg.queries).queries), cfg.lateness)
         self.journal = Journal(cfg.journal)
         self.offset = 0

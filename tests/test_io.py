@@ -160,3 +160,39 @@ def test_msgpack_map_as_a_map_key_is_a_positioned_error(tmp_path):
     path.write_bytes(b"\x81" + b"\x81\xa6events\x90" * 2)
     with pytest.raises(EventInputError, match=r"record 1 \(byte 0\): invalid msgpack"):
         events(path)
+
+
+@pytest.mark.parametrize("url, topic", [
+    ("mqtt://localhost:1883/sensors/#", "sensors/#"),
+    ("mqtt://localhost/sensors/+/temperature", "sensors/+/temperature"),
+    ("mqtt://h/#", "#"),
+    ("mqtt://h/+", "+"),
+    ("mqtt://h/a/b?c", "a/b?c"),          # '?' is a topic character, not a URL query
+    ("mqtt://h/a%23b", "a%23b"),          # taken literally, never percent-decoded
+    ("mqtts://u@h:8884/x/y/", "x/y/"),
+])
+def test_mqtt_url_keeps_the_topic_filter_as_written(url, topic):
+    from dqcep.io.mqtt import MqttUrl
+    assert MqttUrl.parse(url, subscribe=True).topic == topic
+
+
+@pytest.mark.parametrize("url, subscribe, reason", [
+    ("mqtt://h/sensors/#/x", True, "'#' must be a whole level and the last one"),
+    ("mqtt://h/sensors#", True, "'#' must be a whole level"),
+    ("mqtt://h/a/b+/c", True, "'+' must be a whole level"),
+    ("mqtt://h/sensors/#", False, "cannot hold the wildcards"),
+    ("mqtt://h/a/+/c", False, "cannot hold the wildcards"),
+    ("mqtt://h/a\0b", True, "NUL"),
+    ("mqtt://h/", True, "names no topic"),
+    ("mqtt://h", True, "names no topic"),
+    ("mqtt:///topic", True, "names no host"),
+    ("mqtt://h:99999/t", True, "invalid port"),
+    ("mqtt://u:pw@h/t", True, "put no password"),
+    ("http://h/t", True, "not an MQTT URL"),
+    ("mqtt://h/" + "a" * 70_000, True, "at most 65,535 bytes"),
+])
+def test_mqtt_url_that_cannot_mean_a_topic_is_refused(url, subscribe, reason):
+    from dqcep.io.mqtt import MqttUrl
+    import re
+    with pytest.raises(UserError, match=re.escape(reason)):
+        MqttUrl.parse(url, subscribe=subscribe)

@@ -69,17 +69,17 @@ class Service:
         line = self.proc.stderr.readline()
         assert "listening on" in line, line + self.proc.stderr.read()
 
-    def events_in(self):
+    def events_in(self, counter="events_in"):
         try:
-            return json.loads((self.tmp / "stats.json").read_text())["events_in"]
+            return json.loads((self.tmp / "stats.json").read_text())[counter]
         except (FileNotFoundError, json.JSONDecodeError):
             return 0
 
-    def wait_for(self, n, timeout=60):
+    def wait_for(self, n, timeout=60, counter="events_in"):
         deadline = time.monotonic() + timeout
-        while self.events_in() < n and time.monotonic() < deadline:
+        while self.events_in(counter) < n and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert self.events_in() >= n, (self.events_in(), n)
+        assert self.events_in(counter) >= n, (self.events_in(counter), n)
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -327,3 +327,19 @@ def test_two_services_with_their_own_client_ids_each_get_the_whole_stream(mosqui
         svc.wait_for(n_events)
         svc.stop()
         assert svc.output() == want
+
+
+def test_wildcard_topic_filters_receive_what_is_published_below_them(mosquitto, tmp_path):
+    host, port = mosquitto
+    svc = Service(tmp_path, f"mqtt://{host}:{port}/dqcep/wild/#")
+    svc.args += ["--input", f"mqtt://{host}:{port}/dqcep/plus/+/t"]
+    svc.start()
+    subprocess.run(gen_args(2_000, f"mqtt://{host}:{port}/dqcep/wild/room1"), check=True)
+    subprocess.run(gen_args(1_000, f"mqtt://{host}:{port}/dqcep/plus/room2/t",
+                            ("--seed", "6")), check=True)
+    svc.wait_for(10 + 5, counter="payloads")  # batches of 200 events
+    svc.stop()
+    # a filter is no place to publish to: refused before anything is sent
+    r = subprocess.run(gen_args(10, f"mqtt://{host}:{port}/dqcep/wild/#"),
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "cannot hold the wildcards" in r.stderr

@@ -16,6 +16,34 @@ PASSWORD_ENV = "DQCEP_MQTT_PASSWORD"
 CA_ENV = "DQCEP_MQTT_CA"
 
 
+def topic_problem(topic: str, subscribe: bool) -> str | None:
+    """What makes ``topic`` no MQTT topic name (publish) or filter (subscribe), or None.
+
+    MQTT 3.1.1 section 4.7: at least one character, no NUL, at most 65,535 bytes
+    of UTF-8; ``+`` fills a whole level and ``#`` is the last level, and only a
+    filter (a subscription) may hold either.
+    """
+    if "\0" in topic:
+        return "a topic cannot hold a NUL character"
+    try:
+        size = len(topic.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "a topic must be valid UTF-8"
+    if size > 65_535:
+        return f"a topic is at most 65,535 bytes; this one has {size:,}"
+    levels = topic.split("/")
+    if not subscribe:
+        if "+" in topic or "#" in topic:
+            return "a topic to publish to cannot hold the wildcards + or #"
+        return None
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return "'#' must be a whole level and the last one (sensors/#)"
+        if "+" in level and level != "+":
+            return "'+' must be a whole level (sensors/+/temperature)"
+    return None
+
+
 @dataclass(frozen=True)
 class MqttUrl:
     host: str
@@ -25,22 +53,33 @@ class MqttUrl:
     tls: bool = False
 
     @staticmethod
-    def parse(url: str) -> "MqttUrl":
+    def parse(url: str, subscribe: bool = False) -> "MqttUrl":
         """``mqtt[s]://[user@]host[:port]/topic/with/levels``.
 
+        The topic is everything after the first ``/`` that follows the host,
+        taken literally: ``#``, ``+`` and ``?`` are topic characters here, not a
+        URL's fragment or query, and nothing is percent-decoded. A topic to
+        subscribe to (``subscribe=True``) may be an MQTT filter with ``+`` (a
+        whole level) and ``#`` (the last level); a topic to publish to may not.
         The password comes from the environment (DQCEP_MQTT_PASSWORD), never
         from the URL: a command line is visible to every user of the machine.
         ``mqtts`` means TLS (default port 8883; DQCEP_MQTT_CA names a CA file).
         """
-        parts = urlsplit(url)
-        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme not in ("mqtt", "mqtts"):
             raise UserError(f"not an MQTT URL: {url!r} (expected mqtt://host:port/topic)")
+        netloc, _, topic = rest.partition("/")
+        parts = urlsplit(f"{scheme}://{netloc}")
+        if not parts.hostname:
+            raise UserError(f"MQTT URL {url!r} names no host (mqtt://host:port/topic)")
         if parts.password is not None:
             raise UserError(f"put no password in an MQTT URL; set {PASSWORD_ENV} instead")
-        topic = parts.path.lstrip("/")
         if not topic:
             raise UserError(f"MQTT URL {url!r} names no topic (mqtt://host:port/topic)")
-        tls = parts.scheme == "mqtts"
+        problem = topic_problem(topic, subscribe)
+        if problem:
+            raise UserError(f"MQTT URL {url!r}: {problem}")
+        tls = scheme == "mqtts"
         try:
             port = parts.port or (TLS_PORT if tls else DEFAULT_PORT)
         except ValueError:
