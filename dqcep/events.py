@@ -33,8 +33,26 @@ class Event:
         return self.attrs[attr]
 
 
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a reason never grows with the value."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _not_unicode(text: str) -> bool:
+    """True when ``text`` holds a lone surrogate (JSON's ``"\\ud800"``): no Unicode
+    scalar value, so it cannot be written back out as UTF-8 (sinks, checkpoints)."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def event_from_mapping(obj: Any) -> Event:
@@ -49,12 +67,14 @@ def event_from_mapping(obj: Any) -> Event:
     etype = obj.get("type")
     if not isinstance(etype, str) or not etype:
         raise EventError("event has no 'type' (a non-empty string)" if etype is None else
-                         f"event 'type' must be a non-empty string, got {etype!r}")
+                         f"event 'type' must be a non-empty string, got {_short(etype)}")
+    if _not_unicode(etype):
+        raise EventError(f"event 'type' {_short(etype)} is not valid Unicode (a lone surrogate)")
     for key in ("ts", "id"):
         v = obj.get(key)
         if not _is_int(v):
             raise EventError(f"event has no '{key}'" if v is None else
-                             f"event '{key}' must be an integer, got {v!r}")
+                             f"event '{key}' must be an integer, got {_short(v)}")
         if not INT64_MIN <= v <= INT64_MAX:
             raise EventError(f"event '{key}' {v} does not fit in 64 bits")
     attrs = {}
@@ -62,12 +82,17 @@ def event_from_mapping(obj: Any) -> Event:
         if k in ("type", "ts", "id") or v is None:
             continue
         if not isinstance(k, str):
-            raise EventError(f"attribute names must be strings, got {k!r}")
+            raise EventError(f"attribute names must be strings, got {_short(k)}")
+        if _not_unicode(k):
+            raise EventError(f"attribute name {_short(k)} is not valid Unicode (a lone surrogate)")
         if isinstance(v, float) and not math.isfinite(v):
-            raise EventError(f"attribute {k!r} is not a finite number: {v!r}")
+            raise EventError(f"attribute {_short(k)} is not a finite number: {v!r}")
         if not isinstance(v, (int, float, str, bool)):
-            raise EventError(f"attribute {k!r} must be a number, string or boolean, "
+            raise EventError(f"attribute {_short(k)} must be a number, string or boolean, "
                              f"got {type(v).__name__}")
+        if isinstance(v, str) and _not_unicode(v):
+            raise EventError(f"attribute {_short(k)} is not valid Unicode (a lone surrogate): "
+                             f"{_short(v)}")
         attrs[k] = v
     return Event(obj["id"], etype, obj["ts"], attrs)
 

@@ -34,7 +34,7 @@ from dqcep.errors import UserError
 from dqcep.io.journal import Journal, JournalTail
 from dqcep.io.mqtt import MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, decode_payload
-from dqcep.io.sinks import open_match_sink
+from dqcep.io.sinks import json_line, open_match_sink
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
 from dqcep.runtime import Engine, EventColumns
@@ -74,7 +74,7 @@ class _Sink:
         self.f.seek(0, os.SEEK_END)
 
     def write(self, obj: dict) -> None:
-        self.f.write((json.dumps(obj, ensure_ascii=False) + "\n").encode())
+        self.f.write(json_line(obj))
 
     def sync(self) -> int:
         self.f.flush()
@@ -229,6 +229,13 @@ class StreamingService:
                 json.dump(s, f)
             os.replace(tmp, self.cfg.stats_file)
 
+    def close(self) -> None:
+        """Close files without a checkpoint: what a crash leaves, minus the torn writes."""
+        for sink in (self.out, self.dead, self.late):
+            sink.close()
+        self.tail.close()
+        self.journal.close()
+
     # ------------------------------------------------------------------- run
     def run(self, stop: threading.Event) -> int:
         self.step()  # replay what the journal holds from before a restart
@@ -253,10 +260,7 @@ class StreamingService:
         self._emit(self.engine.flush())  # a clean shutdown closes the stream
         self.checkpoint()
         self._write_stats()
-        for sink in (self.out, self.dead, self.late):
-            sink.close()
-        self.tail.close()
-        self.journal.close()
+        self.close()
         return 0
 
 

@@ -23,6 +23,16 @@ from dqcep.events import Match
 MATCH_FORMATS = ("json", "msgpack")
 
 
+def json_line(obj) -> bytes:
+    """``obj`` as one line of UTF-8 JSON, whatever strings it holds.
+
+    A lone surrogate (no Unicode scalar value, so no UTF-8) can only sit inside a
+    JSON string here; written as ``\\udXXX`` it is the same JSON escape that
+    brought it in, so the line stays valid JSON and a sink never fails on text.
+    """
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+
+
 def match_line(m: Match, with_returns: bool = False) -> str:
     """A match as the spec's one-line JSON object (section 3)."""
     return json.dumps(m.to_json_obj(with_returns), ensure_ascii=False)
@@ -65,7 +75,7 @@ class FileMatchSink:
             self.f.seek(0, os.SEEK_END)
 
     def write(self, m: Match) -> None:
-        self.f.write((match_line(m, self.with_returns) + "\n").encode())
+        self.f.write(json_line(m.to_json_obj(self.with_returns)))
 
     def write_batch(self, batch) -> int:
         """Write every match of a MatchBatch (RETURN values need ``write``); returns how many."""
@@ -98,7 +108,7 @@ class MqttMatchSink:
         self.publisher = MqttPublisher(MqttUrl.parse(target))
 
     def write(self, m: Match) -> None:
-        self.publisher.publish(match_line(m, self.with_returns).encode() if self.fmt == "json"
+        self.publisher.publish(json_line(m.to_json_obj(self.with_returns))[:-1] if self.fmt == "json"
                                else msgpack.packb(m.to_json_obj(self.with_returns)))
 
     def write_batch(self, batch) -> int:
