@@ -16,7 +16,6 @@ engine (releasing held matches) and checkpoints.
 """
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -33,7 +32,7 @@ from dqcep._kernels.recent_ids import RecentIds
 from dqcep.errors import UserError
 from dqcep.io.journal import Journal, JournalTail
 from dqcep.io.mqtt import MqttSource, MqttUrl
-from dqcep.io.payloads import MAX_PAYLOAD, decode_payload
+from dqcep.io.payloads import MAX_PAYLOAD, dead_letter, decode_payload
 from dqcep.io.sinks import json_line, open_match_sink
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
@@ -171,10 +170,10 @@ class StreamingService:
 
     def _process_payload(self, offset: int, topic: str, payload: bytes) -> None:
         events, rejected = decode_payload(payload, self.cfg.fmt)
-        for r in rejected:
-            self.counts["malformed"] += 1
-            self.dead.write({"offset": offset, "topic": topic, "reason": r.describe(),
-                             "payload": base64.b64encode(payload).decode()})
+        if rejected:
+            self.counts["malformed"] += len(rejected)
+            kept = payload if len(payload) <= MAX_PAYLOAD else None  # never the bytes of a huge one
+            self.dead.write(dead_letter(offset, topic, kept, len(payload), rejected))
         fresh = self.recent.admit(np.fromiter((e.id for e in events), np.int64, len(events)))
         self.counts["duplicates"] += int((~fresh).sum())
         events = [e for e, f in zip(events, fresh) if f]

@@ -97,3 +97,37 @@ def test_fuzzed_json_payloads_never_stop_the_service(tmp_path_factory, payloads)
         for line in lines(tmp / name):          # every line is UTF-8 JSON
             assert isinstance(line, dict)
     assert run_once(cfg).counts == svc.counts   # the checkpoint restores, nothing repeats
+
+
+def rejected_events(record: dict) -> int:
+    """How many events a dead-letter record stands for (a whole payload: 1)."""
+    if "rejected" not in record:
+        return 1
+    n = 0
+    for group in record["rejected"]:
+        for part in group["events"].split(","):
+            first, _, last = part.partition("-")
+            n += int(last or first) - int(first) + 1
+    return n
+
+
+def test_a_batch_of_bad_events_is_dead_lettered_once(tmp_path):
+    """10,000 bad entries in a 10 KB payload: one line, the payload once (was 140 MB)."""
+    good = {"id": 1, "type": "Door", "ts": 1, "room": "r", "open": True}
+    payloads = [msgpack.packb({"events": [0] * 10_000}),
+                msgpack.packb({"events": [dict(good, id=i) if i % 2 else {"id": i, "x": i}
+                                          for i in range(2_000)]}),
+                msgpack.packb({"events": [{"id": i, "type": "T", "ts": 1, f"k{i}": [i]}
+                                          for i in range(100)]}),
+                b"\xc1"]
+    journal_payloads(tmp_path, payloads)
+    svc = run_once(config(tmp_path))
+    dead = lines(tmp_path / "dead.jsonl")
+    assert [d["offset"] for d in dead] == [0, 1, 2, 3]
+    assert [rejected_events(d) for d in dead] == [10_000, 1_000, 100, 1]
+    assert svc.counts["malformed"] == 11_101 and svc.counts["events_in"] == 1_000
+    assert dead[0]["rejected"] == [{"events": "0-9999",
+                                    "reason": "an event must be a map/object, got int"}]
+    assert len(dead[2]["rejected"]) == 20 and "81 other reasons" in dead[2]["rejected"][-1]["reason"]
+    received = sum(len(p) for p in payloads)
+    assert (tmp_path / "dead.jsonl").stat().st_size < 4 * received

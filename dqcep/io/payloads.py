@@ -8,6 +8,7 @@ sink. Limits keep a hostile payload from costing more than its size.
 """
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 
@@ -25,6 +26,55 @@ class Rejected:
 
     def describe(self) -> str:
         return self.reason if self.index is None else f"event {self.index} of the batch: {self.reason}"
+
+
+MAX_REASONS = 20  # distinct reasons named in one dead letter; the rest are counted
+
+
+def _ranges(indexes: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``: positions in a batch, compactly."""
+    out, start = [], None
+    for i, x in enumerate(indexes):
+        if start is None:
+            start = x
+        if i + 1 == len(indexes) or indexes[i + 1] != x + 1:
+            out.append(str(x) if x == start else f"{start}-{x}")
+            start = None
+    return ",".join(out)
+
+
+def dead_letter(offset: int, topic: str, payload: bytes | None, size: int,
+                rejected: list[Rejected]) -> dict:
+    """The one dead-letter record of a payload with rejections (docs/streaming.md).
+
+    A payload is written at most once, base64-encoded, however many of its
+    events are bad; the bad events of a batch are named by their positions,
+    grouped by reason (at most MAX_REASONS reasons, each at most a line long),
+    so a dead letter grows with the payload's size, not with its bad events
+    times its size. ``payload=None``: a payload not kept (larger than the
+    limit); its ``size`` is named instead.
+    """
+    record: dict = {"offset": offset, "topic": topic}
+    whole = [r for r in rejected if r.index is None]
+    if whole:
+        record["reason"] = whole[0].reason
+    else:
+        by_reason: dict[str, list[int]] = {}
+        for r in rejected:
+            by_reason.setdefault(r.reason, []).append(r.index)
+        groups = list(by_reason.items())
+        if len(groups) > MAX_REASONS:
+            rest = sorted(i for _, idx in groups[MAX_REASONS - 1:] for i in idx)
+            groups = groups[:MAX_REASONS - 1] + [
+                (f"{len(groups) - MAX_REASONS + 1} other reasons", rest)]
+        record["reason"] = f"{len(rejected)} event(s) of the batch rejected"
+        record["rejected"] = [{"events": _ranges(idx), "reason": reason}
+                              for reason, idx in groups]
+    if payload is None:
+        record["size"] = size
+    else:
+        record["payload"] = base64.b64encode(payload).decode()
+    return record
 
 
 def _decode(payload: bytes, fmt: str):
