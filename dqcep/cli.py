@@ -21,6 +21,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}\n")
 
 
+def _byte_size(text: str) -> int:
+    """``500M`` -> 524288000: a size with an optional K, M, G or T (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.rstrip("KMGTkmgtBb"), text[len(text.rstrip("KMGTkmgtBb")):]
+    unit = unit.upper().rstrip("B")
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 0, 500M, 2G)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a size cannot be negative: {text!r}")
+    return int(value)
+
+
 def _load_queries(path: str):
     from dqcep.lang import parse_file
     return parse_file(path)
@@ -165,7 +179,8 @@ def _serve(args) -> int:
         dead_letter=args.dead_letter or args.output + ".dead-letter.jsonl",
         late=args.late or args.output + ".late.jsonl", fmt=fmt, lateness=args.lateness,
         output_format=args.output_format, client_id=args.client_id,
-        stats_every=args.stats_every, stats_file=args.stats_file))
+        stats_every=args.stats_every, stats_file=args.stats_file,
+        until_idle=args.until_idle, journal_retention=args.journal_retention))
 
 
 def cmd_run(args) -> int:
@@ -376,6 +391,15 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--client-id", default="dqcep-engine", metavar="ID",
                          help="MQTT client id of the persistent session (default "
                          "dqcep-engine); every service on a broker needs its own")
+    service.add_argument("--until-idle", type=float, metavar="S",
+                         help="end the stream after S seconds without input: release the "
+                         "matches held for a trailing NOT, checkpoint, exit 0 (SIGUSR1 does "
+                         "the same at once; SIGTERM/SIGINT only pause: held matches stay in "
+                         "the checkpoint for the next run)")
+    service.add_argument("--journal-retention", type=_byte_size, default=0, metavar="BYTES",
+                         help="closed journal segments the service has checkpointed past "
+                         "are deleted, but the newest BYTES of them (e.g. 500M, 2G) are kept "
+                         "for replay (default 0)")
     service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, rewritten with each stats line")
     service.add_argument("--stats-every", type=float, default=10.0, metavar="S",
                          help="seconds between stats lines on stderr (default 10)")

@@ -149,8 +149,8 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
                 checkpoint=str(tmp / "checkpoint"), output=str(tmp / "matches.jsonl"),
                 dead_letter=str(tmp / "dead.jsonl"), late=str(tmp / "late.jsonl"),
                 stats_every=3600, client_id=f"dqcep-demo-{time.time_ns()}"))
-            stop = threading.Event()
-            worker = threading.Thread(target=svc.run, args=(stop,), daemon=True)
+            stop, end_of_stream = threading.Event(), threading.Event()
+            worker = threading.Thread(target=svc.run, args=(stop, end_of_stream), daemon=True)
             worker.start()
             time.sleep(0.5)
             gen = StreamGenerator(GeneratorConfig(profile="iot", events=events, seed=seed,
@@ -169,7 +169,7 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
             deadline = time.monotonic() + 120
             while svc.counts["events_in"] < events and time.monotonic() < deadline:
                 time.sleep(0.05)
-            stop.set()
+            end_of_stream.set()  # the demo's stream is over: held matches out
             worker.join(60)
             elapsed = time.perf_counter() - started
             lines = (tmp / "matches.jsonl").read_text().splitlines()

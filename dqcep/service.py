@@ -8,11 +8,17 @@
 
 Nothing is lost and nothing emitted twice across a crash: a checkpoint holds
 the journal offset consumed, the engine snapshot, the recent event ids and the
-length of every sink file, written atomically (temporary file, fsync, rename).
-On start the sinks are cut back to those lengths and the journal is replayed
-from that offset; the engine is deterministic, so it writes again exactly what
-was lost. A clean shutdown (SIGINT/SIGTERM) drains the journal, flushes the
-engine (releasing held matches) and checkpoints.
+length of every sink file, written atomically with a checksum
+(``dqcep.io.checkpoint``). On start the sinks are cut back to those lengths and
+the journal is replayed from that offset; the engine is deterministic, so it
+writes again exactly what was lost. A write that fails while processing (a full
+disk) takes the same road without a restart: the service says why, goes back
+to its last checkpoint and tries again a second later.
+
+Stopping (SIGTERM, SIGINT) drains the journal and checkpoints with the matches
+held for a trailing NOT still held: a stop is a pause, and the next run goes on
+as if there had been none. Only an end of stream (``--until-idle S``, SIGUSR1,
+or ``end_of_stream`` set by an embedding program) releases them.
 """
 from __future__ import annotations
 
@@ -25,21 +31,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgpack
 import numpy as np
 
 from dqcep._kernels.recent_ids import RecentIds
 from dqcep.errors import UserError
-from dqcep.io.journal import Journal, JournalTail
+from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
+                                 write_checkpoint)
+from dqcep.io.journal import Gap, Journal, JournalTail, segments
 from dqcep.io.mqtt import MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, dead_letter, decode_payload
-from dqcep.io.sinks import json_line, open_match_sink
+from dqcep.io.sinks import json_line, open_file, open_match_sink
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
 from dqcep.runtime import Engine, EventColumns
 
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
+CONSUMER = "service"  # this service's name among the journal's consumers (retention)
+RETRY_SECONDS = 1.0   # pause before going back to the checkpoint after a failed write
+SINKS = ("output", "dead_letter", "late")
 
 
 @dataclass
@@ -59,18 +69,20 @@ class ServiceConfig:
     client_id: str = "dqcep-engine"
     output_format: str = "json"
     recent_ids: int = 100_000
+    until_idle: float | None = None   # end of stream after this many seconds without input
+    journal_retention: int = 0        # bytes of consumed closed segments kept for replay
+
+
+class ServiceError(Exception):
+    """The service cannot go on; the message says why (exit code 1)."""
 
 
 class _Sink:
     """An append-only JSON-lines file that can be cut back to a checkpointed length."""
 
-    def __init__(self, path: str, keep: int | None):
+    def __init__(self, path: str, keep: int):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, "ab")
-        if keep is not None:
-            self.f.truncate(keep)
-        self.f.seek(0, os.SEEK_END)
+        self.f = open_file(self.path, keep)
 
     def write(self, obj: dict) -> None:
         self.f.write(json_line(obj))
@@ -85,55 +97,126 @@ class _Sink:
         self.f.close()
 
 
+def _state_problem(state: dict) -> str | None:
+    """What is wrong with the fields of a checkpoint's state, or None."""
+    def is_int(x):
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    if not is_int(state.get("offset")) or not is_int(state.get("journal_end")):
+        return "no journal offset"
+    if not isinstance(state.get("engine"), bytes):
+        return "no engine state"
+    recent = state.get("recent")
+    if not isinstance(recent, bytes) or len(recent) % 8:
+        return "no recent event ids"
+    counts, sinks = state.get("counts"), state.get("sinks")
+    if not isinstance(counts, dict) or not all(isinstance(k, str) and is_int(v)
+                                               for k, v in counts.items()):
+        return "no counters"
+    if not isinstance(sinks, dict) or not all(k in sinks and (sinks[k] is None or
+                                                              is_int(sinks[k])) for k in SINKS):
+        return "no sink lengths"
+    return None
+
+
 class StreamingService:
     def __init__(self, cfg: ServiceConfig):
         self.cfg = cfg
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
-        self.engine = Engine(build_plan(parse_file(cfg.queries).queries), cfg.lateness)
-        self.journal = Journal(cfg.journal)
-        self.offset = 0
-        self.recent = RecentIds(cfg.recent_ids)
-        sizes = {}
-        ck = Path(cfg.checkpoint)
-        if ck.exists():
-            state = msgpack.unpackb(ck.read_bytes(), raw=False)
-            if state.get("version") != CHECKPOINT_VERSION:
-                raise UserError(f"checkpoint {ck} has version {state.get('version')}; this "
-                                f"service reads version {CHECKPOINT_VERSION}")
-            self.engine.restore(state["engine"])
-            self.offset = state["offset"]
-            self.recent.admit(np.frombuffer(state["recent"], dtype="<i8").astype(np.int64))
-            sizes = state["sinks"]
-            restored_counts = state["counts"]
-        else:
-            restored_counts = {}
-        self.decoder = self.engine.column_decoder()  # after restore, which replaces it
-        self._pending: list[tuple[int, bytes, int]] = []  # decoded: (offset, payload, rows)
-        self._pending_rows = 0
-        self.tail = JournalTail(cfg.journal, self.offset)
-        self.out = open_match_sink(cfg.output, cfg.output_format,
-                                   keep=sizes.get("output") if ck.exists() else None)
-        self.dead = _Sink(cfg.dead_letter, sizes.get("dead_letter"))
-        self.late = _Sink(cfg.late, sizes.get("late"))
-        self.counts = {"payloads": 0, "events_in": 0, "matches_out": 0, "malformed": 0,
-                       "duplicates": 0, "late": 0, **restored_counts}
+        self.plan = build_plan(parse_file(cfg.queries).queries)
+        state = self._read_state()
+        low = 0 if state is None else max(state["offset"], state["journal_end"])
+        self.journal = Journal(cfg.journal, min_next_offset=low)
+        if state is None:
+            self._check_fresh_start()
+        self.error: str | None = None  # a failed write being retried, while it lasts
+        self._load(state)
         self.started = time.monotonic()
 
+    # ------------------------------------------------------------ state
+    def _read_state(self) -> dict | None:
+        state = read_checkpoint(self.cfg.checkpoint, CHECKPOINT_VERSION)
+        if state is not None:
+            problem = _state_problem(state)
+            if problem:
+                raise CheckpointError(f"checkpoint {self.cfg.checkpoint} is damaged "
+                                      f"({problem}); {recovery_hint(self.cfg.checkpoint)}")
+        return state
+
+    def _check_fresh_start(self) -> None:
+        """Without a checkpoint the journal is replayed from offset 0 and the sinks
+        are written anew: refused when the journal no longer starts there."""
+        names = segments(self.cfg.journal)
+        first = int(names[0].stem) if names else 0
+        written = [p for p in (self.cfg.output, self.cfg.dead_letter, self.cfg.late)
+                   if Path(p).is_file() and Path(p).stat().st_size]
+        if first > 0 and written:
+            raise CheckpointError(
+                f"there is no checkpoint {self.cfg.checkpoint}, and the journal "
+                f"{self.cfg.journal} no longer starts at offset 0 (its first record is "
+                f"{first}): a replay cannot rebuild {', '.join(written)}; restore the "
+                "checkpoint, or move those files away to start from what the journal holds")
+
+    def _load(self, state: dict | None) -> None:
+        """Engine, offsets and sinks as the checkpoint left them (fresh without one)."""
+        cfg = self.cfg
+        engine = Engine(self.plan, cfg.lateness)
+        sizes = dict.fromkeys(SINKS, 0)
+        self.offset, self.counts = 0, {}
+        self.recent = RecentIds(cfg.recent_ids)
+        if state is not None:
+            try:
+                engine.restore(state["engine"])
+            except Exception as err:  # noqa: BLE001 - any failure means: not this state
+                raise CheckpointError(f"checkpoint {cfg.checkpoint} holds no engine state "
+                                      f"for these queries ({err}); "
+                                      f"{recovery_hint(cfg.checkpoint)}") from None
+            self.offset, sizes, self.counts = state["offset"], state["sinks"], state["counts"]
+            self.recent.admit(np.frombuffer(state["recent"], dtype="<i8").astype(np.int64))
+        self.engine = engine
+        self.counts = {"payloads": 0, "events_in": 0, "matches_out": 0, "malformed": 0,
+                       "duplicates": 0, "late": 0, "journal_lost": 0, **self.counts}
+        self.decoder = engine.column_decoder()  # after restore, which replaces it
+        self._pending: list[tuple[int, bytes, int]] = []  # decoded: (offset, payload, rows)
+        self._pending_rows = 0
+        self.out = self.dead = self.late = None
+        self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"])
+        self.dead = _Sink(cfg.dead_letter, sizes["dead_letter"])
+        self.late = _Sink(cfg.late, sizes["late"])
+        self.tail = JournalTail(cfg.journal, self.offset)
+
+    def _unload(self) -> None:
+        """Let go of the sinks and the tail without writing (after a failed write)."""
+        for sink in (self.out, self.dead, self.late):
+            if sink is None:
+                continue
+            try:
+                sink.close()
+            except OSError:
+                pass  # what it could not write is written again from the checkpoint
+        self.tail.close()
+
     # ------------------------------------------------------------- processing
-    def step(self) -> int:
+    def step(self, deadline: float | None = None) -> int:
         """Process what the journal holds beyond our offset; returns records consumed.
 
-        Well-formed msgpack payloads are decoded by the ColumnDecoder kernel and
-        go to the engine together, up to CHUNK_ROWS events at a time; any other
-        payload (JSON, or one the kernel leaves to the validator) is decoded in
-        Python, which names what is wrong. Both keep arrival order, and the
-        engine's results do not depend on how the events are batched.
+        Stops early once ``deadline`` (time.monotonic) has passed, so that a long
+        backlog does not hold checkpoints back. Well-formed msgpack payloads are
+        decoded by the ColumnDecoder kernel and go to the engine together, up to
+        CHUNK_ROWS events at a time; any other payload (JSON, or one the kernel
+        leaves to the validator) is decoded in Python, which names what is
+        wrong. Both keep arrival order, and the engine's results do not depend
+        on how the events are batched.
         """
         n = 0
         for offset, topic, payload in self.tail.read(self.journal.durable_offset):
+            n += 1
+            if isinstance(payload, Gap):
+                self._process_pending()
+                self._lost(offset, payload)
+                continue
             self.counts["payloads"] += 1
-            rows = self.decoder.decode(payload) \
-                if self.cfg.fmt == "msgpack" and len(payload) <= MAX_PAYLOAD else -1
+            rows = self.decoder.decode(payload) if self.cfg.fmt == "msgpack" and isinstance(
+                payload, bytes) and len(payload) <= MAX_PAYLOAD else -1
             if rows >= 0:
                 self._pending.append((offset, payload, rows))
                 self._pending_rows += rows
@@ -142,7 +225,8 @@ class StreamingService:
             else:
                 self._process_pending()
                 self._process_payload(offset, topic, payload)
-            n += 1
+            if deadline is not None and n % 256 == 0 and time.monotonic() > deadline:
+                break
         self._process_pending()
         return n
 
@@ -168,12 +252,14 @@ class StreamingService:
         self.offset = self._pending[-1][0] + 1
         self._pending, self._pending_rows = [], 0
 
-    def _process_payload(self, offset: int, topic: str, payload: bytes) -> None:
+    def _process_payload(self, offset: int, topic: str, payload) -> None:
         events, rejected = decode_payload(payload, self.cfg.fmt)
         if rejected:
             self.counts["malformed"] += len(rejected)
-            kept = payload if len(payload) <= MAX_PAYLOAD else None  # never the bytes of a huge one
-            self.dead.write(dead_letter(offset, topic, kept, len(payload), rejected))
+            kept = payload if isinstance(payload, bytes) and len(payload) <= MAX_PAYLOAD \
+                else None  # never the bytes of a payload over the limit
+            size = len(payload) if isinstance(payload, bytes) else payload.size
+            self.dead.write(dead_letter(offset, topic, kept, size, rejected))
         fresh = self.recent.admit(np.fromiter((e.id for e in events), np.int64, len(events)))
         self.counts["duplicates"] += int((~fresh).sum())
         events = [e for e, f in zip(events, fresh) if f]
@@ -184,6 +270,18 @@ class StreamingService:
             if late:
                 self._write_late(offset, events, set(late))
         self.offset = offset + 1
+
+    def _lost(self, offset: int, gap: Gap) -> None:
+        """Journal records that cannot be read: reported, counted, and passed over."""
+        last = offset + gap.count - 1
+        what = f"journal record {offset}" if gap.count == 1 else \
+            f"journal records {offset}..{last}"
+        print(f"dqcep: {what} cannot be read ({gap.reason}); going on after them",
+              file=sys.stderr, flush=True)
+        self.counts["journal_lost"] += gap.count
+        self.dead.write({"offset": offset, "records": gap.count,
+                         "reason": f"{what} lost: {gap.reason}"})
+        self.offset = last + 1
 
     def _write_late(self, offset: int, events, late: set[int]) -> None:
         for e in events:
@@ -197,74 +295,132 @@ class StreamingService:
             self.counts["matches_out"] += self.out.write_batch(batch)
 
     def checkpoint(self) -> None:
-        state = {"version": CHECKPOINT_VERSION, "offset": self.offset,
-                 "engine": self.engine.snapshot(), "recent": self.recent.ids().astype("<i8").tobytes(),
-                 "counts": self.counts,
-                 "sinks": {"output": self.out.sync(), "dead_letter": self.dead.sync(),
-                           "late": self.late.sync()}}
-        path = Path(self.cfg.checkpoint)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(msgpack.packb(state, use_bin_type=True))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        sinks = {"output": self.out.sync(), "dead_letter": self.dead.sync(),
+                 "late": self.late.sync()}
+        write_checkpoint(self.cfg.checkpoint, CHECKPOINT_VERSION, {
+            "offset": self.offset, "journal_end": self.journal.durable_offset,
+            "engine": self.engine.snapshot(),
+            "recent": self.recent.ids().astype("<i8").tobytes(),
+            "counts": self.counts, "sinks": sinks})
+        self.journal.checkpointed(CONSUMER, self.offset)
+        self.journal.trim(self.cfg.journal_retention)
+
+    def recover(self, err: OSError, stop: threading.Event) -> None:
+        """After a failed write: back to the last checkpoint (sinks cut back, engine
+        restored), after a pause; the journal is read again from its offset."""
+        what = getattr(err, "filename", None) or "the service's state"
+        message = f"cannot write {what}: {err.strerror or err}"
+        if message != self.error:
+            print(f"dqcep: {message}; going back to the last checkpoint, retrying every "
+                  f"{RETRY_SECONDS:g} s", file=sys.stderr, flush=True)
+        self.error = message
+        self._unload()
+        while True:
+            stop.wait(RETRY_SECONDS)
+            try:
+                self._load(self._read_state())
+                return
+            except OSError:
+                if stop.is_set():
+                    raise
+                continue
 
     def stats(self) -> dict:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return {**self.counts, "lag_records": self.journal.durable_offset - self.offset,
                 "events_per_s": self.counts["events_in"] / elapsed,
-                "watermark": self.engine.wm}
+                "watermark": self.engine.wm, "error": self.error}
 
-    def _write_stats(self) -> None:
+    def _write_stats(self, source: MqttSource | None = None) -> None:
         s = self.stats()
+        if source is not None and source.write_error:
+            s["error"] = source.write_error
         print(f"dqcep: events in {s['events_in']}, matches out {s['matches_out']}, late "
               f"{s['late']}, malformed {s['malformed']}, duplicates {s['duplicates']}, lag "
-              f"{s['lag_records']} records, {s['events_per_s']:,.0f} events/s",
+              f"{s['lag_records']} records, {s['events_per_s']:,.0f} events/s"
+              + (f"; journal records lost {s['journal_lost']}" if s["journal_lost"] else "")
+              + (f"; FAILING: {s['error']}" if s["error"] else ""),
               file=sys.stderr, flush=True)
         if self.cfg.stats_file:
             tmp = self.cfg.stats_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(s, f)
-            os.replace(tmp, self.cfg.stats_file)
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(s, f)
+                os.replace(tmp, self.cfg.stats_file)
+            except OSError:
+                pass  # stats are a view; the line on stderr says the same
 
     def close(self) -> None:
         """Close files without a checkpoint: what a crash leaves, minus the torn writes."""
-        for sink in (self.out, self.dead, self.late):
-            sink.close()
-        self.tail.close()
+        self._unload()
         self.journal.close()
 
     # ------------------------------------------------------------------- run
-    def run(self, stop: threading.Event) -> int:
-        self.step()  # replay what the journal holds from before a restart
+    def run(self, stop: threading.Event, end_of_stream: threading.Event | None = None) -> int:
+        """Serve until ``stop`` (a pause: held matches stay in the checkpoint) or an end
+        of stream (``end_of_stream`` set, or ``until_idle`` seconds without input: held
+        matches are released). Returns the exit code."""
+        end_of_stream = end_of_stream or threading.Event()
         source = MqttSource(self.urls, self.journal, self.cfg.client_id)
         source.start()
         print(f"dqcep: listening on {', '.join(self.cfg.inputs)}", file=sys.stderr, flush=True)
-        last_ck = last_stats = time.monotonic()
+        last_ck = last_stats = last_input = time.monotonic()
+        failure = None
         try:
-            while not stop.is_set():
-                if not self.step():
-                    stop.wait(0.02)
+            while not stop.is_set() and not end_of_stream.is_set():
+                if source.failure:
+                    failure = source.failure
+                    break
                 now = time.monotonic()
-                if now - last_ck >= self.cfg.checkpoint_every:
-                    self.checkpoint()
-                    last_ck = now
+                try:
+                    n = self.step(deadline=now + self.cfg.checkpoint_every)
+                    now = time.monotonic()
+                    if now - last_ck >= self.cfg.checkpoint_every:
+                        self.checkpoint()
+                        last_ck = now
+                    self.error = None
+                except OSError as err:
+                    self.recover(err, stop)
+                    continue
                 if now - last_stats >= self.cfg.stats_every:
-                    self._write_stats()
+                    self._write_stats(source)
                     last_stats = now
+                if n:
+                    last_input = now
+                elif self.cfg.until_idle is not None and \
+                        now - last_input >= self.cfg.until_idle:
+                    end_of_stream.set()
+                else:
+                    stop.wait(0.02)
         finally:
-            source.stop()
-        self.step()                      # drain
-        self._emit(self.engine.flush())  # a clean shutdown closes the stream
-        self.checkpoint()
-        self._write_stats()
-        self.close()
+            committed = source.stop()
+        if failure is None:
+            try:
+                while self.step():           # drain
+                    pass
+                if end_of_stream.is_set():   # the stream is closed: held matches out
+                    self._emit(self.engine.flush())
+                self.checkpoint()
+            except OSError as err:
+                failure = (f"cannot write {getattr(err, 'filename', None) or 'the state'}: "
+                           f"{err.strerror or err}; the last checkpoint stands")
+        self._write_stats(source)
+        try:
+            self.close()
+        except OSError as err:
+            failure = failure or f"cannot close the journal: {err.strerror or err}"
+        if failure is None and not committed:
+            failure = (f"{source.write_error}: messages not journaled were not acknowledged; "
+                       "the broker sends them again to the next run")
+        if failure is not None:
+            print(f"dqcep: {failure}", file=sys.stderr, flush=True)
+            return 1
         return 0
 
 
 def serve(cfg: ServiceConfig) -> int:
-    stop = threading.Event()
+    stop, end_of_stream = threading.Event(), threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    return StreamingService(cfg).run(stop)
+    signal.signal(signal.SIGUSR1, lambda *_: end_of_stream.set())
+    return StreamingService(cfg).run(stop, end_of_stream)

@@ -159,7 +159,10 @@ def run(args) -> int:
     written = 0
     started = time.perf_counter()
     try:
-        for batch in gen.batches(args.chunk_size):
+        # with --rate, steps of 1/20 s: a whole chunk at once would be a burst after a pause
+        step = args.chunk_size if not args.rate else max(1, min(args.chunk_size,
+                                                                int(args.rate / 20)))
+        for batch in gen.batches(step):
             pacer.wait(len(batch))
             if publisher is not None:
                 written += _publish(publisher, encoder, batch)

@@ -62,15 +62,18 @@ def read_segment(n: int, path: str, earlier, fmt: str, index: str):
     """Arrow batches of one closed segment's events and bad payloads (that segment
     only: later ones belong to later micro-batches)."""
     from dqcep._kernels.msgpack_decode import ColumnDecoder
-    from dqcep.io.journal import segment_records
+    from dqcep.io.journal import Gap, segment_items
     from dqcep.io.payloads import MAX_PAYLOAD, decode_payload
 
     out = _Batches(n, earlier)
     decoder = ColumnDecoder([], [], None)
     journal = str(Path(path).parent)
-    for offset, _topic, payload in segment_records(path):
+    for offset, _topic, payload in segment_items(path):
         prefix = f"{journal}:offset {offset}"
-        if fmt == "msgpack" and len(payload) <= MAX_PAYLOAD and decoder.decode(payload) >= 0:
+        if isinstance(payload, Gap):  # damaged records: reported where they were
+            out.bad(prefix, f"{payload.count} journal record(s) lost: {payload.reason}")
+        elif fmt == "msgpack" and isinstance(payload, bytes) and len(payload) <= MAX_PAYLOAD \
+                and decoder.decode(payload) >= 0:
             spans = decoder.spans()
             ts, ids, *_ = decoder.take()
             out.record(prefix, payload, ids, ts, spans)

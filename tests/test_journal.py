@@ -69,10 +69,20 @@ def test_corrupt_record_ends_the_open_segment(tmp_path):
 def test_policy_and_size_errors(tmp_path):
     with pytest.raises(UserError, match="fsync policy"):
         Journal(tmp_path, fsync="sometimes")
-    (tmp_path / "00000000000000000000.open").touch()
-    (tmp_path / "00000000000000000005.open").touch()
-    with pytest.raises(UserError, match="2 open segments"):
-        Journal(tmp_path)
+    with pytest.raises(UserError, match="record limit"):
+        Journal(tmp_path).append("t", b"x" * (64 * 1024 * 1024 + 1))
+
+
+def test_a_crash_between_starting_a_segment_and_closing_the_last(tmp_path):
+    j = Journal(tmp_path)
+    for topic, p in payloads(5):
+        j.append(topic, p)
+    j.commit()
+    (tmp_path / "00000000000000000005.open").touch()  # the next segment, created first
+    j2 = Journal(tmp_path)
+    assert sorted(x.name for x in tmp_path.glob("*.*")) == [
+        "00000000000000000000.seg", "00000000000000000005.open"]
+    assert j2.append("t", b"x") == 5
 
 
 WRITER = """
@@ -119,3 +129,140 @@ def test_tail_follows_appends_and_segment_rolls(tmp_path):
     late = JournalTail(tmp_path, 150)   # starting in the middle of a closed segment
     assert [o for o, _, _ in late.read(j.durable_offset)] == list(range(150, 208))
     assert list(late.read(j.durable_offset)) == []
+
+
+def journal_of(tmp_path, n, segment_bytes=400):
+    j = Journal(tmp_path, segment_bytes=segment_bytes)
+    for topic, p in payloads(n):
+        j.append(topic, p)
+        j.commit()
+    return j
+
+
+def tail_all(tmp_path, upto, start=0):
+    from dqcep.io.journal import JournalTail
+    return list(JournalTail(tmp_path, start).read(upto))
+
+
+def gaps(items):
+    from dqcep.io.journal import Gap
+    return [(o, p.count) for o, _, p in items if isinstance(p, Gap)]
+
+
+def flip(path, at):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
+def record_starts(path):
+    from dqcep.io.journal import scan
+    return [(item[1], item[3]) for item in scan(path.read_bytes(), int(path.stem))]
+
+
+@pytest.mark.parametrize("where", ["body", "length"])
+def test_a_flipped_byte_in_a_closed_segment_loses_one_record(tmp_path, where):
+    j = journal_of(tmp_path, 60)
+    seg = sorted(tmp_path.glob("*.seg"))[1]
+    starts = record_starts(seg)
+    pos, victim = starts[2]
+    flip(seg, pos + (12 if where == "body" else 1))
+    items = tail_all(tmp_path, j.durable_offset)
+    assert gaps(items) == [(victim, 1)]
+    assert "damaged at byte" in items[victim][2].reason
+    assert [o for o, _, p in items if isinstance(p, bytes)] == \
+        [o for o in range(60) if o != victim]
+
+
+def test_a_flipped_byte_in_the_open_segment_is_no_torn_tail(tmp_path):
+    j = journal_of(tmp_path, 10, segment_bytes=1 << 20)
+    j.close()
+    seg = next(tmp_path.glob("*.seg"))
+    seg.rename(seg.with_suffix(".open"))       # as if the service had been killed
+    pos, victim = record_starts(seg.with_suffix(".open"))[4]
+    flip(seg.with_suffix(".open"), pos + 12)
+    j2 = Journal(tmp_path)                      # the records after the damage stay
+    assert j2.truncated_bytes == 0 and j2.damaged_bytes > 0 and j2.next_offset == 10
+    assert j2.append("t", b"after") == 10
+    j2.commit()
+    items = tail_all(tmp_path, j2.durable_offset)
+    assert gaps(items) == [(4, 1)] and [o for o, _, _ in items] == list(range(11))
+
+
+def test_a_cut_closed_segment_is_a_gap_not_a_stall(tmp_path):
+    j = journal_of(tmp_path, 60)
+    seg = sorted(tmp_path.glob("*.seg"))[1]
+    first_after = int(sorted(tmp_path.glob("*.seg"))[2].stem)
+    pos, cut_at = record_starts(seg)[2]
+    with open(seg, "r+b") as f:
+        f.truncate(pos + 5)                      # inside a record
+    items = tail_all(tmp_path, j.durable_offset)
+    assert gaps(items) == [(cut_at, first_after - cut_at)]
+    assert "damaged at byte" in items[cut_at][2].reason
+    assert [o for o, _, _ in items] == list(range(cut_at + 1)) + list(range(first_after, 60))
+
+
+def test_lost_segments_never_give_their_offsets_to_new_records(tmp_path):
+    j = journal_of(tmp_path, 60)
+    j.close()
+    for seg in sorted(tmp_path.glob("*.seg"))[-3:]:
+        seg.unlink()                              # the newest segments are gone
+    j2 = Journal(tmp_path, min_next_offset=60)    # a consumer's checkpoint had seen 60
+    assert j2.append("t", b"new") == 60
+    j2.commit()
+    items = tail_all(tmp_path, j2.durable_offset, start=0)
+    (gap,) = gaps(items)
+    assert gap[0] + gap[1] == 60 and items[-1][:2] == (60, "t")
+
+
+def test_a_failed_commit_keeps_the_records_and_recovers(tmp_path):
+    """A full disk, made by a file-size limit: nothing is acknowledged, nothing lost."""
+    import resource
+    from dqcep.io.journal import JournalWriteError
+    j = Journal(tmp_path)
+    for topic, p in payloads(5):
+        j.append(topic, p)
+    j.commit()
+    size = next(tmp_path.glob("*.open")).stat().st_size
+    for topic, p in payloads(50, 5):
+        j.append(topic, p)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, hard))
+    try:
+        with pytest.raises(JournalWriteError, match="File too large"):
+            j.commit()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert j.durable_offset == 5 and next(tmp_path.glob("*.open")).stat().st_size == size
+    assert j.commit() == 55                       # space came back
+    assert [p for _, _, p in j.read()] == [p for _, p in payloads(55)]
+    j.close()
+    assert [p for _, _, p in Journal(tmp_path).read()] == [p for _, p in payloads(55)]
+
+
+def test_refused_payloads_keep_their_place(tmp_path):
+    from dqcep.io.journal import Refused
+    j = Journal(tmp_path)
+    j.append("t", b"a")
+    j.append("big", Refused(70_000_000))
+    j.append("t", b"b")
+    j.commit()
+    assert list(j.read()) == [(0, "t", b"a"), (1, "big", Refused(70_000_000)), (2, "t", b"b")]
+
+
+def test_trim_deletes_only_what_every_consumer_is_past(tmp_path):
+    j = journal_of(tmp_path, 100)
+    before = sorted(tmp_path.glob("*.seg"))
+    assert j.trim() == 0                          # no consumer registered: keep all
+    j.checkpointed("service", 50)
+    j.checkpointed("spark", 30)
+    assert j.trim() > 0
+    left = sorted(tmp_path.glob("*.seg"))
+    assert int(left[0].stem) <= 30 < int(left[1].stem) and len(left) < len(before)
+    assert [o for o, _, _ in tail_all(tmp_path, j.durable_offset, start=30)] == \
+        list(range(30, 100))
+    j.checkpointed("spark", 100)
+    j.checkpointed("service", 100)
+    total = sum(p.stat().st_size for p in sorted(tmp_path.glob("*.seg"))[-3:])
+    j.trim(keep_bytes=total)                      # retention keeps the newest bytes
+    assert len(list(tmp_path.glob("*.seg"))) == 3

@@ -19,17 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
 
 
-def gen_args(n, topic_url, extra=()):
+def gen_args(n, topic_url, extra=(), queries=QUERIES):
     return [sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n", str(n),
-            "--seed", "5", "--batch-size", "200", "--plant", str(QUERIES),
+            "--seed", "5", "--batch-size", "200", "--plant", str(queries),
             "--plant-every", "130000", "--quiet", "--truth", os.devnull, *extra,
             "-o", topic_url]
 
 
-def expected_matches(n, tmp_path, extra=()):
+def expected_matches(n, tmp_path, extra=(), queries=QUERIES):
     """The same stream as a file, matched by the reference: what the service must print."""
     out = tmp_path / "stream.msgpack"
-    subprocess.run(gen_args(n, str(out), extra), check=True)
+    subprocess.run(gen_args(n, str(out), extra, queries), check=True)
     good = []
     for payload in msgpack.Unpacker(open(out, "rb"), raw=False):
         for e in payload["events"]:
@@ -42,7 +42,7 @@ def expected_matches(n, tmp_path, extra=()):
         if e.id not in seen:
             seen.add(e.id)
             events.append(e)
-    ms = ReferenceMatcher(parse_file(QUERIES).queries).run(events)
+    ms = ReferenceMatcher(parse_file(queries).queries).run(events)
     return {json.dumps(m.to_json_obj()) for m in ms}, len(events)
 
 
@@ -57,8 +57,8 @@ def run_small_stream(tmp_path, url, events=5_000):
 
 
 class Service:
-    def __init__(self, tmp_path, url):
-        self.args = [sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input", url,
+    def __init__(self, tmp_path, url, queries=QUERIES):
+        self.args = [sys.executable, "-m", "dqcep", "run", str(queries), "--input", url,
                      "--journal", str(tmp_path / "journal"), "--checkpoint",
                      str(tmp_path / "ck.bin"), "-o", str(tmp_path / "out.jsonl"),
                      "--stats-file", str(tmp_path / "stats.json"), "--stats-every", "0.2"]
@@ -83,7 +83,13 @@ class Service:
         assert self.events_in(counter) >= n, (self.events_in(counter), n)
 
     def stop(self):
+        """SIGTERM: a pause for a restart (held matches stay in the checkpoint)."""
         self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(30) == 0, self.proc.stderr.read()
+
+    def finish(self):
+        """SIGUSR1: the end of the stream (held matches out), then exit."""
+        self.proc.send_signal(signal.SIGUSR1)
         assert self.proc.wait(30) == 0, self.proc.stderr.read()
 
     def output(self):
@@ -100,7 +106,7 @@ def test_end_to_end_matches_equal_the_reference(mosquitto, tmp_path):
     svc.start()
     subprocess.run(gen_args(20_000, url), check=True)
     svc.wait_for(n_events)
-    svc.stop()
+    svc.finish()
     assert svc.output() == want and len(want) > 50
 
 
@@ -119,13 +125,49 @@ def test_sigkill_mid_stream_loses_and_repeats_nothing(mosquitto, tmp_path):
     svc.start()
     assert pub.wait(60) == 0
     svc.wait_for(n_events)
-    svc.stop()
+    svc.finish()
     assert svc.output() == want
     dead = [json.loads(x) for x in (tmp_path / "out.jsonl.dead-letter.jsonl").read_text()
             .splitlines()]
     assert dead and all(d["reason"] and d["payload"] for d in dead)
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["malformed"] == sum(map(rejected_events, dead)) and stats["duplicates"] > 0
+
+
+def test_sigterm_restarts_keep_held_matches_for_the_next_run(mosquitto, tmp_path):
+    """Three SIGTERM restarts mid-stream: exactly the reference's matches. A stop is a
+    pause: the matches held for a trailing NOT wait in the checkpoint, and only the
+    end of the stream releases them (it once released them at every SIGTERM)."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/term"
+    queries = tmp_path / "held.cep"
+    queries.write_text(QUERIES.read_text() + """;
+-- held until 20 s after the door: true matches come out at the end of the stream
+QUERY unattended
+PATTERN SEQ(Door d, Motion m, NOT Door c)
+WHERE [room] AND d.open = true AND m.active = true
+WITHIN 20 s;
+
+-- humidity follows a temperature reading in its room within 5 s: a match held at a
+-- stop is almost always one that a later event takes back
+QUERY dry
+PATTERN SEQ(Temperature t, NOT Humidity h)
+WHERE [room]
+WITHIN 5 s
+""")
+    want, n_events = expected_matches(40_000, tmp_path, queries=queries)
+    assert any('"unattended"' in m for m in want)
+    svc = Service(tmp_path, url, queries)
+    svc.start()
+    pub = subprocess.Popen(gen_args(40_000, url, ("--rate", "5000"), queries))
+    for seen in (6_000, 14_000, 22_000):
+        svc.wait_for(seen)
+        svc.stop()
+        svc.start()
+    assert pub.wait(60) == 0
+    svc.wait_for(n_events)
+    svc.finish()
+    assert svc.output() == want
 
 
 def test_out_of_order_within_lateness_and_late_events(mosquitto, tmp_path):
@@ -139,7 +181,7 @@ def test_out_of_order_within_lateness_and_late_events(mosquitto, tmp_path):
     subprocess.run(gen_args(20_000, url, extra), check=True)
     svc.wait_for(20_000 - 50)
     time.sleep(0.5)
-    svc.stop()
+    svc.finish()
     late = [json.loads(x)["event"] for x in
             (tmp_path / "out.jsonl.late.jsonl").read_text().splitlines()]
     assert late, "events delayed by up to 5 s must exceed a 400 ms lateness"
@@ -224,7 +266,7 @@ def test_broker_restart_mid_stream_loses_nothing(tmp_path):
         broker.start()          # ... and comes back: both clients reconnect
         assert pub.wait(90) == 0
         svc.wait_for(n_events, timeout=90)
-        svc.stop()
+        svc.finish()
         assert svc.output() == want
     finally:
         if svc.proc and svc.proc.poll() is None:
@@ -330,7 +372,7 @@ def test_two_services_with_their_own_client_ids_each_get_the_whole_stream(mosqui
     subprocess.run(gen_args(5_000, url), check=True)
     for svc in services:
         svc.wait_for(n_events)
-        svc.stop()
+        svc.finish()
         assert svc.output() == want
 
 

@@ -2,34 +2,51 @@
 
 Layout of a journal directory::
 
-    00000000000000000000.seg   closed segment: records with offsets 0 .. k-1
+    00000000000000000000.seg   closed segment: its first record has offset 0
     00000000000000004096.seg   closed segment starting at offset 4096
     00000000000000008192.open  the segment being written
+    consumers/NAME.offset      how far each consumer has checkpointed (retention)
 
 Every record is ``[u32 length][u32 crc32][body]`` (little-endian), ``body`` the
-msgpack array ``[topic, payload]``. Offsets count records from 0 across the
-whole journal; a segment's name is the offset of its first record, so the
-sorted names give the order and any offset is found without reading the others.
+msgpack array ``[offset, topic, payload]``; ``payload`` is the bytes received,
+or an integer: the size of a payload refused at ingest (over the size limit),
+kept so that the refusal is reported in stream order. Offsets count records
+across the whole journal and are written in each record, so that damage, a cut
+segment or a deleted one shows as a gap in the offsets instead of shifting
+every later record. A segment's name is the offset of its first record, so the
+sorted names give the order. (Journals written before offsets were stored hold
+``[topic, payload]`` bodies; their offsets are their positions.)
 
-Durability: ``append`` buffers; ``commit`` flushes and fsyncs the open segment
-(policy ``fsync="always"``; ``"never"`` leaves it to the OS, for tests and
-benchmarks) and returns the offset up to which records are durable — the MQTT
-source acknowledges messages only after that. A segment is closed by fsyncing
-it, renaming ``.open`` to ``.seg`` (atomic) and fsyncing the directory, so a
-closed segment appears whole or not at all, in increasing name order: the
-contract a replayable file source (Spark) needs.
+Durability: ``append`` keeps the record in memory; ``commit`` writes what was
+appended in one write and fsyncs (policy ``fsync="always"``; ``"never"``
+leaves it to the OS, for tests and benchmarks) and returns the offset up to
+which records are durable: the MQTT source acknowledges messages only after
+that. A commit that fails (a full disk, an I/O error) cuts the segment back to
+its last durable length, keeps the records and raises ``JournalWriteError``; the
+next commit tries them again. A segment is closed by fsyncing it, renaming
+``.open`` to ``.seg`` (atomic) and fsyncing the directory, so a closed segment
+appears whole or not at all, in increasing name order: the contract a
+replayable file source (Spark) needs.
 
-Recovery: opening a journal scans the ``.open`` segment and cuts it after the
-last record whose length and checksum are intact (a crash mid-write leaves a
-torn tail, never a gap); closed segments are trusted as written.
+Recovery: opening a journal scans the ``.open`` segment. Damage that runs to
+its end is a torn tail (a crash mid-write) and is cut; damage followed by intact
+records is kept in place and reported by the readers as a gap, with the intact
+records after it read as usual. The next offset never goes below
+``min_next_offset`` (what a consumer's checkpoint says it has seen), so a
+journal that lost records never gives their offsets to new ones.
+
+Retention: ``trim(keep_bytes)`` deletes the oldest closed segments that every
+registered consumer (``consumers/``) has checkpointed past, keeping at least
+``keep_bytes`` of closed segments for replay.
 """
 from __future__ import annotations
 
 import os
 import struct
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Union
 
 import msgpack
 
@@ -39,6 +56,28 @@ HEADER = struct.Struct("<II")
 SEG, OPEN = ".seg", ".open"
 FSYNC_POLICIES = ("always", "never")
 MAX_RECORD = 64 * 1024 * 1024
+CONSUMERS = "consumers"
+_BODY_START = (0x93, 0x92)  # msgpack fixarray of 3 (offset, topic, payload) or 2 (old)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """In place of a payload refused at ingest (over the size limit): its size."""
+    size: int
+
+
+@dataclass(frozen=True)
+class Gap:
+    """``count`` records from this offset on that the journal cannot give back."""
+    count: int
+    reason: str
+
+
+Payload = Union[bytes, Refused, Gap]
+
+
+class JournalWriteError(UserError):
+    """A commit could not be written; the records are kept for the next commit."""
 
 
 def _name(offset: int, suffix: str) -> str:
@@ -53,139 +92,303 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _scan(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """(end position, body) of each intact record from the current position."""
+def segments(directory: str | Path, include_open: bool = True) -> list[Path]:
+    """Segment files in offset order (the open one last)."""
+    directory = Path(directory)
+    found = list(directory.glob("*" + SEG))
+    if include_open:
+        found += directory.glob("*" + OPEN)
+    return sorted(found, key=lambda p: (int(p.stem), p.suffix == OPEN))
+
+
+# ---------------------------------------------------------------- records
+def _record_at(data, pos: int, positional: int):
+    """(end, offset, topic, payload) of an intact record at ``pos``, else None.
+
+    ``positional`` is the offset an old two-field record at this place has.
+    """
+    if pos + HEADER.size > len(data):
+        return None
+    length, crc = HEADER.unpack_from(data, pos)
+    end = pos + HEADER.size + length
+    if length == 0 or length > MAX_RECORD or end > len(data) \
+            or data[pos + HEADER.size] not in _BODY_START:
+        return None
+    body = bytes(data[pos + HEADER.size:end])
+    if zlib.crc32(body) != crc:
+        return None
+    try:
+        fields = msgpack.unpackb(body, raw=False)
+    except Exception:  # a checksum that matches by chance over bytes that are no record
+        return None
+    if len(fields) == 2:
+        offset, (topic, payload) = positional, fields
+    else:
+        offset, topic, payload = fields
+    if not isinstance(offset, int) or not isinstance(topic, str):
+        return None
+    if isinstance(payload, int):
+        payload = Refused(payload)
+    elif not isinstance(payload, bytes):
+        return None
+    return end, offset, topic, payload
+
+
+def _resync(data, pos: int, after: int):
+    """Position of the first intact record at or after ``pos`` whose offset is above
+    ``after`` (the last good one), else None. Only the bytes a body starts with are
+    tried, so a damaged segment costs one pass, not one checksum per byte."""
     while True:
-        head = f.read(HEADER.size)
-        if len(head) < HEADER.size:
+        starts = [i for i in (data.find(bytes([b]), pos + HEADER.size) for b in _BODY_START)
+                  if i >= 0]
+        if not starts:
+            return None
+        q = min(starts) - HEADER.size
+        rec = _record_at(data, q, after + 1)
+        if rec is not None and rec[1] > after:
+            return q
+        pos = q + 1
+
+
+def scan(data, first: int) -> Iterator[tuple]:
+    """Everything in a segment's bytes: ``("record", start, end, offset, topic, payload)``
+    for intact records and ``("damaged", start, end)`` for the bytes between them."""
+    pos, last = 0, first - 1
+    while pos < len(data):
+        rec = _record_at(data, pos, last + 1)
+        if rec is not None and rec[1] > last:
+            end, offset, topic, payload = rec
+            yield "record", pos, end, offset, topic, payload
+            pos, last = end, offset
+            continue
+        nxt = _resync(data, pos + 1, last)
+        yield "damaged", pos, len(data) if nxt is None else nxt
+        if nxt is None:
             return
-        length, crc = HEADER.unpack(head)
-        if length > MAX_RECORD:
-            return
-        body = f.read(length)
-        if len(body) < length or zlib.crc32(body) != crc:
-            return
-        yield f.tell(), body
+        pos = nxt
+
+
+def segment_items(path: str | Path) -> Iterator[tuple[int, str, Payload]]:
+    """(offset, topic, payload) of one segment file, in order; a damaged stretch
+    between intact records is one ``Gap`` (damage at the very end of a segment
+    cannot be counted here: the next segment's name tells, see ``JournalTail``)."""
+    path = Path(path)
+    data = path.read_bytes()
+    expected = int(path.stem)
+    damaged_at = None
+    for item in scan(data, expected):
+        if item[0] == "damaged":
+            damaged_at = item[1]
+            continue
+        _, _, _, offset, topic, payload = item
+        if offset > expected:
+            why = (f"damaged at byte {damaged_at} of {path.name}" if damaged_at is not None
+                   else f"missing from {path.name}")
+            yield expected, "", Gap(offset - expected, why)
+        damaged_at = None
+        yield offset, topic, payload
+        expected = offset + 1
+
+
+def segment_records(path: str | Path) -> Iterator[tuple[int, str, Payload]]:
+    """(offset, topic, payload) of the intact records of one segment file."""
+    for offset, topic, payload in segment_items(path):
+        if not isinstance(payload, Gap):
+            yield offset, topic, payload
+
+
+def _segment_end(path: Path) -> int:
+    """The offset after the last intact record of a segment (its name if none)."""
+    end = int(path.stem)
+    for item in scan(path.read_bytes(), end):
+        if item[0] == "record":
+            end = item[3] + 1
+    return end
 
 
 class Journal:
-    """Journal(directory, segment_bytes=64 MiB, fsync="always")"""
+    """Journal(directory, segment_bytes=64 MiB, fsync="always", min_next_offset=0)"""
 
     def __init__(self, directory: str | Path, segment_bytes: int = 64 * 1024 * 1024,
-                 fsync: str = "always"):
+                 fsync: str = "always", min_next_offset: int = 0):
         if fsync not in FSYNC_POLICIES:
             raise UserError(f"journal fsync policy must be one of {', '.join(FSYNC_POLICIES)}")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_bytes, self.fsync = segment_bytes, fsync
-        self.truncated_bytes = 0  # torn tail cut off at recovery
-        closed = sorted(self.dir.glob("*" + SEG))
-        opened = sorted(self.dir.glob("*" + OPEN))
-        if len(opened) > 1:
-            raise UserError(f"journal {self.dir} has {len(opened)} open segments; expected one")
+        self.truncated_bytes = 0   # torn tail cut off at recovery
+        self.damaged_bytes = 0     # damaged stretches kept in place (the readers report them)
+        opened = sorted(self.dir.glob("*" + OPEN), key=lambda p: int(p.stem))
+        for earlier in opened[:-1]:  # a crash between starting a segment and closing the last
+            os.replace(earlier, earlier.with_suffix(SEG))
+        closed = segments(self.dir, include_open=False)
+        nxt = min_next_offset
+        if closed:
+            nxt = max(nxt, _segment_end(closed[-1]))
         if opened:
-            self._start = int(opened[0].stem)
-            self._path = opened[0]
-            self._count, good_end = 0, 0
-            with open(self._path, "rb") as f:
-                for end, _ in _scan(f):
-                    self._count, good_end = self._count + 1, end
-            size = self._path.stat().st_size
-            if size > good_end:
-                self.truncated_bytes = size - good_end
-                with open(self._path, "r+b") as f:
-                    f.truncate(good_end)
-                    os.fsync(f.fileno())
+            self._path = opened[-1]
+            nxt = max(nxt, int(self._path.stem), self._recover(self._path))
         else:
-            self._start = self._next_after(closed[-1]) if closed else 0
-            self._path = self.dir / _name(self._start, OPEN)
-            self._count = 0
+            self._path = self.dir / _name(nxt, OPEN)
             open(self._path, "wb").close()
             _fsync_dir(self.dir)
-        self._file = open(self._path, "ab")
-        self._durable = self._start + self._count
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+        self._size = os.fstat(self._fd).st_size  # bytes durable in the open segment
+        self._next = self._durable = nxt
+        self._pending: list[bytes] = []
 
-    @staticmethod
-    def _next_after(segment: Path) -> int:
-        with open(segment, "rb") as f:
-            return int(segment.stem) + sum(1 for _ in _scan(f))
+    def _recover(self, path: Path) -> int:
+        """Cut a torn tail off the open segment; returns the offset after its last record."""
+        data = path.read_bytes()
+        end, good_end = int(path.stem), 0
+        for item in scan(data, end):
+            if item[0] == "record":
+                end, good_end = item[3] + 1, item[2]
+            elif item[2] < len(data):
+                self.damaged_bytes += item[2] - item[1]
+        if len(data) > good_end:
+            self.truncated_bytes = len(data) - good_end
+            with open(path, "r+b") as f:
+                f.truncate(good_end)
+                os.fsync(f.fileno())
+        return end
 
     @property
     def next_offset(self) -> int:
         """Offset the next appended record gets."""
-        return self._start + self._count
+        return self._next
 
     @property
     def durable_offset(self) -> int:
-        """Every record below this offset is on disk (per the fsync policy)."""
+        """Every record below this offset is on disk (per the fsync policy), or lost
+        and reported by the readers."""
         return self._durable
 
-    def append(self, topic: str, payload: bytes) -> int:
-        body = msgpack.packb([topic, payload], use_bin_type=True)
+    def append(self, topic: str, payload: bytes | Refused) -> int:
+        offset = self._next
+        body = msgpack.packb([offset, topic, payload.size if isinstance(payload, Refused)
+                              else payload], use_bin_type=True)
         if len(body) > MAX_RECORD:
             raise UserError(f"a payload of {len(payload)} bytes exceeds the journal's record "
                             f"limit of {MAX_RECORD} bytes")
-        self._file.write(HEADER.pack(len(body), zlib.crc32(body)))
-        self._file.write(body)
-        offset = self.next_offset
-        self._count += 1
+        self._pending.append(HEADER.pack(len(body), zlib.crc32(body)) + body)
+        self._next += 1
         return offset
 
     def commit(self) -> int:
-        """Make everything appended durable; returns the durable offset."""
-        self._file.flush()
-        if self.fsync == "always":
-            os.fsync(self._file.fileno())
-        self._durable = self.next_offset
-        if self._file.tell() >= self.segment_bytes:
-            self._roll()
+        """Make everything appended durable; returns the durable offset.
+
+        On failure the segment is cut back to its durable length, the records
+        stay appended and JournalWriteError says why; call again to retry.
+        """
+        if self._pending:
+            data = b"".join(self._pending)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view):]
+                if self.fsync == "always":
+                    os.fsync(self._fd)
+            except OSError as err:
+                try:
+                    os.ftruncate(self._fd, self._size)
+                except OSError:
+                    pass  # the next commit writes from the durable length again regardless
+                raise JournalWriteError(f"cannot write the journal {self._path}: "
+                                        f"{err.strerror or err}") from None
+            self._size += len(data)
+            self._pending = []
+        self._durable = self._next
+        if self._size >= self.segment_bytes:
+            try:
+                self._roll()
+            except OSError:
+                pass  # stays open and grows; the next commit tries to close it again
         return self._durable
 
     def _roll(self) -> None:
-        """Close the open segment (fsync, atomic rename) and start the next."""
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._path, self.dir / _name(self._start, SEG))
-        self._start += self._count
-        self._count = 0
-        self._path = self.dir / _name(self._start, OPEN)
-        self._file = open(self._path, "ab")
+        """Close the open segment (fsync, atomic rename) and start the next.
+
+        The next segment is created first: a failure leaves the open one as it was.
+        """
+        path = self.dir / _name(self._next, OPEN)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.fsync(self._fd)
+        os.close(self._fd)
+        os.replace(self._path, self._path.with_suffix(SEG))
+        self._path, self._fd, self._size = path, fd, 0
         _fsync_dir(self.dir)
 
     def close(self) -> None:
         """Commit and close the open segment, so every record is in a closed segment."""
         self.commit()
-        if self._count:
-            self._roll()
-        self._file.close()
-        if self._path.exists() and self._path.stat().st_size == 0:
-            self._path.unlink()
+        os.close(self._fd)
+        if self._size:
+            os.replace(self._path, self._path.with_suffix(SEG))
+        else:
+            self._path.unlink(missing_ok=True)
+        _fsync_dir(self.dir)
+
+    # ---------------------------------------------------------------- retention
+    def checkpointed(self, consumer: str, offset: int) -> None:
+        """Record that ``consumer`` needs no record below ``offset`` any more."""
+        write_consumer_offset(self.dir, consumer, offset)
+
+    def trim(self, keep_bytes: int = 0) -> int:
+        """Delete closed segments every consumer is past (newest ``keep_bytes`` kept);
+        returns the bytes freed. With no consumer registered nothing is deleted."""
+        return trim(self.dir, keep_bytes)
 
     # ------------------------------------------------------------------ reading
-    def read(self, start: int = 0, include_open: bool = True) -> Iterator[tuple[int, str, bytes]]:
+    def read(self, start: int = 0, include_open: bool = True) -> Iterator[tuple[int, str, Payload]]:
         """(offset, topic, payload) from ``start`` on: closed segments, then the open one."""
         return read_journal(self.dir, start, include_open, upto=self._durable)
 
 
-def read_journal(directory: str | Path, start: int = 0, include_open: bool = False,
-                 upto: int | None = None) -> Iterator[tuple[int, str, bytes]]:
-    """Records of a journal directory from offset ``start`` (another process may write it).
+def write_consumer_offset(directory: str | Path, consumer: str, offset: int) -> None:
+    folder = Path(directory) / CONSUMERS
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f"{consumer}.offset.tmp"
+    tmp.write_text(f"{offset}\n")
+    os.replace(tmp, folder / f"{consumer}.offset")
 
-    Without ``include_open`` only closed segments are read: what a replayable
-    source may consume. ``upto`` stops before that offset.
-    """
+
+def trim(directory: str | Path, keep_bytes: int = 0) -> int:
+    """See ``Journal.trim``; usable by any process (a consumer offset is a file)."""
     directory = Path(directory)
-    segments = sorted(directory.glob("*" + SEG))
-    if include_open:
-        segments += sorted(directory.glob("*" + OPEN))
-    for i, seg in enumerate(segments):
-        first = int(seg.stem)
-        nxt = int(segments[i + 1].stem) if i + 1 < len(segments) else None
+    try:
+        offsets = [int(p.read_text()) for p in (directory / CONSUMERS).glob("*.offset")]
+    except (OSError, ValueError):
+        return 0  # a consumer file being replaced or damaged: trim next time
+    if not offsets:
+        return 0
+    safe = min(offsets)
+    names = segments(directory)
+    closed = [p for p in names if p.suffix == SEG]
+    freed, kept = 0, sum(p.stat().st_size for p in closed)
+    for seg, following in zip(names, names[1:]):
+        if seg.suffix != SEG or int(following.stem) > safe:
+            break  # the next segment's first offset bounds this one's records
+        size = seg.stat().st_size
+        if kept - size < keep_bytes:
+            break
+        seg.unlink()
+        freed, kept = freed + size, kept - size
+    return freed
+
+
+def read_journal(directory: str | Path, start: int = 0, include_open: bool = False,
+                 upto: int | None = None) -> Iterator[tuple[int, str, Payload]]:
+    """Intact records of a journal directory from offset ``start`` (another process may
+    write it). Without ``include_open`` only closed segments are read: what a
+    replayable source may consume. ``upto`` stops before that offset."""
+    names = segments(directory, include_open)
+    for i, seg in enumerate(names):
+        nxt = int(names[i + 1].stem) if i + 1 < len(names) else None
         if nxt is not None and nxt <= start:
             continue
         if not seg.exists():  # an open segment closed (renamed) since the listing
-            seg = directory / _name(first, SEG)
+            seg = seg.with_suffix(SEG)
         for offset, topic, payload in segment_records(seg):
             if upto is not None and offset >= upto:
                 return
@@ -193,70 +396,123 @@ def read_journal(directory: str | Path, start: int = 0, include_open: bool = Fal
                 yield offset, topic, payload
 
 
-def segment_records(path: str | Path) -> Iterator[tuple[int, str, bytes]]:
-    """(offset, topic, payload) of the intact records of one segment file."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        for offset, (_, body) in enumerate(_scan(f), start=int(path.stem)):
-            topic, payload = msgpack.unpackb(body, raw=False)
-            yield offset, topic, payload
-
-
 class JournalTail:
-    """Follows a journal from an offset without re-reading: keeps its file and position.
+    """Follows a journal from an offset: keeps its file and position between calls.
 
-    ``read(upto)`` yields the records from where the previous call stopped up to
-    (not including) offset ``upto`` — pass the writer's durable offset, so only
-    whole, committed records are read. When a segment ends it moves on to the
-    segment starting at the next offset (the writer may have renamed the one it
-    was reading: an open file keeps reading the same data).
+    ``read(upto)`` yields ``(offset, topic, payload)`` from where the previous call
+    stopped up to (not including) offset ``upto``: pass the writer's durable
+    offset, so only committed records are read. Offsets that the journal cannot
+    give back (damaged bytes, a cut or deleted segment, records trimmed away)
+    come as one ``(first offset, "", Gap(count, reason))`` each, in their place,
+    so a consumer reports them and goes on with the records after them.
     """
 
     def __init__(self, directory: str | Path, offset: int = 0):
         self.dir = Path(directory)
         self.offset = offset
         self._file: BinaryIO | None = None
+        self._first = 0           # name (first offset) of the segment being read
+        self._last = -1           # offset of the last record read from that segment
+        self._damage: str | None = None  # where the bytes before the next record broke
+        self._record_start = 0    # file position of the record read last
 
-    def _open_at(self, offset: int) -> bool:
-        """Open the segment holding ``offset`` and skip to it; False if none does yet."""
-        names = sorted(self.dir.glob("*" + SEG)) + sorted(self.dir.glob("*" + OPEN))
-        names.sort(key=lambda p: int(p.stem))
-        holding = [p for p in names if int(p.stem) <= offset]
-        if not holding:
-            return False
-        path = holding[-1]
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:  # renamed meanwhile
-            f = open(self.dir / _name(int(path.stem), SEG), "rb")
-        for _ in range(offset - int(path.stem)):
-            head = f.read(HEADER.size)
-            if len(head) < HEADER.size:
-                f.close()
-                return False
-            f.seek(HEADER.unpack(head)[0], os.SEEK_CUR)
+    def _open(self, name: Path) -> None:
         if self._file is not None:
             self._file.close()
-        self._file = f
-        return True
+        try:
+            self._file = open(name, "rb")
+        except FileNotFoundError:  # the open segment was closed (renamed) meanwhile
+            self._file = open(name.with_suffix(SEG), "rb")
+        self._first = int(name.stem)
+        self._last = self._first - 1
 
-    def read(self, upto: int) -> Iterator[tuple[int, str, bytes]]:
+    def _gap(self, upto_offset: int, reason: str):
+        count = upto_offset - self.offset
+        item = (self.offset, "", Gap(count, reason))
+        self.offset = upto_offset
+        return item
+
+    def _next_record(self):
+        """The next intact record of the open file, "eof", or "partial" (a record still
+        being written: wait). Damaged bytes are stepped over (``_damage`` says where)."""
+        f = self._file
+        start = f.tell()
+        head = f.read(HEADER.size)
+        if not head:
+            return "eof"
+        if len(head) == HEADER.size:
+            length, _ = HEADER.unpack(head)
+            if 0 < length <= MAX_RECORD:
+                body = f.read(length)
+                if len(body) < length:
+                    f.seek(start)
+                    return "partial"
+                rec = _record_at(head + body, 0, self._last + 1)
+                if rec is not None and rec[1] > self._last:
+                    self._record_start = start
+                    return rec
+        else:
+            f.seek(start)
+            return "partial"
+        return self._step_over_damage(start)
+
+    def _step_over_damage(self, start: int):
+        """The next intact record after damaged bytes at ``start``, or "eof"."""
+        f = self._file
+        f.seek(start)
+        data = f.read()
+        nxt = _resync(data, 1, self._last)
+        self._damage = f"damaged at byte {start} of segment {_name(self._first, '')}"
+        f.seek(start + (len(data) if nxt is None else nxt))
+        return self._next_record() if nxt is not None else "eof"
+
+    def read(self, upto: int) -> Iterator[tuple[int, str, Payload]]:
         while self.offset < upto:
-            if self._file is None and not self._open_at(self.offset):
-                return
-            head = self._file.read(HEADER.size)
-            if len(head) < HEADER.size:  # end of this segment: the next one starts here
-                self._file.seek(-len(head), os.SEEK_CUR)
-                if not self._open_at(self.offset):
+            if self._file is None:
+                names = segments(self.dir)
+                holding = [p for p in names if int(p.stem) <= self.offset]
+                later = [p for p in names if int(p.stem) > self.offset]
+                if holding:
+                    self._open(holding[-1])
+                elif later:
+                    yield self._gap(int(later[0].stem), "no longer in the journal "
+                                    "(trimmed or deleted)")
+                    continue
+                else:
+                    yield self._gap(upto, "missing from the journal")
                     return
-                continue
-            length, crc = HEADER.unpack(head)
-            body = self._file.read(length)
-            if len(body) < length or zlib.crc32(body) != crc:
-                raise UserError(f"journal {self.dir} is damaged at offset {self.offset}")
-            topic, payload = msgpack.unpackb(body, raw=False)
-            yield self.offset, topic, payload
-            self.offset += 1
+            rec = self._next_record()
+            if rec == "partial":
+                if not [p for p in segments(self.dir) if int(p.stem) > self._first]:
+                    return  # the open segment's last record is still being written
+                # a closed segment: no record is being written there; damaged bytes
+                rec = self._step_over_damage(self._file.tell())
+            if rec == "eof":
+                later = [p for p in segments(self.dir) if int(p.stem) > self._first]
+                if later:
+                    nxt = int(later[0].stem)
+                    if nxt > self.offset:
+                        reason = self._damage or (f"missing: segment {_name(self._first, '')} "
+                                                  "ends early")
+                        yield self._gap(nxt, reason)
+                    self._damage = None
+                    self._open(later[0])
+                    continue
+                yield self._gap(upto, self._damage or "missing from the journal")
+                self._damage = None
+                return
+            _end, offset, topic, payload = rec
+            if offset >= upto:  # appended after the caller's snapshot: read it next time
+                self._file.seek(self._record_start)
+                return
+            self._last = offset
+            if offset < self.offset:
+                continue  # before where this tail started
+            if offset > self.offset:
+                yield self._gap(offset, self._damage or "missing from the journal")
+            self._damage = None
+            self.offset = offset + 1  # before the yield: a caller may stop after any record
+            yield offset, topic, payload
 
     def close(self) -> None:
         if self._file is not None:

@@ -1,6 +1,7 @@
 """MQTT endpoints on paho-mqtt 2.x (callback API version 2)."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -96,18 +97,32 @@ class MqttUrl:
 
 
 class MqttPublisher:
-    """Publishes payloads with QoS 1 and, on ``close()``, waits until every one is acked."""
+    """Publishes payloads with QoS 1 and, on ``close()``, waits until every one is acked.
+
+    It survives a broker restart: paho keeps every unacknowledged message and
+    sends it again once it has reconnected (backoff 1 to 8 s), and a message
+    published while the connection is down waits in the same queue. Messages
+    are counted as delivered only when their PUBACK arrives (``on_publish``), so
+    ``close()`` returns only when the broker has them all; ``publish`` blocks
+    while ``max_pending`` are unacknowledged, so a broker that is away costs a
+    bounded amount of memory, not the whole stream.
+    """
 
     def __init__(self, url: MqttUrl, client_id: str = "", connect_timeout: float = 10.0,
-                 max_inflight: int = 1000):
+                 max_inflight: int = 1000, max_pending: int = 20_000):
         import paho.mqtt.client as mqtt
 
         self.url = url
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
         self.client.max_inflight_messages_set(max_inflight)
+        self.client.reconnect_delay_set(1, 8)
+        self.max_pending = max_pending
+        self._queue_full = mqtt.MQTT_ERR_QUEUE_SIZE
         self._connected = threading.Event()
         self._connect_error: str | None = None
-        self._pending = []
+        self._unacked: set[int] = set()
+        self._acked: set[int] = set()  # PUBACKs that came before publish() returned the mid
+        self._cond = threading.Condition()
         self.published = 0
 
         def on_connect(client, userdata, flags, reason_code, properties):
@@ -115,7 +130,16 @@ class MqttPublisher:
                 self._connect_error = str(reason_code)
             self._connected.set()
 
+        def on_publish(client, userdata, mid, reason_code, properties):
+            with self._cond:
+                if mid in self._unacked:
+                    self._unacked.discard(mid)
+                else:
+                    self._acked.add(mid)
+                self._cond.notify_all()
+
         self.client.on_connect = on_connect
+        self.client.on_publish = on_publish
         url.configure(self.client)
         try:
             self.client.connect(url.host, url.port)
@@ -129,20 +153,30 @@ class MqttPublisher:
                             f"connection: {self._connect_error or 'timed out'}")
 
     def publish(self, payload: bytes) -> None:
+        with self._cond:
+            while len(self._unacked) >= self.max_pending:
+                self._cond.wait(1.0)
+        # not connected (a broker restart): paho queues it and sends it after reconnecting
         info = self.client.publish(self.url.topic, payload, qos=1)
-        self._pending.append(info)
+        if info.rc == self._queue_full:  # cannot happen with paho's unbounded queue
+            raise UserError("the MQTT client's queue is full")
+        with self._cond:
+            if info.mid in self._acked:
+                self._acked.discard(info.mid)
+            else:
+                self._unacked.add(info.mid)
         self.published += 1
-        if len(self._pending) > 4096:  # keep the list short: drop what is acknowledged
-            self._pending = [i for i in self._pending if not i.is_published()]
 
     def close(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         try:
-            for info in self._pending:
-                info.wait_for_publish(max(0.0, deadline - time.monotonic()))
-                if not info.is_published():
+            with self._cond:
+                while self._unacked and time.monotonic() < deadline:
+                    self._cond.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+                if self._unacked:
                     raise UserError(f"MQTT broker at {self.url.host}:{self.url.port} did not "
-                                    f"acknowledge every message within {timeout:.0f} s")
+                                    f"acknowledge {len(self._unacked)} of {self.published} "
+                                    f"messages within {timeout:.0f} s")
         finally:
             self.client.disconnect()
             self.client.loop_stop()
@@ -152,17 +186,29 @@ class MqttSource:
     """Subscribes with QoS 1 in a persistent session; journals messages, acks when durable.
 
     Messages are appended to the journal as they arrive; a committer thread
-    fsyncs the journal every ``commit_interval`` seconds and only then sends the
+    commits the journal every ``commit_interval`` seconds and only then sends the
     PUBACKs, so a message the broker considers delivered is on disk. The client
     id is fixed and the session persistent (clean session off), so the broker
     keeps what arrives while the service is away; paho reconnects with backoff.
     A message delivered again (a PUBACK lost in a crash) is journaled twice;
     the service drops repeated event ids.
+
+    A payload over ``max_payload`` bytes is journaled as its size only
+    (``journal.Refused``) and acknowledged: the service dead-letters it in its
+    place. A commit that fails (a full disk) acknowledges nothing, so the broker
+    stops sending once its in-flight window is full and keeps the rest; the
+    committer says why on stderr and tries again every ``retry_interval`` s
+    until the journal takes the records. ``write_error`` is the failure while
+    it lasts; ``failure`` is set if a callback or the committer dies, and the
+    service then stops with an error instead of stalling.
     """
 
     def __init__(self, urls: list[MqttUrl], journal, client_id: str = "dqcep-engine",
-                 commit_interval: float = 0.01, connect_timeout: float = 10.0):
+                 commit_interval: float = 0.01, connect_timeout: float = 10.0,
+                 max_payload: int | None = None, retry_interval: float = 1.0):
         import paho.mqtt.client as mqtt
+
+        from dqcep.io.payloads import MAX_PAYLOAD
 
         hosts = {(u.host, u.port, u.username, u.tls) for u in urls}
         if len(hosts) != 1:
@@ -170,9 +216,12 @@ class MqttSource:
         self.host, self.port = urls[0].host, urls[0].port
         self.topics = [u.topic for u in urls]
         self.journal = journal
-        self.commit_interval = commit_interval
+        self.commit_interval, self.retry_interval = commit_interval, retry_interval
         self.connect_timeout = connect_timeout
-        self.received = 0
+        self.max_payload = MAX_PAYLOAD if max_payload is None else max_payload
+        self.received = self.refused = 0
+        self.write_error: str | None = None
+        self.failure: str | None = None
         self._lock = threading.Lock()
         self._pending: list[int] = []
         self._stop = threading.Event()
@@ -197,23 +246,54 @@ class MqttSource:
             client.subscribe([(t, 1) for t in self.topics])
 
     def _on_message(self, client, userdata, msg):
-        with self._lock:
-            self.journal.append(msg.topic, msg.payload)
-            self._pending.append(msg.mid)
-            self.received += 1
+        from dqcep.io.journal import Refused
+        try:
+            try:
+                topic = msg.topic
+            except UnicodeDecodeError:  # a broker should refuse such a topic; keep the payload
+                topic = "<topic not UTF-8>"
+            payload = msg.payload
+            if len(payload) > self.max_payload:
+                payload = Refused(len(payload))
+            with self._lock:
+                self.journal.append(topic, payload)
+                self._pending.append(msg.mid)
+                self.received += 1
+                self.refused += isinstance(payload, Refused)
+        except BaseException as err:  # noqa: BLE001 - a dead ingest thread must be seen
+            self.failure = f"receiving a message failed: {err!r}"
+            raise
 
-    def _commit(self) -> None:
+    def _commit(self) -> bool:
+        """Commit and acknowledge; False while the journal cannot be written."""
+        from dqcep.io.journal import JournalWriteError
         with self._lock:
-            if not self._pending:
-                return
-            self.journal.commit()
+            if not self._pending and self.write_error is None:
+                return True
+            try:
+                self.journal.commit()
+            except JournalWriteError as err:
+                if self.write_error is None:
+                    print(f"dqcep: {err}; acknowledging nothing, retrying every "
+                          f"{self.retry_interval:g} s", file=sys.stderr, flush=True)
+                self.write_error = str(err)
+                return False
+            if self.write_error is not None:
+                print("dqcep: the journal is written again", file=sys.stderr, flush=True)
+                self.write_error = None
             mids, self._pending = self._pending, []
         for mid in mids:
             self.client.ack(mid, 1)
+        return True
 
     def _commit_loop(self) -> None:
-        while not self._stop.wait(self.commit_interval):
-            self._commit()
+        try:
+            interval = self.commit_interval
+            while not self._stop.wait(interval):
+                interval = self.commit_interval if self._commit() else self.retry_interval
+        except BaseException as err:  # noqa: BLE001
+            self.failure = f"the journal committer failed: {err!r}"
+            raise
 
     def start(self) -> None:
         deadline = time.monotonic() + self.connect_timeout
@@ -236,10 +316,13 @@ class MqttSource:
             raise UserError(f"the MQTT broker at {self.host}:{self.port} did not confirm "
                             f"the subscription to {', '.join(self.topics)}")
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Disconnect after a last commit; False if that commit failed (nothing of it
+        was acknowledged: the broker sends it again to the next session)."""
         self._stop.set()
         if self._committer.is_alive():
             self._committer.join()
-        self._commit()
+        committed = self._commit()
         self.client.disconnect()
         self.client.loop_stop()
+        return committed

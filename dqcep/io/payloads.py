@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import msgpack
 
 from dqcep.events import Event, EventError, event_from_mapping
+from dqcep.io.journal import Refused
 
 MAX_PAYLOAD = 16 * 1024 * 1024
 
@@ -85,7 +86,10 @@ def _decode(payload: bytes, fmt: str):
     return msgpack.unpackb(payload, raw=False, strict_map_key=False)
 
 
-def decode_payload(payload: bytes, fmt: str = "msgpack") -> tuple[list[Event], list[Rejected]]:
+def decode_payload(payload: bytes | Refused, fmt: str = "msgpack") -> tuple[list[Event], list[Rejected]]:
+    if isinstance(payload, Refused):
+        return [], [Rejected(f"payload of {payload.size} bytes exceeds {MAX_PAYLOAD}; refused "
+                             "at ingest, only its size was kept", None)]
     if len(payload) > MAX_PAYLOAD:
         return [], [Rejected(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}", None)]
     try:

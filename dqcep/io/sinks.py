@@ -54,6 +54,32 @@ def match_lines(batch) -> bytes:
     return b"".join(out)
 
 
+def open_file(path: str | Path, keep: int | None):
+    """A file to append to, cut back to ``keep`` bytes first (None: keep all).
+
+    A file shorter than ``keep`` was cut or replaced by someone else: refused,
+    never padded (extending it would write NUL bytes where lines were).
+    """
+    path = Path(path)
+    if path.parent != Path("."):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        f = open(path, "ab")
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror}") from None
+    if keep is not None:
+        size = f.seek(0, os.SEEK_END)
+        if size < keep and f.seekable() and path.is_file():
+            f.close()
+            raise UserError(f"{path} holds {size} bytes, but the checkpoint says {keep} were "
+                            "written: it was cut or replaced outside dqcep; put it back, or "
+                            "delete the checkpoint to rebuild every output from the journal")
+        if path.is_file():
+            f.truncate(keep)
+        f.seek(0, os.SEEK_END)
+    return f
+
+
 def is_mqtt(target: str | None) -> bool:
     return bool(target) and target.startswith(("mqtt://", "mqtts://"))
 
@@ -66,13 +92,13 @@ class FileMatchSink:
             self.f, self.path = sys.stdout.buffer, None
             return
         self.path = Path(target)
-        try:
-            self.f = open(self.path, "ab" if keep is not None else "wb")
-        except OSError as err:
-            raise UserError(f"cannot write matches to {target}: {err.strerror}") from None
-        if keep is not None:
-            self.f.truncate(keep)
-            self.f.seek(0, os.SEEK_END)
+        if keep is None:  # a run from a file writes its output anew
+            try:
+                self.f = open(self.path, "wb")
+            except OSError as err:
+                raise UserError(f"cannot write matches to {target}: {err.strerror}") from None
+        else:
+            self.f = open_file(self.path, keep)
 
     def write(self, m: Match) -> None:
         self.f.write(json_line(m.to_json_obj(self.with_returns)))
