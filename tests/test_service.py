@@ -390,3 +390,76 @@ def test_wildcard_topic_filters_receive_what_is_published_below_them(mosquitto, 
     r = subprocess.run(gen_args(10, f"mqtt://{host}:{port}/dqcep/wild/#"),
                        capture_output=True, text=True)
     assert r.returncode == 2 and "cannot hold the wildcards" in r.stderr
+
+
+def publish_all(host, port, topic, payloads, client_id="hostile"):
+    import paho.mqtt.client as mqtt
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    pub.connect(host, port)
+    pub.loop_start()
+    infos = [pub.publish(topic, p, qos=1) for p in payloads]
+    for info in infos:
+        info.wait_for_publish(60)
+    pub.disconnect()
+    pub.loop_stop()
+
+
+def test_an_oversized_payload_is_refused_and_ingest_goes_on(mosquitto, tmp_path):
+    """65 MiB (over the journal's record limit) once killed the MQTT thread: lag 0,
+    nothing taken in, forever. Now it is dead-lettered by size and topic."""
+    host, port = mosquitto
+    topic = "dqcep/huge"
+    svc = Service(tmp_path, f"mqtt://{host}:{port}/{topic}")
+    svc.start()
+    good = msgpack.packb({"events": [{"id": i, "type": "Door", "ts": i, "room": "r",
+                                      "open": True} for i in range(1, 1001)]})
+    publish_all(host, port, topic, [good[:100], b"\x00" * (65 * 1024 * 1024), good])
+    svc.wait_for(1000)
+    svc.stop()
+    dead = [json.loads(x) for x in
+            (tmp_path / "out.jsonl.dead-letter.jsonl").read_text().splitlines()]
+    assert [d["offset"] for d in dead] == [0, 1]
+    assert dead[1]["size"] == 65 * 1024 * 1024 and dead[1]["topic"] == topic
+    assert "payload" not in dead[1] and "refused at ingest" in dead[1]["reason"]
+    assert (tmp_path / "out.jsonl.dead-letter.jsonl").stat().st_size < 1000
+
+
+def test_a_json_payload_that_is_no_unicode_does_not_crash_loop(mosquitto, tmp_path):
+    host, port = mosquitto
+    topic = "dqcep/json"
+    svc = Service(tmp_path, f"mqtt://{host}:{port}/{topic}")
+    svc.args += ["--format", "json"]
+    svc.start()
+    bad = b'{"id": 2, "type": "Temperature", "ts": 1, "room": "\\ud800"}'
+    late = b'{"id": 3, "type": "Temperature", "ts": 0, "room": "\\udfff", "value": 1}'
+    good = b'{"id": 1, "type": "Temperature", "ts": 10, "room": "r", "value": 1}'
+    publish_all(host, port, topic, [bad, good, late, b'{"id": 9, "type": "T", "ts": 11}'])
+    svc.wait_for(2)
+    svc.stop()
+    svc.start()  # the journal holds the bad payloads: a restart does not die on them
+    svc.stop()
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["malformed"] == 2 and stats["events_in"] == 2 and stats["late"] == 0
+
+
+def test_a_dead_ingest_thread_ends_the_service_loudly(mosquitto, tmp_path):
+    import threading
+
+    from dqcep.service import StreamingService
+    from tests.test_service_faults import config
+    host, port = mosquitto
+    cfg = config(tmp_path)
+    cfg.inputs = [f"mqtt://{host}:{port}/dqcep/dies"]
+    svc = StreamingService(cfg)
+
+    def broken_append(topic, payload):
+        raise MemoryError("simulated")
+    svc.journal.append = broken_append
+    stop = threading.Event()
+    result = []
+    worker = threading.Thread(target=lambda: result.append(svc.run(stop)))
+    worker.start()
+    time.sleep(1.0)
+    publish_all(host, port, "dqcep/dies", [b"x"])
+    worker.join(20)
+    assert not worker.is_alive() and result == [1]
