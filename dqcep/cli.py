@@ -180,7 +180,8 @@ def _serve(args) -> int:
         late=args.late or args.output + ".late.jsonl", fmt=fmt, lateness=args.lateness,
         output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,
-        until_idle=args.until_idle, journal_retention=args.journal_retention))
+        until_idle=args.until_idle, journal_retention=args.journal_retention,
+        journal_segment_bytes=args.journal_segment))
 
 
 def cmd_run(args) -> int:
@@ -400,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="closed journal segments the service has checkpointed past "
                          "are deleted, but the newest BYTES of them (e.g. 500M, 2G) are kept "
                          "for replay (default 0)")
+    service.add_argument("--journal-segment", type=_byte_size, default=64 << 20,
+                         metavar="BYTES", help="a journal segment is closed once it holds "
+                         "BYTES (default 64M); retention deletes whole closed segments")
     service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, rewritten with each stats line")
     service.add_argument("--stats-every", type=float, default=10.0, metavar="S",
                          help="seconds between stats lines on stderr (default 10)")

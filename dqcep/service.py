@@ -71,6 +71,7 @@ class ServiceConfig:
     recent_ids: int = 100_000
     until_idle: float | None = None   # end of stream after this many seconds without input
     journal_retention: int = 0        # bytes of consumed closed segments kept for replay
+    journal_segment_bytes: int = 64 * 1024 * 1024  # a segment is closed beyond this size
 
 
 class ServiceError(Exception):
@@ -125,7 +126,7 @@ class StreamingService:
         self.plan = build_plan(parse_file(cfg.queries).queries)
         state = self._read_state()
         low = 0 if state is None else max(state["offset"], state["journal_end"])
-        self.journal = Journal(cfg.journal, min_next_offset=low)
+        self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
         if state is None:
             self._check_fresh_start()
         self.error: str | None = None  # a failed write being retried, while it lasts

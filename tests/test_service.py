@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import msgpack
+import pytest
 
 from dqcep.events import event_from_mapping
 from dqcep.lang import parse_file
@@ -463,3 +464,43 @@ def test_a_dead_ingest_thread_ends_the_service_loudly(mosquitto, tmp_path):
     publish_all(host, port, "dqcep/dies", [b"x"])
     worker.join(20)
     assert not worker.is_alive() and result == [1]
+
+
+@pytest.mark.parametrize("full", ["journal", "output and checkpoint"])
+def test_a_full_disk_stalls_loudly_and_recovers_when_space_comes_back(mosquitto, tmp_path,
+                                                                      full):
+    """A file-size limit on the service stands in for a full disk (EFBIG where ENOSPC
+    would be): the service says why, acknowledges nothing it could not journal, and
+    once the limit is lifted catches up to exactly the reference's matches. It once
+    stayed up silently, taking nothing in, and exited 0."""
+    import resource
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/full-{full[:3]}"
+    want, n_events = expected_matches(20_000, tmp_path, ("--batch-size", "50"))
+    svc = Service(tmp_path, url)
+    if full == "journal":
+        limit = 100_000            # the journal's one segment outgrows it
+    else:
+        limit = 60_000             # small segments; the matches and checkpoints do not fit
+        svc.args += ["--journal-segment", "16K"]
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    svc.proc = subprocess.Popen(svc.args, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=small_files)
+    assert "listening on" in svc.proc.stderr.readline()
+    subprocess.run(gen_args(20_000, url, ("--batch-size", "50", "--rate", "20000")),
+                   check=True, timeout=120)
+    for _ in range(200):  # stats lines every 0.2 s in between
+        message = svc.proc.stderr.readline()
+        if "cannot write" in message or not message:
+            break
+    assert ("cannot write the journal" if full == "journal" else "cannot write") in message
+    assert "File too large" in message
+    assert svc.proc.poll() is None
+    time.sleep(1.0)
+    resource.prlimit(svc.proc.pid, resource.RLIMIT_FSIZE,
+                     (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    svc.wait_for(n_events, timeout=90)
+    svc.finish()
+    assert svc.output() == want

@@ -22,11 +22,11 @@ def config(tmp: Path, fmt="msgpack", lateness=0, queries=QUERIES, **kw) -> Servi
                          late=str(tmp / "late.jsonl"), fmt=fmt, lateness=lateness, **kw)
 
 
-def journal_payloads(tmp: Path, payloads, topic="t") -> None:
-    j = Journal(tmp / "journal", fsync="never")
+def journal_payloads(tmp: Path, payloads, topic="t", segment_bytes=64 << 20) -> None:
+    j = Journal(tmp / "journal", segment_bytes, fsync="never")
     for p in payloads:
         j.append(topic, p)
-    j.commit()
+        j.commit()
     j.close()
 
 
@@ -131,3 +131,202 @@ def test_a_batch_of_bad_events_is_dead_lettered_once(tmp_path):
     assert len(dead[2]["rejected"]) == 20 and "81 other reasons" in dead[2]["rejected"][-1]["reason"]
     received = sum(len(p) for p in payloads)
     assert (tmp_path / "dead.jsonl").stat().st_size < 4 * received
+
+
+# ------------------------------------------------- damaged journal and checkpoint
+def iot_payloads(n: int, seed: int = 5, first_id: int = 1, batch: int = 200,
+                 ts_shift: int = 0) -> list[bytes]:
+    """A planted IoT stream as msgpack payloads of ``batch`` events, ids from first_id,
+    timestamps moved by ts_shift ms."""
+    from dqcep.io.event_writers import BatchEncoder
+    from generator import GeneratorConfig, Planting, StreamGenerator
+    gen = StreamGenerator(GeneratorConfig(profile="iot", events=n, seed=seed,
+                                          plant=Planting(queries=str(QUERIES), every=130_000)))
+    encoder = BatchEncoder(gen.schema, "msgpack", batch)
+    out = []
+    for b in gen.batches(16_384):
+        buf, ends = encoder.msgpack_payloads(b)
+        start = 0
+        for end in ends:
+            out.append(bytes(buf[start:end]))
+            start = int(end)
+    return [msgpack.packb({"events": [dict(e, id=e["id"] + first_id - 1, ts=e["ts"] + ts_shift)
+                                      for e in msgpack.unpackb(p)["events"]]}) for p in out]
+
+
+def reference_lines(payloads) -> set:
+    from dqcep.events import event_from_mapping
+    from dqcep.lang import parse_file
+    from dqcep.reference import ReferenceMatcher
+    events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
+    return {json.dumps(m.to_json_obj())
+            for m in ReferenceMatcher(parse_file(QUERIES).queries).run(events)}
+
+
+def finish(cfg) -> StreamingService:
+    """Run to the end of the stream: everything processed, held matches out."""
+    svc = StreamingService(cfg)
+    while svc.step():
+        pass
+    svc._emit(svc.engine.flush())
+    svc.checkpoint()
+    svc.close()
+    return svc
+
+
+def output(tmp) -> set:
+    got = (tmp / "out.jsonl").read_text().splitlines()
+    assert len(got) == len(set(got)), "a match was written twice"
+    return set(got)
+
+
+def append(cfg, payloads) -> None:
+    """What the MQTT source does while the service runs: journal and commit."""
+    svc = StreamingService(cfg)
+    for p in payloads:
+        svc.journal.append("t", p)
+    svc.journal.commit()
+    svc.close()
+
+
+@pytest.mark.parametrize("damage", ["cut open segment", "delete newest segments",
+                                    "cut closed segment"])
+def test_new_records_after_journal_damage_are_not_skipped(tmp_path, damage):
+    """Damage to what was already processed loses nothing; what comes after it is
+    processed (it once reused old offsets and was skipped: 63,000-240,000 matches)."""
+    first, second = iot_payloads(20_000), iot_payloads(20_000, seed=6, first_id=10**6,
+                                                              ts_shift=10**7)
+    cfg = config(tmp_path)
+    cfg.journal_segment_bytes = 1 << 18 if damage != "cut open segment" else 64 << 20
+    cfg.journal_retention = 1 << 40  # keep what was processed: it is what gets damaged
+    journal_payloads(tmp_path, first, segment_bytes=cfg.journal_segment_bytes)
+    run_once(cfg)
+    segs = sorted((tmp_path / "journal").glob("*.seg"), key=lambda p: int(p.stem))
+    if damage == "cut open segment":  # as if the service had been killed while writing it
+        (victim,) = segs
+        for empty in (tmp_path / "journal").glob("*.open"):
+            empty.unlink()
+        victim.rename(victim.with_suffix(".open"))
+        victim = victim.with_suffix(".open")
+        with open(victim, "r+b") as f:
+            f.truncate(victim.stat().st_size * 6 // 10)
+    elif damage == "delete newest segments":
+        for seg in segs[-2:]:
+            seg.unlink()
+    else:
+        with open(segs[-2], "r+b") as f:
+            f.truncate(segs[-2].stat().st_size // 2)
+    append(cfg, second)
+    svc = finish(cfg)
+    assert output(tmp_path) == reference_lines(first + second)
+    assert svc.counts["journal_lost"] == 0  # only records processed before were damaged
+
+
+def test_a_flipped_byte_loses_one_payload_and_says_so(tmp_path):
+    payloads = iot_payloads(20_000)
+    journal_payloads(tmp_path, payloads)
+    seg = next((tmp_path / "journal").glob("*.*"))
+    data = bytearray(seg.read_bytes())
+    middle = len(data) // 2
+    data[middle] ^= 0x01
+    seg.write_bytes(bytes(data))
+    from dqcep.io.journal import scan
+    hit = [item[3] for item in scan(bytes(data), 0) if item[0] == "record"]
+    (lost,) = set(range(len(payloads))) - set(hit)
+    svc = finish(config(tmp_path))
+    assert output(tmp_path) == reference_lines(payloads[:lost] + payloads[lost + 1:])
+    assert svc.counts["journal_lost"] == 1
+    (dead,) = lines(tmp_path / "dead.jsonl")
+    assert dead["offset"] == lost and dead["records"] == 1 and "damaged" in dead["reason"]
+
+
+def damaged_checkpoints(good: bytes):
+    """(name, bytes): a checkpoint damaged or crafted in the ways an operator meets."""
+    from dqcep.io.checkpoint import HEADER, MAGIC
+    import zlib
+    body = good[HEADER.size:]
+    state = msgpack.unpackb(body, raw=False)
+
+    def crafted(**fields):
+        b = msgpack.packb({**state, **fields}, use_bin_type=True)
+        return HEADER.pack(MAGIC, 3, zlib.crc32(b)) + b
+    yield "empty", b""
+    yield "header only", good[:HEADER.size]
+    yield "cut in half", good[:len(good) // 2]
+    yield "flipped byte", good[:200] + bytes([good[200] ^ 0x10]) + good[201:]
+    yield "zeros", bytes(len(good))
+    yield "random", bytes(range(256)) * 8
+    yield "old format", msgpack.packb({**state, "version": 2})
+    yield "other version", HEADER.pack(MAGIC, 9, zlib.crc32(body)) + body
+    yield "not a map", HEADER.pack(MAGIC, 3, zlib.crc32(b"\x91\x01")) + b"\x91\x01"
+    yield "negative offset", crafted(offset=-5)
+    yield "offset not int", crafted(offset="7")
+    yield "engine missing", crafted(engine=None)
+    yield "engine garbage", crafted(engine=b"DQCEPSNAP" + b"\x00" * 50)
+    yield "engine of other queries", crafted(engine=b"x" * 100)
+    yield "recent ids torn", crafted(recent=b"\x01" * 7)
+    yield "counts wrong", crafted(counts={"events_in": "many"})
+    yield "sinks missing", crafted(sinks={})
+    yield "sink longer than file", crafted(sinks={**state["sinks"], "output": 10**8})
+
+
+def test_a_damaged_checkpoint_is_refused_with_how_to_recover(tmp_path):
+    from dqcep.errors import UserError
+    payloads = iot_payloads(5_000)
+    journal_payloads(tmp_path, payloads)
+    cfg = config(tmp_path)
+    finish(cfg)
+    ck = tmp_path / "ck.bin"
+    good = ck.read_bytes()
+    want = output(tmp_path)
+    for name, data in damaged_checkpoints(good):
+        ck.write_bytes(data)
+        with pytest.raises(UserError) as err:
+            StreamingService(cfg)
+        message = str(err.value)
+        assert "\n" not in message and ("delete" in message or "put it back" in message), name
+        assert (tmp_path / "out.jsonl").stat().st_size == len("".join(
+            x + "\n" for x in (tmp_path / "out.jsonl").read_text().splitlines())), name
+    ck.write_bytes(good)
+    finish(cfg)
+    assert output(tmp_path) == want
+
+
+def test_the_previous_checkpoint_takes_over_after_a_crash_between_renames(tmp_path):
+    payloads = iot_payloads(5_000)
+    journal_payloads(tmp_path, payloads)
+    cfg = config(tmp_path)
+    run_once(cfg)
+    (tmp_path / "ck.bin").rename(tmp_path / "ck.bin.prev")
+    finish(cfg)
+    assert output(tmp_path) == reference_lines(payloads)
+
+
+def test_losing_the_checkpoint_rebuilds_every_sink_without_repeats(tmp_path):
+    """Dead letters and late events once doubled (100 -> 200) when the checkpoint was lost."""
+    payloads = iot_payloads(5_000)
+    bad = [msgpack.packb({"events": [{"id": 10**7 + i, "ts": 1}]}) for i in range(100)]
+    late = [msgpack.packb({"id": 10**8 + i, "type": "Door", "ts": 0}) for i in range(50)]
+    journal_payloads(tmp_path, payloads[:10] + bad + late + payloads[10:])
+    cfg = config(tmp_path, journal_retention=1 << 40)  # the journal can rebuild it all
+    finish(cfg)
+    before = {n: (tmp_path / n).read_bytes() for n in ("out.jsonl", "dead.jsonl", "late.jsonl")}
+    assert len(lines(tmp_path / "dead.jsonl")) == 100 and len(lines(tmp_path / "late.jsonl")) == 50
+    (tmp_path / "ck.bin").unlink()
+    (tmp_path / "ck.bin.prev").unlink(missing_ok=True)
+    finish(cfg)
+    assert {n: (tmp_path / n).read_bytes() for n in before} == before
+
+
+def test_losing_the_checkpoint_of_a_trimmed_journal_is_refused(tmp_path):
+    from dqcep.errors import UserError
+    journal_payloads(tmp_path, iot_payloads(2_000))
+    cfg = config(tmp_path)  # retention 0: processed segments are deleted
+    finish(cfg)
+    want = (tmp_path / "out.jsonl").read_bytes()
+    assert want and not list((tmp_path / "journal").glob("*.seg"))
+    (tmp_path / "ck.bin").unlink()
+    (tmp_path / "ck.bin.prev").unlink(missing_ok=True)
+    with pytest.raises(UserError, match="no longer starts at offset 0"):
+        StreamingService(cfg)
+    assert (tmp_path / "out.jsonl").read_bytes() == want

@@ -320,14 +320,15 @@ class Journal:
         _fsync_dir(self.dir)
 
     def close(self) -> None:
-        """Commit and close the open segment, so every record is in a closed segment."""
+        """Commit and close the open segment, so every record is in a closed segment.
+
+        An empty open segment named by the next offset stays: it keeps that offset
+        when retention has deleted every closed segment.
+        """
         self.commit()
-        os.close(self._fd)
         if self._size:
-            os.replace(self._path, self._path.with_suffix(SEG))
-        else:
-            self._path.unlink(missing_ok=True)
-        _fsync_dir(self.dir)
+            self._roll()
+        os.close(self._fd)
 
     # ---------------------------------------------------------------- retention
     def checkpointed(self, consumer: str, offset: int) -> None:
