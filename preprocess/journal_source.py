@@ -4,18 +4,21 @@
 DIR).load()`` reads the journal's **closed** segments (``*.seg``: fsynced,
 renamed into place atomically, in increasing name order; see
 ``dqcep/io/journal.py``), one segment per micro-batch. The offset is
-``{"segment": n}``: the number of closed segments consumed, recorded by Spark
-in the query's checkpoint, so a restarted query reads exactly what it had not
-committed.
+``{"next": s}``: the name (first record offset) of the next segment to read,
+recorded by Spark in the query's checkpoint, so a restarted query reads exactly
+what it had not committed, and segments deleted by the journal's retention
+shift nothing. On commit the query registers itself as a consumer of the
+journal (``consumers/spark-<hash of the index dir>.offset``), so retention keeps
+what it has not read.
 
 Rows have the batch source's columns (``preprocess.source``): ``file_index`` is
-the segment's number, ``where`` is ``journal:offset N [event i]``, and
+the segment's name, ``where`` is ``journal:offset N [event i]``, and
 ``file_before`` is the largest ts of the events that came before the row in the
 whole journal — the engine's late rule needs that maximum, and a task only
-sees its own segment. So each task, after reading segment n, writes the
-running maximum through n to ``index/<n>.max`` (atomically); the driver hands
-segment n+1's task the maximum through n. One segment per micro-batch keeps
-that chain exact.
+sees its own segment. So each task, after reading a segment, writes the
+running maximum through it to ``index/<name of the following segment>.max``
+(atomically); the driver hands the next segment's task the maximum stored
+under its own name. One segment per micro-batch keeps that chain exact.
 
 Payloads decode as in the streaming service (``dqcep.io.payloads``): msgpack
 (the ``ColumnDecoder`` kernel for well-formed ones) or JSON (``format``).
@@ -38,12 +41,20 @@ def closed_segments(journal: str | Path) -> list[Path]:
     return sorted(Path(journal).glob("*" + SEG), key=lambda p: int(p.stem))
 
 
+def following(journal: str | Path, segment: Path) -> int:
+    """Name of the segment after ``segment`` (closed or open; a segment is closed only
+    once the next one exists)."""
+    from dqcep.io.journal import segments
+    return min(int(p.stem) for p in segments(journal) if int(p.stem) > int(segment.stem))
+
+
 def _index_file(index: str | Path, n: int) -> Path:
     return Path(index) / f"{n:012d}.max"
 
 
 def read_max(index: str | Path, n: int):
-    """The running maximum ts through segment n (None: no event yet), or KeyError."""
+    """The largest ts of every event before offset n, the name of a segment (None: no
+    event yet), or KeyError when the segment before it has not been read."""
     path = _index_file(index, n)
     if not path.exists():
         raise KeyError(n)
@@ -58,7 +69,7 @@ def write_max(index: str | Path, n: int, value) -> None:
     os.replace(tmp, path)
 
 
-def read_segment(n: int, path: str, earlier, fmt: str, index: str):
+def read_segment(n: int, path: str, earlier, fmt: str, index: str, after: int):
     """Arrow batches of one closed segment's events and bad payloads (that segment
     only: later ones belong to later micro-batches)."""
     from dqcep._kernels.msgpack_decode import ColumnDecoder
@@ -87,7 +98,7 @@ def read_segment(n: int, path: str, earlier, fmt: str, index: str):
             yield out.take()
     if out.rows:
         yield out.take()
-    write_max(index, n, out.latest)
+    write_max(index, after, out.latest)
 
 
 def end_row(latest):
@@ -98,7 +109,7 @@ def end_row(latest):
 
 
 class JournalStreamReader(DataSourceStreamReader):
-    """Offsets ``{"segment": n}``; ``{"segment": n, "end": 1}`` once the ``end`` file
+    """Offsets ``{"next": s}``; ``{"next": s, "end": 1}`` once the ``end`` file
     (option) exists and every closed segment is read: a micro-batch of one control
     row that closes the stream. New segments later open it again."""
 
@@ -108,39 +119,53 @@ class JournalStreamReader(DataSourceStreamReader):
         self.end = options.get("end") or None
         self.fmt = options.get("format") or "msgpack"
 
+    def _unread(self, start) -> list[Path]:
+        return [p for p in closed_segments(self.journal) if int(p.stem) >= start["next"]]
+
     def initialOffset(self):
-        return {"segment": 0}
+        return {"next": 0}
 
     def latestOffset(self, start=None, limit=None):
-        start = start or {"segment": 0}
-        done, available = start["segment"], len(closed_segments(self.journal))
-        if done < available:
-            return {"segment": done + 1}
+        start = start or self.initialOffset()
+        unread = self._unread(start)
+        if unread:
+            return {"next": following(self.journal, unread[0])}
         if self.end and Path(self.end).exists() and not start.get("end"):
-            return {"segment": done, "end": 1}
+            return {"next": start["next"], "end": 1}
         return start
 
+    def _earlier(self, start, name: int):
+        """The largest ts before segment ``name`` (None: the first segment read)."""
+        return None if start["next"] == 0 and not start.get("end") and \
+            not _index_file(self.index, name).exists() else read_max(self.index, name)
+
     def partitions(self, start, end):
-        segments = closed_segments(self.journal)
         parts = []
-        for n in range(start["segment"], end["segment"]):
-            earlier = None if n == 0 else read_max(self.index, n - 1)
-            parts.append(InputPartition(("segment", n, str(segments[n]), earlier)))
+        for seg in self._unread(start):
+            if int(seg.stem) >= end["next"]:
+                break
+            earlier = self._earlier(start, int(seg.stem))
+            parts.append(InputPartition(("segment", int(seg.stem), str(seg), earlier,
+                                         following(self.journal, seg))))
         if end.get("end") and not start.get("end"):
-            n = end["segment"]
-            parts.append(InputPartition(("end", n, None,
-                                         None if n == 0 else read_max(self.index, n - 1))))
+            n = end["next"]
+            parts.append(InputPartition(("end", n, None, self._earlier(start, n), None)))
         return parts
 
     def read(self, partition):
-        what, n, path, earlier = partition.value
+        what, n, path, earlier, after = partition.value
         if what == "end":
             yield from end_row(earlier)
         else:
-            yield from read_segment(n, path, earlier, self.fmt, self.index)
+            yield from read_segment(n, path, earlier, self.fmt, self.index, after)
 
     def commit(self, end):
-        pass  # the journal keeps every segment: it is the replayable record
+        """The journal may delete what this query has read (its retention)."""
+        import hashlib
+
+        from dqcep.io.journal import write_consumer_offset
+        name = hashlib.sha256(str(Path(self.index).resolve()).encode()).hexdigest()[:12]
+        write_consumer_offset(self.journal, f"spark-{name}", end["next"])
 
 
 class JournalSource(DataSource):

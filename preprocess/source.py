@@ -30,7 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from dqcep.errors import UserError
 from dqcep.io.readers import EXTENSIONS, format_for
 
-SCHEMA = ("file_index int, seq long, `where` string, id long, ts long, file_before long, "
+SCHEMA = ("file_index long, seq long, `where` string, id long, ts long, file_before long, "
           "event binary, reason string")
 BATCH_ROWS = 10_000
 
@@ -125,7 +125,7 @@ class _Batches:
             pa.py_buffer(np.packbits(valid, bitorder="little")),
             pa.py_buffer(offsets), pa.py_buffer(b"".join(self.data))])
         batch = pa.RecordBatch.from_arrays([
-            pa.array(np.full(n, self.index, np.int32)),
+            pa.array(np.full(n, self.index, np.int64)),
             pa.array(np.arange(self.seq, self.seq + n, dtype=np.int64)),
             pa.array(self.where, pa.string()),
             pa.array(ids, mask=~valid), pa.array(ts, mask=~valid),

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from preprocess.executor import JobSpec, assign_batches, engine_batches, pushdown_batches
 
 EVENT_COLUMNS = ["file_index", "seq", "where", "id", "ts", "file_before", "event"]
-EVENT_SCHEMA = ("file_index int, seq long, `where` string, id long, ts long, file_before long, "
+EVENT_SCHEMA = ("file_index long, seq long, `where` string, id long, ts long, file_before long, "
                 "event binary")
 ASSIGNED_SCHEMA = EVENT_SCHEMA + ", group int, part long"
 MATCH_SCHEMA = "query string, detected_at long, line string"

@@ -1,6 +1,7 @@
 """The streaming service under hostile payloads and damaged state, in-process over a
 journal written by the test (no broker needed: what arrives is what the journal holds)."""
 import json
+import time
 from pathlib import Path
 
 import msgpack
@@ -330,3 +331,43 @@ def test_losing_the_checkpoint_of_a_trimmed_journal_is_refused(tmp_path):
     with pytest.raises(UserError, match="no longer starts at offset 0"):
         StreamingService(cfg)
     assert (tmp_path / "out.jsonl").read_bytes() == want
+
+
+def test_processed_segments_are_deleted_but_the_retention(tmp_path):
+    """The journal once grew without bound (3.67 GB after 36 M events)."""
+    payloads = iot_payloads(20_000)
+    journal_payloads(tmp_path, payloads, segment_bytes=1 << 16)
+    segs = list((tmp_path / "journal").glob("*.seg"))
+    total = sum(p.stat().st_size for p in segs)
+    run_once(config(tmp_path, journal_retention=total // 3, journal_segment_bytes=1 << 16))
+    kept = sum(p.stat().st_size for p in (tmp_path / "journal").glob("*.seg"))
+    assert total // 3 <= kept < total // 3 + (1 << 16) + 30_000
+    run_once(config(tmp_path, journal_segment_bytes=1 << 16))  # retention 0
+    assert not list((tmp_path / "journal").glob("*.seg"))
+    assert output(tmp_path) <= reference_lines(payloads)  # no end of stream: some held
+
+
+def test_checkpoints_keep_their_interval_while_a_backlog_drains(mosquitto, tmp_path):
+    """A backlog once held checkpoints back for its whole length (11-16 s apart)."""
+    import threading
+    host, port = mosquitto
+    journal_payloads(tmp_path, iot_payloads(300_000))
+    cfg = config(tmp_path, checkpoint_every=0.001)
+    cfg.inputs = [f"mqtt://{host}:{port}/dqcep/backlog"]
+    svc = StreamingService(cfg)
+    lags = []
+    checkpoint = svc.checkpoint
+
+    def recording():
+        lags.append(svc.journal.durable_offset - svc.offset)
+        checkpoint()
+    svc.checkpoint = recording
+    stop = threading.Event()
+    worker = threading.Thread(target=svc.run, args=(stop,))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while (not lags or lags[-1]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    worker.join(30)
+    assert len([lag for lag in lags if lag > 0]) >= 4, lags

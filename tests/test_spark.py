@@ -263,6 +263,11 @@ def test_journal_source_reads_closed_segments_once_with_the_running_maximum(spar
         return [(r.id, r.file_before) for r in sorted(got, key=lambda r: (r.file_index, r.seq))]
 
     assert run() == [(1, None), (2, 10), (3, 10), (4, 30)]
+    # the query registered as a consumer: retention deletes what it and the service read
+    assert [p.name for p in (tmp_path / "journal" / "consumers").iterdir()][0].startswith("spark-")
+    journal.checkpointed("service", 10**9)
+    assert journal.trim() > 0  # Spark commits a micro-batch's end when the next one starts
+    assert not (tmp_path / "journal" / "00000000000000000000.seg").exists()
     append(evs[4:6])
     journal.append("t", b"\xc1")  # in the open segment: not read yet
     journal.commit()
@@ -353,7 +358,7 @@ def test_a_segment_task_reads_its_segment_only(tmp_path):
     import pyarrow as pa
 
     from dqcep.io.journal import Journal
-    from preprocess.journal_source import closed_segments, read_max, read_segment
+    from preprocess.journal_source import closed_segments, following, read_max, read_segment
     journal = Journal(tmp_path / "j", fsync="never")
     for first in (1, 3):
         journal.append("t", msgpack.packb({"events": [{"id": i, "type": "A", "ts": i}
@@ -362,6 +367,7 @@ def test_a_segment_task_reads_its_segment_only(tmp_path):
         journal._roll()
     journal.close()
     segment = closed_segments(tmp_path / "j")[0]
+    after = following(tmp_path / "j", segment)
     rows = pa.Table.from_batches(list(read_segment(0, str(segment), None, "msgpack",
-                                                   str(tmp_path / "index")))).to_pylist()
-    assert [r["id"] for r in rows] == [1, 2] and read_max(tmp_path / "index", 0) == 2
+                                                   str(tmp_path / "index"), after))).to_pylist()
+    assert [r["id"] for r in rows] == [1, 2] and read_max(tmp_path / "index", after) == 2
