@@ -8,6 +8,10 @@ from typing import Any, Mapping
 Value = int | float | str | bool
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Event times lie within +-TS_LIMIT ms (+-146 million years around 1970): with windows
+# of at most 2**60 ms (dqcep.lang.parser.MAX_WINDOW_MS), every ts difference and every
+# ts +- window the engines compute fits in 64 bits. msgpack_decode.pyx holds the same.
+TS_LIMIT = 2**62 - 1
 
 
 class EventError(ValueError):
@@ -77,6 +81,9 @@ def event_from_mapping(obj: Any) -> Event:
                              f"event '{key}' must be an integer, got {_short(v)}")
         if not INT64_MIN <= v <= INT64_MAX:
             raise EventError(f"event '{key}' {v} does not fit in 64 bits")
+        if key == "ts" and not -TS_LIMIT <= v <= TS_LIMIT:
+            raise EventError(f"event 'ts' {v} is outside +-(2**62 - 1) ms, the range of "
+                             "event times")
     attrs = {}
     for k, v in obj.items():
         if k in ("type", "ts", "id") or v is None:

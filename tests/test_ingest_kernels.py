@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dqcep._kernels.msgpack_decode import BytesTable, is_utf8
+from dqcep._kernels.msgpack_decode import BytesTable, ColumnDecoder, is_utf8
 from dqcep._kernels.recent_ids import RecentIds
+from dqcep.events import TS_LIMIT
 from dqcep.io.payloads import decode_payload
 from dqcep.lang import parse
 from dqcep.plan import build_plan
@@ -47,7 +48,8 @@ def event_pairs(draw, good: bool):
     pairs = []
     if good or draw(st.integers(0, 5)) > 0:
         pairs = [("type", draw(st.sampled_from(["A", "B", "C", "Ünknown"]))),
-                 ("ts", draw(st.integers(-2**63, 2**63 - 1))),
+                 ("ts", draw(st.integers(-TS_LIMIT, TS_LIMIT) if good else
+                             st.integers(-2**63, 2**63 - 1))),
                  ("id", draw(st.integers(-2**63, 2**63 - 1)))]
         if not good and draw(st.integers(0, 3)) == 0:  # one required field left out
             del pairs[draw(st.integers(0, 2))]
@@ -220,3 +222,18 @@ def test_recent_ids_restores_from_its_ids():
     assert np.array_equal(r.admit(probe.copy()), again.admit(probe.copy()))
     with pytest.raises(ValueError):
         RecentIds(0)
+
+
+def test_the_decoder_and_the_validator_share_the_range_of_event_times():
+    import msgpack
+
+    from dqcep import events
+    from dqcep._kernels import msgpack_decode
+    from dqcep.io.payloads import decode_payload
+    assert msgpack_decode.TS_LIMIT == events.TS_LIMIT
+    for ts, ok in ((events.TS_LIMIT, True), (-events.TS_LIMIT, True),
+                   (events.TS_LIMIT + 1, False), (-events.TS_LIMIT - 1, False)):
+        payload = msgpack.packb({"id": 1, "type": "T", "ts": ts})
+        assert (ColumnDecoder([], [], None).decode(payload) >= 0) == ok
+        got, rejected = decode_payload(payload)
+        assert bool(got) == ok and (ok or "range of event times" in rejected[0].reason)

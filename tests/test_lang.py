@@ -1,4 +1,6 @@
 """Parser: every construct, every error class with its position, round trip, fuzzing."""
+import re
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -279,3 +281,106 @@ def test_nesting_limit_is_a_positioned_error():
     assert info.value.line == 1 and info.value.col > 200
     ok = "PATTERN A a WHERE " + "(" * 150 + "a.x > 1" + ")" * 150 + " WITHIN 1"
     assert parse(ok).queries[0].where.op == ">"
+
+
+# --------------------------------------------- hostile queries, parsed, planned and run
+HOSTILE_EVENTS = [{"id": i, "type": t, "ts": ts, "x": x, "y": 2.5, "room": "r"}
+                  for i, (t, ts, x) in enumerate([("A", 1, 1), ("B", 2, -3), ("A", 3, 7),
+                                                  ("C", 4, 0), ("B", 5, 2), ("A", 6, 1)], 1)]
+
+
+def planned_and_run_or_positioned_error(text):
+    """The whole path of a query file: a positioned QueryError, or a plan whose native
+    run gives exactly the reference's matches on a small stream."""
+    from dqcep.events import event_from_mapping
+    from dqcep.plan import build_plan
+    from dqcep.reference import ReferenceMatcher
+    from dqcep.runtime import Engine
+    try:
+        qf = parse(text, "hostile.cep")
+    except QueryError as err:
+        assert err.line >= 1 and err.col >= 1, err
+        assert str(err).startswith(f"hostile.cep:{err.line}:{err.col}: ")
+        return None
+    events = [event_from_mapping(e) for e in HOSTILE_EVENTS]
+    engine = Engine(build_plan(qf.queries))
+    got = engine.process(events).to_matches() + engine.flush().to_matches()
+    want = ReferenceMatcher(qf.queries).run(events)
+    from collections import Counter
+    assert Counter(m.key for m in got) == Counter(m.key for m in want)
+    return qf
+
+
+def wide(op, n, typ="A"):
+    return f"{op}(" + ", ".join(f"{typ} v{i}" for i in range(n)) + ")"
+
+
+@pytest.mark.parametrize("pattern, where, within, refused", ids=lambda v: str(v)[:40], argvalues=[
+    (wide("AND", 9), None, "1 s", None),                            # was a TypeError
+    (wide("AND", 12, "B"), "[room]", "1 s", None),
+    ("SEQ(A a, B b)", "[ts]", "1 s", "[ts] is not supported"),       # was a KeyError
+    ("SEQ(A a, B b)", "[id]", "1 s", "[id] is not supported"),
+    ("SEQ(A a, B b)", "[type]", "1 s", "[type]"),
+    ("SEQ(A a, B b)", "a.type = 'A'", "1 s", "a.type"),
+    (wide("OR", 1000), None, "1 s", None),                         # was a RecursionError
+    ("SEQ(A a, B b)", "a.x < " + " + ".join(["b.y"] * 1000), "1 s", "nested more than"),
+    ("SEQ(A a, B b)", "a.x < " + " + ".join(["b.y"] * 150), "1 s", None),
+    ("SEQ(A a, B b)", " AND ".join(["a.x > -5"] * 1000), "1 s", "nested more than"),
+    (wide("SEQ", 180), None, "1 s", None),                          # was an OverflowError
+    (wide("SEQ", 250), None, "1 s", "decomposes more than 200"),
+    (wide("AND", 1000), None, "1 s", "decomposes more than 200"),
+    ("SEQ(A a, B b)", None, "4611686018427387904", "too large"),    # was an OverflowError
+    ("SEQ(A a, B b)", None, "1152921504606846976", None),           # 2**60 ms: the largest
+    ("SEQ(A a, B b)", None, "9223372036854775807 h", "too large"),
+    ("SEQ(A a, B b)", "a.x < 1" + "0" * 400, "1 s", "too large"),
+    ("SEQ(A a, B b)", "a.x < 1" + "0" * 300, "1 s", None),
+    ("SEQ(A a, B b)", "a.ts < b.ts AND a.id < b.id", "1 s", None),
+])
+def test_hostile_queries_run_correctly_or_are_refused_with_a_position(pattern, where, within,
+                                                                      refused):
+    text = f"QUERY q\nPATTERN {pattern}\n" + (f"WHERE {where}\n" if where else "") + \
+        f"WITHIN {within}\n"
+    if refused is None:
+        assert planned_and_run_or_positioned_error(text) is not None
+    else:
+        with pytest.raises(QueryError, match=re.escape(refused)):
+            parse(text, "hostile.cep")
+
+
+RESERVED_ATTRS = ["ts", "id", "type", "x", "y", "room", "missing"]
+
+
+@st.composite
+def hostile_texts(draw):
+    """Wide and deep patterns, long operator chains, huge numbers, reserved names."""
+    width = draw(st.one_of(st.integers(2, 6), st.integers(150, 260)))
+    op = draw(st.sampled_from(["SEQ", "AND", "OR"]))
+    types = st.sampled_from(["A", "B", "C"])
+    names = iter(f"v{i}" for i in range(10_000))
+    pattern = f"{op}(" + ", ".join(f"{draw(types)} {next(names)}" for _ in range(width)) + ")"
+    for _ in range(draw(st.one_of(st.just(0), st.integers(1, 3), st.integers(95, 110)))):
+        pattern = f"{draw(st.sampled_from(['SEQ', 'AND', 'OR']))}({draw(types)} " \
+                  f"{next(names)}, {pattern})"
+    var = "v0"
+    number = draw(st.one_of(st.integers(-10, 10).map(str),
+                            st.integers(0, 400).map(lambda k: "9" * max(k, 1)),
+                            st.builds(lambda a, b: f"{a}.{b}", st.integers(0, 10**6),
+                                      st.integers(0, 10**6))))
+    term = f"{var}.{draw(st.sampled_from(RESERVED_ATTRS))}"
+    chain = draw(st.one_of(st.integers(1, 5), st.integers(190, 260)))
+    joiner = draw(st.sampled_from([" + ", " - ", " * ", " / "]))
+    where = draw(st.sampled_from([
+        f"{term} < " + joiner.join([number] * chain),
+        " AND ".join([f"{term} > {number}"] * chain),
+        " OR ".join([f"{term} = {number}"] * chain),
+        f"[{draw(st.sampled_from(RESERVED_ATTRS))}]",
+        "NOT " * chain + f"{term} > 0"]))
+    within = draw(st.one_of(st.integers(0, 10**4), st.integers(2**59, 2**64)))
+    unit = draw(st.sampled_from(["", " ms", " s", " min", " h"]))
+    return f"QUERY q\nPATTERN {pattern}\nWHERE {where}\nWITHIN {within}{unit}\n"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(hostile_texts())
+def test_fuzz_wide_and_deep_queries_run_or_are_refused(text):
+    planned_and_run_or_positioned_error(text)

@@ -27,6 +27,11 @@ import numpy as np
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.store cimport KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR
 
+# Event times lie within +-TS_LIMIT (dqcep.events.TS_LIMIT; a test keeps them equal).
+TS_LIMIT = (1 << 62) - 1
+cdef int64_t _TS_LIMIT = TS_LIMIT
+
+
 cdef enum:  # values of the key table besides attribute columns (>= 0)
     KEY_ABSENT = -1  # an attribute no query reads: validated, not stored
     KEY_TYPE = -3
@@ -409,6 +414,8 @@ cdef class ColumnDecoder:
                 if v.tag != V_INT:
                     return -1
                 if col == KEY_TS:
+                    if v.i < -_TS_LIMIT or v.i > _TS_LIMIT:
+                        return -1
                     self.ts[row] = v.i
                     have |= 2
                 else:

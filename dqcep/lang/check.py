@@ -55,6 +55,14 @@ def _check_variables(q: ast.Query) -> Problem | None:
         for e in ast.walk_expr(q.where):
             if isinstance(e, ast.AttrRef) and e.var not in bound:
                 return (f"unknown variable {e.var!r}; the pattern binds {known}", e.pos)
+            if isinstance(e, ast.AttrRef) and e.attr == "type":
+                return (f"{e.var}.type: an event's type is set by the pattern, it is no "
+                        "attribute", e.pos)
+            if isinstance(e, ast.Equivalence) and e.attr in ("ts", "id", "type"):
+                return (f"[{e.attr}] is not supported: {e.attr} is the event's own field, "
+                        f"not an attribute (compare it as a.{e.attr} = b.{e.attr})"
+                        if e.attr != "type" else "[type]: an event's type is set by the "
+                        "pattern, it is no attribute", e.pos)
     seen = set()
     for r in q.returns:
         if r.var not in bound:
@@ -62,6 +70,9 @@ def _check_variables(q: ast.Query) -> Problem | None:
         if r.var in negated:
             return (f"RETURN cannot name {r.var!r}: it is negated, so it is never bound",
                     r.pos)
+        if r.attr == "type":
+            return (f"{r.var}.type: an event's type is set by the pattern, it is no "
+                    "attribute", r.pos)
         if (r.var, r.attr) in seen:
             return (f"RETURN lists {r.var}{'.' + r.attr if r.attr else ''} twice", r.pos)
         seen.add((r.var, r.attr))

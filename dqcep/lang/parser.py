@@ -36,8 +36,9 @@ TERMINAL_NAMES = {
     "$END": "end of input",
 }
 
-# Limits that keep every number representable by every engine.
-MAX_WINDOW_MS = 2**62
+# Limits that keep every number representable by every engine: with event times
+# within +-(2**62 - 1) ms (dqcep.events.TS_LIMIT), ts +- 2 windows fits in 64 bits.
+MAX_WINDOW_MS = 2**60
 # Deeper queries are refused with a positioned error instead of exhausting the
 # recursion of the tree walkers (no real query comes near it).
 MAX_NESTING = 200
@@ -262,6 +263,42 @@ def _deeper_than(tree: Tree, limit: int) -> tuple[int, int] | None:
     return None
 
 
+def _deepest_expression(expr: ast.Expr) -> ast.Pos | None:
+    """Position of an expression node nested deeper than MAX_NESTING (iterative walk:
+    ``a AND b AND c ...`` is a left-deep chain, flat in the parse tree)."""
+    stack = [(expr, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return node.pos
+        if isinstance(node, ast.Binary):
+            stack += [(node.left, depth + 1), (node.right, depth + 1)]
+        elif isinstance(node, ast.Unary):
+            stack.append((node.operand, depth + 1))
+    return None
+
+
+def _too_deep_plan(pattern) -> ast.Pos | None:
+    """Position of the operator at which the pattern's plan, a tree of binary
+    operators, gets deeper than MAX_NESTING; None when it fits. (The parse tree is
+    at most MAX_NESTING deep, so this recursion is bounded.)"""
+    def depth(node) -> tuple[int, ast.Pos | None]:
+        if isinstance(node, ast.Negation):
+            return depth(node.pattern)
+        if isinstance(node, ast.EventPattern):
+            return 0, None
+        worst, where = 0, None
+        for item in node.items:
+            d, w = depth(item)
+            if w is not None:
+                return d, w
+            worst = max(worst, d)
+        n = len(node.items)
+        d = worst + ((n - 1).bit_length() if node.op == ast.OR else n - 1)
+        return d, (node.pos if d > MAX_NESTING else None)
+    return depth(pattern)[1]
+
+
 def parse(text: str, source: str = "<query>") -> ast.QueryFile:
     """Parse and validate a query file; raise QueryError on the first problem."""
     try:
@@ -290,6 +327,16 @@ def parse(text: str, source: str = "<query>") -> ast.QueryFile:
         raise
     named = []
     seen: dict[str, ast.Pos] = {}
+    for q in queries:
+        deep = _deepest_expression(q.where) if q.where is not None else None
+        if deep is not None:
+            raise positioned(f"the condition is nested more than {MAX_NESTING} levels deep "
+                             "(each operator of a chain such as a + b + c counts as one)", deep)
+        too_wide = _too_deep_plan(q.pattern)
+        if too_wide is not None:
+            raise positioned(f"the pattern decomposes more than {MAX_NESTING} operators deep "
+                             "(SEQ or AND of n items counts n - 1, OR of n items log2 n, "
+                             "and nested operators add up)", too_wide)
     for k, q in enumerate(queries, start=1):
         if not q.name:
             q = ast.Query(f"q{k}", q.pattern, q.where, q.within, q.returns, q.pos)

@@ -80,8 +80,8 @@ class CostModel:
         if op == ast.OR:
             return sum(parts)
         n = math.prod(parts)
-        if op == ast.SEQ:
-            n /= math.factorial(len(parts))
+        if op == ast.SEQ:  # 1/k! of the orders are in sequence (k! overflows a float past 170)
+            n = n / math.factorial(len(parts)) if len(parts) <= 170 else 0.0
         for c in conjuncts:
             n *= selectivity(c)
         if keyed:

@@ -219,11 +219,14 @@ class _QueryPlanner:
     def _combine(self, op: str, items: list[_Node], conjuncts, keyed) -> _Node:
         kind = Kind[op]
         if op == ast.OR or len(items) == 1:
-            acc = items[0]
-            for it in items[1:]:
-                acc = _Node(kind, acc.vars + it.vars, left=acc, right=it,
-                            estimate=acc.estimate + it.estimate)
-            return acc
+            # balanced: an OR of n items is log2(n) vertices deep, not n (the order of
+            # the alternatives is kept, which is all an OR's output depends on)
+            while len(items) > 1:
+                pairs = [_Node(kind, a.vars + b.vars, left=a, right=b,
+                               estimate=a.estimate + b.estimate)
+                         for a, b in zip(items[0::2], items[1::2])]
+                items = pairs + items[len(pairs) * 2:]
+            return items[0]
         n = len(items)
         item_vars = [frozenset(it.vars) for it in items]
 
@@ -249,7 +252,8 @@ class _QueryPlanner:
             groups = [c for r in range(1, n + 1) for c in itertools.combinations(range(n), r)]
         else:
             splits = lambda s: [(s[:-1], s[-1:])]  # noqa: E731
-            groups = [tuple(range(j)) for j in range(1, n + 1)] + [(i,) for i in range(1, n)]
+            # singletons first: a group's parts must be costed before the group
+            groups = [(i,) for i in range(n)] + [tuple(range(j)) for j in range(2, n + 1)]
 
         best: dict[tuple[int, ...], tuple[float, tuple | None]] = {}
         for g in groups:  # groups come smallest first
