@@ -185,3 +185,40 @@ def test_demo_runs_in_process_and_finds_every_planted_occurrence():
     found, planted = re.search(r"planted occurrences found: (\d+) of (\d+)", out).groups()
     assert found == planted and int(planted) > 5
     assert "events/s" in out
+
+
+def test_hostile_event_file_lines_are_skipped_one_by_one(tmp_path):
+    """A 5,000-deep line, a line that is no UTF-8 and a lone surrogate under --returns:
+    each is one positioned bad record (they once ended the run with a traceback or
+    stopped the whole file under skip)."""
+    good = (EXAMPLES / "fire-events.jsonl").read_bytes()
+    hostile = [b'{"id": 900, "type": "T", "ts": 1, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+               b'{"id": 901, "type": "Smoke", "ts": 2, "room": "\xff\xfe"}',
+               b'{"id": 902, "type": "Temperature", "ts": 3, "room": "\\ud800", "value": 60}']
+    e = tmp_path / "hostile.jsonl"
+    e.write_bytes(b"\n".join(hostile) + b"\n" + good)
+    args = ("run", EXAMPLES / "fire.cep", "--input", e, "--returns")
+    r = dqcep(*args, "--on-bad-event", "skip")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == dqcep("run", EXAMPLES / "fire.cep", "--input",
+                             EXAMPLES / "fire-events.jsonl", "--returns").stdout
+    assert f"{e}:1:1: invalid JSON: nested too deeply" in r.stderr
+    assert f"{e}:2:48: not UTF-8 text (byte 0xff)" in r.stderr
+    assert f"{e}:3:1: attribute 'room' is not valid Unicode" in r.stderr
+    assert "skipped 3 bad event record(s)" in r.stderr and "Traceback" not in r.stderr
+    r = dqcep(*args)
+    assert r.returncode == 2 and r.stderr.startswith(f"{e}:1:1: invalid JSON")
+    csv = tmp_path / "hostile.csv"
+    csv.write_bytes(b"id,type,ts,room\n1,Smoke,1,\xff\n2,Smoke,2,r\n")
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", csv, "--on-bad-event", "skip")
+    assert r.returncode == 0 and f"{csv}:2:" in r.stderr and "not UTF-8" in r.stderr
+
+
+def test_a_ca_file_that_cannot_be_used_is_one_line(tmp_path):
+    import os
+    for ca in (tmp_path / "missing.pem", EXAMPLES / "fire.cep"):
+        r = subprocess.run([sys.executable, "-m", "dqcep", "generate", "-n", "5", "-o",
+                            "mqtts://127.0.0.1:1/t"], capture_output=True, text=True,
+                           env={**os.environ, "DQCEP_MQTT_CA": str(ca)})
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.startswith(f"cannot use DQCEP_MQTT_CA={ca} for mqtts://")

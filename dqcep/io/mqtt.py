@@ -93,7 +93,14 @@ class MqttUrl:
         if self.username:
             client.username_pw_set(self.username, os.environ.get(PASSWORD_ENV))
         if self.tls:
-            client.tls_set(ca_certs=os.environ.get(CA_ENV) or None)
+            import ssl
+            ca = os.environ.get(CA_ENV) or None
+            try:
+                client.tls_set(ca_certs=ca)
+            except (OSError, ssl.SSLError, ValueError) as err:
+                where = f"{CA_ENV}={ca}" if ca else "the system's CA certificates"
+                reason = getattr(err, "strerror", None) or getattr(err, "reason", None) or err
+                raise UserError(f"cannot use {where} for mqtts://: {reason}") from None
 
 
 class MqttPublisher:

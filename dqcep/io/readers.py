@@ -67,14 +67,35 @@ def _event(obj, source: str, where: str) -> tuple[str, Event] | EventInputError:
         return EventInputError(source, where, str(err))
 
 
+# Text files are read with errors="surrogateescape": a byte that is no UTF-8 becomes
+# one of these code points, found per line, so one bad line is one bad record.
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def _not_utf8(text: str, source: str, lineno: int) -> EventInputError | None:
+    bad = _NOT_UTF8.search(text)
+    if bad is None:
+        return None
+    byte = ord(bad.group()) - 0xDC00
+    return EventInputError(source, f"{lineno}:{bad.start() + 1}",
+                           f"not UTF-8 text (byte 0x{byte:02x})")
+
+
 def _jsonl(stream: IO[str], source: str) -> Iterator:
     for lineno, line in enumerate(stream, start=1):
         if not line.strip():
+            continue
+        bad = _not_utf8(line, source, lineno)
+        if bad is not None:
+            yield bad
             continue
         try:
             obj = json.loads(line.rstrip("\r\n"), parse_constant=_reject_constant)
         except json.JSONDecodeError as err:
             yield EventInputError(source, f"{lineno}:{err.colno}", f"invalid JSON: {err.msg}")
+            continue
+        except RecursionError:
+            yield EventInputError(source, f"{lineno}:1", "invalid JSON: nested too deeply")
             continue
         except ValueError as err:
             yield EventInputError(source, f"{lineno}:1", f"invalid JSON: {err}")
@@ -139,9 +160,16 @@ def _csv(stream: IO[str], source: str) -> Iterator:
     missing = [c for c in ("id", "type", "ts") if c not in header]
     if missing:
         raise EventInputError(source, "1:1", f"CSV header lacks column(s) {', '.join(missing)}")
+    bad = _not_utf8(",".join(header), source, 1)
+    if bad is not None:
+        raise bad
     for row in reader:
         lineno = reader.line_num
         if not any(cell.strip() for cell in row):
+            continue
+        bad = _not_utf8(",".join(row), source, lineno)
+        if bad is not None:
+            yield bad
             continue
         if len(row) != len(header):
             yield EventInputError(source, f"{lineno}:1",
@@ -187,8 +215,10 @@ def read_events(path: str, fmt: str | None = None,
         if fmt in ("msgpack", "parquet"):
             stream = sys.stdin.buffer if path == "-" else open(path, "rb")
         else:
-            stream = (io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="")
-                      if path == "-" else open(path, encoding="utf-8", newline=""))
+            stream = (io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="",
+                                       errors="surrogateescape")
+                      if path == "-" else open(path, encoding="utf-8", newline="",
+                                               errors="surrogateescape"))
     except OSError as err:
         raise UserError(f"cannot read event file {path}: {err.strerror}") from None
     decode = {"jsonl": _jsonl, "msgpack": _msgpack, "csv": _csv, "parquet": _parquet}[fmt]
