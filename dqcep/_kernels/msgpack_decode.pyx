@@ -469,6 +469,10 @@ cdef class ColumnDecoder:
                 return -1
         return 0 if pos == end else -1
 
+    def forget_strings(self):
+        """Drop the cached string codes: the dictionary has freed some of them."""
+        self.strings = BytesTable()
+
     def decode(self, const uint8_t[::1] payload) -> int:
         cdef idx_t before = self.rows
         cdef int rc

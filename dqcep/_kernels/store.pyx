@@ -209,6 +209,21 @@ cdef class EventStore:
                 kind[i, a] = self.kind[r * self.n_attrs + a]
         return seqs, ts, ids, val, kind
 
+    def string_codes(self):
+        """Dictionary codes of the retained events' string cells (repeats included):
+        what of the engine's string dictionary the store still refers to."""
+        cdef idx_t n = <idx_t>(self.next_seq - self.base), na = self.n_attrs, i, a, r, k = 0
+        out = np.empty(n * na, np.int64)
+        cdef int64_t[::1] o = out
+        with nogil:
+            for i in range(n):
+                r = self.row(self.base + i)
+                for a in range(na):
+                    if self.kind[r * na + a] == KIND_STR:
+                        o[k] = <int64_t>self.val[r * na + a]
+                        k += 1
+        return out[:k]
+
     def load(self, int64_t base, ts, ids, val, kind):
         """Replace the contents by a dump (restore); the first event gets seq ``base``."""
         self.base = base

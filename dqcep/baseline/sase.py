@@ -157,6 +157,7 @@ class SaseEngine(EventTimeEngine):
         self.max_window = max((s.window_ms for s in self.specs), default=0)
         self.store_retention = 2 * self.max_window + 2  # what the CLI's RETURN lookup keeps
         self.matches_out = [0] * len(self.specs)
+        self._constants_coded()
 
     def _nfa(self, s: SaseQuery) -> SaseNFA:
         ranges = np.cumsum([0] + [len(g) for g in s.groups])

@@ -25,23 +25,55 @@ MAX_STACK = 128  # dqcep/_kernels/store.pxd
 
 
 class StringDictionary:
-    """Engine-wide codes for string values (attribute values and string constants)."""
+    """Engine-wide codes for string values (attribute values and string constants).
 
-    def __init__(self, values: Sequence[str] = ()):
-        self.values: list[str] = []
-        self.codes: dict[str, int] = {}
-        for v in values:
-            self.code(v)
+    Codes of values no live state refers to any more are freed and given to new
+    values (``sweep``), so the dictionary grows with the strings the engine holds,
+    not with every string it has seen. ``values[code]`` is None for a free code.
+    The first ``pinned`` codes (the queries' string constants, coded when they are
+    compiled) are never freed.
+    """
+
+    def __init__(self, values: Sequence[str | None] = (), pinned: int = 0):
+        self.values: list[str | None] = list(values)
+        self.codes: dict[str, int] = {v: i for i, v in enumerate(self.values) if v is not None}
+        self.free: list[int] = [i for i, v in enumerate(self.values) if v is None][::-1]
+        self.pinned = pinned
+
+    def __len__(self) -> int:
+        """Values with a code."""
+        return len(self.codes)
 
     def code(self, value: str) -> int:
         c = self.codes.get(value)
         if c is None:
-            c = self.codes[value] = len(self.values)
-            self.values.append(value)
+            if self.free:
+                c = self.free.pop()
+                self.values[c] = value
+            else:
+                c = len(self.values)
+                self.values.append(value)
+            self.codes[value] = c
         return c
 
     def codes_for(self, values: Sequence[str]) -> np.ndarray:
         return np.array([self.code(v) for v in values], dtype=np.float64)
+
+    def sweep(self, live: np.ndarray) -> int:
+        """Free every unpinned code not in ``live``; returns how many were freed."""
+        keep = np.zeros(len(self.values), bool)
+        keep[:self.pinned] = True
+        live = live[(live >= 0) & (live < len(self.values))]
+        keep[live] = True
+        freed = 0
+        for c in np.flatnonzero(~keep).tolist():
+            value = self.values[c]
+            if value is not None:
+                del self.codes[value]
+                self.values[c] = None
+                self.free.append(c)
+                freed += 1
+        return freed
 
 
 def attributes_read(preds: Sequence[Predicate], keys: Sequence[str] = ()) -> list[str]:

@@ -162,6 +162,7 @@ class Engine(EventTimeEngine):
         windows = [int(w) for w in self.eff_window] + [0]
         self.store_retention = 2 * max(windows) + 2
         self.stats = {v: VertexStats() for v in range(plan.n_vertices)}
+        self._constants_coded()
 
     def _equality_indexes(self) -> dict[int, tuple[int, int, int, int]]:
         """Join keys from equality conjuncts: vertex -> (left slot, attr, right slot, attr).
@@ -479,7 +480,7 @@ class Engine(EventTimeEngine):
             return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
 
         self.wm, self.max_seen, self.lateness = state["wm"], state["max_seen"], state["lateness"]
-        self.dictionary = StringDictionary(state["dictionary"])
+        self.dictionary = StringDictionary(state["dictionary"], self.dictionary.pinned)
         base, ts, ids, val, kind = state["store"]
         self.store = EventStore(len(self.attrs))
         self.store.load(base, arr(ts), arr(ids), arr(val), arr(kind))

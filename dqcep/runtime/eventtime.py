@@ -31,6 +31,10 @@ from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
                                    StringDictionary)
 
 
+# The string dictionary is swept once it holds this many values, and then again
+# whenever it has doubled since the last sweep: amortized O(1) per new string.
+SWEEP_MIN_STRINGS = 4096
+
 class EventColumns(NamedTuple):
     """Events in the engine's own input layout, in arrival order.
 
@@ -107,6 +111,7 @@ class EventTimeEngine:
         self.busy_seconds = 0.0
         self.peak_state_bytes = 0  # largest state_bytes() after a batch
         self._decoder: ColumnDecoder | None = None
+        self._sweep_at = SWEEP_MIN_STRINGS  # dictionary size that triggers the next sweep
 
     # ------------------------------------------------------ for subclasses
     def _match(self, seqs: np.ndarray, ts: np.ndarray, types: np.ndarray) -> MatchBatch:
@@ -123,6 +128,22 @@ class EventTimeEngine:
 
     def _measure_state(self) -> None:
         self.peak_state_bytes = max(self.peak_state_bytes, self.state_bytes())
+
+    def _constants_coded(self) -> None:
+        """Called once the queries' predicates are compiled: the string constants,
+        the only values coded so far, keep their codes for good."""
+        self.dictionary.pinned = len(self.dictionary.values)
+
+    def _sweep_strings(self) -> None:
+        """Free the codes of string values no stored or buffered event holds (the
+        compiled constants are pinned), so that memory and snapshots grow with the
+        strings in the engine's state, not with every distinct string seen. The
+        decoder forgets its cached codes, some of which are free now."""
+        live = [self.store.string_codes()]
+        live += [b[3][b[4] == KIND_STR].astype(np.int64) for b in self._buffer]
+        if self.dictionary.sweep(np.concatenate(live)) and self._decoder is not None:
+            self._decoder.forget_strings()
+        self._sweep_at = max(SWEEP_MIN_STRINGS, 2 * len(self.dictionary))
 
     # --------------------------------------------------------------- input
     def _columns_from_batch(self, batch: EventBatch):
@@ -212,6 +233,8 @@ class EventTimeEngine:
             if len(cols[0]):
                 self._buffer.append(cols)
                 out += self._release(self.max_seen - self.lateness)
+        if len(self.dictionary) > self._sweep_at:
+            self._sweep_strings()
         self.busy_seconds += time.perf_counter() - started
         return out
 
