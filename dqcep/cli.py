@@ -441,6 +441,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `dqcep run ... | head`
         sys.stderr.close()
         return 0
+    except OSError as err:  # a full disk, a file that vanished: one line, not a traceback
+        where = f" {err.filename}" if err.filename else ""
+        print(f"dqcep: cannot read or write{where}: {err.strerror or err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -86,11 +86,17 @@ class _Sink:
         self.f = open_file(self.path, keep)
 
     def write(self, obj: dict) -> None:
-        self.f.write(json_line(obj))
+        try:
+            self.f.write(json_line(obj))
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(self.path)) from None
 
     def sync(self) -> int:
-        self.f.flush()
-        os.fsync(self.f.fileno())
+        try:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(self.path)) from None
         return self.f.tell()
 
     def close(self) -> None:

@@ -222,3 +222,15 @@ def test_a_ca_file_that_cannot_be_used_is_one_line(tmp_path):
                            env={**os.environ, "DQCEP_MQTT_CA": str(ca)})
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert r.stderr.startswith(f"cannot use DQCEP_MQTT_CA={ca} for mqtts://")
+
+
+def test_a_full_output_disk_is_one_line(tmp_path):
+    """A file-size limit stands in for a full disk (it was an OSError traceback)."""
+    import resource
+    out = tmp_path / "matches.jsonl"
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", EXAMPLES / "fire.cep", "--input",
+                        EXAMPLES / "fire-events.jsonl", "-o", out], capture_output=True,
+                       text=True, preexec_fn=lambda: resource.setrlimit(
+                           resource.RLIMIT_FSIZE, (100, resource.RLIM_INFINITY)))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr == f"dqcep: cannot read or write {out}: File too large\n"

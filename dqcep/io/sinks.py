@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgpack
@@ -100,22 +101,35 @@ class FileMatchSink:
         else:
             self.f = open_file(self.path, keep)
 
+    @contextmanager
+    def _named(self):
+        """An OSError of a write (a full disk) names this file."""
+        try:
+            yield
+        except OSError as err:
+            if err.filename or self.path is None:
+                raise
+            raise OSError(err.errno, err.strerror, str(self.path)) from None
+
     def write(self, m: Match) -> None:
-        self.f.write(json_line(m.to_json_obj(self.with_returns)))
+        with self._named():
+            self.f.write(json_line(m.to_json_obj(self.with_returns)))
 
     def write_batch(self, batch) -> int:
         """Write every match of a MatchBatch (RETURN values need ``write``); returns how many."""
         if self.with_returns:
             raise ValueError("a sink with RETURN values writes Match objects one by one")
-        self.f.write(match_lines(batch))
+        with self._named():
+            self.f.write(match_lines(batch))
         return len(batch)
 
     def sync(self) -> int | None:
-        self.f.flush()
-        if self.path is None:
-            return None
-        os.fsync(self.f.fileno())
-        return self.f.tell()
+        with self._named():
+            self.f.flush()
+            if self.path is None:
+                return None
+            os.fsync(self.f.fileno())
+            return self.f.tell()
 
     def close(self) -> None:
         self.sync()
