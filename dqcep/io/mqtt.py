@@ -159,9 +159,17 @@ class MqttPublisher:
             raise UserError(f"the MQTT broker at {url.host}:{url.port} did not accept the "
                             f"connection: {self._connect_error or 'timed out'}")
 
-    def publish(self, payload: bytes) -> None:
+    def publish(self, payload: bytes, timeout: float = 60.0) -> None:
         with self._cond:
+            waited_for = len(self._unacked)
+            deadline = time.monotonic() + timeout
             while len(self._unacked) >= self.max_pending:
+                if len(self._unacked) < waited_for:  # acks are coming: wait on
+                    waited_for, deadline = len(self._unacked), time.monotonic() + timeout
+                if time.monotonic() > deadline:
+                    raise UserError(f"MQTT broker at {self.url.host}:{self.url.port} "
+                                    f"acknowledged nothing for {timeout:.0f} s; "
+                                    f"{len(self._unacked)} messages are waiting")
                 self._cond.wait(1.0)
         # not connected (a broker restart): paho queues it and sends it after reconnecting
         info = self.client.publish(self.url.topic, payload, qos=1)
