@@ -197,10 +197,21 @@ def test_out_of_order_within_lateness_and_late_events(mosquitto, tmp_path):
     assert svc.output() == want
 
 
+def publish_all(host, port, topic, payloads, client_id="hostile"):
+    import paho.mqtt.client as mqtt
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    pub.connect(host, port)
+    pub.loop_start()
+    infos = [pub.publish(topic, p, qos=1) for p in payloads]
+    for info in infos:
+        info.wait_for_publish(60)
+    pub.disconnect()
+    pub.loop_stop()
+
+
 def test_hostile_payloads_never_stop_the_service(mosquitto, tmp_path):
     import random
 
-    import paho.mqtt.client as mqtt
     host, port = mosquitto
     topic = "dqcep/fuzz"
     svc = Service(tmp_path, f"mqtt://{host}:{port}/{topic}")
@@ -213,14 +224,7 @@ def test_hostile_payloads_never_stop_the_service(mosquitto, tmp_path):
                  msgpack.packb({"id": 1, "type": "Door", "ts": 5, "open": {"a": [1, [2]]}}),
                  msgpack.packb({"events": [{"id": i, "type": "Door", "ts": i, "open": True}
                                            for i in range(1, 20_001)]})]
-    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="fuzzer")
-    pub.connect(host, port)
-    pub.loop_start()
-    infos = [pub.publish(topic, p, qos=1) for p in payloads]
-    for info in infos:
-        info.wait_for_publish(10)
-    pub.disconnect()
-    pub.loop_stop()
+    publish_all(host, port, topic, payloads, "fuzzer")
     svc.wait_for(20_000)  # the big valid batch at the end got through
     svc.stop()
     stats = json.loads((tmp_path / "stats.json").read_text())
@@ -391,18 +395,6 @@ def test_wildcard_topic_filters_receive_what_is_published_below_them(mosquitto, 
     r = subprocess.run(gen_args(10, f"mqtt://{host}:{port}/dqcep/wild/#"),
                        capture_output=True, text=True)
     assert r.returncode == 2 and "cannot hold the wildcards" in r.stderr
-
-
-def publish_all(host, port, topic, payloads, client_id="hostile"):
-    import paho.mqtt.client as mqtt
-    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
-    pub.connect(host, port)
-    pub.loop_start()
-    infos = [pub.publish(topic, p, qos=1) for p in payloads]
-    for info in infos:
-        info.wait_for_publish(60)
-    pub.disconnect()
-    pub.loop_stop()
 
 
 def test_an_oversized_payload_is_refused_and_ingest_goes_on(mosquitto, tmp_path):
