@@ -414,8 +414,9 @@ class StreamingService:
         self._write_stats(source)
         try:
             self.close()
-        except OSError as err:
-            failure = failure or f"cannot close the journal: {err.strerror or err}"
+        except (OSError, UserError) as err:  # JournalWriteError: the last commit failed
+            reason = getattr(err, "strerror", None) or err
+            failure = failure or f"cannot close the journal: {reason}"
         if failure is None and not committed:
             failure = (f"{source.write_error}: messages not journaled were not acknowledged; "
                        "the broker sends them again to the next run")

@@ -86,7 +86,8 @@ def _decode(payload: bytes, fmt: str):
     return msgpack.unpackb(payload, raw=False, strict_map_key=False)
 
 
-def decode_payload(payload: bytes | Refused, fmt: str = "msgpack") -> tuple[list[Event], list[Rejected]]:
+def decode_payload(payload: bytes | Refused,
+                   fmt: str = "msgpack") -> tuple[list[Event], list[Rejected]]:
     if isinstance(payload, Refused):
         return [], [Rejected(f"payload of {payload.size} bytes exceeds {MAX_PAYLOAD}; refused "
                              "at ingest, only its size was kept", None)]

@@ -148,8 +148,8 @@ class MqttMatchSink:
         self.publisher = MqttPublisher(MqttUrl.parse(target))
 
     def write(self, m: Match) -> None:
-        self.publisher.publish(json_line(m.to_json_obj(self.with_returns))[:-1] if self.fmt == "json"
-                               else msgpack.packb(m.to_json_obj(self.with_returns)))
+        obj = m.to_json_obj(self.with_returns)
+        self.publisher.publish(json_line(obj)[:-1] if self.fmt == "json" else msgpack.packb(obj))
 
     def write_batch(self, batch) -> int:
         matches = batch.to_matches()
