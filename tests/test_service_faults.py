@@ -291,7 +291,7 @@ def test_a_damaged_checkpoint_is_refused_with_how_to_recover(tmp_path):
             x + "\n" for x in (tmp_path / "out.jsonl").read_text().splitlines())), name
     ck.write_bytes(good)
     finish(cfg)
-    assert output(tmp_path) == want
+    assert output(tmp_path) == want == reference_lines(payloads)
 
 
 def test_the_previous_checkpoint_takes_over_after_a_crash_between_renames(tmp_path):
