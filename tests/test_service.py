@@ -244,9 +244,11 @@ class Broker:
         self.port = free_port()
         self.conf = tmp_path / "broker.conf"
         (tmp_path / "broker-db").mkdir()
+        import getpass  # as root Mosquitto would drop to its own user, who cannot write
         self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
                              f"persistence true\npersistence_location {tmp_path / 'broker-db'}/\n"
-                             "autosave_interval 1\nmax_queued_messages 0\n")
+                             f"autosave_interval 1\nmax_queued_messages 0\n"
+                             f"user {getpass.getuser()}\n")  # the database, losing the queue
         self.proc = None
 
     def start(self):
