@@ -234,3 +234,16 @@ def test_a_full_output_disk_is_one_line(tmp_path):
                            resource.RLIMIT_FSIZE, (100, resource.RLIM_INFINITY)))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr == f"dqcep: cannot read or write {out}: File too large\n"
+
+
+def test_output_to_a_file_that_is_no_regular_file():
+    """--output /dev/null once crashed with an fsync traceback (issue 15, item 1)."""
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl",
+              "--output", "/dev/null")
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
+
+
+def test_a_missing_query_file_is_named_without_a_position(tmp_path):
+    r = dqcep("run", tmp_path / "nope.cep", "--input", EXAMPLES / "fire-events.jsonl")
+    assert r.returncode == 2
+    assert r.stderr == f"cannot read query file {tmp_path / 'nope.cep'}: No such file or directory\n"

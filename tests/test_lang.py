@@ -128,8 +128,11 @@ def test_parse_file(tmp_path):
     with pytest.raises(QueryError) as err:
         parse_file(p)
     assert str(err.value).startswith(f"{p}:1:22: missing WITHIN")
-    with pytest.raises(QueryError, match="cannot read query file"):
+    from dqcep.errors import UserError
+    with pytest.raises(UserError) as err:  # no position: the file is missing, not a query
         parse_file(tmp_path / "missing.cep")
+    assert str(err.value) == (f"cannot read query file {tmp_path / 'missing.cep'}: "
+                              "No such file or directory")
     p.write_bytes(b"PATTERN A \xff WITHIN 1")
     with pytest.raises(QueryError, match="not UTF-8"):
         parse_file(p)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -81,6 +82,13 @@ def open_file(path: str | Path, keep: int | None):
     return f
 
 
+def durable(f) -> None:
+    """fsync a regular file; other files (/dev/null, a pipe) have nothing to make durable
+    and refuse fsync."""
+    if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        os.fsync(f.fileno())
+
+
 def is_mqtt(target: str | None) -> bool:
     return bool(target) and target.startswith(("mqtt://", "mqtts://"))
 
@@ -128,7 +136,7 @@ class FileMatchSink:
             self.f.flush()
             if self.path is None:
                 return None
-            os.fsync(self.f.fileno())
+            durable(self.f)
             return self.f.tell()
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
+from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.lang.check import check_query
 from dqcep.lang.errors import QueryError
@@ -359,6 +360,6 @@ def parse_file(path: str | Path) -> ast.QueryFile:
     except UnicodeDecodeError as err:
         raise QueryError(f"query file is not UTF-8 text ({err.reason} at byte {err.start})",
                          str(path), 1, 1) from None
-    except OSError as err:
-        raise QueryError(f"cannot read query file: {err.strerror}", str(path), 0, 0) from None
+    except OSError as err:  # no position: the file itself is the problem
+        raise UserError(f"cannot read query file {path}: {err.strerror}") from None
     return parse(text, str(path))
