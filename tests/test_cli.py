@@ -246,4 +246,5 @@ def test_output_to_a_file_that_is_no_regular_file():
 def test_a_missing_query_file_is_named_without_a_position(tmp_path):
     r = dqcep("run", tmp_path / "nope.cep", "--input", EXAMPLES / "fire-events.jsonl")
     assert r.returncode == 2
-    assert r.stderr == f"cannot read query file {tmp_path / 'nope.cep'}: No such file or directory\n"
+    missing = tmp_path / "nope.cep"
+    assert r.stderr == f"cannot read query file {missing}: No such file or directory\n"
