@@ -248,3 +248,22 @@ def test_a_missing_query_file_is_named_without_a_position(tmp_path):
     assert r.returncode == 2
     missing = tmp_path / "nope.cep"
     assert r.stderr == f"cannot read query file {missing}: No such file or directory\n"
+
+
+def test_a_plain_install_has_mqtt_and_parquet_and_names_the_extras():
+    """MQTT and Parquet are plain dependencies (they were extras: a plain install gave
+    ModuleNotFoundError tracebacks); Spark and the plots stay extras, named in one line
+    when missing."""
+    import importlib.metadata as md
+    plain = [r.split(">")[0].split("=")[0].strip() for r in md.requires("dqcep")
+             if "extra ==" not in r]
+    assert "paho-mqtt" in plain and "pyarrow" in plain
+    blocked = ("import sys; sys.modules['pyspark'] = None; sys.modules['matplotlib'] = None; "
+               "from dqcep.cli import main; sys.exit(main(sys.argv[1:]))")
+    for args, extra in ((["spark", "run", str(EXAMPLES / "fire.cep"), "--input",
+                          str(EXAMPLES / "fire-events.jsonl"), "--output", "/tmp/x"], "spark"),
+                        (["experiment", "fig3", "--out", "/tmp/x", "--quick"], "experiments")):
+        r = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True,
+                           text=True, cwd=ROOT)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and f"pip install 'dqcep[{extra}]'" in r.stderr

@@ -186,10 +186,8 @@ def _csv(stream: IO[str], source: str) -> Iterator:
 def _parquet(stream: IO[bytes], source: str) -> Iterator:
     """Rows of a Parquet file (the generator's layout: id, type, ts, one column per
     attribute); a null cell is an absent attribute."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UserError("reading Parquet needs pyarrow: pip install 'dqcep[parquet]'") from None
+    import pyarrow.parquet as pq  # a plain dependency
+
     row = 0
     try:
         for batch in pq.ParquetFile(stream).iter_batches(batch_size=10_000):
