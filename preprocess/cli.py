@@ -10,11 +10,22 @@ from dqcep.errors import UserError
 from dqcep.io.readers import FORMATS
 
 
-def _require_pyspark() -> None:
+def _require_spark() -> None:
+    """PySpark and a Java runtime, checked before anything starts (a missing Java is
+    otherwise a Py4J traceback from deep inside the session)."""
+    import os
+    import shutil
     try:
         import pyspark  # noqa: F401
     except ImportError:
         raise UserError("the Spark jobs need PySpark: pip install 'dqcep[spark]'") from None
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.access(java, os.X_OK):
+        where = f"JAVA_HOME={home} has no bin/java" if home else "no java on PATH"
+        raise UserError(f"Spark needs Java 17 ({where}): install it (Debian: sh "
+                        "scripts/system-deps.sh, or apt-get install openjdk-17-jre-headless) "
+                        "or set JAVA_HOME")
 
 
 @contextmanager
@@ -32,7 +43,7 @@ def _executor_errors():
 
 
 def cmd_spark_run(args) -> int:
-    _require_pyspark()
+    _require_spark()
     from dqcep.lang import parse_file
     from preprocess.batch import run_batch
     from preprocess.session import spark_session
@@ -55,7 +66,7 @@ def cmd_spark_run(args) -> int:
 
 
 def cmd_spark_stream(args) -> int:
-    _require_pyspark()
+    _require_spark()
     from dqcep.lang import parse_file
     from preprocess.session import spark_session
     from preprocess.stream import run_stream
@@ -85,7 +96,7 @@ def cmd_spark_stream(args) -> int:
 
 
 def cmd_spark_cluster(args) -> int:
-    _require_pyspark()
+    _require_spark()
     from preprocess.cluster import start_cluster, stop_cluster
     if args.action == "start":
         state = start_cluster(args.dir, args.workers, args.cores, args.memory)

@@ -1,9 +1,16 @@
 #!/bin/sh
-# Debian packages the test suite needs that pip cannot install: Mosquitto (the MQTT
-# tests start their own broker from this binary). Idempotent; uses sudo when not root.
+# Debian packages that pip cannot install and the documented commands need:
+#   Mosquitto  - the MQTT broker (dqcep run --input mqtt://..., the MQTT tests start their own);
+#   Java 17    - the JVM of Spark (dqcep spark ...);
+#   Graphviz   - dot, to draw `dqcep explain --dot` (docs/cli.md).
+# Idempotent: installs only what is missing; uses sudo when not root.
 set -e
 need=""
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need="$need mosquitto"
+if ! { [ -n "$JAVA_HOME" ] && [ -x "$JAVA_HOME/bin/java" ]; } && ! command -v java >/dev/null 2>&1; then
+    need="$need openjdk-17-jre-headless"
+fi
+command -v dot >/dev/null 2>&1 || need="$need graphviz"
 [ -z "$need" ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO=sudo

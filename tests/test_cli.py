@@ -267,3 +267,31 @@ def test_a_plain_install_has_mqtt_and_parquet_and_names_the_extras():
                            text=True, cwd=ROOT)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.count("\n") == 1 and f"pip install 'dqcep[{extra}]'" in r.stderr
+
+
+def test_a_missing_java_is_one_line_before_spark_starts(tmp_path):
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(tmp_path)  # no java here
+    r = subprocess.run([sys.executable, "-m", "dqcep", "spark", "run", EXAMPLES / "fire.cep",
+                        "--input", EXAMPLES / "fire-events.jsonl", "--output", tmp_path / "o"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("Spark needs Java 17 (no java on PATH)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_explain_dot_renders_with_graphviz(tmp_path):
+    """scripts/system-deps.sh installs Graphviz: the documented `dqcep explain --dot |
+    dot -Tpng` works (under CI=true a missing dot fails, it never skips)."""
+    import os
+    import shutil
+    import pytest
+    if shutil.which("dot") is None:
+        assert os.environ.get("CI") != "true", "Graphviz (dot) is not installed"
+        pytest.skip("Graphviz is not installed (sh scripts/system-deps.sh)")
+    dot_text = dqcep("explain", EXAMPLES / "fire.cep", "--dot").stdout
+    r = subprocess.run(["dot", "-Tpng", "-o", tmp_path / "plan.png"], input=dot_text,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
