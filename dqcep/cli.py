@@ -152,32 +152,49 @@ def _write(batch, sink, returns) -> None:
         sink.write(returns.fill(m))
 
 
+def _state_dir(args):
+    """Where the service keeps its journal, checkpoint, dead letters and late events
+    unless each is named: ``--state DIR``, else beside a file output
+    (``matches.jsonl`` -> ``matches.state``); None when all four are named."""
+    from pathlib import Path
+
+    from dqcep.io.sinks import is_mqtt
+    if args.state:
+        return Path(args.state)
+    if args.journal and args.checkpoint and args.dead_letter and args.late:
+        return None
+    if is_mqtt(args.output):
+        raise UserError("with --output mqtt://..., say where the service keeps its state: "
+                        "--state DIR")
+    out = Path(args.output)
+    return out.with_name(out.stem + ".state")
+
+
 def _serve(args) -> int:
+    from pathlib import Path
+
     from dqcep.service import ServiceConfig, serve
 
     if not all(i.startswith(("mqtt://", "mqtts://")) for i in args.input):
         raise UserError("MQTT inputs cannot be mixed with files")
     if args.engine != "native":
         raise UserError("the streaming service runs the native engine")
-    from dqcep.io.sinks import is_mqtt
-
-    missing = [flag for flag, v in (("--journal", args.journal), ("--checkpoint",
-               args.checkpoint), ("--output", args.output)) if not v]
-    if missing or args.output == "-":
-        raise UserError("an MQTT input needs --journal DIR, --checkpoint FILE and --output "
-                        "FILE or mqtt://... (not stdout: a restart cuts a file back to the "
-                        "checkpoint)")
-    if is_mqtt(args.output) and not (args.dead_letter and args.late):
-        raise UserError("with --output mqtt://..., give --dead-letter FILE and --late FILE")
+    if not args.output or args.output == "-":
+        raise UserError("an MQTT input needs --output FILE or mqtt://... (not stdout: a restart "
+                        "cuts a file back to the checkpoint)")
+    state = _state_dir(args)
+    named = Path(".") if state is None else state  # every path named: nothing derived
     fmt = args.format or "msgpack"
     if fmt not in ("msgpack", "json"):
         raise UserError("MQTT payloads are msgpack or json (--format)")
     _load_queries(args.queries)  # positioned errors before anything starts
     return serve(ServiceConfig(
-        queries=args.queries, inputs=args.input, journal=args.journal,
-        checkpoint=args.checkpoint, output=args.output,
-        dead_letter=args.dead_letter or args.output + ".dead-letter.jsonl",
-        late=args.late or args.output + ".late.jsonl", fmt=fmt, lateness=args.lateness,
+        queries=args.queries, inputs=args.input,
+        journal=args.journal or str(named / "journal"),
+        checkpoint=args.checkpoint or str(named / "checkpoint.bin"), output=args.output,
+        dead_letter=args.dead_letter or str(named / "dead-letter.jsonl"),
+        late=args.late or str(named / "late.jsonl"), state=state and str(state),
+        fmt=fmt, lateness=args.lateness,
         output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,
         until_idle=args.until_idle, journal_retention=args.journal_retention,
@@ -380,15 +397,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a malformed event record stops the run with exit code 2 "
                      "(fail, default) or is reported on stderr, counted and skipped")
     service = run.add_argument_group("streaming service (MQTT input; docs/streaming.md)")
+    service.add_argument("--state", metavar="DIR",
+                         help="where the service keeps the four below (default: beside the "
+                         "output file, matches.jsonl -> matches.state/; required with "
+                         "--output mqtt://...)")
     service.add_argument("--journal", metavar="DIR",
-                         help="durable journal of received payloads (acked once on disk)")
+                         help="durable journal of received payloads, acked once on disk "
+                         "(default STATE/journal)")
     service.add_argument("--checkpoint", metavar="FILE",
-                         help="engine state, journal offset and sink lengths, for restarts")
+                         help="engine state, journal offset and sink lengths, for restarts "
+                         "(default STATE/checkpoint.bin)")
     service.add_argument("--dead-letter", metavar="FILE",
                          help="bad payloads and events with their reason "
-                         "(default OUTPUT.dead-letter.jsonl)")
+                         "(default STATE/dead-letter.jsonl)")
     service.add_argument("--late", metavar="FILE",
-                         help="events later than --lateness (default OUTPUT.late.jsonl)")
+                         help="events later than --lateness (default STATE/late.jsonl)")
     service.add_argument("--client-id", default="dqcep-engine", metavar="ID",
                          help="MQTT client id of the persistent session (default "
                          "dqcep-engine); every service on a broker needs its own")

@@ -72,6 +72,7 @@ class ServiceConfig:
     until_idle: float | None = None   # end of stream after this many seconds without input
     journal_retention: int = 0        # bytes of consumed closed segments kept for replay
     journal_segment_bytes: int = 64 * 1024 * 1024  # a segment is closed beyond this size
+    state: str | None = None          # the directory the defaults above live in (shown at start)
 
 
 class ServiceError(Exception):
@@ -370,7 +371,9 @@ class StreamingService:
         end_of_stream = end_of_stream or threading.Event()
         source = MqttSource(self.urls, self.journal, self.cfg.client_id)
         source.start()
-        print(f"dqcep: listening on {', '.join(self.cfg.inputs)}", file=sys.stderr, flush=True)
+        where = f"; state in {self.cfg.state}" if self.cfg.state else ""
+        print(f"dqcep: listening on {', '.join(self.cfg.inputs)}{where}", file=sys.stderr,
+              flush=True)
         last_ck = last_stats = last_input = time.monotonic()
         failure = None
         try:

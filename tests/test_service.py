@@ -128,7 +128,7 @@ def test_sigkill_mid_stream_loses_and_repeats_nothing(mosquitto, tmp_path):
     svc.wait_for(n_events)
     svc.finish()
     assert svc.output() == want
-    dead = [json.loads(x) for x in (tmp_path / "out.jsonl.dead-letter.jsonl").read_text()
+    dead = [json.loads(x) for x in (tmp_path / "out.state" / "dead-letter.jsonl").read_text()
             .splitlines()]
     assert dead and all(d["reason"] and d["payload"] for d in dead)
     stats = json.loads((tmp_path / "stats.json").read_text())
@@ -184,7 +184,7 @@ def test_out_of_order_within_lateness_and_late_events(mosquitto, tmp_path):
     time.sleep(0.5)
     svc.finish()
     late = [json.loads(x)["event"] for x in
-            (tmp_path / "out.jsonl.late.jsonl").read_text().splitlines()]
+            (tmp_path / "out.state" / "late.jsonl").read_text().splitlines()]
     assert late, "events delayed by up to 5 s must exceed a 400 ms lateness"
     # the service's matches are the reference's over the events it did not divert
     stream = tmp_path / "s.msgpack"
@@ -230,7 +230,7 @@ def test_hostile_payloads_never_stop_the_service(mosquitto, tmp_path):
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["payloads"] == len(payloads)
     dead = [json.loads(x) for x in
-            (tmp_path / "out.jsonl.dead-letter.jsonl").read_text().splitlines()]
+            (tmp_path / "out.state" / "dead-letter.jsonl").read_text().splitlines()]
     assert sum(map(rejected_events, dead)) == stats["malformed"] >= 200 + 100
     # one line per bad payload (the batch of 100 bad events too); the empty batch and
     # the big valid one have none
@@ -412,11 +412,11 @@ def test_an_oversized_payload_is_refused_and_ingest_goes_on(mosquitto, tmp_path)
     svc.wait_for(1000)
     svc.stop()
     dead = [json.loads(x) for x in
-            (tmp_path / "out.jsonl.dead-letter.jsonl").read_text().splitlines()]
+            (tmp_path / "out.state" / "dead-letter.jsonl").read_text().splitlines()]
     assert [d["offset"] for d in dead] == [0, 1]
     assert dead[1]["size"] == 65 * 1024 * 1024 and dead[1]["topic"] == topic
     assert "payload" not in dead[1] and "refused at ingest" in dead[1]["reason"]
-    assert (tmp_path / "out.jsonl.dead-letter.jsonl").stat().st_size < 1000
+    assert (tmp_path / "out.state" / "dead-letter.jsonl").stat().st_size < 1000
 
 
 def test_a_json_payload_that_is_no_unicode_does_not_crash_loop(mosquitto, tmp_path):
@@ -498,3 +498,39 @@ def test_a_full_disk_stalls_loudly_and_recovers_when_space_comes_back(mosquitto,
     svc.wait_for(n_events, timeout=90)
     svc.finish()
     assert svc.output() == want
+
+
+def test_the_service_starts_with_what_a_person_would_type(mosquitto, tmp_path):
+    """`dqcep run q.cep --input mqtt://host/topic/# --output matches.jsonl`: the journal,
+    checkpoint, dead letters and late events go to one state directory beside the
+    output (issue 15, item 3; --journal and --checkpoint were required)."""
+    host, port = mosquitto
+    out = tmp_path / "matches.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input",
+                             f"mqtt://{host}:{port}/dqcep/typed/#", "--output", str(out),
+                             "--stats-file", str(tmp_path / "stats.json"), "--stats-every",
+                             "0.2", "--until-idle", "2"], stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    assert "listening on" in line and f"state in {tmp_path / 'matches.state'}" in line, line
+    publish_all(host, port, "dqcep/typed/r1", [msgpack.packb(
+        {"events": [{"id": 1, "type": "Door", "ts": 1, "room": "r", "open": True},
+                    {"id": 2, "type": "Motion", "ts": 2, "room": "r", "active": True}]}), b"x"])
+    assert proc.wait(30) == 0, proc.stderr.read()
+    state = tmp_path / "matches.state"
+    assert (state / "checkpoint.bin").exists() and (state / "journal").is_dir()
+    assert len((state / "dead-letter.jsonl").read_text().splitlines()) == 1
+    assert json.loads(out.read_text())["query"] == "intrusion"
+
+
+def test_an_unreachable_broker_or_a_stateless_mqtt_output_is_one_line(tmp_path):
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input",
+                        f"mqtt://127.0.0.1:{port}/t", "--output", str(tmp_path / "m.jsonl")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr == f"cannot connect to the MQTT broker at 127.0.0.1:{port}: " \
+                       "Connection refused\n"
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input",
+                        f"mqtt://127.0.0.1:{port}/t", "--output", f"mqtt://127.0.0.1:{port}/o"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--state DIR" in r.stderr

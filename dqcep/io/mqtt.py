@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from dqcep.errors import UserError
 
 DEFAULT_PORT = 1883
+REACH_TIMEOUT = 2.0  # s until a broker that cannot be reached is reported
 
 
 TLS_PORT = 8883
@@ -241,9 +242,11 @@ class MqttSource:
         self._pending: list[int] = []
         self._stop = threading.Event()
         self._subscribed = threading.Event()
+        self._answered = threading.Event()  # the broker's CONNACK came
         self._refused: str | None = None
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
                                   clean_session=False, manual_ack=True)
+        self.client.connect_timeout = REACH_TIMEOUT  # a TCP connect that hangs
         urls[0].configure(self.client)
         self.client.reconnect_delay_set(1, 8)
         self.client.max_inflight_messages_set(1000)
@@ -254,6 +257,7 @@ class MqttSource:
                                            name="journal-committer")
 
     def _on_connect(self, client, userdata, flags, reason_code, properties):
+        self._answered.set()
         if reason_code.is_failure:
             self._refused = str(reason_code)
             self._subscribed.set()  # wake start() up: it reports the refusal
@@ -309,18 +313,25 @@ class MqttSource:
             self.failure = f"the journal committer failed: {err!r}"
 
     def start(self) -> None:
-        deadline = time.monotonic() + self.connect_timeout
+        """Connect and subscribe. A broker that cannot be reached, or does not answer,
+        is reported within REACH_TIMEOUT s with its address and the reason; one that
+        answers has ``connect_timeout`` s to confirm the subscription."""
+        deadline = time.monotonic() + REACH_TIMEOUT
         while True:
             try:
                 self.client.connect(self.host, self.port)
                 break
             except OSError as err:
-                if time.monotonic() > deadline:
+                if time.monotonic() + 0.25 > deadline:
                     raise UserError(f"cannot connect to the MQTT broker at {self.host}:"
                                     f"{self.port}: {err.strerror or err}") from None
-                time.sleep(0.5)
+                time.sleep(0.25)
         self.client.loop_start()
         self._committer.start()
+        if not self._answered.wait(max(0.0, deadline - time.monotonic())):
+            self.stop()
+            raise UserError(f"the MQTT broker at {self.host}:{self.port} did not answer "
+                            f"within {REACH_TIMEOUT:g} s")
         if not self._subscribed.wait(self.connect_timeout) or self._refused:
             self.stop()
             if self._refused:
