@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="plant occurrences of these queries' patterns")
     plant.add_argument("--plant-query", metavar="NAME", help="only this query of the file")
     plant.add_argument("--plant-every", type=int, metavar="MS",
-                       help="one occurrence per MS of event time (default 10000)")
+                       help="one occurrence per MS of event time (default 10000, or more "
+                       "than 2 x (the longest window + clock skew) when that is larger)")
     plant.add_argument("--truth", metavar="FILE",
                        help="ground truth output (default: OUTPUT.truth.jsonl)")
     imp = p.add_argument_group("imperfections (fractions of events, times in ms)")

@@ -68,7 +68,7 @@ class Imperfections:
 class Planting:
     queries: str | None = None  # query file
     query: str | None = None    # one query of it (default: all)
-    every: int = 10_000         # ms of event time between occurrences
+    every: int | None = None    # ms of event time between occurrences (None: default_every)
 
 
 @dataclass

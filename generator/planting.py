@@ -43,10 +43,19 @@ def _negated_types(node: ast.Item, negated=False) -> set[str]:
     return {e.type for e, neg in ast.event_patterns(node) if neg}
 
 
+def default_every(queries: list[ast.Query], skew: int) -> int:
+    """Occurrences 10 s apart, or further: more than 2 x (window + clock skew) of the
+    longest window, so that no occurrence of a query with a negation can spoil another
+    (the rule below), whatever the query file."""
+    return max([10_000] + [2 * (q.within.ms + skew) + 1 for q in queries])
+
+
 class Planter:
-    def __init__(self, queries: list[ast.Query], profile, seed: int, start: float, every: int,
-                 skew: int):
+    def __init__(self, queries: list[ast.Query], profile, seed: int, start: float,
+                 every: int | None, skew: int):
         schema = profile.schema
+        if every is None:
+            every = default_every(queries, skew)
         for q in queries:
             missing = {e.type for e, _ in ast.event_patterns(q.pattern)} - set(schema.types)
             if missing:

@@ -345,3 +345,18 @@ def test_rate_paces_by_sleeping(monkeypatch):
     assert len(slept) == 1
     gen_cli._Pacer(None).wait(10**9)  # no rate: never sleeps
     assert len(slept) == 1
+
+
+def test_planting_the_bundled_queries_needs_no_plant_every(tmp_path):
+    """The default spacing follows the queries' windows (it was a fixed 10 s, which
+    iot.cep's 1-minute negation refused; issue 15, item 5)."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    out, truth = tmp_path / "s.jsonl", tmp_path / "t.jsonl"
+    r = subprocess.run([sys.executable, "-m", "dqcep", "generate", "--plant",
+                        str(root / "dqcep" / "data" / "iot.cep"), "-n", "20000", "--quiet",
+                        "--truth", str(truth), "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    planted = [json.loads(x) for x in truth.read_text().splitlines()]
+    assert planted and len({p["query"] for p in planted}) > 1
