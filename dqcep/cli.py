@@ -224,6 +224,7 @@ def cmd_run(args) -> int:
             events = [e for chunk in _event_chunks(args, bad, None, None) for e in chunk]
             for m in ReferenceMatcher(queries).run(events):
                 sink.write(m)
+            seen = ({e.type for e in events}, {a for e in events for a in e.attrs})
         else:
             if args.engine == "sase":
                 from dqcep.baseline import SaseEngine
@@ -247,10 +248,21 @@ def cmd_run(args) -> int:
                       f"{args.lateness} ms late and were left out", file=sys.stderr)
             if args.stats:
                 _print_stats(engine, elapsed)
+            seen = engine.seen()
     finally:
         sink.close()
     bad.summary()
+    _report_never_seen(query_file, *seen)
     return 0
+
+
+def _report_never_seen(query_file, types: set[str], attrs: set[str]) -> None:
+    """Warnings for the types and attributes of the queries no input event held."""
+    from dqcep.lang.check import never_seen
+    for q in query_file.queries:
+        for message, pos in never_seen(q, types, attrs):
+            print(f"{query_file.source}:{pos.line}:{pos.col}: {message}", file=sys.stderr)
+
 
 
 def _load_rates(path: str | None) -> dict[str, float]:

@@ -295,3 +295,18 @@ def test_explain_dot_renders_with_graphviz(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_typo_in_a_type_or_attribute_is_a_positioned_warning(tmp_path):
+    """It was a silent empty result (issue 15, item 6)."""
+    q = tmp_path / "typo.cep"
+    q.write_text("QUERY hot\nPATTERN SEQ(Temprature t, Smoke s)\n"
+                 "WHERE [room] AND t.vlaue > 50 AND s.density > 1\nWITHIN 30 s\n")
+    for engine in ("native", "sase", "reference"):
+        r = dqcep("run", q, "--input", EXAMPLES / "fire-events.jsonl", "--engine", engine)
+        assert r.returncode == 0 and r.stdout == ""
+        assert r.stderr.splitlines() == [
+            f"{q}:2:13: type 'Temprature' never appeared in the input",
+            f"{q}:3:18: attribute 'vlaue' never appeared in the input"], (engine, r.stderr)
+    r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl")
+    assert r.stderr == ""

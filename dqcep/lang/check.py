@@ -134,3 +134,21 @@ def _kind(e: ast.Expr) -> str:
     _expect(lk, (BOOL,), f"{e.op} needs booleans", e.pos)
     _expect(rk, (BOOL,), f"{e.op} needs booleans", e.pos)
     return BOOL
+
+
+def never_seen(q: ast.Query, types: set[str], attrs: set[str]) -> list[Problem]:
+    """The event types and attributes a query names that the input never held: a typo
+    makes no error, only an empty result, so a run reports them at its end."""
+    out: list[Problem] = []
+    for ev, _ in ast.event_patterns(q.pattern):
+        if ev.type not in types:
+            out.append((f"type {ev.type!r} never appeared in the input", ev.pos))
+    if q.where is not None:
+        named = set()
+        for e in ast.walk_expr(q.where):
+            attr = e.attr if isinstance(e, (ast.AttrRef, ast.Equivalence)) else None
+            if attr is not None and attr not in ("ts", "id") and attr not in attrs \
+                    and attr not in named:
+                named.add(attr)
+                out.append((f"attribute {attr!r} never appeared in the input", e.pos))
+    return out

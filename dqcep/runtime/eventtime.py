@@ -112,6 +112,8 @@ class EventTimeEngine:
         self.peak_state_bytes = 0  # largest state_bytes() after a batch
         self._decoder: ColumnDecoder | None = None
         self._sweep_at = SWEEP_MIN_STRINGS  # dictionary size that triggers the next sweep
+        self._type_counts = np.zeros(len(self.types), np.int64)  # events in, per type
+        self._attr_seen = np.zeros(len(self.attrs), bool)          # a cell ever present
 
     # ------------------------------------------------------ for subclasses
     def _match(self, seqs: np.ndarray, ts: np.ndarray, types: np.ndarray) -> MatchBatch:
@@ -128,6 +130,11 @@ class EventTimeEngine:
 
     def _measure_state(self) -> None:
         self.peak_state_bytes = max(self.peak_state_bytes, self.state_bytes())
+
+    def seen(self) -> tuple[set[str], set[str]]:
+        """(event types, attributes) of the queries that some input event held."""
+        return ({t for t, n in zip(self.types, self._type_counts) if n},
+                {a for a, hit in zip(self.attrs, self._attr_seen) if hit})
 
     def _constants_coded(self) -> None:
         """Called once the queries' predicates are compiled: the string constants,
@@ -223,6 +230,9 @@ class EventTimeEngine:
         n = len(cols[0])
         self.events_in += n
         if n:
+            known = cols[2][cols[2] >= 0]
+            self._type_counts += np.bincount(known, minlength=len(self.types))
+            self._attr_seen |= (cols[4] != KIND_MISSING).any(axis=0)
             late = self._late(cols[0])
             self.max_seen = int(cols[0].max()) if self.max_seen is None else \
                 max(self.max_seen, int(cols[0].max()))
