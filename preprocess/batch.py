@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from dqcep.errors import UserError
 from preprocess.executor import JobSpec, record_lines
+from preprocess.paths import check_output_dir
 from preprocess.partitioning import plan_partitioning
 from preprocess.source import load_events
 from preprocess.stages import (deduplicate, mark_late, partition, pushdown, run_engines,
@@ -61,8 +62,7 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
     if partitions < 1:
         raise UserError("--partitions must be >= 1")
     out = Path(output).resolve()  # executors write from other working directories
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"output directory {output} is not empty (use --overwrite)")
+    check_output_dir(output, overwrite)
     queries = parse(queries_text).queries
     plan = plan_partitioning(queries, strategy)
     mode = "overwrite" if overwrite else "errorifexists"

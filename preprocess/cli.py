@@ -43,13 +43,16 @@ def _executor_errors():
 
 
 def cmd_spark_run(args) -> int:
-    _require_spark()
     from dqcep.lang import parse_file
+    from preprocess.paths import check_batch_paths
+
+    parse_file(args.queries)  # positioned errors, missing inputs, a full output directory:
+    check_batch_paths(args.input, args.output, args.overwrite)  # all before Spark starts
+    _require_spark()
     from preprocess.batch import run_batch
     from preprocess.session import spark_session
 
     text = Path(args.queries).read_text(encoding="utf-8")
-    parse_file(args.queries)  # positioned errors before Spark starts
     spark = spark_session(args.master, "dqcep spark run", args.partitions)
     try:
         with _executor_errors():

@@ -28,29 +28,11 @@ import numpy as np
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from dqcep.errors import UserError
-from dqcep.io.readers import EXTENSIONS, format_for
+from dqcep.io.readers import format_for, list_event_files
 
 SCHEMA = ("file_index long, seq long, `where` string, id long, ts long, file_before long, "
           "event binary, reason string")
 BATCH_ROWS = 10_000
-
-
-def list_event_files(paths: list[str]) -> list[str]:
-    """Files of the inputs (directories walked), sorted within each input, in order."""
-    out = []
-    for p in paths:
-        path = Path(p).resolve()  # executors run in other working directories
-        if path.is_dir():
-            found = sorted(str(f) for f in path.rglob("*")
-                           if f.is_file() and f.suffix.lower() in EXTENSIONS and not f.name.startswith((".", "_")))
-            if not found:
-                raise UserError(f"no event files ({', '.join(sorted(EXTENSIONS))}) under {p}")
-            out += found
-        elif path.is_file():
-            out.append(str(path))
-        else:
-            raise UserError(f"no such input file or directory: {p}")
-    return out
 
 
 class _Batches:

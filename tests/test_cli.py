@@ -310,3 +310,22 @@ def test_a_typo_in_a_type_or_attribute_is_a_positioned_warning(tmp_path):
             f"{q}:3:18: attribute 'vlaue' never appeared in the input"], (engine, r.stderr)
     r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl")
     assert r.stderr == ""
+
+
+def test_spark_paths_are_checked_before_spark_starts(tmp_path):
+    """A missing input and a non-empty output are refused before the JVM (here: with no
+    Java at all, so the check must come first; issue 15, item 8)."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(tmp_path)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    for args, message in (
+            (["--input", tmp_path / "missing.jsonl", "--output", tmp_path / "o"],
+             f"no such input file or directory: {tmp_path / 'missing.jsonl'}"),
+            (["--input", EXAMPLES / "fire-events.jsonl", "--output", full],
+             f"output directory {full} is not empty (use --overwrite)")):
+        r = subprocess.run([sys.executable, "-m", "dqcep", "spark", "run", EXAMPLES / "fire.cep",
+                            *args], capture_output=True, text=True, cwd=ROOT, env=env)
+        assert r.returncode == 2 and r.stderr == message + "\n", r.stderr

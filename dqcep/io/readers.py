@@ -42,6 +42,26 @@ class EventInputError(UserError):
         super().__init__(f"{source}:{where}: {reason}")
 
 
+def list_event_files(paths: list[str]) -> list[str]:
+    """Files of the inputs (directories walked), sorted within each input, in order;
+    absolute, since Spark executors run in other working directories."""
+    out = []
+    for p in paths:
+        path = Path(p).resolve()  # executors run in other working directories
+        if path.is_dir():
+            found = sorted(str(f) for f in path.rglob("*") if f.is_file()
+                           and f.suffix.lower() in EXTENSIONS
+                           and not f.name.startswith((".", "_")))
+            if not found:
+                raise UserError(f"no event files ({', '.join(sorted(EXTENSIONS))}) under {p}")
+            out += found
+        elif path.is_file():
+            out.append(str(path))
+        else:
+            raise UserError(f"no such input file or directory: {p}")
+    return out
+
+
 def format_for(path: str, fmt: str | None) -> str:
     if fmt:
         if fmt not in FORMATS:
