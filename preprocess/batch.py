@@ -36,7 +36,7 @@ class BatchStats:
     late: int
     after_pushdown: int
     matches: int
-    partitioning: str
+    partitioning: dict   # per query: PartitionPlan.describe()
     slice_ms: int
     assigned: int | None = None  # event copies after partition assignment (count_copies)
 

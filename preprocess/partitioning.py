@@ -44,15 +44,13 @@ class Partitioning:
     slice_window: int = 0                 # W: the largest window of the sliced queries
     roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # keyed: type -> attrs
 
-    def describe(self) -> str:
-        lines = []
-        for k in self.keyed:
-            roles = ", ".join(f"{t} by {a}" if a else f"{t} to every partition"
-                              for t, a in k.roles)
-            lines.append(f"{k.name}: keyed ({roles})")
+    def describe(self) -> dict:
+        """Per query, how it is partitioned: ``{"keyed": {type: attribute or null (to
+        every partition)}}`` or ``{"time slices": {"overlap_ms": W}}``."""
+        out: dict = {k.name: {"keyed": {t: a for t, a in k.roles}} for k in self.keyed}
         for name in self.sliced:
-            lines.append(f"{name}: time slices (overlap {self.slice_window} ms)")
-        return "\n".join(lines)
+            out[name] = {"time slices": {"overlap_ms": self.slice_window}}
+        return out
 
 
 def _maybe_unbound(node: ast.Item, under_or: bool = False) -> set[str]:

@@ -79,7 +79,11 @@ def test_batch_job_gives_the_reference_matches(spark, tmp_path, strategy, partit
     assert sorted(late_out) == sorted(late) and late
     assert stats.duplicates > 0 and stats.matches == len(want)
     if strategy == "time":
-        assert "time slices" in stats.partitioning and stats.slice_ms >= 60_000
+        assert stats.slice_ms >= 60_000 and all(
+            set(how) == {"time slices"} for how in stats.partitioning.values())
+        # _stats.json holds the same structure (it was one newline-joined string)
+        saved = json.loads((tmp_path / "out" / "_stats.json").read_text())
+        assert saved["partitioning"] == stats.partitioning
 
 
 def test_formats_and_directories_agree(spark, tmp_path):
