@@ -110,40 +110,6 @@ def _print_stats(engine, seconds: float) -> None:
           f"{engine.late}; peak state {engine.peak_state_bytes} bytes", file=out)
 
 
-class _Returns:
-    """RETURN values for native matches, from the recent events (bounded by the window)."""
-
-    def __init__(self, queries, engine):
-        from collections import deque
-        self.specs = {q.name: q.returns for q in queries}
-        self.engine, self.events, self.order = engine, {}, deque()
-
-    def remember(self, chunk) -> None:
-        for e in chunk:
-            self.events[e.id] = e
-            self.order.append((e.ts, e.id))
-        if self.engine.wm is not None:
-            horizon = self.engine.wm - self.engine.store_retention - 1
-            while self.order and self.order[0][0] < horizon:
-                self.events.pop(self.order.popleft()[1], None)
-
-    def fill(self, m):
-        from dataclasses import replace
-        bound = dict(m.events)
-        values = []
-        for r in self.specs[m.query]:
-            label = r.var if r.attr is None else f"{r.var}.{r.attr}"
-            ev = self.events.get(bound.get(r.var, -1))
-            if ev is None:
-                values.append((label, None))
-            elif r.attr is None:
-                values.append((label, ev.id))
-            else:
-                values.append((label, ev.value(r.attr) if r.attr in ("ts", "id")
-                               else ev.attrs.get(r.attr)))
-        return replace(m, returns=tuple(values))
-
-
 def _write(batch, sink, returns) -> None:
     if returns is None:
         sink.write_batch(batch)
@@ -235,7 +201,8 @@ def cmd_run(args) -> int:
                 from dqcep.runtime import Engine
 
                 engine = Engine(build_plan(queries), lateness=args.lateness)
-            returns = _Returns(queries, engine) if args.returns else None
+            from dqcep.runtime import ReturnValues
+            returns = ReturnValues(queries, engine) if args.returns else None
             started = time.perf_counter()
             for chunk in _event_chunks(args, bad, args.chunk_size, DUPLICATE_WINDOW):
                 if returns is not None:

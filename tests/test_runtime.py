@@ -261,3 +261,36 @@ def test_restore_replaces_the_column_decoder_with_the_dictionary():
     fresh.decode(msgpack.packb({"type": "A", "ts": 5, "id": 2, "s": "y"}))
     *_, val, kind = fresh.take()
     assert new.dictionary.values[int(val[0, new.attr_index["s"]])] == "y"
+
+
+def test_the_embedding_example_in_the_docs_runs_as_written():
+    """docs/runtime.md's first code block is a complete program: run it, and its lines
+    are the reference's matches with their RETURN values (issue 15, item 7)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dqcep.io.readers import read_events
+    from dqcep.lang import parse_file
+    from dqcep.reference import ReferenceMatcher
+    root = Path(__file__).resolve().parent.parent
+    program = re.search(r"```python\n(.*?)```", (root / "docs" / "runtime.md").read_text(),
+                        re.S).group(1)
+    r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                       cwd=root)
+    assert r.returncode == 0, r.stderr
+    queries = parse_file(root / "examples" / "fire.cep").queries
+    events = [e for _, e in read_events(str(root / "examples" / "fire-events.jsonl"))]
+    by_id = {e.id: e for e in events}
+    specs = {q.name: q.returns for q in queries}
+
+    def returned(m):  # RETURN by its definition (docs/language.md), from the events
+        bound = dict(m.events)
+        return {r.var if r.attr is None else f"{r.var}.{r.attr}":
+                None if r.var not in bound else
+                bound[r.var] if r.attr is None else by_id[bound[r.var]].attrs.get(r.attr)
+                for r in specs[m.query]}
+    want = sorted(f"{m.query} {m.detected_at} {dict(m.events)} {returned(m)}"
+                  for m in ReferenceMatcher(queries).run(events))
+    assert sorted(r.stdout.splitlines()) == want and any("s.density" in x for x in want)

@@ -1,0 +1,56 @@
+"""RETURN values of matches, for embedding programs and ``dqcep run --returns``.
+
+The engines store only the attributes their predicates and keys read, and a
+match names its events by id; ``ReturnValues`` keeps the recent events (as far
+back as the engine's store reaches, so memory stays bounded by the windows) and
+fills ``Match.returns`` from them::
+
+    returns = ReturnValues(queries, engine)
+    returns.remember(events)                  # the events given to engine.process
+    for m in engine.process(events).to_matches():
+        m = returns.fill(m)                   # m.returns: ((label, value), ...)
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+from typing import Sequence
+
+from dqcep.events import Event, Match
+
+
+class ReturnValues:
+    """RETURN values for an engine's matches (native or SASE), from recent events."""
+
+    def __init__(self, queries, engine):
+        self.specs = {q.name: q.returns for q in queries}
+        self.engine = engine
+        self.events: dict[int, Event] = {}
+        self.order: deque = deque()
+
+    def remember(self, events: Sequence[Event]) -> None:
+        """Keep these events (pass each batch before giving it to the engine)."""
+        for e in events:
+            self.events[e.id] = e
+            self.order.append((e.ts, e.id))
+        if self.engine.wm is not None:
+            horizon = self.engine.wm - self.engine.store_retention - 1
+            while self.order and self.order[0][0] < horizon:
+                self.events.pop(self.order.popleft()[1], None)
+
+    def fill(self, m: Match) -> Match:
+        """The match with its query's RETURN values: a variable gives its event's id,
+        ``var.attr`` the attribute; an unbound variable or a missing attribute None."""
+        bound = dict(m.events)
+        values = []
+        for r in self.specs[m.query]:
+            label = r.var if r.attr is None else f"{r.var}.{r.attr}"
+            ev = self.events.get(bound.get(r.var, -1))
+            if ev is None:
+                values.append((label, None))
+            elif r.attr is None:
+                values.append((label, ev.id))
+            else:
+                values.append((label, ev.value(r.attr) if r.attr in ("ts", "id")
+                               else ev.attrs.get(r.attr)))
+        return replace(m, returns=tuple(values))
