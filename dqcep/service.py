@@ -40,7 +40,7 @@ from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint
 from dqcep.io.journal import Gap, Journal, JournalTail, segments
 from dqcep.io.mqtt import MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, dead_letter, decode_payload
-from dqcep.io.sinks import durable, json_line, open_file, open_match_sink
+from dqcep.io.sinks import durable, json_line, naming, open_file, open_match_sink
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
 from dqcep.runtime import Engine, EventColumns
@@ -87,17 +87,13 @@ class _Sink:
         self.f = open_file(self.path, keep)
 
     def write(self, obj: dict) -> None:
-        try:
+        with naming(self.path):
             self.f.write(json_line(obj))
-        except OSError as err:
-            raise OSError(err.errno, err.strerror, str(self.path)) from None
 
     def sync(self) -> int:
-        try:
+        with naming(self.path):
             self.f.flush()
             durable(self.f)
-        except OSError as err:
-            raise OSError(err.errno, err.strerror, str(self.path)) from None
         return self.f.tell()
 
     def close(self) -> None:

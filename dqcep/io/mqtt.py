@@ -161,12 +161,9 @@ class MqttPublisher:
                             f"connection: {self._connect_error or 'timed out'}")
 
     def publish(self, payload: bytes, timeout: float = 60.0) -> None:
-        with self._cond:
-            waited_for = len(self._unacked)
+        with self._cond:  # any ack frees a place, so the wait is for one ack at most
             deadline = time.monotonic() + timeout
             while len(self._unacked) >= self.max_pending:
-                if len(self._unacked) < waited_for:  # acks are coming: wait on
-                    waited_for, deadline = len(self._unacked), time.monotonic() + timeout
                 if time.monotonic() > deadline:
                     raise UserError(f"MQTT broker at {self.url.host}:{self.url.port} "
                                     f"acknowledged nothing for {timeout:.0f} s; "
@@ -235,7 +232,7 @@ class MqttSource:
         self.commit_interval, self.retry_interval = commit_interval, retry_interval
         self.connect_timeout = connect_timeout
         self.max_payload = MAX_PAYLOAD if max_payload is None else max_payload
-        self.received = self.refused = 0
+        self.received = 0
         self.write_error: str | None = None
         self.failure: str | None = None
         self._lock = threading.Lock()
@@ -278,7 +275,6 @@ class MqttSource:
                 self.journal.append(topic, payload)
                 self._pending.append(msg.mid)
                 self.received += 1
-                self.refused += isinstance(payload, Refused)
         except BaseException as err:  # noqa: BLE001 - the service sees it and stops
             self.failure = f"receiving a message failed: {err!r}"
 

@@ -63,8 +63,7 @@ def open_file(path: str | Path, keep: int | None):
     never padded (extending it would write NUL bytes where lines were).
     """
     path = Path(path)
-    if path.parent != Path("."):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         f = open(path, "ab")
     except OSError as err:
@@ -80,6 +79,18 @@ def open_file(path: str | Path, keep: int | None):
             f.truncate(keep)
         f.seek(0, os.SEEK_END)
     return f
+
+
+@contextmanager
+def naming(path: Path | None):
+    """An OSError of a write to ``path`` (a full disk) names the file (a buffered
+    write's error does not); ``path`` None (stdout) leaves it as it is."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename or path is None:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from None
 
 
 def durable(f) -> None:
@@ -109,30 +120,20 @@ class FileMatchSink:
         else:
             self.f = open_file(self.path, keep)
 
-    @contextmanager
-    def _named(self):
-        """An OSError of a write (a full disk) names this file."""
-        try:
-            yield
-        except OSError as err:
-            if err.filename or self.path is None:
-                raise
-            raise OSError(err.errno, err.strerror, str(self.path)) from None
-
     def write(self, m: Match) -> None:
-        with self._named():
+        with naming(self.path):
             self.f.write(json_line(m.to_json_obj(self.with_returns)))
 
     def write_batch(self, batch) -> int:
         """Write every match of a MatchBatch (RETURN values need ``write``); returns how many."""
         if self.with_returns:
             raise ValueError("a sink with RETURN values writes Match objects one by one")
-        with self._named():
+        with naming(self.path):
             self.f.write(match_lines(batch))
         return len(batch)
 
     def sync(self) -> int | None:
-        with self._named():
+        with naming(self.path):
             self.f.flush()
             if self.path is None:
                 return None
