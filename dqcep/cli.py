@@ -57,45 +57,30 @@ class _BadEvents:
             print(f"dqcep run: skipped {self.skipped} bad event record(s)", file=sys.stderr)
 
 
-class _RecentIds:
-    """Duplicate-id check over the last ``capacity`` events (None: all; bounded memory)."""
+def _event_chunks(args, bad: _BadEvents, chunk_size: int | None, repeats: list[int]):
+    """Events of the input in chunks (all of them in one when chunk_size is None), without
+    repeated ids (dqcep.runtime.duplicates: dropped, counted in ``repeats[0]``)."""
+    import numpy as np
 
-    def __init__(self, capacity: int | None):
-        from collections import deque
-        self.capacity, self.order, self.where = capacity, deque(), {}
+    from dqcep.io.readers import read_events
+    from dqcep.runtime.duplicates import recent_ids
 
-    def first_seen(self, event_id: int, where: str) -> str | None:
-        if event_id in self.where:
-            return self.where[event_id]
-        self.where[event_id] = where
-        if self.capacity is not None:
-            self.order.append(event_id)
-            if len(self.order) > self.capacity:
-                del self.where[self.order.popleft()]
-        return None
+    recent, chunk = recent_ids(), []
 
+    def first_copies(chunk):
+        fresh = recent.admit(np.fromiter((e.id for e in chunk), np.int64, len(chunk)))
+        if fresh.all():
+            return chunk
+        repeats[0] += len(chunk) - int(fresh.sum())
+        return [e for e, keep in zip(chunk, fresh) if keep]
 
-# The native engine checks ids for duplicates among this many recent events.
-DUPLICATE_WINDOW = 1_000_000
-
-
-def _event_chunks(args, bad: _BadEvents, chunk_size: int | None, dup_window: int | None):
-    """Events of the input in chunks (all of them in one when chunk_size is None)."""
-    from dqcep.io.readers import EventInputError, read_events
-
-    seen, chunk = _RecentIds(dup_window), []
-    source = "<stdin>" if args.input == "-" else args.input
-    for where, ev in read_events(args.input, args.format, on_error=bad):
-        first = seen.first_seen(ev.id, where)
-        if first is not None:
-            bad(EventInputError(source, where, f"duplicate event id {ev.id} (first at {first})"))
-            continue
+    for _, ev in read_events(args.input, args.format, on_error=bad):
         chunk.append(ev)
         if chunk_size is not None and len(chunk) >= chunk_size:
-            yield chunk
+            yield first_copies(chunk)
             chunk = []
     if chunk:
-        yield chunk
+        yield first_copies(chunk)
 
 
 def _print_stats(engine, seconds: float) -> None:
@@ -182,12 +167,12 @@ def cmd_run(args) -> int:
     from dqcep.io.sinks import open_match_sink
 
     sink = open_match_sink(args.output, args.output_format, with_returns=args.returns)
-    bad = _BadEvents(args.on_bad_event)
+    bad, repeats = _BadEvents(args.on_bad_event), [0]
     try:
         if args.engine == "reference":
             from dqcep.reference import ReferenceMatcher
 
-            events = [e for chunk in _event_chunks(args, bad, None, None) for e in chunk]
+            events = [e for chunk in _event_chunks(args, bad, None, repeats) for e in chunk]
             for m in ReferenceMatcher(queries).run(events):
                 sink.write(m)
             seen = ({e.type for e in events}, {a for e in events for a in e.attrs})
@@ -204,7 +189,7 @@ def cmd_run(args) -> int:
             from dqcep.runtime import ReturnValues
             returns = ReturnValues(queries, engine) if args.returns else None
             started = time.perf_counter()
-            for chunk in _event_chunks(args, bad, args.chunk_size, DUPLICATE_WINDOW):
+            for chunk in _event_chunks(args, bad, args.chunk_size, repeats):
                 if returns is not None:
                     returns.remember(chunk)
                 _write(engine.process(chunk), sink, returns)
@@ -219,6 +204,9 @@ def cmd_run(args) -> int:
     finally:
         sink.close()
     bad.summary()
+    if repeats[0]:
+        print(f"dqcep run: dropped {repeats[0]} event(s) repeating the id of an earlier event "
+              "(the first copy is kept)", file=sys.stderr)
     _report_never_seen(query_file, *seen)
     return 0
 
@@ -299,6 +287,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dqcep.runtime.duplicates import RECENT_IDS
     p = _Parser(prog="dqcep", description="Complex event processing over IoT streams: "
                 "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
     p.add_argument("--version", action="version", version=f"dqcep {__version__}")
@@ -374,7 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "to stderr")
     run.add_argument("--on-bad-event", choices=("fail", "skip"), default="fail",
                      help="a malformed event record stops the run with exit code 2 "
-                     "(fail, default) or is reported on stderr, counted and skipped")
+                     "(fail, default) or is reported on stderr, counted and skipped. A "
+                     "repeated event id is not malformed: the later copy is always dropped "
+                     f"and counted (the last {RECENT_IDS:,} ids are remembered)")
     service = run.add_argument_group("streaming service (MQTT input; docs/streaming.md)")
     service.add_argument("--state", metavar="DIR",
                          help="where the service keeps the four below (default: beside the "

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from dqcep._kernels.recent_ids import RecentIds
+from dqcep.runtime.duplicates import RECENT_IDS
 from dqcep.errors import UserError
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
                                  write_checkpoint)
@@ -68,7 +69,7 @@ class ServiceConfig:
     stats_file: str | None = None
     client_id: str = "dqcep-engine"
     output_format: str = "json"
-    recent_ids: int = 100_000
+    recent_ids: int = RECENT_IDS
     until_idle: float | None = None   # end of stream after this many seconds without input
     journal_retention: int = 0        # bytes of consumed closed segments kept for replay
     journal_segment_bytes: int = 64 * 1024 * 1024  # a segment is closed beyond this size

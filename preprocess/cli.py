@@ -62,22 +62,28 @@ def cmd_spark_run(args) -> int:
                               slice_ms=args.slice_ms, overwrite=args.overwrite)
     finally:
         spark.stop()
-    print(f"dqcep spark run: {stats.records} records, {stats.dead_letter} dead-lettered, "
-          f"{stats.duplicates} duplicates, {stats.late} late, {stats.after_pushdown} after "
-          f"pushdown; {stats.matches} matches -> {args.output}", file=sys.stderr)
+    _summary("run", stats, args.output)
     return 0
 
 
-def cmd_spark_stream(args) -> int:
-    _require_spark()
-    from dqcep.lang import parse_file
-    from preprocess.session import spark_session
-    from preprocess.stream import run_stream
+def _summary(command: str, stats, output: str) -> None:
+    """The last line of ``dqcep spark run`` and ``dqcep spark stream``."""
+    print(f"dqcep spark {command}: {stats.records} records, {stats.dead_letter} dead-lettered, "
+          f"{stats.duplicates} duplicates, {stats.late} late, {stats.after_pushdown} after "
+          f"pushdown; {stats.matches} matches -> {output}", file=sys.stderr)
 
-    text = Path(args.queries).read_text(encoding="utf-8")
-    parse_file(args.queries)
+
+def cmd_spark_stream(args) -> int:
+    from dqcep.lang import parse_file
+
+    parse_file(args.queries)  # positioned errors and a missing journal before Spark starts
     if not Path(args.input).is_dir():
         raise UserError(f"no journal directory at {args.input}")
+    _require_spark()
+    from preprocess.session import spark_session
+    from preprocess.stream import run_stream, stream_stats
+
+    text = Path(args.queries).read_text(encoding="utf-8")
     spark = spark_session(args.master, "dqcep spark stream", args.partitions)
     try:
         with _executor_errors():
@@ -95,6 +101,7 @@ def cmd_spark_stream(args) -> int:
                     query.stop()
     finally:
         spark.stop()
+    _summary("stream", stream_stats(args.output), args.output)
     return 0
 
 

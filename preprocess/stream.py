@@ -20,6 +20,9 @@ drops a row, and the watermark is the largest ts seen in earlier batches.
 """
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -32,7 +35,9 @@ from preprocess.journal_source import END_WHERE
 from preprocess.source import SCHEMA
 
 GROUP_DEAD, GROUP_LATE, GROUP_CLOCK = -1, -2, -3
-ROUTED_SCHEMA = SCHEMA + ", group int, part long, clock long"
+# counts: on the one clock row of each routed batch, that batch's records and events
+# left after pushdown (JSON); null on every other row
+ROUTED_SCHEMA = SCHEMA + ", group int, part long, clock long, counts string"
 OUTPUT_SCHEMA = "kind string, line string"
 
 
@@ -44,6 +49,7 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
     for df in batches:
         if not len(df):
             continue
+        df = df.assign(counts=None)
         end = (df["where"] == END_WHERE) & df["reason"].isna()
         if end.any():  # the stream is closed: every part that may hold state flushes
             yield _end_rows(spec, lateness, df[end].iloc[[0]])
@@ -58,14 +64,16 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
         late = ~dead & before.notna() & (before - df["ts"] > lateness)
         out = [df[dead].assign(group=GROUP_DEAD, part=0),
                df[late].assign(group=GROUP_LATE, part=0)]
-        events = df[~dead & ~late]
+        events, n_needed = df[~dead & ~late], 0
         if len(events):
             cols = event_columns(engine, events["event"].tolist())
             needed = engine.needed(cols)
-            if needed.any():  # each row keeps its clock; None: no part wants them
+            n_needed = int(needed.sum())
+            if n_needed:  # each row keeps its clock; None: no part wants them
                 out.append(assigner.assign(events[needed], cols.take(needed)))
         marker = df.iloc[[int(np.argmax(clock.to_numpy()))]]
-        out.append(marker.assign(group=GROUP_CLOCK, part=0, event=None))
+        counts = json.dumps({"records": len(df), "needed": n_needed})
+        out.append(marker.assign(group=GROUP_CLOCK, part=0, event=None, counts=counts))
         yield pd.concat(out, ignore_index=True)
 
 
@@ -96,8 +104,8 @@ def processor_class(spec: JobSpec, lateness: int):
             self.state = handle.getValueState("part", "blob binary, recent binary")
 
         def _load(self, group: int, part: int):
-            from dqcep._kernels.recent_ids import RecentIds
-            runner, recent = PartRunner(spec, group, part), RecentIds(RECENT_IDS)
+            from dqcep.runtime.duplicates import recent_ids
+            runner, recent = PartRunner(spec, group, part), recent_ids()
             if self.state.exists():
                 blob, ids = self.state.get()
                 runner.restore(bytes(blob))
@@ -130,14 +138,20 @@ def processor_class(spec: JobSpec, lateness: int):
             if group == GROUP_LATE:
                 yield pd.DataFrame({"kind": "late", "line": record_lines(df, "late")})
                 return
-            if group == GROUP_CLOCK:
+            if group == GROUP_CLOCK:  # the routed batches' counts, for the summary
+                yield pd.DataFrame({"kind": "counts", "line": df["counts"].dropna()})
                 return
             end = (df["where"] == END_WHERE) & df["event"].isna()
             if end.all() and not self.state.exists():
                 return  # nothing held here
             runner, recent = self._load(group, part)
             df = df[~end].sort_values(["file_index", "seq"], kind="stable")
-            df = df[recent.admit(df["id"].to_numpy(np.int64))]   # first copy of an id wins
+            first = recent.admit(df["id"].to_numpy(np.int64))  # first copy of an id wins
+            if not first.all():  # named by position: an event sent to two parts counts once
+                repeats = df[~first]
+                yield pd.DataFrame({"kind": "repeat", "line": repeats["file_index"].astype(str)
+                                    + ":" + repeats["seq"].astype(str)})
+                df = df[first]
             df = df.sort_values(["ts", "file_index", "seq"], kind="stable")
             outs = [runner.feed(df["event"].tolist())] if len(df) else []
             outs.append(self._advance(runner, timerValues))
@@ -164,9 +178,6 @@ def processor_class(spec: JobSpec, lateness: int):
             pass
 
     return EngineProcessor
-
-
-RECENT_IDS = 100_000
 
 
 def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: str, *,
@@ -203,6 +214,7 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
         for kind, name in (("match", "matches"), ("dead", "dead-letter"), ("late", "late")):
             (batch.where(F.col("kind") == kind).select("line").coalesce(1).write
              .mode("overwrite").text(str(out / name / f"batch={batch_id:010d}")))
+        _write_batch_counts(batch, out / "_stats" / f"batch={batch_id:010d}.json")
         batch.unpersist()
 
     query = (results.writeStream.option("checkpointLocation", str(ck / "query"))
@@ -217,3 +229,45 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     finally:
         query.stop()
     return query
+
+
+@dataclass
+class StreamStats:
+    """What the streaming job did, summed over every micro-batch it wrote (restarts
+    included): the counts of ``dqcep spark run``'s ``_stats.json``."""
+    records: int = 0
+    dead_letter: int = 0
+    duplicates: int = 0
+    late: int = 0
+    after_pushdown: int = 0
+    matches: int = 0
+
+
+def _write_batch_counts(batch, path: Path) -> None:
+    """One micro-batch's counts as ``DIR/_stats/batch=N.json``, replaced whole when Spark
+    re-runs the batch (so the sum over the files counts every batch once)."""
+    from pyspark.sql import functions as F
+
+    small = batch.where(F.col("kind").isin("counts", "repeat"))
+    rows = batch.groupBy("kind").count().collect()
+    n = {r["kind"]: r["count"] for r in rows}
+    routed = [json.loads(r.line) for r in small.where(F.col("kind") == "counts").collect()]
+    repeats = {r.line for r in small.where(F.col("kind") == "repeat").collect()}
+    needed = sum(c["needed"] for c in routed)
+    stats = StreamStats(records=sum(c["records"] for c in routed),
+                        dead_letter=n.get("dead", 0), duplicates=len(repeats),
+                        late=n.get("late", 0), after_pushdown=needed - len(repeats),
+                        matches=n.get("match", 0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(asdict(stats)) + "\n")
+    os.replace(part, path)
+
+
+def stream_stats(output: str) -> StreamStats:
+    """The counts of every micro-batch written to ``output`` so far."""
+    total = StreamStats()
+    for f in sorted((Path(output) / "_stats").glob("batch=*.json")):
+        for name, value in json.loads(f.read_text()).items():
+            setattr(total, name, getattr(total, name) + value)
+    return total

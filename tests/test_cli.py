@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import msgpack
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -67,12 +68,24 @@ def test_bad_event_file_exit_2_names_the_line(tmp_path):
     assert r.stderr.strip() == f"{e}:2:1: event 'ts' must be an integer, got 'x'"
 
 
-def test_duplicate_ids_are_bad_input(tmp_path):
-    e = tmp_path / "dup.jsonl"
-    e.write_text('{"id": 1, "type": "A", "ts": 1}\n{"id": 1, "type": "A", "ts": 2}\n')
-    r = dqcep("run", EXAMPLES / "fire.cep", "--input", e)
-    assert r.returncode == 2
-    assert "2:1: duplicate event id 1 (first at 1:1)" in r.stderr
+@pytest.mark.parametrize("engine", ["native", "sase", "reference"])
+def test_repeated_ids_are_dropped_and_counted_not_bad(tmp_path, engine):
+    """One rule on every path (dqcep.runtime.duplicates): the later copy of an id is
+    dropped and counted, also under --on-bad-event fail; the first copy wins."""
+    lines = (EXAMPLES / "fire-events.jsonl").read_text().splitlines(keepends=True)
+    twice = tmp_path / "twice.jsonl"
+    # every event again right after itself, and the first one once more with other content
+    again = lines[0].replace('"ts": ', '"ts": 1').replace('"type": "', '"type": "X')
+    twice.write_text("".join(line + line for line in lines) + again)
+    queries = tmp_path / "q.cep"  # the SEQ queries of fire.cep (the baseline runs those)
+    queries.write_text(";".join((EXAMPLES / "fire.cep").read_text().split(";")[1:]))
+    args = ("run", queries, "--engine", engine)
+    r = dqcep(*args, "--input", twice)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == dqcep(*args, "--input", EXAMPLES / "fire-events.jsonl").stdout
+    assert r.stdout
+    assert (f"dropped {len(lines) + 1} event(s) repeating the id of an earlier event"
+            in r.stderr)
 
 
 def test_skip_bad_events_counts_them(tmp_path):
@@ -83,7 +96,8 @@ def test_skip_bad_events_counts_them(tmp_path):
     assert r.returncode == 0
     assert r.stdout == dqcep("run", EXAMPLES / "fire.cep", "--input",
                              EXAMPLES / "fire-events.jsonl").stdout
-    assert "skipped 2 bad event record(s)" in r.stderr
+    assert "skipped 1 bad event record(s)" in r.stderr
+    assert "dropped 1 event(s) repeating the id" in r.stderr
 
 
 def test_engines_print_the_same_matches(tmp_path):
