@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 from dqcep.batch import Malformed
 from dqcep.errors import UserError
 from dqcep.io.event_writers import EVENT_FORMATS, BatchEncoder, ParquetSink
+from dqcep.io.sinks import create_file
 
 DESCRIPTION = """Generate a synthetic event stream (profiles iot, stock, uniform) with
 optional planted pattern occurrences and imperfections, and write it as JSON Lines,
@@ -143,13 +145,11 @@ def run(args) -> int:
     elif args.output == "-":
         stream = sys.stdout.buffer
     else:
-        try:
-            stream = open(args.output, "wb")
-        except OSError as err:
-            raise UserError(f"cannot write {args.output}: {err.strerror}") from None
+        stream = create_file(args.output)
         if fmt == "parquet":
             sink = ParquetSink(gen.schema, stream)
-    truth = open(truth_path, "w", encoding="utf-8") if truth_path else None
+    truth = io.TextIOWrapper(create_file(truth_path, "the ground truth"),
+                             encoding="utf-8") if truth_path else None
 
     progress = None
     if not args.quiet:

@@ -185,10 +185,24 @@ def test_explain_bad_query_exit_2(tmp_path):
 
 
 def test_unwritable_output_exit_2(tmp_path):
+    (tmp_path / "a-file").write_text("")
     r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl",
-              "--output", tmp_path / "missing-dir" / "m.jsonl")
+              "--output", tmp_path / "a-file" / "m.jsonl")
     assert r.returncode == 2
     assert "cannot write matches to" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_output_directories_are_made(tmp_path):
+    """dqcep run and dqcep generate make a missing directory of their output files."""
+    out = tmp_path / "new" / "dir"
+    r = dqcep("generate", "--profile", "iot", "-n", 20_000, "--plant", ROOT / "dqcep/data/iot.cep",
+              "--quiet", "-o", out / "events.jsonl", "--truth", out / "t" / "truth.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert (out / "t" / "truth.jsonl").read_text()
+    r = dqcep("run", ROOT / "dqcep/data/iot.cep", "--input", out / "events.jsonl",
+              "--output", out / "m" / "matches.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert (out / "m" / "matches.jsonl").read_text()
 
 
 def test_demo_runs_in_process_and_finds_every_planted_occurrence():

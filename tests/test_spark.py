@@ -180,6 +180,7 @@ def test_scripted_standalone_cluster(tmp_path):
     want, _, _ = expected([events])
     state = tmp_path / "cluster"
     start = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "start",
+                            "--workers", "2", "--cores", "1", "--memory", "1g",  # docs/spark.md
                             "--dir", str(state)], capture_output=True, text=True, timeout=120)
     assert start.returncode == 0, start.stderr
     master = start.stdout.strip()

@@ -56,6 +56,18 @@ def match_lines(batch) -> bytes:
     return b"".join(out)
 
 
+def create_file(path: str | Path, what: str = ""):
+    """A new file to write (binary), its directory made if missing: every command's
+    output files are opened here. ``what`` names the content in the error."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "wb")
+    except OSError as err:
+        raise UserError(f"cannot write {what + ' to ' if what else ''}{path}: "
+                        f"{err.strerror}") from None
+
+
 def open_file(path: str | Path, keep: int | None):
     """A file to append to, cut back to ``keep`` bytes first (None: keep all).
 
@@ -113,10 +125,7 @@ class FileMatchSink:
             return
         self.path = Path(target)
         if keep is None:  # a run from a file writes its output anew
-            try:
-                self.f = open(self.path, "wb")
-            except OSError as err:
-                raise UserError(f"cannot write matches to {target}: {err.strerror}") from None
+            self.f = create_file(self.path, "matches")
         else:
             self.f = open_file(self.path, keep)
 

@@ -1,0 +1,229 @@
+"""Every command README.md and docs/ show runs as written, and prints what they show.
+
+A command is a line of a ``sh`` block (the lines after it that are not commands
+are its output) or a ``$ `` line of a plain block (its output follows). Each
+doc's commands run in order in one fresh directory that holds the repository's
+``dqcep/`` and ``examples/`` (as a clone does), with the installed ``dqcep`` script; the lines
+shown after a command must appear in its output in that order (``...`` stands
+for any lines), and it must exit 0 unless the docs show an error. A command is
+left out only by a rule of ``NOT_RUN`` that says why; the MQTT ones run against
+a test broker below.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PROGRAMS = ("dqcep", "python3", "pip", "sh", "spark-submit")
+
+# (pattern, why it is not run here)
+NOT_RUN = [
+    (r"^python3 -m pytest -q$", "the test suite itself (what runs this test)"),
+    (r"^dqcep experiment all --out", "the full sizes take 3-4 min; the --quick form runs "
+     "the same code"),
+    (r"spark-submit --master spark://host", "needs a cluster at spark://host:7077"),
+    (r"spark://127\.0\.0\.1:PORT|^dqcep spark cluster",
+     "starts a standalone cluster: tests/test_spark.py::test_scripted_standalone_cluster "
+     "runs these steps"),
+    (r"mqtt://localhost:1883", "needs a broker: test_streaming_commands_against_a_broker "
+     "runs it against a test broker"),
+]
+
+# Files the docs name without showing how they were made
+FIXTURES = {
+    "README.md": {"bad.cep": "QUERY hot\nPATTERN SEQ(Temperature t, Smoke s)\n"
+                             "WHERE z.value > 50\nWITHIN 30 s\n"},
+    "cli.md": {"bad.jsonl": '{"id": 1, "type": "A", "ts": 1}\n'
+                            '{"id": 2, "type": "A", "ts": "x"}\n'},
+}
+ERROR_LINE = re.compile(r"^\S+:\d+:\d+: ")
+
+
+@dataclass
+class Shown:
+    where: str                      # doc:line
+    command: str
+    output: list[str] = field(default_factory=list)
+
+
+def fenced_blocks(doc: Path):
+    """(language, line number of the first line, lines) of each fenced block."""
+    lang, first, body, indent = None, 0, [], 0
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.lstrip().startswith("```"):
+            body.append(line[indent:])  # a block inside a list item is indented
+        elif lang is None:
+            indent = len(line) - len(line.lstrip())
+            lang, first, body = line.strip()[3:].strip(), number + 1, []
+        else:
+            yield lang, first, body
+            lang = None
+
+
+def shown_commands(doc: Path) -> list[Shown]:
+    out: list[Shown] = []
+    for lang, first, body in fenced_blocks(doc):
+        if lang not in ("sh", ""):
+            continue
+        block: list[Shown] = []
+        lines = iter(enumerate(body, first))
+        for number, line in lines:
+            text = line.rstrip()
+            if lang == "sh" and text.startswith("#"):
+                continue
+            prompt = lang == "" and text.startswith("$ ")
+            if prompt or lang == "sh" and text.split(" ", 1)[0] in PROGRAMS:
+                command = text[2:] if prompt else text
+                while command.endswith("\\"):  # continuation lines
+                    command = command[:-1].rstrip() + " " + next(lines)[1].strip()
+                command = re.sub(r"\s+#(\s.*)?$", "", command)  # a trailing comment
+                block.append(Shown(f"{doc.relative_to(ROOT)}:{number}", command))
+            elif block and text:
+                block[-1].output.append(text)
+        out += block
+    return out
+
+
+def not_run_reason(command: str) -> str | None:
+    for pattern, why in NOT_RUN:
+        if re.search(pattern, command):
+            return why
+    return None
+
+
+def without_installs(command: str) -> str:
+    """``pip install ... && X`` -> ``X``: the README's test command has installed every
+    extra (checked by test_installs_the_docs_name_exist); ``""`` for an install alone."""
+    parts = [p.strip() for p in command.split("&&")]
+    keep = [p for p in parts if not re.search(r"\bpip install\b", p)
+            and p != "sh scripts/system-deps.sh"]
+    return " && ".join(keep)
+
+
+def environment() -> dict:
+    env = dict(os.environ)
+    # the dqcep script pip installed beside this interpreter, as a user's shell finds it
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def workdir(tmp: Path, doc: Path) -> Path:
+    for name in ("dqcep", "examples"):  # as in a clone: dqcep/data/iot.cep, examples/
+        (tmp / name).symlink_to(ROOT / name)
+    for name, text in FIXTURES.get(doc.name, {}).items():
+        (tmp / name).write_text(text)
+    return tmp
+
+
+def check_output(shown: Shown, actual: list[str]) -> None:
+    """The shown lines appear in order; ``...`` skips any lines."""
+    k = 0
+    for want in shown.output:
+        if want.strip() in ("...", "…"):
+            continue
+        while k < len(actual) and actual[k].rstrip() != want:
+            k += 1
+        assert k < len(actual), (f"{shown.where}: `{shown.command}` does not print\n  {want}\n"
+                                 f"it printed:\n" + "\n".join(actual[-40:]))
+        k += 1
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_the_commands_of_a_doc_run_as_written(doc, tmp_path):
+    cwd, env, previous = workdir(tmp_path, doc), environment(), 0
+    ran = 0
+    for shown in shown_commands(doc):
+        command = without_installs(shown.command)
+        if not command or not_run_reason(command):
+            continue
+        if command == "echo $?":
+            check_output(shown, [str(previous)])
+            continue
+        r = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=env, text=True,
+                           capture_output=True, timeout=600)
+        previous, ran = r.returncode, ran + 1
+        error_shown = bool(shown.output) and ERROR_LINE.match(shown.output[0])
+        if not error_shown:
+            assert r.returncode == 0, f"{shown.where}: `{command}` exit {r.returncode}\n" \
+                                      + r.stderr[-3000:]
+        else:
+            assert r.returncode == 2, f"{shown.where}: `{command}` exit {r.returncode}"
+        check_output(shown, (r.stdout + r.stderr).splitlines())
+    if doc.name in ("README.md", "cli.md", "generator.md", "experiments.md", "spark.md"):
+        assert ran, f"no command of {doc.name} ran"
+
+
+def test_the_commands_found_and_those_not_run():
+    """The parser sees the commands (so a broken fence cannot hide them), and every
+    command left out is left out for a stated reason that still matches something."""
+    found = [s for doc in DOCS for s in shown_commands(doc)]
+    commands = {s.command for s in found}
+    assert "dqcep run examples/fire.cep --input examples/fire-events.jsonl" in commands
+    assert "dqcep generate --profile stock --events 5 --seed 2" in commands
+    readme = shown_commands(ROOT / "README.md")
+    assert readme[0].command == "python3 -m pip install -e . && python3 -m dqcep demo"
+    assert without_installs(readme[0].command) == "python3 -m dqcep demo"
+    assert without_installs(readme[1].command) == "python3 -m pytest -q"
+    assert [s.output for s in readme if s.command.startswith("dqcep run bad.cep")] == [[
+        "bad.cep:3:7: unknown variable 'z'; the pattern binds t, s",
+        "    WHERE z.value > 50", "          ^"]]
+    for pattern, why in NOT_RUN:
+        assert any(re.search(pattern, without_installs(c)) for c in commands), (
+            f"NOT_RUN rule {pattern!r} ({why}) matches no command any more")
+
+
+def test_installs_the_docs_name_exist():
+    """Each ``pip install '.[extra]'`` the docs show names an extra of pyproject.toml."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    named = {x for doc in DOCS for s in shown_commands(doc)
+             for x in re.findall(r"pip install -e '\.\[(\w+)\]'", s.command)}
+    assert named and named <= set(extras), named - set(extras)
+
+
+def test_streaming_commands_against_a_broker(mosquitto, tmp_path):
+    """docs/streaming.md's service command and docs/generator.md's publishing command,
+    as written but for the broker's address (a test broker on a free port)."""
+    host, port = mosquitto
+
+    def command(doc: str, pattern: str) -> list[str]:
+        found = [s.command for s in shown_commands(ROOT / "docs" / doc)
+                 if re.search(pattern, s.command)]
+        assert len(found) == 1, found
+        return shlex.split(found[0].replace("localhost:1883", f"{host}:{port}"))
+
+    service = command("streaming.md", r"^dqcep run .*mqtt://localhost:1883")
+    publish = command("generator.md", r"^dqcep generate .*--rate .*mqtt://localhost:1883")
+    cwd, env = workdir(tmp_path, Path("streaming.md")), environment()
+    svc = subprocess.Popen(service, cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = svc.stderr.readline()
+        assert "listening on" in line, line + svc.stderr.read()
+        pub = subprocess.Popen(publish, cwd=cwd, env=env, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(4)  # 2000 events/s: some 8000 events
+            assert pub.poll() is None, "the publisher stopped early"
+        finally:
+            pub.terminate()
+            pub.wait(10)
+        time.sleep(1)  # what was sent reaches the journal
+    finally:
+        svc.send_signal(signal.SIGTERM)  # pause: checkpoint and stop
+        err = svc.communicate(timeout=60)[1]
+    assert svc.returncode == 0, err
+    stats = json.loads((cwd / "state" / "stats.json").read_text())
+    assert stats["events_in"] > 1000 and stats["malformed"] == 0, stats
+    assert (cwd / "state" / "checkpoint.bin").exists() and (cwd / "matches.jsonl").exists()
