@@ -57,30 +57,28 @@ class _BadEvents:
             print(f"dqcep run: skipped {self.skipped} bad event record(s)", file=sys.stderr)
 
 
-def _event_chunks(args, bad: _BadEvents, chunk_size: int | None, repeats: list[int]):
-    """Events of the input in chunks (all of them in one when chunk_size is None), without
-    repeated ids (dqcep.runtime.duplicates: dropped, counted in ``repeats[0]``)."""
+def _event_chunks(args, bad: _BadEvents, chunk_size: int, repeats: list[int], engine=None):
+    """The input in arrival order, in pieces the engine takes: ``EventColumns`` where the
+    format has a fast path and an ``engine`` is given, else lists of ``Event``; repeated
+    ids dropped (dqcep.runtime.duplicates), counted in ``repeats[0]``."""
     import numpy as np
 
-    from dqcep.io.readers import read_events
+    from dqcep.io.columnar import read_columns
+    from dqcep.runtime import EventColumns
     from dqcep.runtime.duplicates import recent_ids
 
-    recent, chunk = recent_ids(), []
-
-    def first_copies(chunk):
-        fresh = recent.admit(np.fromiter((e.id for e in chunk), np.int64, len(chunk)))
-        if fresh.all():
-            return chunk
-        repeats[0] += len(chunk) - int(fresh.sum())
-        return [e for e, keep in zip(chunk, fresh) if keep]
-
-    for _, ev in read_events(args.input, args.format, on_error=bad):
-        chunk.append(ev)
-        if chunk_size is not None and len(chunk) >= chunk_size:
-            yield first_copies(chunk)
-            chunk = []
-    if chunk:
-        yield first_copies(chunk)
+    recent = recent_ids()
+    decoder = None if engine is None else engine.column_decoder()
+    for piece in read_columns(args.input, args.format, decoder, bad, chunk_size):
+        columns = isinstance(piece, tuple)
+        if columns:
+            piece = EventColumns(*piece)
+        ids = piece.id if columns else np.fromiter((e.id for e in piece), np.int64, len(piece))
+        fresh = recent.admit(ids)
+        if not fresh.all():
+            repeats[0] += len(ids) - int(fresh.sum())
+            piece = piece.take(fresh) if columns else [e for e, k in zip(piece, fresh) if k]
+        yield piece
 
 
 def _print_stats(engine, seconds: float) -> None:
@@ -172,7 +170,7 @@ def cmd_run(args) -> int:
         if args.engine == "reference":
             from dqcep.reference import ReferenceMatcher
 
-            events = [e for chunk in _event_chunks(args, bad, None, repeats) for e in chunk]
+            events = [e for chunk in _event_chunks(args, bad, 1 << 20, repeats) for e in chunk]
             for m in ReferenceMatcher(queries).run(events):
                 sink.write(m)
             seen = ({e.type for e in events}, {a for e in events for a in e.attrs})
@@ -189,7 +187,8 @@ def cmd_run(args) -> int:
             from dqcep.runtime import ReturnValues
             returns = ReturnValues(queries, engine) if args.returns else None
             started = time.perf_counter()
-            for chunk in _event_chunks(args, bad, args.chunk_size, repeats):
+            fast = None if returns is not None else engine  # --returns reads Events
+            for chunk in _event_chunks(args, bad, args.chunk_size, repeats, fast):
                 if returns is not None:
                     returns.remember(chunk)
                 _write(engine.process(chunk), sink, returns)

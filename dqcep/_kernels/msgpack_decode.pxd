@@ -26,6 +26,7 @@ cdef class BytesTable:
 
 cdef uint64_t bytes_hash(const uint8_t* s, idx_t n) noexcept nogil
 cdef bint utf8_valid(const uint8_t* s, idx_t n) noexcept nogil
+cdef idx_t object_end(const uint8_t* p, idx_t pos, idx_t end) noexcept nogil
 
 
 cdef class ColumnDecoder:

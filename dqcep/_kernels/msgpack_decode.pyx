@@ -210,6 +210,70 @@ cdef int read_header(const uint8_t* p, idx_t* pos, idx_t end, uint8_t fix, uint8
     return -1
 
 
+cdef idx_t object_end(const uint8_t* p, idx_t pos, idx_t end) noexcept nogil:
+    """The end of the msgpack object that starts at ``pos`` (one past its last byte),
+    or -1 when it runs past ``end`` or holds the never-used byte 0xc1. Iterative:
+    a count of the items still to skip, so nesting costs no stack."""
+    cdef idx_t remaining = 1, need
+    cdef uint8_t c
+    while remaining > 0:
+        if pos >= end:
+            return -1
+        c = p[pos]
+        pos += 1
+        remaining -= 1
+        if c <= 0x7f or c >= 0xe0 or c == 0xc0 or c == 0xc2 or c == 0xc3:
+            continue                                   # fixint, nil, false, true
+        if c <= 0x8f:
+            remaining += 2 * <idx_t>(c & 0x0f)         # fixmap
+            continue
+        if c <= 0x9f:
+            remaining += c & 0x0f                      # fixarray
+            continue
+        if c <= 0xbf:
+            pos += c & 0x1f                            # fixstr
+            continue
+        if c == 0xc1:
+            return -1
+        if c == 0xc4 or c == 0xd9 or c == 0xc7:        # bin8, str8, ext8: 1-byte length
+            need = 1
+        elif c == 0xc5 or c == 0xda or c == 0xc8 or c == 0xdc or c == 0xde:
+            need = 2                                   # 16-bit length or count
+        elif c == 0xc6 or c == 0xdb or c == 0xc9 or c == 0xdd or c == 0xdf:
+            need = 4                                   # 32-bit length or count
+        else:
+            need = 0
+        if need:
+            if pos + need > end:
+                return -1
+            if c == 0xdc or c == 0xdd:                 # array16/32
+                remaining += <idx_t>be(p + pos, <int>need)
+            elif c == 0xde or c == 0xdf:               # map16/32
+                remaining += 2 * <idx_t>be(p + pos, <int>need)
+            else:                                      # the data (ext: + its type byte)
+                pos += <idx_t>be(p + pos, <int>need) + (1 if c in (0xc7, 0xc8, 0xc9) else 0)
+            pos += need
+            continue
+        if c == 0xca or c == 0xce or c == 0xd2:
+            pos += 4
+        elif c == 0xcb or c == 0xcf or c == 0xd3:
+            pos += 8
+        elif c == 0xcc or c == 0xd0:
+            pos += 1
+        elif c == 0xcd or c == 0xd1:
+            pos += 2
+        elif c >= 0xd4 and c <= 0xd8:                  # fixext 1, 2, 4, 8, 16 + type byte
+            pos += 1 + (1 << (c - 0xd4))
+    return pos if pos <= end else -1
+
+
+def record_end(const uint8_t[::1] data, idx_t pos) -> int:
+    """``object_end`` for Python (tests): the end of the msgpack object at pos, or -1."""
+    if pos >= data.shape[0]:
+        return -1
+    return object_end(&data[0], pos, data.shape[0])
+
+
 # --------------------------------------------------------------- BytesTable
 
 cdef class BytesTable:
@@ -484,6 +548,28 @@ cdef class ColumnDecoder:
             self.rows = before
             return -1
         return self.rows - before
+
+    def decode_stream(self, const uint8_t[::1] data, idx_t pos, idx_t max_rows):
+        """Decode the consecutive records of a msgpack stream (a file) from byte ``pos``,
+        each as ``decode`` would, until the data ends, ``max_rows`` rows are held, or
+        a record needs the full validator. Returns (next pos, records decoded, True
+        when stopped at such a record, which starts at next pos)."""
+        cdef idx_t n = data.shape[0], records = 0, before, stop
+        cdef int rc = 0
+        with nogil:
+            while pos < n and self.rows < max_rows:
+                stop = object_end(&data[0], pos, n)
+                if stop < 0:
+                    rc = -1
+                    break
+                before = self.rows
+                rc = self._parse(&data[pos], stop - pos)
+                if rc < 0:
+                    self.rows = before
+                    break
+                pos = stop
+                records += 1
+        return pos, records, rc < 0
 
     def spans(self):
         """int64[rows, 2]: where each held row's event map lies in its payload (start,

@@ -123,17 +123,18 @@ def _jsonl(stream: IO[str], source: str) -> Iterator:
         yield _event(obj, source, f"{lineno}:1")
 
 
-def _msgpack(stream: IO[bytes], source: str) -> Iterator:
-    """A broken msgpack stream cannot be resynchronised: such errors are raised."""
+def msgpack_stream(stream: IO[bytes], source: str, base: int = 0, record: int = 0) -> Iterator:
+    """The events (or errors) of a msgpack stream that starts at byte ``base`` of its
+    file, after ``record`` records. A broken msgpack stream cannot be resynchronised:
+    such errors are raised."""
     unpacker = msgpack.Unpacker(stream, raw=False, strict_map_key=False)
-    record = 0
     while True:
-        offset = unpacker.tell()
+        offset = base + unpacker.tell()
         record += 1
         try:
             obj = unpacker.unpack()
         except msgpack.OutOfData:
-            if unpacker.tell() != offset:
+            if base + unpacker.tell() != offset:
                 raise EventInputError(source, f"record {record} (byte {offset})",
                                       "truncated msgpack data") from None
             return
@@ -239,7 +240,7 @@ def read_events(path: str, fmt: str | None = None,
                                                errors="surrogateescape"))
     except OSError as err:
         raise UserError(f"cannot read event file {path}: {err.strerror}") from None
-    decode = {"jsonl": _jsonl, "msgpack": _msgpack, "csv": _csv, "parquet": _parquet}[fmt]
+    decode = {"jsonl": _jsonl, "msgpack": msgpack_stream, "csv": _csv, "parquet": _parquet}[fmt]
     with stream:
         try:
             for item in decode(stream, source):
