@@ -68,8 +68,7 @@ def _event_chunks(args, bad: _BadEvents, chunk_size: int, repeats: list[int], en
     from dqcep.runtime.duplicates import recent_ids
 
     recent = recent_ids()
-    decoder = None if engine is None else engine.column_decoder()
-    for piece in read_columns(args.input, args.format, decoder, bad, chunk_size):
+    for piece in read_columns(args.input, args.format, engine, bad, chunk_size):
         columns = isinstance(piece, tuple)
         if columns:
             piece = EventColumns(*piece)

@@ -18,25 +18,34 @@ come as lists of ``Event`` in chunks, from ``read_events``.
 from __future__ import annotations
 
 import sys
+
+import numpy as np
 from typing import IO, Callable, Iterator
 
 import msgpack
 
 from dqcep._kernels.msgpack_decode import record_end
 from dqcep.errors import UserError
-from dqcep.io.readers import (EventInputError, format_for, msgpack_record, msgpack_stream,
-                              read_events)
+from dqcep._kernels.store import KINDS
+from dqcep.events import INT64_MAX, TS_LIMIT
+from dqcep.io.readers import (PARQUET_BATCH_ROWS, EventInputError, format_for, msgpack_record,
+                              msgpack_stream, parquet_rows, read_events)
 
 ErrorHandler = Callable[[EventInputError], None] | None
 
 
-def read_columns(path: str, fmt: str | None, decoder, on_error: ErrorHandler = None,
+def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = None,
                  chunk_rows: int = 65_536) -> Iterator:
-    """Pieces of about ``chunk_rows`` events (whole msgpack records) of the file (stdin for ``-``), decoded by
-    ``decoder`` (an engine's ``column_decoder()``) where the format has a fast path;
-    ``decoder=None``: lists of ``Event`` only (the reference matcher, ``--returns``)."""
+    """Pieces of about ``chunk_rows`` events (whole msgpack records, Parquet record
+    batches) of the file (stdin for ``-``), in the column layout of ``engine`` (its
+    ``column_decoder()``, ``types``, ``attrs``, ``dictionary``) where the format has
+    a fast path; ``engine=None``: lists of ``Event`` only (the reference matcher,
+    ``--returns``)."""
     fmt = format_for(path, fmt)
-    if fmt != "msgpack" or decoder is None:
+    if fmt == "parquet" and engine is not None and path != "-":
+        yield from _parquet_columns(path, engine, on_error)
+        return
+    if fmt != "msgpack" or engine is None:
         yield from _events_in_chunks(read_events(path, fmt, on_error=on_error), on_error,
                                      chunk_rows)
         return
@@ -46,7 +55,8 @@ def read_columns(path: str, fmt: str | None, decoder, on_error: ErrorHandler = N
     except OSError as err:
         raise UserError(f"cannot read event file {path}: {err.strerror}") from None
     with stream:
-        yield from _msgpack_columns(stream, source, decoder, on_error, chunk_rows)
+        yield from _msgpack_columns(stream, source, engine.column_decoder(), on_error,
+                                    chunk_rows)
 
 
 BLOCK_BYTES = 1 << 24  # read at a time; a longer record grows the block
@@ -133,3 +143,94 @@ class _Chain:
         out = self.head if size < 0 else self.head[:size]
         self.head = self.head[len(out):]
         return out
+
+
+def _parquet_columns(path: str, engine, on_error: ErrorHandler) -> Iterator:
+    """Record batches of a Parquet file as engine columns, by Arrow compute; a batch
+    that breaks a rule of the validator goes to it whole (``parquet_rows``)."""
+    import pyarrow.parquet as pq  # a plain dependency
+
+    source, row = path, 0
+    try:
+        with open(path, "rb") as f:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+                cols = _arrow_columns(batch, engine)
+                if cols is not None:
+                    yield cols
+                else:
+                    yield from _events_in_chunks(parquet_rows(batch, source, row), on_error,
+                                                 PARQUET_BATCH_ROWS)
+                row += batch.num_rows
+    except OSError as err:
+        if err.filename is not None:
+            raise UserError(f"cannot read event file {path}: {err.strerror}") from None
+        raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
+    except ValueError as err:  # pyarrow's ArrowInvalid
+        raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
+
+
+def _arrow_columns(batch, engine):
+    """(ts, id, type, val, kind) of a record batch whose every row the validator
+    accepts, else None. The same rules as ``event_from_mapping``: a non-empty string
+    ``type``, integer ``ts`` (within +-TS_LIMIT) and ``id`` (64-bit), attributes that
+    are numbers (finite), strings or booleans; null is absent."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
+                                                                     "STR"))
+    names = batch.schema.names
+    if batch.num_rows == 0 or len(set(names)) != len(names) \
+            or not {"id", "type", "ts"} <= set(names):
+        return None
+    try:
+        batch.validate(full=True)  # strings are UTF-8
+    except pa.ArrowInvalid:
+        return None
+    column = dict(zip(names, batch.columns))
+    etype = column["type"]
+    if not (pa.types.is_string(etype.type) or pa.types.is_large_string(etype.type)) \
+            or etype.null_count or pc.min(pc.utf8_length(etype)).as_py() == 0:
+        return None
+    fields = []
+    for name in ("ts", "id"):
+        c = column[name]
+        if not pa.types.is_integer(c.type) or c.null_count:
+            return None
+        lo, hi = pc.min_max(c).values()
+        limit = TS_LIMIT if name == "ts" else INT64_MAX
+        if hi.as_py() > limit or (name == "ts" and lo.as_py() < -TS_LIMIT):
+            return None
+        fields.append(c.to_numpy().astype(np.int64))
+    n, attrs = batch.num_rows, engine.attrs
+    val, kind = np.zeros((n, len(attrs)), np.float64), np.zeros((n, len(attrs)), np.int8)
+    slot = {a: i for i, a in enumerate(attrs)}
+    for name, c in column.items():
+        if name in ("id", "type", "ts"):
+            continue
+        t = c.type
+        if pa.types.is_floating(t):
+            if c.null_count < n and not pc.all(pc.is_finite(c)).as_py():
+                return None
+        elif not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_null(t)
+                  or pa.types.is_string(t) or pa.types.is_large_string(t)):
+            return None
+        if name not in slot or pa.types.is_null(t):
+            continue
+        a, present = slot[name], c.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            encoded = pc.dictionary_encode(c)
+            codes = engine.dictionary.codes_for(encoded.dictionary.to_pylist())
+            index = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
+            val[:, a] = codes[index] if len(codes) else 0.0
+            kind[:, a] = KIND_STR
+        else:
+            val[:, a] = pc.fill_null(c, False if pa.types.is_boolean(t) else 0) \
+                .to_numpy(zero_copy_only=False).astype(np.float64)
+            kind[:, a] = KIND_BOOL if pa.types.is_boolean(t) else KIND_NUM
+        val[~present, a], kind[~present, a] = 0.0, KIND_MISSING
+    encoded = pc.dictionary_encode(etype)
+    codes = np.array([engine.type_code.get(v, -1) for v in encoded.dictionary.to_pylist()],
+                     np.int32)
+    types = codes[encoded.indices.to_numpy(zero_copy_only=False)]
+    return fields[0], fields[1], types, val, kind

@@ -211,13 +211,21 @@ def _parquet(stream: IO[bytes], source: str) -> Iterator:
 
     row = 0
     try:
-        for batch in pq.ParquetFile(stream).iter_batches(batch_size=10_000):
-            for obj in batch.to_pylist():
-                row += 1
-                yield _event({k: v for k, v in obj.items() if v is not None}, source,
-                             f"row {row}")
+        for batch in pq.ParquetFile(stream).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            yield from parquet_rows(batch, source, row)
+            row += batch.num_rows
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
         raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
+
+
+PARQUET_BATCH_ROWS = 10_000  # rows read at a time; an unreadable batch is named by its first
+
+
+def parquet_rows(batch, source: str, rows_before: int) -> Iterator:
+    """The events (or errors) of one record batch of a Parquet file; a null cell is an
+    absent attribute."""
+    for row, obj in enumerate(batch.to_pylist(), start=rows_before + 1):
+        yield _event({k: v for k, v in obj.items() if v is not None}, source, f"row {row}")
 
 
 def read_events(path: str, fmt: str | None = None,

@@ -1,0 +1,115 @@
+"""What a user's path keeps of the engine's speed: ``dqcep run`` from each format.
+
+On one generated IoT stream (``dqcep generate --profile iot --seed 3 --plant
+dqcep/data/iot.cep --plant-every 150000``) with the queries of
+``dqcep/data/iot.cep``, one run measures:
+
+- engine alone: ``Engine.process`` over ``EventColumns`` decoded beforehand,
+  in chunks of 65,536, plus ``flush`` (no output);
+- ``dqcep run`` from msgpack, Parquet and JSON Lines, matches written as JSON
+  lines to a file: the command's wall time minus its start-up, which is the
+  wall time of the same command on a 100-event file of the same format
+  (reported apart);
+- the split of the run path in-process: read + decode (the reader alone,
+  into the engine's columns or Events), engine, match output (formatting and
+  writing the matches of the whole run).
+
+The target from the columnar-path issue: every format at >= 0.5x the engine.
+
+    python3 bench/bench_paths.py [--events N]
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
+FORMATS = ("msgpack", "parquet", "jsonl")
+CHUNK = 65_536
+
+
+def generate(path: Path, events: int) -> None:
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "--events",
+                    str(events), "--seed", "3", "--plant", str(QUERIES), "--plant-every",
+                    "150000", "--quiet", "--output", str(path)], check=True)
+
+
+def wall(cmd: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def engine():
+    from dqcep.lang import parse_file
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+    return Engine(build_plan(parse_file(str(QUERIES)).queries))
+
+
+def split(path: Path, out: Path) -> tuple[float, float, float, int]:
+    """(read + decode s, engine s, output s, events) of the run path, in-process."""
+    from dqcep.io.columnar import read_columns
+    from dqcep.io.sinks import open_match_sink
+    from dqcep.runtime import EventColumns
+
+    e = engine()
+    started = time.perf_counter()
+    pieces = [EventColumns(*p) if isinstance(p, tuple) else p
+              for p in read_columns(str(path), None, e, None, CHUNK)]
+    read = time.perf_counter() - started
+    started = time.perf_counter()
+    batches = [e.process(p) for p in pieces] + [e.flush()]
+    run = time.perf_counter() - started
+    sink = open_match_sink(str(out))
+    started = time.perf_counter()
+    for b in batches:
+        sink.write_batch(b)
+    sink.close()
+    return read, run, time.perf_counter() - started, e.events_in
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for fmt in FORMATS:
+            generate(tmp / f"iot.{fmt}", args.events)
+            generate(tmp / f"small.{fmt}", 100)
+
+        # the engine alone, on columns decoded beforehand
+        from dqcep.io.columnar import read_columns
+        from dqcep.runtime import EventColumns
+        e = engine()
+        pieces = [EventColumns(*p) for p in read_columns(str(tmp / "iot.msgpack"), None,
+                                                         e, None, CHUNK)]
+        n = sum(len(p.ts) for p in pieces)
+        started = time.perf_counter()
+        matches = sum(len(e.process(p)) for p in pieces) + len(e.flush())
+        alone = n / (time.perf_counter() - started)
+        print(f"events={n:,} queries=iot.cep matches={matches:,} chunk={CHUNK}")
+        print(f"{'path':<28} {'events/s':>12} {'x engine':>9} {'start-up s':>11} "
+              f"{'read s':>8} {'engine s':>9} {'output s':>9}")
+        print(f"{'engine alone':<28} {alone:>12,.0f} {1:>9.2f}")
+        worst = None
+        for fmt in FORMATS:
+            run = [sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input"]
+            startup = wall(run + [str(tmp / f"small.{fmt}"), "-o", str(tmp / "s.jsonl")])
+            took = wall(run + [str(tmp / f"iot.{fmt}"), "-o", str(tmp / "m.jsonl")])
+            rate = n / max(took - startup, 1e-9)
+            read, eng, out, _ = split(tmp / f"iot.{fmt}", tmp / "m2.jsonl")
+            worst = rate / alone if worst is None else min(worst, rate / alone)
+            print(f"{'dqcep run from ' + fmt:<28} {rate:>12,.0f} {rate / alone:>9.2f} "
+                  f"{startup:>11.2f} {read:>8.2f} {eng:>9.2f} {out:>9.2f}")
+        print(f"target: every format >= 0.5x the engine alone; worst {worst:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
