@@ -169,3 +169,92 @@ def test_parquet_files_fast_path_equals_the_validator(tmp_path_factory, tables):
         for t in tables:  # one row group each
             w.write_table(t)
     assert parquet_outcome(path, True) == parquet_outcome(path, False)
+
+
+# ------------------------------------------------------------------ JSON Lines
+
+JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                        st.floats(allow_nan=False, allow_infinity=False),
+                        st.sampled_from(["x", "y", "", "ü", "\u20ac"]))
+
+
+@st.composite
+def json_lines(draw):
+    """A line of JSON Lines text: mostly an event, sometimes anything that breaks it."""
+    import json
+    obj = {"type": draw(st.sampled_from(["A", "B", "C", ""])),
+           "ts": draw(st.integers(-TS_LIMIT, TS_LIMIT)), "id": draw(st.integers(-2**63, 2**63 - 1))}
+    for k in draw(st.lists(st.sampled_from(["p", "q", "s", "ok", "other"]), max_size=4)):
+        obj[k] = draw(JSON_VALUES)
+    odd = draw(st.integers(0, 40))
+    if odd == 1:
+        del obj[draw(st.sampled_from(["type", "ts", "id"]))]
+    elif odd == 2:
+        obj[draw(st.sampled_from(["ts", "id", "type", "p"]))] = draw(st.one_of(
+            st.floats(), st.text(max_size=2), st.none(), st.integers(2**63, 2**64),
+            st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.text(max_size=1),
+                                                                      st.integers(), max_size=1)))
+    line = json.dumps(obj, ensure_ascii=draw(st.booleans()))
+    if odd == 3:
+        line = draw(st.sampled_from(["", "   ", "\t", "garbage", "[1, 2]", "5", "null"]))
+    elif odd == 4:
+        line = line + " " + line  # two objects on one line
+    elif odd == 5:
+        line = line.replace('"type"', '"p": 1, "p"', 1)  # a repeated key
+    elif odd == 6:
+        line = line.replace(", ", ",\t", 1)
+    elif odd == 7:
+        line = line[:-1] + ', "s": "\\ud800"}'  # a lone surrogate
+    elif odd == 8:
+        line = line[:-1] + ', "p": NaN}'
+    elif odd == 9:
+        line = "\ufeff" + line
+    elif odd == 10:
+        line = line[:draw(st.integers(0, len(line)))]
+    ending = draw(st.sampled_from(["\n"] * 8 + ["\r\n", "\r"]))
+    return line + ending
+
+
+def jsonl_outcome(path: Path, fast: bool):
+    e = engine()
+    errors, rows = [], []
+    for piece in read_columns(str(path), "jsonl", e if fast else None, errors.append):
+        cols = EventColumns(*piece) if isinstance(piece, tuple) else \
+            EventColumns(*e._columns_from_events(piece))
+        for i in range(len(cols.ts)):
+            cells = tuple((int(k), e.dictionary.values[int(v)] if k == KIND_STR else float(v))
+                          for k, v in zip(cols.kind[i], cols.val[i]))
+            rows.append((int(cols.ts[i]), int(cols.id[i]), int(cols.type[i]), cells))
+    return rows, [str(x) for x in errors]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lines=st.lists(json_lines(), max_size=12), block=st.sampled_from([32, 200, 1 << 22]),
+       last_newline=st.booleans())
+def test_json_lines_fast_path_equals_the_validator(tmp_path_factory, monkeypatch_module, lines,
+                                                  block, last_newline):
+    import dqcep.io.columnar as columnar
+    monkeypatch_module.setattr(columnar, "JSON_BLOCK_BYTES", block)
+    text = "".join(lines)
+    if not last_newline:
+        text = text.rstrip("\r\n")
+    path = tmp_path_factory.mktemp("columnar") / "events.jsonl"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    assert jsonl_outcome(path, True) == jsonl_outcome(path, False)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def test_a_line_that_opens_no_object_goes_to_the_validator(tmp_path):
+    """pyarrow 26's JSON reader crashes the process on a block of "null" lines: such
+    lines never reach it."""
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(b'null\r\n{"type": "A", "ts": 1, "id": 1}\n')
+    e, errors = engine(), []
+    pieces = list(read_columns(str(path), None, e, errors.append))
+    assert [str(x) for x in errors] == [f"{path}:1:1: an event must be a map/object, got NoneType"]
+    assert [[ev.id for ev in p] for p in pieces] == [[1]]

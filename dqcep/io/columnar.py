@@ -17,6 +17,7 @@ come as lists of ``Event`` in chunks, from ``read_events``.
 """
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -24,12 +25,12 @@ from typing import IO, Callable, Iterator
 
 import msgpack
 
-from dqcep._kernels.msgpack_decode import record_end
+from dqcep._kernels.msgpack_decode import is_utf8, record_end
 from dqcep.errors import UserError
 from dqcep._kernels.store import KINDS
 from dqcep.events import INT64_MAX, TS_LIMIT
-from dqcep.io.readers import (PARQUET_BATCH_ROWS, EventInputError, format_for, msgpack_record,
-                              msgpack_stream, parquet_rows, read_events)
+from dqcep.io.readers import (PARQUET_BATCH_ROWS, EventInputError, format_for, jsonl_lines,
+                              msgpack_record, msgpack_stream, parquet_rows, read_events)
 
 ErrorHandler = Callable[[EventInputError], None] | None
 
@@ -44,6 +45,15 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
     fmt = format_for(path, fmt)
     if fmt == "parquet" and engine is not None and path != "-":
         yield from _parquet_columns(path, engine, on_error)
+        return
+    if fmt == "jsonl" and engine is not None:
+        source = "<stdin>" if path == "-" else path
+        try:
+            stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+        except OSError as err:
+            raise UserError(f"cannot read event file {path}: {err.strerror}") from None
+        with stream:
+            yield from _jsonl_columns(stream, source, engine, on_error)
         return
     if fmt != "msgpack" or engine is None:
         yield from _events_in_chunks(read_events(path, fmt, on_error=on_error), on_error,
@@ -234,3 +244,62 @@ def _arrow_columns(batch, engine):
                      np.int32)
     types = codes[encoded.indices.to_numpy(zero_copy_only=False)]
     return fields[0], fields[1], types, val, kind
+
+
+JSON_BLOCK_BYTES = 1 << 22  # JSON Lines read at a time, cut after the last whole line
+# what the fast path leaves to the validator: text Python's json and pyarrow's reader
+# might take differently (tabs and control bytes, a BOM, blank lines, a lone CR), and
+# a line that does not open an object (pyarrow 26 crashes on a block of "null" lines)
+_JSON_ODD = re.compile(rb"[\x00-\x09\x0b\x0c\x0e-\x1f]|\xef\xbb\xbf|(?:\A|\n)[^{]")
+
+
+def _jsonl_columns(stream: IO[bytes], source: str, engine, on_error: ErrorHandler) -> Iterator:
+    """Blocks of whole lines through pyarrow's JSON reader into engine columns; a block
+    it cannot take, or that breaks a validator rule, goes to the validator line by line
+    (``jsonl_lines``), so errors keep their line and column."""
+    import io
+
+    rest, line = b"", 1
+    while True:
+        more = stream.read(JSON_BLOCK_BYTES)
+        block = rest + more
+        if more:
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:  # one line longer than the block: read on
+                rest = block
+                continue
+            block, rest = block[:cut], block[cut:]
+        elif not block:
+            return
+        cols = _json_block_columns(block, engine)
+        if cols is not None:
+            yield cols
+        else:
+            text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
+            yield from _events_in_chunks(jsonl_lines(text, source, line), on_error,
+                                         JSON_BLOCK_BYTES)
+        # lines as the text reader splits them: LF, CRLF, or a lone CR
+        line += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
+        if not more:
+            return
+
+
+def _json_block_columns(block: bytes, engine):
+    """Engine columns of a block of JSON Lines (whole lines) when pyarrow's reader takes
+    it with one object per line and every row obeys the validator's rules, else None."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    if not block.endswith(b"\n"):
+        block += b"\n"  # the last line of the file
+    if not is_utf8(block) or _JSON_ODD.search(block) is not None \
+            or block.count(b"\r") != block.count(b"\r\n"):
+        return None
+    try:
+        table = pj.read_json(pa.BufferReader(block))
+    except pa.ArrowInvalid:
+        return None
+    if table.num_rows != block.count(b"\n"):  # two objects on one line, one on two
+        return None
+    batches = table.combine_chunks().to_batches()
+    return _arrow_columns(batches[0], engine) if len(batches) == 1 else None

@@ -101,8 +101,9 @@ def _not_utf8(text: str, source: str, lineno: int) -> EventInputError | None:
                            f"not UTF-8 text (byte 0x{byte:02x})")
 
 
-def _jsonl(stream: IO[str], source: str) -> Iterator:
-    for lineno, line in enumerate(stream, start=1):
+def jsonl_lines(stream: IO[str], source: str, first_line: int = 1) -> Iterator:
+    """The events (or errors) of JSON Lines text whose first line is ``first_line``."""
+    for lineno, line in enumerate(stream, start=first_line):
         if not line.strip():
             continue
         bad = _not_utf8(line, source, lineno)
@@ -248,7 +249,7 @@ def read_events(path: str, fmt: str | None = None,
                                                errors="surrogateescape"))
     except OSError as err:
         raise UserError(f"cannot read event file {path}: {err.strerror}") from None
-    decode = {"jsonl": _jsonl, "msgpack": msgpack_stream, "csv": _csv, "parquet": _parquet}[fmt]
+    decode = {"jsonl": jsonl_lines, "msgpack": msgpack_stream, "csv": _csv, "parquet": _parquet}[fmt]
     with stream:
         try:
             for item in decode(stream, source):
