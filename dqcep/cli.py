@@ -161,9 +161,11 @@ def cmd_run(args) -> int:
     queries = query_file.queries
     if args.chunk_size < 1:
         raise UserError("--chunk-size must be >= 1")
-    from dqcep.io.sinks import open_match_sink
+    from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
 
     sink = open_match_sink(args.output, args.output_format, with_returns=args.returns)
+    if not args.returns and args.engine != "reference" and not is_mqtt(args.output):
+        sink = BackgroundSink(sink)  # a file's output overlaps matching
     bad, repeats = _BadEvents(args.on_bad_event), [0]
     try:
         if args.engine == "reference":

@@ -196,3 +196,36 @@ def test_mqtt_url_that_cannot_mean_a_topic_is_refused(url, subscribe, reason):
     import re
     with pytest.raises(UserError, match=re.escape(reason)):
         MqttUrl.parse(url, subscribe=subscribe)
+
+
+def test_background_sink_keeps_the_order_and_raises_a_failed_write():
+    from dqcep.io.sinks import BackgroundSink
+
+    class Sink:
+        def __init__(self, fail_at=None):
+            self.got, self.fail_at, self.closed = [], fail_at, False
+
+        def write_batch(self, batch):
+            if len(self.got) == self.fail_at:
+                raise OSError(28, "No space left on device", "m.jsonl")
+            self.got.append(batch)
+
+        def close(self):
+            self.closed = True
+
+    inner = Sink()
+    sink = BackgroundSink(inner, depth=2)
+    for i in range(100):
+        sink.write_batch([i])
+    sink.close()
+    assert inner.got == [[i] for i in range(100)] and inner.closed
+
+    inner = Sink(fail_at=3)
+    sink = BackgroundSink(inner, depth=2)
+    with pytest.raises(OSError, match="No space left"):
+        try:  # as dqcep run does: the failure comes from a later write_batch
+            for i in range(100):
+                sink.write_batch([i])
+        finally:
+            sink.close()
+    assert inner.got == [[0], [1], [2]] and inner.closed and not sink.thread.is_alive()

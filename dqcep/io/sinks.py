@@ -187,3 +187,45 @@ def open_match_sink(target: str | None, fmt: str = "json", keep: int | None = No
     if is_mqtt(target):
         return MqttMatchSink(target, fmt, with_returns)
     return FileMatchSink(target, keep, with_returns)
+
+
+class BackgroundSink:
+    """A sink whose batches are formatted and written by a thread of their own, so the
+    output of one batch overlaps the matching of the next (the formatting kernel and
+    file writes release the GIL). At most ``depth`` batches wait; a failed write is
+    raised by the next ``write_batch`` or by ``close``."""
+
+    def __init__(self, sink, depth: int = 4):
+        import queue
+        import threading
+        self.sink, self.failure = sink, None
+        self.queue: queue.Queue = queue.Queue(depth)
+        self.thread = threading.Thread(target=self._run, name="match-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (batch := self.queue.get()) is not None:
+            if self.failure is None:
+                try:
+                    self.sink.write_batch(batch)
+                except BaseException as err:  # handed to the caller's thread
+                    self.failure = err
+
+    def _raise(self) -> None:
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
+
+    def write_batch(self, batch) -> None:
+        self._raise()
+        if len(batch):
+            self.queue.put(batch)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        try:
+            self._raise()
+        finally:
+            self.sink.close()
+
