@@ -104,6 +104,19 @@ def event_from_mapping(obj: Any) -> Event:
     return Event(obj["id"], etype, obj["ts"], attrs)
 
 
+def batch_items(obj: Any) -> list | None:
+    """The event maps of a batch ``{"events": [<event map>, ...]}`` (spec section 1),
+    or None when ``obj`` is to be read as one event map. The one rule for every
+    reader of payloads and records (files, MQTT, the journal); the msgpack kernel
+    takes only batches that are ``{"events": [...]}`` alone, and leaves the rest to
+    this. Raises EventError when ``events`` is not a list."""
+    if isinstance(obj, Mapping) and "events" in obj and "type" not in obj:
+        if not isinstance(obj["events"], list):
+            raise EventError("'events' of a batch must be a list")
+        return obj["events"]
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     """One match of one query (spec section 3).

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from dqcep.events import Event, EventError, event_from_mapping
+from dqcep.events import Event, EventError, batch_items, event_from_mapping
 from dqcep.io.journal import Refused
 
 MAX_PAYLOAD = 16 * 1024 * 1024
@@ -100,10 +100,11 @@ def decode_payload(payload: bytes | Refused,
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
             msgpack.StackError, UnicodeDecodeError) as err:
         return [], [Rejected(f"not valid {fmt}: {err}", None)]
-    if isinstance(obj, dict) and "events" in obj and "type" not in obj:
-        batch = obj["events"]
-        if not isinstance(batch, list):
-            return [], [Rejected("'events' of a batch must be a list", None)]
+    try:
+        batch = batch_items(obj)
+    except EventError as err:
+        return [], [Rejected(str(err), None)]
+    if batch is not None:
         events, rejected = [], []
         for i, item in enumerate(batch):
             try:

@@ -28,7 +28,7 @@ from typing import IO, Callable, Iterator
 import msgpack
 
 from dqcep.errors import UserError
-from dqcep.events import Event, EventError, event_from_mapping
+from dqcep.events import Event, EventError, batch_items, event_from_mapping
 
 FORMATS = ("jsonl", "msgpack", "csv", "parquet")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
@@ -148,15 +148,16 @@ def msgpack_stream(stream: IO[bytes], source: str, base: int = 0, record: int = 
 
 def msgpack_record(obj, source: str, where: str) -> Iterator:
     """The events (or errors) of one decoded msgpack record: an event or a batch."""
-    if isinstance(obj, dict) and "events" in obj and "type" not in obj:
-        batch = obj["events"]
-        if not isinstance(batch, list):
-            yield EventInputError(source, where, "'events' of a batch must be a list")
-            return
-        for i, item in enumerate(batch):
-            yield _event(item, source, f"{where} event {i}")
-    else:
+    try:
+        batch = batch_items(obj)
+    except EventError as err:
+        yield EventInputError(source, where, str(err))
+        return
+    if batch is None:
         yield _event(obj, source, where)
+        return
+    for i, item in enumerate(batch):
+        yield _event(item, source, f"{where} event {i}")
 
 
 _INT = re.compile(r"[+-]?[0-9]+")
