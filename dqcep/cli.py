@@ -57,7 +57,54 @@ class _BadEvents:
             print(f"dqcep run: skipped {self.skipped} bad event record(s)", file=sys.stderr)
 
 
-def _event_chunks(args, bad: _BadEvents, chunk_size: int, repeats: list[int], engine=None):
+class _RunView:
+    """What a person sees of a run on a terminal: a progress bar of the input's bytes
+    with events/s, and at the end one summary line (events, matches per query, late,
+    bad, duplicates, events/s). Off when stderr is no terminal (scripts, pipes)."""
+
+    def __init__(self, path: str, enabled: bool):
+        import os
+        import time
+        self.bar, self.started, self.events = None, time.perf_counter(), 0
+        self.matches: dict[str, int] = {}
+        if not enabled:
+            return
+        from tqdm import tqdm
+        size = os.path.getsize(path) if path != "-" and os.path.isfile(path) else None
+        self.bar = tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
+                        file=sys.stderr, desc=os.path.basename(path) if path != "-" else "stdin")
+
+    def read(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+
+    def processed(self, events: int) -> None:
+        import time
+        self.events += events
+        if self.bar is not None:
+            rate = self.events / max(time.perf_counter() - self.started, 1e-9)
+            self.bar.set_postfix_str(f"{rate:,.0f} events/s", refresh=False)
+
+    def count(self, batch) -> None:
+        for q, detected, _ in batch.parts:
+            name = batch.queries[q][0]
+            self.matches[name] = self.matches.get(name, 0) + len(detected)
+
+    def close(self, late: int, bad: int, duplicates: int) -> None:
+        import time
+        if self.bar is None:
+            return
+        self.bar.close()
+        seconds = time.perf_counter() - self.started
+        per_query = ", ".join(f"{q} {n:,}" for q, n in self.matches.items())
+        print(f"dqcep run: {self.events:,} events, {sum(self.matches.values()):,} matches"
+              f"{f' ({per_query})' if per_query else ''}, {late:,} late, {bad:,} bad, "
+              f"{duplicates:,} duplicates in {seconds:.2f} s "
+              f"({self.events / max(seconds, 1e-9):,.0f} events/s)", file=sys.stderr)
+
+
+def _event_chunks(args, bad: _BadEvents, chunk_size: int, repeats: list[int], engine=None,
+                  view: _RunView | None = None):
     """The input in arrival order, in pieces the engine takes: ``EventColumns`` where the
     format has a fast path and an ``engine`` is given, else lists of ``Event``; repeated
     ids dropped (dqcep.runtime.duplicates), counted in ``repeats[0]``."""
@@ -68,7 +115,8 @@ def _event_chunks(args, bad: _BadEvents, chunk_size: int, repeats: list[int], en
     from dqcep.runtime.duplicates import recent_ids
 
     recent = recent_ids()
-    for piece in read_columns(args.input, args.format, engine, bad, chunk_size):
+    progress = None if view is None else view.read
+    for piece in read_columns(args.input, args.format, engine, bad, chunk_size, progress):
         columns = isinstance(piece, tuple)
         if columns:
             piece = EventColumns(*piece)
@@ -167,12 +215,17 @@ def cmd_run(args) -> int:
     if not args.returns and args.engine != "reference" and not is_mqtt(args.output):
         sink = BackgroundSink(sink)  # a file's output overlaps matching
     bad, repeats = _BadEvents(args.on_bad_event), [0]
+    view = _RunView(args.input, sys.stderr.isatty())
+    late = 0
     try:
         if args.engine == "reference":
             from dqcep.reference import ReferenceMatcher
 
-            events = [e for chunk in _event_chunks(args, bad, 1 << 20, repeats) for e in chunk]
+            events = [e for chunk in _event_chunks(args, bad, 1 << 20, repeats, None, view)
+                      for e in chunk]
+            view.processed(len(events))
             for m in ReferenceMatcher(queries).run(events):
+                view.matches[m.query] = view.matches.get(m.query, 0) + 1
                 sink.write(m)
             seen = ({e.type for e in events}, {a for e in events for a in e.attrs})
         else:
@@ -189,12 +242,18 @@ def cmd_run(args) -> int:
             returns = ReturnValues(queries, engine) if args.returns else None
             started = time.perf_counter()
             fast = None if returns is not None else engine  # --returns reads Events
-            for chunk in _event_chunks(args, bad, args.chunk_size, repeats, fast):
+            for chunk in _event_chunks(args, bad, args.chunk_size, repeats, fast, view):
                 if returns is not None:
                     returns.remember(chunk)
-                _write(engine.process(chunk), sink, returns)
-            _write(engine.flush(), sink, returns)
+                matches = engine.process(chunk)
+                view.processed(len(chunk.ts) if isinstance(chunk, tuple) else len(chunk))
+                view.count(matches)
+                _write(matches, sink, returns)
+            matches = engine.flush()
+            view.count(matches)
+            _write(matches, sink, returns)
             elapsed = time.perf_counter() - started
+            late = engine.late
             if engine.late:
                 print(f"dqcep run: {engine.late} event(s) arrived more than --lateness "
                       f"{args.lateness} ms late and were left out", file=sys.stderr)
@@ -203,11 +262,14 @@ def cmd_run(args) -> int:
             seen = engine.seen()
     finally:
         sink.close()
+        if view.bar is not None:
+            view.bar.close()
     bad.summary()
     if repeats[0]:
         print(f"dqcep run: dropped {repeats[0]} event(s) repeating the id of an earlier event "
               "(the first copy is kept)", file=sys.stderr)
     _report_never_seen(query_file, *seen)
+    view.close(late, bad.skipped, repeats[0])
     return 0
 
 

@@ -354,3 +354,40 @@ def test_spark_paths_are_checked_before_spark_starts(tmp_path):
         r = subprocess.run([sys.executable, "-m", "dqcep", "spark", "run", EXAMPLES / "fire.cep",
                             *args], capture_output=True, text=True, cwd=ROOT, env=env)
         assert r.returncode == 2 and r.stderr == message + "\n", r.stderr
+
+
+def test_a_terminal_sees_a_progress_bar_and_a_summary(tmp_path):
+    """On a terminal dqcep run shows a progress bar of the input's bytes and ends with one
+    summary line; piped (every other test here), stderr stays as it was."""
+    import os
+    import pty
+    events = tmp_path / "e.msgpack"
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                    "200000", "--seed", "3", "--plant", ROOT / "dqcep/data/iot.cep", "--quiet",
+                    "--duplicates", "0.01", "-o", events], check=True)
+    main, terminal = pty.openpty()
+    import fcntl
+    import struct
+    import termios
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 cols
+    proc = subprocess.Popen([sys.executable, "-m", "dqcep", "run", ROOT / "dqcep/data/iot.cep",
+                             "--input", events, "-o", tmp_path / "m.jsonl", "--chunk-size",
+                             "5000"], stderr=terminal, cwd=ROOT)
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not data:
+            break
+        seen += data
+    assert proc.wait() == 0
+    text = seen.decode()
+    assert "e.msgpack:" in text and "events/s" in text  # the bar: file name, rate
+    last = [x for x in text.replace("\r", "\n").splitlines() if x.strip()][-1]
+    matches = len((tmp_path / "m.jsonl").read_text().splitlines())
+    assert re.fullmatch(rf"dqcep run: 200,000 events, {matches:,} matches \((\w+ [\d,]+(, )?)+\), "
+                        r"0 late, 0 bad, [1-9][\d,]* duplicates in [\d.]+ s \([\d,]+ events/s\)",
+                        last), last

@@ -17,16 +17,16 @@ come as lists of ``Event`` in chunks, from ``read_events``.
 """
 from __future__ import annotations
 
+import os
 import sys
-
-import numpy as np
 from typing import IO, Callable, Iterator
 
 import msgpack
+import numpy as np
 
 from dqcep._kernels.msgpack_decode import is_utf8, record_end
-from dqcep.errors import UserError
 from dqcep._kernels.store import KINDS
+from dqcep.errors import UserError
 from dqcep.events import INT64_MAX, TS_LIMIT
 from dqcep.io.readers import (PARQUET_BATCH_ROWS, EventInputError, format_for, jsonl_lines,
                               msgpack_record, msgpack_stream, parquet_rows, read_events)
@@ -35,15 +35,17 @@ ErrorHandler = Callable[[EventInputError], None] | None
 
 
 def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = None,
-                 chunk_rows: int = 65_536) -> Iterator:
+                 chunk_rows: int = 65_536, progress: Callable[[int], None] | None = None
+                 ) -> Iterator:
     """Pieces of about ``chunk_rows`` events (whole msgpack records, Parquet record
     batches) of the file (stdin for ``-``), in the column layout of ``engine`` (its
     ``column_decoder()``, ``types``, ``attrs``, ``dictionary``) where the format has
     a fast path; ``engine=None``: lists of ``Event`` only (the reference matcher,
-    ``--returns``)."""
+    ``--returns``). ``progress(bytes)`` hears how far the fast paths have read."""
     fmt = format_for(path, fmt)
+    progress = progress or (lambda _: None)
     if fmt == "parquet" and engine is not None and path != "-":
-        yield from _parquet_columns(path, engine, on_error)
+        yield from _parquet_columns(path, engine, on_error, progress)
         return
     if fmt == "jsonl" and engine is not None:
         source = "<stdin>" if path == "-" else path
@@ -52,7 +54,7 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
         except OSError as err:
             raise UserError(f"cannot read event file {path}: {err.strerror}") from None
         with stream:
-            yield from _jsonl_columns(stream, source, engine, on_error)
+            yield from _jsonl_columns(_Counted(stream, progress), source, engine, on_error)
         return
     if fmt != "msgpack" or engine is None:
         yield from _events_in_chunks(read_events(path, fmt, on_error=on_error), on_error,
@@ -64,8 +66,8 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
     except OSError as err:
         raise UserError(f"cannot read event file {path}: {err.strerror}") from None
     with stream:
-        yield from _msgpack_columns(stream, source, engine.column_decoder(), on_error,
-                                    chunk_rows)
+        yield from _msgpack_columns(_Counted(stream, progress), source,
+                                    engine.column_decoder(), on_error, chunk_rows)
 
 
 BLOCK_BYTES = 1 << 24  # read at a time; a longer record grows the block
@@ -140,6 +142,19 @@ def _events_in_chunks(items, on_error: ErrorHandler, chunk_rows: int) -> Iterato
         yield chunk
 
 
+class _Counted:
+    """A binary stream that tells ``progress`` how many bytes have been read."""
+
+    def __init__(self, stream: IO[bytes], progress: Callable[[int], None]):
+        self.stream, self.progress, self.done = stream, progress, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.done += len(data)
+        self.progress(self.done)
+        return data
+
+
 class _Chain:
     """``head`` and then the rest of ``stream``, as one stream msgpack.Unpacker reads."""
 
@@ -154,7 +169,7 @@ class _Chain:
         return out
 
 
-def _parquet_columns(path: str, engine, on_error: ErrorHandler) -> Iterator:
+def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterator:
     """Record batches of a Parquet file as engine columns, by Arrow compute; a batch
     that breaks a rule of the validator goes to it whole (``parquet_rows``)."""
     import pyarrow.parquet as pq  # a plain dependency
@@ -162,7 +177,10 @@ def _parquet_columns(path: str, engine, on_error: ErrorHandler) -> Iterator:
     source, row = path, 0
     try:
         with open(path, "rb") as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            parquet = pq.ParquetFile(f)
+            size, total = os.fstat(f.fileno()).st_size, max(parquet.metadata.num_rows, 1)
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+                progress(size * (row + batch.num_rows) // total)
                 cols = _arrow_columns(batch, engine)
                 if cols is not None:
                     yield cols
