@@ -29,6 +29,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from dqcep.runtime import late_rule
 from preprocess.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
                                  event_columns, record_lines)
 from preprocess.journal_source import END_WHERE
@@ -61,7 +62,10 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
             .astype(np.int64)
         df = df.assign(clock=clock)
         dead = df["reason"].notna()
-        late = ~dead & before.notna() & (before - df["ts"] > lateness)
+        known = (~dead & before.notna()).to_numpy()
+        late = np.zeros(len(df), bool)
+        late[known] = late_rule(before[known].to_numpy(np.int64),
+                                df["ts"][known].to_numpy(np.int64), lateness)
         out = [df[dead].assign(group=GROUP_DEAD, part=0),
                df[late].assign(group=GROUP_LATE, part=0)]
         events, n_needed = df[~dead & ~late], 0

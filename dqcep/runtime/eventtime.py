@@ -35,6 +35,15 @@ from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
 # whenever it has doubled since the last sweep: amortized O(1) per new string.
 SWEEP_MIN_STRINGS = 4096
 
+def late_rule(before: np.ndarray, ts: np.ndarray, lateness: int) -> np.ndarray:
+    """The late-event rule, the one place it is written: an event is late when its
+    ``ts`` is more than ``lateness`` ms below ``before``, the largest ts that arrived
+    before it (int64 arrays). ``before - ts`` is taken exactly, without int64
+    overflow (it is < 2**64 where before > ts)."""
+    gap = before.view(np.uint64) - ts.view(np.uint64)
+    return (before > ts) & (gap > np.uint64(lateness))
+
+
 class EventColumns(NamedTuple):
     """Events in the engine's own input layout, in arrival order.
 
@@ -264,9 +273,7 @@ class EventTimeEngine:
         else:
             before[0] = self.max_seen
             np.maximum(before, self.max_seen, out=before)
-        # before - ts exactly, without int64 overflow (it is < 2**64 where before > ts)
-        gap = before.view(np.uint64) - ts.view(np.uint64)
-        late = (before > ts) & (gap > np.uint64(self.lateness))
+        late = late_rule(before, ts, self.lateness)
         if self.wm is not None:
             late |= ts < self.wm
         return late
