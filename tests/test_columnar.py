@@ -16,21 +16,34 @@ from dqcep.runtime.compile import KIND_STR
 from tests.test_ingest_kernels import engine, payloads
 
 
+def rows_of(piece, e) -> list:
+    """The rows of a piece (columns or Events) with string values, not codes (two
+    engines code strings apart)."""
+    cols = EventColumns(*piece) if isinstance(piece, tuple) else \
+        EventColumns(*e._columns_from_events(piece))
+    return [(int(cols.ts[i]), int(cols.id[i]), int(cols.type[i]),
+             tuple((int(k), e.dictionary.values[int(v)] if k == KIND_STR else float(v))
+                   for k, v in zip(cols.kind[i], cols.val[i])))
+            for i in range(len(cols.ts))]
+
+
+def file_outcome(path: Path, fmt: str, fast: bool):
+    """(rows, errors) of one reading of a file that skips bad records."""
+    e, errors = engine(), []
+    rows = [r for piece in read_columns(str(path), fmt, e if fast else None, errors.append)
+            for r in rows_of(piece, e)]
+    return rows, [str(x) for x in errors]
+
+
 def outcome(path: Path, fast: bool, chunk_rows: int, skip: bool = True):
     """(rows, errors, the error that stopped the reading) of one reading of a file;
     rows hold string values, not codes (two engines code them apart)."""
     e = engine()
-    errors, rows, stopped, pieces = [], [], None, 0
+    errors, rows, stopped = [], [], None
     try:
         for piece in read_columns(str(path), "msgpack", e if fast else None,
                                   errors.append if skip else None, chunk_rows):
-            pieces += 1
-            cols = EventColumns(*piece) if isinstance(piece, tuple) else \
-                EventColumns(*e._columns_from_events(piece))
-            for i in range(len(cols.ts)):
-                cells = tuple((int(k), e.dictionary.values[int(v)] if k == KIND_STR else float(v))
-                              for k, v in zip(cols.kind[i], cols.val[i]))
-                rows.append((int(cols.ts[i]), int(cols.id[i]), int(cols.type[i]), cells))
+            rows += rows_of(piece, e)
     except EventInputError as err:
         stopped = str(err)
     # a reading that stops fails the run: what came before it is not compared
@@ -145,17 +158,6 @@ def parquet_tables(draw):
     return pa.table(columns)
 
 
-def parquet_outcome(path: Path, fast: bool):
-    e = engine()
-    errors, rows = [], []
-    for piece in read_columns(str(path), "parquet", e if fast else None, errors.append):
-        cols = EventColumns(*piece) if isinstance(piece, tuple) else \
-            EventColumns(*e._columns_from_events(piece))
-        for i in range(len(cols.ts)):
-            cells = tuple((int(k), e.dictionary.values[int(v)] if k == KIND_STR else float(v))
-                          for k, v in zip(cols.kind[i], cols.val[i]))
-            rows.append((int(cols.ts[i]), int(cols.id[i]), int(cols.type[i]), cells))
-    return rows, [str(x) for x in errors]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -168,7 +170,7 @@ def test_parquet_files_fast_path_equals_the_validator(tmp_path_factory, tables):
     with pq.ParquetWriter(path, schema) as w:
         for t in tables:  # one row group each
             w.write_table(t)
-    assert parquet_outcome(path, True) == parquet_outcome(path, False)
+    assert file_outcome(path, "parquet", True) == file_outcome(path, "parquet", False)
 
 
 # ------------------------------------------------------------------ JSON Lines
@@ -215,17 +217,6 @@ def json_lines(draw):
     return line + ending
 
 
-def jsonl_outcome(path: Path, fast: bool):
-    e = engine()
-    errors, rows = [], []
-    for piece in read_columns(str(path), "jsonl", e if fast else None, errors.append):
-        cols = EventColumns(*piece) if isinstance(piece, tuple) else \
-            EventColumns(*e._columns_from_events(piece))
-        for i in range(len(cols.ts)):
-            cells = tuple((int(k), e.dictionary.values[int(v)] if k == KIND_STR else float(v))
-                          for k, v in zip(cols.kind[i], cols.val[i]))
-            rows.append((int(cols.ts[i]), int(cols.id[i]), int(cols.type[i]), cells))
-    return rows, [str(x) for x in errors]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
@@ -241,7 +232,7 @@ def test_json_lines_fast_path_equals_the_validator(tmp_path_factory, lines, bloc
     path.write_bytes(text.encode("utf-8", "surrogatepass"))
     with pytest.MonkeyPatch.context() as mp:  # blocks cut between lines anywhere
         mp.setattr(columnar, "JSON_BLOCK_BYTES", block)
-        assert jsonl_outcome(path, True) == jsonl_outcome(path, False)
+        assert file_outcome(path, "jsonl", True) == file_outcome(path, "jsonl", False)
 
 
 def test_a_line_that_opens_no_object_goes_to_the_validator(tmp_path):

@@ -47,16 +47,7 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
     if fmt == "parquet" and engine is not None and path != "-":
         yield from _parquet_columns(path, engine, on_error, progress)
         return
-    if fmt == "jsonl" and engine is not None:
-        source = "<stdin>" if path == "-" else path
-        try:
-            stream = sys.stdin.buffer if path == "-" else open(path, "rb")
-        except OSError as err:
-            raise UserError(f"cannot read event file {path}: {err.strerror}") from None
-        with stream:
-            yield from _jsonl_columns(_Counted(stream, progress), source, engine, on_error)
-        return
-    if fmt != "msgpack" or engine is None:
+    if fmt not in ("msgpack", "jsonl") or engine is None:
         yield from _events_in_chunks(read_events(path, fmt, on_error=on_error), on_error,
                                      chunk_rows)
         return
@@ -66,8 +57,12 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
     except OSError as err:
         raise UserError(f"cannot read event file {path}: {err.strerror}") from None
     with stream:
-        yield from _msgpack_columns(_Counted(stream, progress), source,
-                                    engine.column_decoder(), on_error, chunk_rows)
+        counted = _Counted(stream, progress)
+        if fmt == "jsonl":
+            yield from _jsonl_columns(counted, source, engine, on_error)
+        else:
+            yield from _msgpack_columns(counted, source, engine.column_decoder(), on_error,
+                                        chunk_rows)
 
 
 BLOCK_BYTES = 1 << 24  # read at a time; a longer record grows the block
