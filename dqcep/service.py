@@ -41,7 +41,8 @@ from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint
 from dqcep.io.journal import Gap, Journal, JournalTail, segments
 from dqcep.io.mqtt import MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, dead_letter, decode_payload
-from dqcep.io.sinks import durable, json_line, naming, open_file, open_match_sink
+from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming, open_file,
+                             open_match_sink)
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
 from dqcep.runtime import Engine, EventColumns
@@ -185,6 +186,8 @@ class StreamingService:
         self._pending_rows = 0
         self.out = self.dead = self.late = None
         self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"])
+        if not is_mqtt(cfg.output):
+            self.out = BackgroundSink(self.out)  # output overlaps matching; sync waits
         self.dead = _Sink(cfg.dead_letter, sizes["dead_letter"])
         self.late = _Sink(cfg.late, sizes["late"])
         self.tail = JournalTail(cfg.journal, self.offset)

@@ -193,7 +193,8 @@ class BackgroundSink:
     """A sink whose batches are formatted and written by a thread of their own, so the
     output of one batch overlaps the matching of the next (the formatting kernel and
     file writes release the GIL). At most ``depth`` batches wait; a failed write is
-    raised by the next ``write_batch`` or by ``close``."""
+    raised by the next ``write_batch``, ``sync`` or ``close``; ``sync`` waits for
+    every batch given so far (a checkpoint records what is on disk)."""
 
     def __init__(self, sink, depth: int = 4):
         import queue
@@ -204,22 +205,34 @@ class BackgroundSink:
         self.thread.start()
 
     def _run(self) -> None:
-        while (batch := self.queue.get()) is not None:
-            if self.failure is None:
-                try:
+        while True:
+            batch = self.queue.get()
+            try:
+                if batch is None:
+                    return
+                if self.failure is None:
                     self.sink.write_batch(batch)
-                except BaseException as err:  # handed to the caller's thread
-                    self.failure = err
+            except BaseException as err:  # handed to the caller's thread
+                self.failure = err
+            finally:
+                self.queue.task_done()
 
     def _raise(self) -> None:
         if self.failure is not None:
             failure, self.failure = self.failure, None
             raise failure
 
-    def write_batch(self, batch) -> None:
+    def write_batch(self, batch) -> int:
         self._raise()
         if len(batch):
             self.queue.put(batch)
+        return len(batch)
+
+    def sync(self) -> int | None:
+        """Every batch given so far written, then the sink's own sync (its length)."""
+        self.queue.join()
+        self._raise()
+        return self.sink.sync()
 
     def close(self) -> None:
         self.queue.put(None)

@@ -1,0 +1,85 @@
+"""The streaming service's own work: ``StreamingService.step()`` over a journal.
+
+Builds a journal of N IoT events (``dqcep generate --profile iot --seed 3 --plant
+dqcep/data/iot.cep --plant-every 150000``, msgpack batches of 1000 events, one
+journal record per batch, as MQTT payloads arrive), then times the service
+draining it in-process: decode (ColumnDecoder kernel), repeated ids, engine,
+match output to a file, one checkpoint at the end. No broker: this is the
+service's ceiling; ``bench_ingest.py`` measures it behind Mosquitto. The
+engine alone on the same events is timed in the same run for the ratio.
+
+Target (columnar-path issue): >= 2 M events/s.
+
+    python3 bench/bench_service.py [--events N]
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
+TARGET = 2_000_000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    args = ap.parse_args()
+    from dqcep.io.columnar import read_columns
+    from dqcep.io.journal import Journal
+    from dqcep.lang import parse_file
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine, EventColumns
+    from dqcep.service import ServiceConfig, StreamingService
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        events = tmp / "iot.msgpack"
+        subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot",
+                        "--events", str(args.events), "--seed", "3", "--plant", str(QUERIES),
+                        "--plant-every", "150000", "--quiet", "--output", str(events)],
+                       check=True)
+        journal = Journal(tmp / "state" / "journal", fsync="never")
+        with open(events, "rb") as f:
+            for obj in msgpack.Unpacker(f, raw=False):
+                journal.append("sensors", msgpack.packb(obj))
+        journal.commit()
+        journal.close()
+
+        engine = Engine(build_plan(parse_file(str(QUERIES)).queries))
+        pieces = [EventColumns(*p) for p in read_columns(str(events), None, engine)]
+        started = time.perf_counter()
+        for p in pieces:
+            engine.process(p)
+        engine.flush()
+        alone = args.events / (time.perf_counter() - started)
+
+        state = tmp / "state"
+        svc = StreamingService(ServiceConfig(
+            queries=str(QUERIES), inputs=["mqtt://127.0.0.1:1/sensors"],
+            journal=str(state / "journal"), checkpoint=str(state / "checkpoint.bin"),
+            output=str(tmp / "matches.jsonl"), dead_letter=str(state / "dead.jsonl"),
+            late=str(state / "late.jsonl")))
+        started = time.perf_counter()
+        records = svc.step()
+        stepped = time.perf_counter() - started
+        svc.checkpoint()
+        total = time.perf_counter() - started
+        svc.close()
+        n = svc.counts["events_in"]
+        print(f"events={n:,} records={records:,} matches={svc.counts['matches_out']:,}")
+        print(f"engine alone      {alone:>12,.0f} events/s")
+        print(f"service step()    {n / stepped:>12,.0f} events/s  ({n / stepped / alone:.2f}x "
+              f"the engine; with the checkpoint {n / total:,.0f} events/s)")
+        print(f"target {TARGET:,}: {n / stepped / TARGET:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
