@@ -126,3 +126,25 @@ def test_errors_name_the_problem():
         r[5]
     with pytest.raises(ValueError, match="negative"):
         r.pop(-1)
+
+
+def test_keyed_queue_load_equals_appending_one_by_one():
+    """A snapshot's queue restored in one call has the records and key chains of the
+    queue built by appends (the engine restores queues this way)."""
+    from dqcep._kernels.ring import KeyedQueue
+    rng = np.random.default_rng(5)
+    n, n_ids = 500, 2
+    starts = np.sort(rng.integers(0, 10_000, n)).astype(np.int64)
+    ends = starts + 5
+    keys = rng.integers(0, 7, n).astype(np.int64)
+    ids = rng.integers(0, 10**9, (n, n_ids)).astype(np.int64)
+    one_by_one, loaded = KeyedQueue(n_ids), KeyedQueue(n_ids)
+    one_by_one.py_set_evicted(40)
+    for row in zip(starts.tolist(), ends.tolist(), keys.tolist(), ids.tolist()):
+        one_by_one.py_append(*row)
+    loaded.load(40, starts, ends, keys, ids)
+    assert len(loaded) == n and loaded.evicted == 40
+    assert [loaded.py_record(p) for p in range(40, 40 + n)] == \
+        [one_by_one.py_record(p) for p in range(40, 40 + n)]
+    for k in range(7):
+        assert loaded.py_key_positions(k) == one_by_one.py_key_positions(k)

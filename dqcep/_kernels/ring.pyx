@@ -365,6 +365,25 @@ cdef class KeyedQueue:
             raise ValueError(f"expected {self.n_ids} event ids, got {buf.shape[0] - 1}")
         self.append(start, end, key, &buf[0])
 
+    def load(self, int64_t evicted, const int64_t[::1] starts, const int64_t[::1] ends,
+             const int64_t[::1] keys, const int64_t[:, ::1] ids):
+        """Fill an empty queue from a snapshot's arrays (logical positions from
+        ``evicted``), in one nogil pass: the restore of a queue costs its records."""
+        cdef idx_t n = starts.shape[0], i, j
+        if self.records.size:
+            raise ValueError("load needs an empty queue")
+        if ends.shape[0] != n or keys.shape[0] != n or ids.shape[0] != n or \
+                (n and ids.shape[1] != self.n_ids):
+            raise ValueError(f"load: {n} records with {self.n_ids} ids each expected")
+        buf = np.zeros(self.n_ids + 1, dtype=np.int64)
+        cdef id_t[::1] b = buf
+        self.evicted = evicted
+        with nogil:
+            for i in range(n):
+                for j in range(self.n_ids):
+                    b[j] = ids[i, j]
+                self.append(starts[i], ends[i], keys[i], &b[0])
+
     def py_key_positions(self, int64_t key):
         """Logical positions of the live records with this key, newest first."""
         out = []

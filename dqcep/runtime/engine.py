@@ -114,6 +114,7 @@ class Engine(EventTimeEngine):
     def __init__(self, plan: Plan, lateness: int = 0):
         super().__init__(plan.types, plan_attributes(plan), (), lateness)
         self.plan = plan
+        self._fingerprint: str | None = None
         g = plan.graph
         self.eff_window = effective_windows(plan)
         hosts = guard_hosts(plan)
@@ -455,11 +456,15 @@ class Engine(EventTimeEngine):
         return [int(q.evicted), arr(s), arr(e), arr(k), arr(ids[:, :q.n_ids])]
 
     def _plan_fingerprint(self) -> str:
-        import hashlib
-        import pickle
-        return hashlib.sha256(pickle.dumps((self.plan.queries, self.plan.types,
-                                            self.plan.graph.tail.tobytes(),
-                                            self.plan.graph.head.tobytes()))).hexdigest()
+        """Which plan a snapshot belongs to; computed once per engine (it pickles the
+        plan's queries, which cost more than restoring a small state)."""
+        if self._fingerprint is None:
+            import hashlib
+            import pickle
+            self._fingerprint = hashlib.sha256(pickle.dumps((
+                self.plan.queries, self.plan.types, self.plan.graph.tail.tobytes(),
+                self.plan.graph.head.tobytes()))).hexdigest()
+        return self._fingerprint
 
     def restore(self, blob: bytes) -> None:
         """Load a snapshot taken by ``snapshot()`` of an engine running the same plan."""
@@ -488,10 +493,7 @@ class Engine(EventTimeEngine):
         for side, queues in (("left", self.left_q), ("right", self.right_q)):
             for v_str, (evicted, s, e, k, ids_) in state[side].items():
                 q = KeyedQueue(queues[int(v_str)].n_ids)
-                q.py_set_evicted(evicted)
-                for row in zip(arr(s).tolist(), arr(e).tolist(), arr(k).tolist(),
-                               arr(ids_).tolist()):
-                    q.py_append(row[0], row[1], row[2], row[3])
+                q.load(evicted, arr(s), arr(e), arr(k), arr(ids_).astype(np.int64))
                 queues[int(v_str)] = q
         for v_str, r in state["not"].items():
             v = int(v_str)
