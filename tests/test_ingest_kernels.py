@@ -237,3 +237,37 @@ def test_the_decoder_and_the_validator_share_the_range_of_event_times():
         assert (ColumnDecoder([], [], None).decode(payload) >= 0) == ok
         got, rejected = decode_payload(payload)
         assert bool(got) == ok and (ok or "range of event times" in rejected[0].reason)
+
+
+def test_a_failed_growth_is_a_memory_error_and_the_decoder_lives_on():
+    """The one checked allocator (_alloc.pxd grow): under an address-space limit a
+    decoder that cannot grow raises MemoryError, keeps its blocks, and decodes the
+    next payload (plain realloc lost the old block and crashed on the next write)."""
+    import subprocess
+    import sys
+    code = """
+import resource, msgpack
+from dqcep.lang import parse
+from dqcep.plan import build_plan
+from dqcep.runtime import Engine
+e = Engine(build_plan(parse("PATTERN SEQ(A a, B b) WHERE a.p = b.q WITHIN 10").queries))
+dec = e.column_decoder()
+small = msgpack.packb({"type": "A", "ts": 1, "id": 1, "p": 1})
+events = [{"type": "A", "ts": i, "id": i} for i in range(3_000_000)]
+big = msgpack.packb({"events": events})
+del events
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+used = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + 64 * 2**20, hard))
+try:
+    dec.decode(big)
+    print("decoded")
+except MemoryError as err:
+    print("MemoryError", err)
+print(dec.decode(small), len(dec.take()[0]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("MemoryError could not allocate"), r.stdout
+    assert lines[1] == "1 1"

@@ -19,7 +19,9 @@ dictionary the first time each distinct string is seen).
 """
 from libc.math cimport isfinite
 from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
+
+from dqcep._kernels._alloc cimport grow
 from libc.string cimport memcmp, memcpy, memset
 
 import numpy as np
@@ -311,7 +313,7 @@ cdef class BytesTable:
             i = (i + 1) & mask
 
     cdef int put(self, const uint8_t* s, idx_t n, uint64_t h, int32_t value) except -1 nogil:
-        cdef idx_t mask, i
+        cdef idx_t mask, i, cap
         cdef TableSlot* slot
         if 2 * (self.n + 1) > self.cap:
             self._grow()
@@ -326,13 +328,12 @@ cdef class BytesTable:
                 slot.value = value
                 return 0
             i = (i + 1) & mask
-        if self.arena_len + n > self.arena_cap:
-            while self.arena_len + n > self.arena_cap:
-                self.arena_cap *= 2
-            self.arena = <uint8_t*>realloc(self.arena, self.arena_cap)
-            if self.arena == NULL:
-                with gil:
-                    raise MemoryError()
+        cap = self.arena_cap
+        if self.arena_len + n > cap:
+            while self.arena_len + n > cap:
+                cap *= 2
+            self.arena = <uint8_t*>grow(self.arena, cap)
+            self.arena_cap = cap
         memcpy(self.arena + self.arena_len, s, n)
         slot.hash, slot.offset, slot.length, slot.value = h, self.arena_len, n, value
         self.arena_len += n
@@ -428,16 +429,13 @@ cdef class ColumnDecoder:
             return 0
         while cap < need:
             cap *= 2
-        self.ts = <int64_t*>realloc(self.ts, cap * sizeof(int64_t))
-        self.ids = <int64_t*>realloc(self.ids, cap * sizeof(int64_t))
-        self.type_codes = <int32_t*>realloc(self.type_codes, cap * sizeof(int32_t))
-        self.val = <double*>realloc(self.val, cap * width * sizeof(double))
-        self.kind = <int8_t*>realloc(self.kind, cap * width * sizeof(int8_t))
-        self.span = <int64_t*>realloc(self.span, cap * 2 * sizeof(int64_t))
-        if self.ts == NULL or self.ids == NULL or self.type_codes == NULL or \
-                self.val == NULL or self.kind == NULL or self.span == NULL:
-            with gil:
-                raise MemoryError()
+        # each block is replaced only once it has grown: a failure leaves valid blocks
+        self.ts = <int64_t*>grow(self.ts, cap * sizeof(int64_t))
+        self.ids = <int64_t*>grow(self.ids, cap * sizeof(int64_t))
+        self.type_codes = <int32_t*>grow(self.type_codes, cap * sizeof(int32_t))
+        self.val = <double*>grow(self.val, cap * width * sizeof(double))
+        self.kind = <int8_t*>grow(self.kind, cap * width * sizeof(int8_t))
+        self.span = <int64_t*>grow(self.span, cap * 2 * sizeof(int64_t))
         self.cap = cap
         return 0
 

@@ -28,7 +28,9 @@ attribute values (PAIS), one set of stacks per partition.
 Every loop over events, instances and candidates runs without the GIL.
 """
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
+
+from dqcep._kernels._alloc cimport grow
 from libc.string cimport memmove
 
 import numpy as np
@@ -50,9 +52,6 @@ NEG_MODES = {"GAP": NEG_GAP, "LEADING": NEG_LEADING, "TRAILING": NEG_TRAILING}
 
 cdef int _stack_realloc(Stack* s, int64_t cap) except -1 nogil:
     cdef int64_t live = s.hi - s.lo
-    cdef int64_t* seq
-    cdef int64_t* ts
-    cdef int64_t* rip
     if s.lo > s.offset and live:   # drop the pruned bottom first
         memmove(s.seq, s.seq + (s.lo - s.offset), live * sizeof(int64_t))
         memmove(s.ts, s.ts + (s.lo - s.offset), live * sizeof(int64_t))
@@ -60,19 +59,11 @@ cdef int _stack_realloc(Stack* s, int64_t cap) except -1 nogil:
     s.offset = s.lo
     if cap == s.cap:
         return 0
-    seq = <int64_t*>realloc(s.seq, cap * sizeof(int64_t))
-    if seq != NULL:
-        s.seq = seq
-    ts = <int64_t*>realloc(s.ts, cap * sizeof(int64_t))
-    if ts != NULL:
-        s.ts = ts
-    rip = <int64_t*>realloc(s.rip, cap * sizeof(int64_t))
-    if rip != NULL:
-        s.rip = rip
-    if seq == NULL or ts == NULL or rip == NULL:
-        with gil:
-            raise MemoryError(f"could not grow an instance stack to {cap} instances")
+    s.seq = <int64_t*>grow(s.seq, cap * sizeof(int64_t))
+    s.ts = <int64_t*>grow(s.ts, cap * sizeof(int64_t))
+    s.rip = <int64_t*>grow(s.rip, cap * sizeof(int64_t))
     s.cap = cap
+    return 0
     return 0
 
 
@@ -131,16 +122,11 @@ cdef inline int64_t _first_at_or_after(Stack* s, ts_t t, bint strictly) noexcept
 
 cdef int _grow_rows(int64_t** buf, idx_t* cap, idx_t need, idx_t width) except -1 nogil:
     cdef idx_t c = cap[0] if cap[0] else 64
-    cdef int64_t* p
     while c < need:
         c *= 2
     if c == cap[0]:
         return 0
-    p = <int64_t*>realloc(buf[0], c * width * sizeof(int64_t))
-    if p == NULL:
-        with gil:
-            raise MemoryError(f"could not grow a match buffer to {c} rows")
-    buf[0] = p
+    buf[0] = <int64_t*>grow(buf[0], c * width * sizeof(int64_t))
     cap[0] = c
     return 0
 
@@ -238,17 +224,12 @@ cdef class SaseNFA:
         cdef idx_t h = <idx_t>(key & self.table_mask), i, size, p
         cdef uint64_t* keys
         cdef int64_t* parts
-        cdef Stack* stacks
         while self.table_part[h] >= 0:
             if self.table_key[h] == key:
                 return self.table_part[h]
             h = (h + 1) & self.table_mask
         if self.n_parts == self.parts_cap:
-            stacks = <Stack*>realloc(self.stacks, 2 * self.parts_cap * self.n * sizeof(Stack))
-            if stacks == NULL:
-                with gil:
-                    raise MemoryError("could not add a stack partition")
-            self.stacks = stacks
+            self.stacks = <Stack*>grow(self.stacks, 2 * self.parts_cap * self.n * sizeof(Stack))
             self.parts_cap *= 2
         p = self.n_parts
         for i in range(self.n):
