@@ -15,7 +15,6 @@ Target (columnar-path issue): >= 2 M events/s.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,8 +22,9 @@ from pathlib import Path
 
 import msgpack
 
-ROOT = Path(__file__).resolve().parent.parent
-QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_paths import QUERIES, engine, generate  # noqa: E402 - the same stream
+
 TARGET = 2_000_000
 
 
@@ -34,18 +34,13 @@ def main() -> None:
     args = ap.parse_args()
     from dqcep.io.columnar import read_columns
     from dqcep.io.journal import Journal
-    from dqcep.lang import parse_file
-    from dqcep.plan import build_plan
-    from dqcep.runtime import Engine, EventColumns
+    from dqcep.runtime import EventColumns
     from dqcep.service import ServiceConfig, StreamingService
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         events = tmp / "iot.msgpack"
-        subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot",
-                        "--events", str(args.events), "--seed", "3", "--plant", str(QUERIES),
-                        "--plant-every", "150000", "--quiet", "--output", str(events)],
-                       check=True)
+        generate(events, args.events)
         journal = Journal(tmp / "state" / "journal", fsync="never")
         with open(events, "rb") as f:
             for obj in msgpack.Unpacker(f, raw=False):
@@ -53,12 +48,12 @@ def main() -> None:
         journal.commit()
         journal.close()
 
-        engine = Engine(build_plan(parse_file(str(QUERIES)).queries))
-        pieces = [EventColumns(*p) for p in read_columns(str(events), None, engine)]
+        alone_engine = engine()
+        pieces = [EventColumns(*p) for p in read_columns(str(events), None, alone_engine)]
         started = time.perf_counter()
         for p in pieces:
-            engine.process(p)
-        engine.flush()
+            alone_engine.process(p)
+        alone_engine.flush()
         alone = args.events / (time.perf_counter() - started)
 
         state = tmp / "state"
