@@ -90,11 +90,15 @@ class _RunView:
             name = batch.queries[q][0]
             self.matches[name] = self.matches.get(name, 0) + len(detected)
 
-    def close(self, late: int, bad: int, duplicates: int) -> None:
+    def close_bar(self) -> None:
+        """Clear the bar (before any message, an error's too)."""
+        if self.bar is not None:
+            self.bar.close()
+
+    def summary(self, late: int, bad: int, duplicates: int) -> None:
         import time
         if self.bar is None:
             return
-        self.bar.close()
         seconds = time.perf_counter() - self.started
         per_query = ", ".join(f"{q} {n:,}" for q, n in self.matches.items())
         print(f"dqcep run: {self.events:,} events, {sum(self.matches.values()):,} matches"
@@ -262,14 +266,13 @@ def cmd_run(args) -> int:
             seen = engine.seen()
     finally:
         sink.close()
-        if view.bar is not None:
-            view.bar.close()
+        view.close_bar()
     bad.summary()
     if repeats[0]:
         print(f"dqcep run: dropped {repeats[0]} event(s) repeating the id of an earlier event "
               "(the first copy is kept)", file=sys.stderr)
     _report_never_seen(query_file, *seen)
-    view.close(late, bad.skipped, repeats[0])
+    view.summary(late, bad.skipped, repeats[0])
     return 0
 
 
@@ -349,7 +352,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dqcep.runtime.duplicates import RECENT_IDS
+    from dqcep.events import RECENT_IDS
     p = _Parser(prog="dqcep", description="Complex event processing over IoT streams: "
                 "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
     p.add_argument("--version", action="version", version=f"dqcep {__version__}")

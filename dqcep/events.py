@@ -12,6 +12,10 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # of at most 2**60 ms (dqcep.lang.parser.MAX_WINDOW_MS), every ts difference and every
 # ts +- window the engines compute fits in 64 bits. msgpack_decode.pyx holds the same.
 TS_LIMIT = 2**62 - 1
+# Repeated event ids are dropped among the last RECENT_IDS distinct ids on every path
+# that streams (dqcep.runtime.duplicates holds the rule; the constant lives here, where
+# the CLI's help can read it without loading the runtime).
+RECENT_IDS = 100_000
 
 
 class EventError(ValueError):

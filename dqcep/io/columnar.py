@@ -65,7 +65,7 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
                                         chunk_rows)
 
 
-BLOCK_BYTES = 1 << 24  # read at a time; a longer record grows the block
+BLOCK_BYTES = 1 << 24  # msgpack read at a time; a longer record grows the block
 
 
 def _report(item: EventInputError, on_error: ErrorHandler) -> None:
@@ -77,13 +77,21 @@ def _report(item: EventInputError, on_error: ErrorHandler) -> None:
 def _msgpack_columns(stream: IO[bytes], source: str, decoder, on_error: ErrorHandler,
                      chunk_rows: int) -> Iterator:
     buf, pos, base, record, eof = b"", 0, 0, 0, False   # buf[0] is byte ``base`` of the file
+
+    def refill() -> None:
+        """The unread rest of the block and the next block; read only when the block
+        is used up or a record runs past its end (each byte is copied once or twice)."""
+        nonlocal buf, pos, base, eof
+        more = stream.read(max(BLOCK_BYTES, len(buf) - pos))
+        eof = not more
+        buf, base, pos = buf[pos:] + more, base + pos, 0
+
     while True:
-        if not eof and len(buf) - pos < BLOCK_BYTES:
-            more = stream.read(max(BLOCK_BYTES, len(buf) - pos))
-            eof = not more
-            buf, base, pos = buf[pos:] + more, base + pos, 0
         if pos >= len(buf):
-            break
+            if eof:
+                break
+            refill()
+            continue
         pos, decoded, stuck = decoder.decode_stream(buf, pos, chunk_rows)
         record += decoded
         if decoder.rows >= chunk_rows:
@@ -92,9 +100,7 @@ def _msgpack_columns(stream: IO[bytes], source: str, decoder, on_error: ErrorHan
             continue
         end = record_end(buf, pos)
         if end < 0 and not eof:  # the record goes on in the next block
-            more = stream.read(max(BLOCK_BYTES, len(buf) - pos))
-            eof = not more
-            buf, base, pos = buf[pos:] + more, base + pos, 0
+            refill()
             continue
         if decoder.rows:
             yield decoder.take()

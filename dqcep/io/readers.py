@@ -206,6 +206,9 @@ def _csv(stream: IO[str], source: str) -> Iterator:
         yield _event(obj, source, f"{lineno}:1")
 
 
+PARQUET_BATCH_ROWS = 10_000  # rows read at a time; an unreadable batch is named by its first
+
+
 def _parquet(stream: IO[bytes], source: str) -> Iterator:
     """Rows of a Parquet file (the generator's layout: id, type, ts, one column per
     attribute); a null cell is an absent attribute."""
@@ -219,8 +222,6 @@ def _parquet(stream: IO[bytes], source: str) -> Iterator:
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
         raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
 
-
-PARQUET_BATCH_ROWS = 10_000  # rows read at a time; an unreadable batch is named by its first
 
 
 def parquet_rows(batch, source: str, rows_before: int) -> Iterator:

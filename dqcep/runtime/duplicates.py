@@ -13,7 +13,9 @@ the whole input at once and drops every repeat (docs/runtime.md).
 """
 from __future__ import annotations
 
-RECENT_IDS = 100_000
+from dqcep.events import RECENT_IDS
+
+__all__ = ["RECENT_IDS", "recent_ids"]
 
 
 def recent_ids():
