@@ -41,7 +41,7 @@ CHUNK = 65_536
 
 
 def stream(types: int, events: int):
-    from generator import GeneratorConfig, UniformConfig, generate
+    from dqcep.generator import GeneratorConfig, UniformConfig, generate
     cfg = GeneratorConfig(profile="uniform", events=events, seed=1, profile_config=UniformConfig(
         types=types, keys=100, attributes=1, domain=1000, event_rate=1000))
     return generate(cfg, CHUNK)

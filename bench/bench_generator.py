@@ -15,7 +15,7 @@ import tempfile
 import time
 
 from dqcep.io.event_writers import BatchEncoder, ParquetSink
-from generator import GeneratorConfig, StreamGenerator
+from dqcep.generator import GeneratorConfig, StreamGenerator
 
 
 def once(profile: str, fmt: str, events: int, path: str) -> tuple[float, int]:

@@ -35,8 +35,8 @@ QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
 
 def child(args) -> None:
     """One Spark configuration, in this process: prints JSON figures."""
-    from preprocess.batch import run_batch
-    from preprocess.session import spark_session
+    from dqcep.spark.batch import run_batch
+    from dqcep.spark.session import spark_session
     spark = spark_session(args.master, "dqcep-bench", args.partitions,
                           {"spark.executor.memory": "1g"})
     try:

@@ -315,7 +315,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from generator.cli import run
+    from dqcep.generator.cli import run
 
     return run(args)
 
@@ -387,10 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--broker", metavar="HOST:PORT", help="the MQTT broker for --mqtt")
     demo.set_defaults(func=cmd_demo)
 
-    from preprocess.cli import add_spark_parser
+    from dqcep.spark.cli import add_spark_parser
     add_spark_parser(sub, _Parser)
 
-    from generator.cli import DESCRIPTION, add_arguments
+    from dqcep.generator.cli import DESCRIPTION, add_arguments
 
     generate = sub.add_parser("generate", help="write or publish a synthetic event stream",
                               description=DESCRIPTION)

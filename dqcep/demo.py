@@ -24,7 +24,7 @@ def run_demo(events: int = 200_000, seed: int = 1, show: int = 10, out=sys.stdou
     from dqcep.lang import parse_file
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine
-    from generator import GeneratorConfig, Planting, StreamGenerator
+    from dqcep.generator import GeneratorConfig, Planting, StreamGenerator
 
     path = demo_queries_path()
     queries = parse_file(path).queries
@@ -116,7 +116,7 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
     from dqcep.io.event_writers import BatchEncoder
     from dqcep.io.mqtt import MqttPublisher, MqttUrl
     from dqcep.service import ServiceConfig, StreamingService
-    from generator import GeneratorConfig, Planting, StreamGenerator
+    from dqcep.generator import GeneratorConfig, Planting, StreamGenerator
 
     with tempfile.TemporaryDirectory(prefix="dqcep-demo-") as tmp:
         tmp = Path(tmp)

@@ -1,5 +1,6 @@
+"""``python -m dqcep.generator ARGS`` is ``dqcep generate ARGS``: one parser, one entry point."""
 import sys
 
-from generator.cli import main
+from dqcep.cli import main
 
-sys.exit(main())
+sys.exit(main(["generate", *sys.argv[1:]]))

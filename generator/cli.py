@@ -1,4 +1,6 @@
-"""``dqcep generate`` / ``python -m generator``: write or publish a synthetic stream."""
+"""``dqcep generate`` (also ``python -m dqcep.generator``): write or publish a synthetic stream.
+
+The command line itself is ``dqcep.cli``'s; this module adds its arguments and runs it."""
 from __future__ import annotations
 
 import argparse
@@ -112,8 +114,8 @@ def _publish(publisher, encoder: BatchEncoder, batch) -> int:
 
 
 def run(args) -> int:
-    from generator.config import load_scenario
-    from generator.core import StreamGenerator
+    from dqcep.generator.config import load_scenario
+    from dqcep.generator.core import StreamGenerator
 
     if args.chunk_size < 1 or args.batch_size < 1:
         raise UserError("--chunk-size and --batch-size must be >= 1")
@@ -208,17 +210,3 @@ def run(args) -> int:
             print(f"ground truth: {s.occurrences} occurrences in {truth_path}", file=sys.stderr)
     return 0
 
-
-def main(argv=None) -> int:
-    from dqcep.cli import EXIT_USER_ERROR, _Parser
-
-    parser = _Parser(prog="python -m generator", description=DESCRIPTION)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except UserError as err:
-        print(str(err), file=sys.stderr)
-        return EXIT_USER_ERROR
-    except BrokenPipeError:
-        return 0

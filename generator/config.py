@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dqcep.errors import UserError
-from generator.profiles import PROFILES
+from dqcep.generator.profiles import PROFILES
 
 
 @dataclass

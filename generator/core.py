@@ -18,9 +18,9 @@ import numpy as np
 from dqcep.batch import MISSING, EventBatch, Malformed
 from dqcep.errors import UserError
 from dqcep.lang import parse_file
-from generator.config import GeneratorConfig
-from generator.planting import Planter
-from generator.profiles import PROFILES
+from dqcep.generator.config import GeneratorConfig
+from dqcep.generator.planting import Planter
+from dqcep.generator.profiles import PROFILES
 
 BLOCK = 65_536
 BACKGROUND_STREAM, IMPERFECTION_STREAM, SKEW_STREAM = 1, 2, 4

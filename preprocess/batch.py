@@ -18,11 +18,11 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from dqcep.errors import UserError
-from preprocess.executor import JobSpec, record_lines
-from preprocess.paths import check_output_dir
-from preprocess.partitioning import plan_partitioning
-from preprocess.source import load_events
-from preprocess.stages import (deduplicate, mark_late, partition, pushdown, run_engines,
+from dqcep.spark.executor import JobSpec, record_lines
+from dqcep.spark.paths import check_output_dir
+from dqcep.spark.partitioning import plan_partitioning
+from dqcep.spark.source import load_events
+from dqcep.spark.stages import (deduplicate, mark_late, partition, pushdown, run_engines,
                                split_valid)
 
 SLICES_PER_TASK = 4

@@ -44,13 +44,13 @@ def _executor_errors():
 
 def cmd_spark_run(args) -> int:
     from dqcep.lang import parse_file
-    from preprocess.paths import check_batch_paths
+    from dqcep.spark.paths import check_batch_paths
 
     parse_file(args.queries)  # positioned errors, missing inputs, a full output directory:
     check_batch_paths(args.input, args.output, args.overwrite)  # all before Spark starts
     _require_spark()
-    from preprocess.batch import run_batch
-    from preprocess.session import spark_session
+    from dqcep.spark.batch import run_batch
+    from dqcep.spark.session import spark_session
 
     text = Path(args.queries).read_text(encoding="utf-8")
     spark = spark_session(args.master, "dqcep spark run", args.partitions)
@@ -80,8 +80,8 @@ def cmd_spark_stream(args) -> int:
     if not Path(args.input).is_dir():
         raise UserError(f"no journal directory at {args.input}")
     _require_spark()
-    from preprocess.session import spark_session
-    from preprocess.stream import run_stream, stream_stats
+    from dqcep.spark.session import spark_session
+    from dqcep.spark.stream import run_stream, stream_stats
 
     text = Path(args.queries).read_text(encoding="utf-8")
     spark = spark_session(args.master, "dqcep spark stream", args.partitions)
@@ -107,7 +107,7 @@ def cmd_spark_stream(args) -> int:
 
 def cmd_spark_cluster(args) -> int:
     _require_spark()
-    from preprocess.cluster import start_cluster, stop_cluster
+    from dqcep.spark.cluster import start_cluster, stop_cluster
     if args.action == "start":
         state = start_cluster(args.dir, args.workers, args.cores, args.memory)
         print(state["master"])

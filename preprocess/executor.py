@@ -24,7 +24,7 @@ from dqcep.lang import ast, parse
 from dqcep.plan import Plan, build_plan
 from dqcep.runtime import Engine, EventColumns
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
-from preprocess.partitioning import BROADCAST, Partitioning
+from dqcep.spark.partitioning import BROADCAST, Partitioning
 
 GROUP_KEYED, GROUP_SLICED = 0, 1
 

@@ -11,7 +11,7 @@ shift nothing. On commit the query registers itself as a consumer of the
 journal (``consumers/spark-<hash of the index dir>.offset``), so retention keeps
 what it has not read.
 
-Rows have the batch source's columns (``preprocess.source``): ``file_index`` is
+Rows have the batch source's columns (``dqcep.spark.source``): ``file_index`` is
 the segment's name, ``where`` is ``journal:offset N [event i]``, and
 ``file_before`` is the largest ts of the events that came before the row in the
 whole journal — the engine's late rule needs that maximum, and a task only
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from preprocess.source import SCHEMA, _Batches
+from dqcep.spark.source import SCHEMA, _Batches
 
 SEG = ".seg"
 END_WHERE = "<end of stream>"  # the ``where`` of the control row that closes the stream

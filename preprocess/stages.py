@@ -4,7 +4,7 @@
                 -> partition -> run_engines
 
 Event rows carry ``file_index``/``seq`` (arrival order), ``id``, ``type``,
-``ts`` and ``event`` (the event map as msgpack); see ``preprocess.source``.
+``ts`` and ``event`` (the event map as msgpack); see ``dqcep.spark.source``.
 Row work that needs the engine (pushdown, partition assignment, the engine
 itself) runs in the Python workers over Arrow batches (``mapInPandas``); the
 rest is Spark SQL. Nothing is collected to the driver but per-file aggregates.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from preprocess.executor import JobSpec, assign_batches, engine_batches, pushdown_batches
+from dqcep.spark.executor import JobSpec, assign_batches, engine_batches, pushdown_batches
 
 EVENT_COLUMNS = ["file_index", "seq", "where", "id", "ts", "file_before", "event"]
 EVENT_SCHEMA = ("file_index long, seq long, `where` string, id long, ts long, file_before long, "

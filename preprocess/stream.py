@@ -1,7 +1,7 @@
 """The streaming job: ``dqcep spark stream QUERIES.cep --input JOURNAL --output DIR
 --checkpoint DIR``.
 
-    journal (closed segments, one per micro-batch; preprocess.journal_source)
+    journal (closed segments, one per micro-batch; dqcep.spark.journal_source)
       -> route: dead letters and late events to their outputs; the events the
          queries need to every (group, part) they must reach (as the batch job)
       -> withWatermark(clock) -> groupBy(group, part)
@@ -30,10 +30,10 @@ import numpy as np
 import pandas as pd
 
 from dqcep.runtime import late_rule
-from preprocess.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
+from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
                                  event_columns, record_lines)
-from preprocess.journal_source import END_WHERE
-from preprocess.source import SCHEMA
+from dqcep.spark.journal_source import END_WHERE
+from dqcep.spark.source import SCHEMA
 
 GROUP_DEAD, GROUP_LATE, GROUP_CLOCK = -1, -2, -3
 # counts: on the one clock row of each routed batch, that batch's records and events
@@ -193,8 +193,8 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     from pyspark.sql import functions as F
 
     from dqcep.lang import parse
-    from preprocess.journal_source import JournalSource
-    from preprocess.partitioning import plan_partitioning
+    from dqcep.spark.journal_source import JournalSource
+    from dqcep.spark.partitioning import plan_partitioning
 
     queries = parse(queries_text).queries
     plan = plan_partitioning(queries, strategy)

@@ -17,9 +17,9 @@ from dqcep.batch import EventBatch
 from dqcep.io.readers import read_events
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
-from generator import (GeneratorConfig, Imperfections, IotConfig, Planting, StreamGenerator,
+from dqcep.generator import (GeneratorConfig, Imperfections, IotConfig, Planting, StreamGenerator,
                        UniformConfig, generate)
-from generator.profiles import SENSORS
+from dqcep.generator.profiles import SENSORS
 from tests.conftest import subscribed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -330,7 +330,7 @@ def test_scenario_file_and_its_errors(tmp_path):
 
 
 def test_rate_paces_by_sleeping(monkeypatch):
-    from generator import cli as gen_cli
+    from dqcep.generator import cli as gen_cli
 
     clock = [100.0]
     slept = []

@@ -162,7 +162,7 @@ def test_examples_agree():
 
 
 def test_generated_iot_stream_agrees():
-    from generator import GeneratorConfig, Planting, generate
+    from dqcep.generator import GeneratorConfig, Planting, generate
     queries = parse((ROOT / "dqcep" / "data" / "iot.cep").read_text()).queries
     cfg = GeneratorConfig(profile="iot", events=6000, seed=4,
                           plant=Planting(queries=str(ROOT / "dqcep" / "data" / "iot.cep"),

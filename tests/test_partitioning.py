@@ -1,4 +1,4 @@
-"""Partitioning without Spark: the worker functions of preprocess.executor run on
+"""Partitioning without Spark: the worker functions of dqcep.spark.executor run on
 pandas frames the way Spark runs them, and must give the reference's matches —
 keyed partitions (broadcast negations, several roles), time slices with overlap,
 several partitions per Spark task."""
@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from dqcep.lang import ast, file_to_source, parse
 from dqcep.reference import ReferenceMatcher
-from preprocess.executor import (JobSpec, assign_batches, engine_batches, pushdown_batches,
+from dqcep.spark.executor import (JobSpec, assign_batches, engine_batches, pushdown_batches,
                                  slices_of)
-from preprocess.partitioning import BROADCAST, plan_partitioning, query_key
+from dqcep.spark.partitioning import BROADCAST, plan_partitioning, query_key
 from tests.strategies import small_event_streams, small_query_files
 
 

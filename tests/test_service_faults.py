@@ -141,7 +141,7 @@ def iot_payloads(n: int, seed: int = 5, first_id: int = 1, batch: int = 200,
     """A planted IoT stream as msgpack payloads of ``batch`` events, ids from first_id,
     timestamps moved by ts_shift ms."""
     from dqcep.io.event_writers import BatchEncoder
-    from generator import GeneratorConfig, Planting, StreamGenerator
+    from dqcep.generator import GeneratorConfig, Planting, StreamGenerator
     gen = StreamGenerator(GeneratorConfig(profile="iot", events=n, seed=seed,
                                           plant=Planting(queries=str(QUERIES), every=130_000)))
     encoder = BatchEncoder(gen.schema, "msgpack", batch)

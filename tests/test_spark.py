@@ -23,7 +23,7 @@ LATENESS = 400
 
 @pytest.fixture(scope="session")
 def spark():
-    from preprocess.session import spark_session
+    from dqcep.spark.session import spark_session
     session = spark_session("local[2]", "dqcep-tests", partitions=2)
     yield session
     session.stop()
@@ -65,7 +65,7 @@ def job_lines(out: Path, what="matches") -> list[str]:
 
 @pytest.mark.parametrize("strategy,partitions", [("auto", 3), ("time", 3), ("auto", 1)])
 def test_batch_job_gives_the_reference_matches(spark, tmp_path, strategy, partitions):
-    from preprocess.batch import run_batch
+    from dqcep.spark.batch import run_batch
     events = generate(tmp_path / "events.jsonl", 6000, *IMPERFECT)
     want, errors, late = expected([events])
     stats = run_batch(spark, QUERIES.read_text(), [str(events)], str(tmp_path / "out"),
@@ -90,7 +90,7 @@ def test_batch_job_gives_the_reference_matches(spark, tmp_path, strategy, partit
 def test_formats_and_directories_agree(spark, tmp_path):
     """The same stream as msgpack files in a directory, and as Parquet; arrival order
     across files is their sorted order."""
-    from preprocess.batch import run_batch
+    from dqcep.spark.batch import run_batch
     d = tmp_path / "in"
     d.mkdir()
     parts = [generate(d / f"part-{i}.msgpack", 2500, seed=i) for i in range(2)]
@@ -105,7 +105,7 @@ def test_formats_and_directories_agree(spark, tmp_path):
 
 def test_parquet_output_and_a_non_empty_output_directory(spark, tmp_path):
     from dqcep.errors import UserError
-    from preprocess.batch import run_batch
+    from dqcep.spark.batch import run_batch
     events = generate(tmp_path / "events.jsonl", 3000)
     want, _, _ = expected([events])
     out = tmp_path / "out"
@@ -122,7 +122,7 @@ def test_parquet_output_and_a_non_empty_output_directory(spark, tmp_path):
 
 def test_stages_late_and_duplicates(spark):
     """mark_late follows arrival order across files; deduplicate keeps the first."""
-    from preprocess.stages import deduplicate, mark_late
+    from dqcep.spark.stages import deduplicate, mark_late
     # (file, seq, where, id, ts, file_before): the source's running max per file
     rows = [(0, 0, "a:1", 1, 100, None), (0, 1, "a:2", 2, 50, 100), (0, 2, "a:3", 3, 80, 100),
             (1, 0, "b:1", 4, 60, None), (1, 1, "b:2", 1, 100, 60), (1, 2, "b:3", 5, 80, 100)]
@@ -141,7 +141,7 @@ def test_source_rows_keep_positions_and_running_maxima(tmp_path):
     import msgpack
     import pyarrow as pa
 
-    from preprocess.source import read_file
+    from dqcep.spark.source import read_file
     events = [{"id": i, "type": "A", "ts": ts} for i, ts in enumerate([5, 3, 9, 1], 1)]
     path = tmp_path / "e.msgpack"
     path.write_bytes(msgpack.packb({"events": events[:2]}) + msgpack.packb(events[2])
@@ -211,7 +211,7 @@ def test_msgpack_fast_path_reads_what_the_readers_read(tmp_path_factory):
     from hypothesis import strategies as st
 
     from dqcep.events import event_from_mapping
-    from preprocess.source import _Batches, _msgpack_rows, _reader_rows
+    from dqcep.spark.source import _Batches, _msgpack_rows, _reader_rows
     from tests.test_ingest_kernels import payloads
 
     def rows(gen, out):
@@ -243,7 +243,7 @@ def test_journal_source_reads_closed_segments_once_with_the_running_maximum(spar
     import msgpack
 
     from dqcep.io.journal import Journal
-    from preprocess.journal_source import JournalSource
+    from dqcep.spark.journal_source import JournalSource
 
     journal = Journal(tmp_path / "journal", fsync="never")
 
@@ -308,7 +308,7 @@ STREAM_IMPERFECT = ("--batch-size", "200", "--out-of-order", "0.1", "--slack", "
 
 @pytest.mark.parametrize("strategy", ["auto", "time"])
 def test_stream_job_gives_the_reference_matches(spark, tmp_path, strategy):
-    from preprocess.stream import run_stream
+    from dqcep.spark.stream import run_stream
     events = generate(tmp_path / "events.msgpack", 5000, *STREAM_IMPERFECT)
     want, errors, late = expected([events])
     journal = journal_of(events, tmp_path)
@@ -329,13 +329,13 @@ def test_stream_job_gives_the_reference_matches(spark, tmp_path, strategy):
     dead = [json.loads(x) for x in stream_lines(tmp_path / "out", "dead-letter")]
     assert len(dead) == errors + 1  # the generator's malformed events and the bad payload
     # the counts of the summary line, summed over the micro-batches
-    from preprocess.stream import stream_stats
+    from dqcep.spark.stream import stream_stats
     stats = stream_stats(str(tmp_path / "out"))
     import msgpack
 
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine
-    from preprocess.executor import event_columns
+    from dqcep.spark.executor import event_columns
     engine = Engine(build_plan(parse(QUERIES.read_text()).queries))
     rows = [e for _, e in read_events(str(events), on_error=lambda err: None)]
     needed = engine.needed(event_columns(engine, [
@@ -392,7 +392,7 @@ def test_a_segment_task_reads_its_segment_only(tmp_path):
     import pyarrow as pa
 
     from dqcep.io.journal import Journal
-    from preprocess.journal_source import closed_segments, following, read_max, read_segment
+    from dqcep.spark.journal_source import closed_segments, following, read_max, read_segment
     journal = Journal(tmp_path / "j", fsync="never")
     for first in (1, 3):
         journal.append("t", msgpack.packb({"events": [{"id": i, "type": "A", "ts": i}

@@ -54,19 +54,19 @@ class Workload:
 
     def stream(self, events: int, seed: int, chunk: int) -> Iterator:
         """The generated stream as columnar batches of ``chunk`` events (lazily)."""
-        from generator import GeneratorConfig, generate
+        from dqcep.generator import GeneratorConfig, generate
         cfg = GeneratorConfig(profile=self.profile, events=events, seed=seed,
                               profile_config=self.profile_config())
         return generate(cfg, chunk)
 
 
 def _uniform():
-    from generator import UniformConfig
+    from dqcep.generator import UniformConfig
     return UniformConfig(types=8, keys=100, attributes=1, domain=1000, event_rate=1000)
 
 
 def _iot():
-    from generator import IotConfig
+    from dqcep.generator import IotConfig
     return IotConfig(sites=4, rooms=5)
 
 

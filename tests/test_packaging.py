@@ -1,0 +1,185 @@
+"""The layout is the architecture: the library imports no application, nothing imports in a
+circle, and an installed dqcep adds nothing but the ``dqcep`` package to site-packages."""
+import ast
+import os
+import re
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Where each installed package lives in the repository (pyproject.toml's package-dir).
+SOURCES = {"dqcep": ROOT / "dqcep", "dqcep.generator": ROOT / "generator",
+           "dqcep.spark": ROOT / "preprocess"}
+
+# The library, bottom to top, and what each part may import (besides itself).
+LIBRARY = {
+    "dqcep.errors": set(),
+    "dqcep.events": set(),
+    "dqcep.batch": {"dqcep.events"},
+    "dqcep._kernels": set(),
+    "dqcep.lang": {"dqcep.errors"},
+    "dqcep.plan": {"dqcep.lang", "dqcep.errors"},
+    "dqcep.runtime": {"dqcep.plan", "dqcep.lang", "dqcep._kernels", "dqcep.batch",
+                      "dqcep.errors", "dqcep.events"},
+    "dqcep.io": {"dqcep._kernels", "dqcep.batch", "dqcep.errors", "dqcep.events"},
+}
+
+
+def _modules():
+    """Every Python and Cython module of the installed packages, as (dotted name, path)."""
+    for package, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*")):
+            if path.suffix not in (".py", ".pyx", ".pxd"):
+                continue
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            if package == "dqcep" and parts and parts[0] in ("generator", "spark"):
+                continue
+            yield ".".join([package, *parts]), path
+
+
+def _unit(module: str) -> str:
+    """The part of the layout a module belongs to: a subpackage or a top-level module.
+
+    A ``__main__`` is an entry point of its own (nothing imports it)."""
+    if module.endswith(".__main__"):
+        return module
+    for package in ("dqcep.generator", "dqcep.spark"):
+        if module == package or module.startswith(package + "."):
+            return package
+    return ".".join(module.split(".")[:2])
+
+
+def _imports(name: str, path: Path):
+    """Every dqcep module a file imports, at module level or inside a function."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        found = []
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                found += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path}:{node.lineno}: the project imports absolutely"
+                found.append(node.module)
+        return [m for m in found if m == "dqcep" or m.startswith("dqcep.")]
+    # Cython: cimport / import lines
+    return re.findall(r"^\s*(?:from|c?import)\s+(dqcep(?:\.\w+)*)", text, re.M)
+
+
+def _graph():
+    edges = {}
+    for name, path in _modules():
+        unit = _unit(name)
+        for target in _imports(name, path):
+            if target == "dqcep":
+                continue
+            edges.setdefault(unit, set()).add(_unit(target))
+    for unit in edges:
+        edges[unit].discard(unit)
+    return edges
+
+
+def test_the_library_imports_no_application():
+    edges = _graph()
+    assert set(LIBRARY) <= {_unit(n) for n, _ in _modules()}
+    wrong = {unit: sorted(edges.get(unit, set()) - allowed)
+             for unit, allowed in LIBRARY.items() if edges.get(unit, set()) - allowed}
+    assert wrong == {}, f"library parts importing above their layer: {wrong}"
+
+
+def test_no_import_circle_between_parts():
+    edges = _graph()
+    # Tarjan's strongly connected components over the parts of the layout.
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_the_scan_sees_the_applications_edges():
+    """The check above can fail: the old generator CLI imported dqcep.cli back."""
+    edges = _graph()
+    assert edges["dqcep.generator.__main__"] == {"dqcep.cli"}
+    assert "dqcep.generator" in edges["dqcep.cli"]
+    assert "dqcep.cli" not in edges.get("dqcep.generator", set())
+    assert "dqcep.spark" in edges["dqcep.cli"] and "dqcep.cli" not in edges["dqcep.spark"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
+                    str(ROOT)], check=True, cwd=out)
+    (built,) = out.glob("dqcep-*.whl")
+    return built
+
+
+def test_the_wheel_holds_only_the_dqcep_package_and_no_generated_c(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"dqcep", f"{wheel.name.split('-')[0]}-"
+                                                f"{wheel.name.split('-')[1]}.dist-info"}
+    assert not [n for n in names if n.endswith((".c", ".cpp", ".html"))]
+    for needed in ("dqcep/generator/core.py", "dqcep/spark/batch.py", "dqcep/lang/grammar.lark",
+                   "dqcep/data/iot.cep", "dqcep/_kernels/ring.pxd", "dqcep/_kernels/ring.pyi"):
+        assert needed in names
+    assert len([n for n in names if n.startswith("dqcep/_kernels/") and n.endswith(".so")]) \
+        == len(list((ROOT / "dqcep/_kernels").glob("*.pyx")))
+
+
+def test_a_fresh_venv_install_runs_the_commands_and_has_no_top_level_generator(wheel, tmp_path):
+    # The venv sees the machine's packages (numpy, pyarrow, pyspark) but its own dqcep first.
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    py, dqcep = env_dir / "bin/python", env_dir / "bin/dqcep"
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def run(*args):
+        return subprocess.run([*map(str, args)], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    where = run(py, "-c", "import dqcep, dqcep.generator, dqcep.spark; print(dqcep.__file__)")
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.startswith(str(env_dir)), where.stdout
+    for top in ("generator", "preprocess"):
+        r = run(py, "-c", f"import {top}")
+        assert r.returncode != 0 and f"No module named '{top}'" in r.stderr
+    demo = run(dqcep, "demo", "--events", "20000")
+    assert demo.returncode == 0 and "matches" in demo.stdout, demo.stdout + demo.stderr
+    gen = run(dqcep, "generate", "--profile", "iot", "--events", "100", "--output", "e.jsonl")
+    assert gen.returncode == 0 and (tmp_path / "e.jsonl").stat().st_size > 0, gen.stderr
+    same = run(py, "-m", "dqcep.generator", "--profile", "iot", "--events", "100", "--output",
+               "f.jsonl")
+    assert same.returncode == 0, same.stderr
+    assert (tmp_path / "f.jsonl").read_bytes() == (tmp_path / "e.jsonl").read_bytes()
+    spark = run(dqcep, "spark", "run", "--help")
+    assert spark.returncode == 0 and "usage: dqcep spark run" in spark.stdout, spark.stderr
