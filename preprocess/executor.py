@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Iterator
 
 import msgpack
@@ -21,8 +20,8 @@ import pandas as pd
 
 from dqcep.io.sinks import match_lines
 from dqcep.lang import ast, parse
-from dqcep.plan import Plan, build_plan
 from dqcep.runtime import Engine, EventColumns
+from dqcep.runtime.program import program_for
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
 from dqcep.spark.partitioning import BROADCAST, Partitioning
 
@@ -97,18 +96,10 @@ class JobSpec:
     slice_ms: int = 0       # time slices: length L
 
     def engine(self, names=None) -> Engine:
-        """A fresh engine for the queries named (all when None)."""
-        return Engine(_plan(self.queries_text, None if names is None else tuple(names)))
-
-
-@lru_cache(maxsize=8)
-def _plan(queries_text: str, names: tuple[str, ...] | None) -> Plan:
-    """Parsed and planned once per worker process, however many engines are made
-    (one per part and micro-batch in the streaming job)."""
-    queries = parse(queries_text).queries
-    if names is not None:
-        queries = [q for q in queries if q.name in names]
-    return build_plan(queries)
+        """A fresh engine for the queries named (all when None). Its program is
+        compiled once per worker process (``program_for``), however many engines
+        are made (one per part and micro-batch in the streaming job)."""
+        return Engine(program_for(self.queries_text, None if names is None else tuple(names)))
 
 
 # ------------------------------------------------------------------ pushdown

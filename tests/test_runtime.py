@@ -15,7 +15,7 @@ from dqcep.plan.bytecode import compile_predicate
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine, MatchBatch, run_events
 from dqcep.runtime.compile import StringDictionary, predicate_set
-from generator import GeneratorConfig, UniformConfig, generate
+from dqcep.generator import GeneratorConfig, UniformConfig, generate
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_PREDS = PredicateSet(np.zeros((0, 3), np.int32), [0], [], [0], [], [])
@@ -121,14 +121,20 @@ def test_guard_processor_alone():
     st = store_with([(10, 1, [(0, 0)]), (15, 2, [(0, 0)]), (20, 3, [(0, 0)]), (30, 4, [(0, 0)])])
     negated = RingBuffer(1)
     negated.push(15, 15, 0, [1])
-    gap = Guard(0, negated, 2, [0], [1], [0, 1], NO_PREDS, 100)
+    gap = Guard(0, 2, [0], [1], [0, 1], NO_PREDS, 100)  # compiled: holds no store
     host = np.array([[0, 2], [2, 3]], np.int64)  # (10, 20) contains 15; (20, 30) does not
-    keep = gap.keep(st, np.array([10, 20]), np.array([20, 30]), host)
+    keep = gap.keep(st, negated, np.array([10, 20]), np.array([20, 30]), host)
     assert keep.tolist() == [False, True]
-    trailing = Guard(2, negated, 1, [0], [], [0], NO_PREDS, 5)  # (end(x), start + 5]
-    keep = trailing.keep(st, np.array([10, 10]), np.array([10, 10]),
+    assert gap.keep(st, RingBuffer(1), np.array([10, 20]), np.array([20, 30]),
+                    host).tolist() == [True, True]  # the same guard, another state
+    trailing = Guard(2, 1, [0], [], [0], NO_PREDS, 5)  # (end(x), start + 5]
+    keep = trailing.keep(st, negated, np.array([10, 10]), np.array([10, 10]),
                          np.array([[0], [-1]], np.int64))
     assert keep.tolist() == [False, True]  # inactive when its slot is unbound
+    with pytest.raises(ValueError, match="guard mode 7"):
+        Guard(7, 1, [0], [], [0], NO_PREDS, 5)
+    with pytest.raises(ValueError, match="host records have 1 slots"):
+        gap.keep(st, negated, np.array([10]), np.array([20]), np.array([[0]], np.int64))
 
 
 # --------------------------------------------------------------- engine API
@@ -174,6 +180,39 @@ def test_snapshot_mid_stream_resumes_exactly():
         Engine(build_plan(parse("PATTERN SEQ(T0 a, T1 b) WITHIN 5").queries)).restore(blob)
     with pytest.raises(UserError, match="not a dqcep engine snapshot"):
         Engine(plan).restore(b"nonsense")
+
+
+def test_one_program_runs_many_states_and_restoring_compiles_nothing(monkeypatch):
+    """program x state x columns -> matches: the program is compiled once, each key's
+    state is restored from bytes into an engine without compiling anything."""
+    import dqcep.runtime.program as program_module
+    from dqcep.runtime import EngineState, Program, program_for
+
+    program = program_for(QUERIES)
+    assert program_for(QUERIES) is program  # cached per process
+    batches = list(uniform_stream(20_000))
+    whole, _ = run_events(build_plan(parse(QUERIES).queries), batches)
+    # Two keys' streams interleaved through one program: each state sees only its own.
+    states = {0: EngineState.fresh(program), 1: EngineState.fresh(program)}
+    got = {0: MatchBatch(program.match_queries), 1: MatchBatch(program.match_queries)}
+    blobs = {}
+    for i, b in enumerate(batches):
+        key = 0
+        engine = Engine(program, state=states[key] if key not in blobs else
+                        EngineState.from_bytes(program, blobs[key]))
+        got[key] += engine.process(b)
+        blobs[key] = engine.snapshot()
+        if i == 0:  # from now on nothing may compile: restoring is bytes -> arrays
+            def no_compiling(*args, **kwargs):
+                raise AssertionError("compiled during a restore")
+            monkeypatch.setattr(program_module, "predicate_set", no_compiling)
+            monkeypatch.setattr(program_module.Program, "__init__", no_compiling)
+        Engine(program, state=states[1]).process(batches[0] if i == 0 else [])
+    last = Engine(program, state=EngineState.from_bytes(program, blobs[0]))
+    got[0] += last.flush()
+    assert matches_of(got[0]) == matches_of(whole)
+    assert states[1].events_in == len(batches[0])
+    assert isinstance(program, Program) and last.program is program
 
 
 def test_state_stays_bounded_on_a_long_stream():

@@ -36,6 +36,11 @@ cdef enum:
     GUARD_TRAILING = 2
     GUARD_AND = 3
 
+# The planner's guard modes (``GuardSpec.mode``) as the kernel codes them: defined
+# here, once, and imported by the runtime's compiler.
+GUARD_MODES = {"GAP": GUARD_GAP, "LEADING": GUARD_LEADING, "TRAILING": GUARD_TRAILING,
+               "AND": GUARD_AND}
+
 
 cdef class PredicateSet:
     """PredicateSet(code, pred_start, slots, slot_start, cval, ckind)
@@ -273,29 +278,31 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
 
 
 cdef class Guard:
-    """Guard(mode, store, n_host, left_slots, right_slots, active_slots, preds, window)
+    """Guard(mode, n_host, left_slots, right_slots, active_slots, preds, window)
 
-    A NOT: no record of ``store`` (the negated pattern's matches, in end-ts
-    order) may lie inside the interval the mode defines for a host record.
+    A NOT, compiled: no record of the negated store (the negated pattern's
+    matches, in end-ts order; engine state, passed to ``keep``) may lie inside
+    the interval the mode defines for a host record.
     """
     cdef readonly int mode
-    cdef readonly RingBuffer store
     cdef readonly idx_t n_host
     cdef readonly int64_t[::1] left_slots, right_slots, active_slots
     cdef readonly PredicateSet preds
     cdef readonly int64_t window
 
-    def __init__(self, int mode, RingBuffer store, idx_t n_host, left_slots, right_slots,
-                 active_slots, PredicateSet preds, int64_t window):
-        self.mode, self.store, self.n_host, self.window = mode, store, n_host, window
+    def __init__(self, int mode, idx_t n_host, left_slots, right_slots, active_slots,
+                 PredicateSet preds, int64_t window):
+        if mode < GUARD_GAP or mode > GUARD_AND:
+            raise ValueError(f"guard mode {mode} is not one of 0..3")
+        self.mode, self.n_host, self.window = mode, n_host, window
         self.left_slots = np.ascontiguousarray(left_slots, dtype=np.int64)
         self.right_slots = np.ascontiguousarray(right_slots, dtype=np.int64)
         self.active_slots = np.ascontiguousarray(active_slots, dtype=np.int64)
         self.preds = preds
 
-    cdef bint violated(self, EventStore st, const int64_t* host, ts_t start, ts_t end,
-                       int64_t* scratch) noexcept nogil:
-        cdef idx_t i, j, k, nc = self.store.n_ids
+    cdef bint violated(self, EventStore st, RingBuffer negated, const int64_t* host,
+                       ts_t start, ts_t end, int64_t* scratch) noexcept nogil:
+        cdef idx_t i, j, k, nc = negated.n_ids
         cdef bint active = False, lo_open, hi_open, shared
         cdef ts_t lo = 0, hi = 0, t
         cdef int64_t* r
@@ -326,9 +333,9 @@ cdef class Guard:
                         hi = t
         else:
             hi, hi_open = start + self.window, False
-        i = first_end_after(self.store, lo, not lo_open)
-        while i < self.store.size:
-            r = self.store.row(i)
+        i = first_end_after(negated, lo, not lo_open)
+        while i < negated.size:
+            r = negated.row(i)
             if r[COL_END] > hi or (hi_open and r[COL_END] == hi):
                 break
             i += 1
@@ -349,21 +356,25 @@ cdef class Guard:
                 return True
         return False
 
-    def keep(self, EventStore st, const int64_t[::1] starts, const int64_t[::1] ends,
-             const int64_t[:, ::1] recs):
-        """Mask of the host records this NOT does not forbid."""
+    def keep(self, EventStore st, RingBuffer negated, const int64_t[::1] starts,
+             const int64_t[::1] ends, const int64_t[:, ::1] recs):
+        """Mask of the host records this NOT does not forbid, given the negated store."""
+        if recs.shape[0] and recs.shape[1] < self.n_host:
+            raise ValueError(f"host records have {recs.shape[1]} slots, the guard reads "
+                             f"{self.n_host}")
         n = recs.shape[0]
         out = np.ones(n, dtype=bool)
         cdef uint8_t_view o = out.view(np.uint8)
         cdef idx_t i
-        cdef int64_t* scratch = <int64_t*>malloc((self.n_host + self.store.n_ids + 1)
+        cdef int64_t* scratch = <int64_t*>malloc((self.n_host + negated.n_ids + 1)
                                                  * sizeof(int64_t))
         if scratch == NULL:
             raise MemoryError()
         try:
             with nogil:
                 for i in range(n):
-                    o[i] = not self.violated(st, &recs[i, 0], starts[i], ends[i], scratch)
+                    o[i] = not self.violated(st, negated, &recs[i, 0], starts[i], ends[i],
+                                             scratch)
         finally:
             free(scratch)
         return out

@@ -1,6 +1,12 @@
-"""The native runtime: the general processor (router) running a plan on compiled kernels."""
+"""The native runtime: the general processor (router) running a plan on compiled kernels.
+
+``Program`` is a plan compiled once (shared, never changed); ``EngineState`` is what
+one engine holds (serializable as whole arrays); ``Engine`` pairs the two."""
 from dqcep.runtime.engine import Engine, EventColumns, MatchBatch, run_events
 from dqcep.runtime.eventtime import late_rule
+from dqcep.runtime.program import Program, program_for
 from dqcep.runtime.returns import ReturnValues
+from dqcep.runtime.state import EngineState
 
-__all__ = ["Engine", "EventColumns", "MatchBatch", "ReturnValues", "late_rule", "run_events"]
+__all__ = ["Engine", "EngineState", "EventColumns", "MatchBatch", "Program", "ReturnValues",
+           "late_rule", "program_for", "run_events"]

@@ -91,6 +91,45 @@ class MatchBatch:
 
 
 
+@dataclass
+class TimeState:
+    """What an engine over event time holds, apart from its matching state: the
+    events (stored once), their strings' codes, the reorder buffer, the watermark
+    and the counters. ``dqcep.runtime.state.EngineState`` adds the native engine's
+    queues and serializes the whole."""
+
+    lateness: int
+    dictionary: StringDictionary
+    store: EventStore                 # every event, once, by sequence number
+    type_counts: np.ndarray           # events in, per type code
+    attr_seen: np.ndarray             # per attribute column: a cell was ever present
+    wm: int | None = None             # every future event has ts >= wm
+    max_seen: int | None = None
+    buffer: list = field(default_factory=list)  # reorder buffer: (ts, ids, types, val, kind)
+    events_in: int = 0
+    late: int = 0
+    late_ids: list = field(default_factory=list)
+    busy_seconds: float = 0.0
+    peak_state_bytes: int = 0         # largest state_bytes() after a batch
+    sweep_at: int = SWEEP_MIN_STRINGS  # dictionary size that triggers the next sweep
+    decoder: ColumnDecoder | None = None  # caches codes of this dictionary; not state
+
+    @classmethod
+    def fresh(cls, n_types: int, n_attrs: int, lateness: int,
+              constants: Sequence[str] = ()) -> "TimeState":
+        """An empty state; ``constants``: compiled string constants, pinned first."""
+        if lateness < 0:
+            raise UserError(f"lateness must be >= 0 ms, got {lateness}")
+        return cls(lateness, StringDictionary(constants, len(constants)), EventStore(n_attrs),
+                   np.zeros(n_types, np.int64), np.zeros(n_attrs, bool))
+
+
+def _state_field(name: str) -> property:
+    return property(lambda self: getattr(self.state, name),
+                    lambda self, value: setattr(self.state, name, value),
+                    doc=f"``self.state.{name}``")
+
+
 class EventTimeEngine:
     """Input and event-time order for an engine; see the module docstring.
 
@@ -100,29 +139,29 @@ class EventTimeEngine:
     """
 
     def __init__(self, types: Sequence[str], attrs: Sequence[str],
-                 match_queries: tuple[tuple[str, tuple[str, ...]], ...], lateness: int = 0):
+                 match_queries: tuple[tuple[str, tuple[str, ...]], ...], lateness: int = 0,
+                 state: "TimeState | None" = None):
         if lateness < 0:
             raise UserError(f"lateness must be >= 0 ms, got {lateness}")
-        self.lateness = lateness
         self.types = list(types)
         self.type_code = {t: i for i, t in enumerate(self.types)}
         self.attrs = list(attrs)
         self.attr_index = {a: i for i, a in enumerate(self.attrs)}
-        self.dictionary = StringDictionary()
-        self.store = EventStore(len(self.attrs))  # every event, once, by sequence number
         self.match_queries = match_queries
-        self.wm: int | None = None        # every future event has ts >= wm
-        self.max_seen: int | None = None
-        self._buffer: list[tuple] = []    # reorder buffer: (ts, ids, types, val, kind)
-        self.events_in = 0
-        self.late = 0
-        self.late_ids: list[int] = []
-        self.busy_seconds = 0.0
-        self.peak_state_bytes = 0  # largest state_bytes() after a batch
-        self._decoder: ColumnDecoder | None = None
-        self._sweep_at = SWEEP_MIN_STRINGS  # dictionary size that triggers the next sweep
-        self._type_counts = np.zeros(len(self.types), np.int64)  # events in, per type
-        self._attr_seen = np.zeros(len(self.attrs), bool)          # a cell ever present
+        self.state = state if state is not None else \
+            TimeState.fresh(len(self.types), len(self.attrs), lateness)
+
+    # Everything an engine holds lives in ``self.state``; these read and write it.
+    lateness = _state_field("lateness")
+    dictionary = _state_field("dictionary")
+    store = _state_field("store")
+    wm = _state_field("wm")
+    max_seen = _state_field("max_seen")
+    events_in = _state_field("events_in")
+    late = _state_field("late")
+    late_ids = _state_field("late_ids")
+    busy_seconds = _state_field("busy_seconds")
+    peak_state_bytes = _state_field("peak_state_bytes")
 
     # ------------------------------------------------------ for subclasses
     def _match(self, seqs: np.ndarray, ts: np.ndarray, types: np.ndarray) -> MatchBatch:
@@ -142,8 +181,8 @@ class EventTimeEngine:
 
     def seen(self) -> tuple[set[str], set[str]]:
         """(event types, attributes) of the queries that some input event held."""
-        return ({t for t, n in zip(self.types, self._type_counts) if n},
-                {a for a, hit in zip(self.attrs, self._attr_seen) if hit})
+        return ({t for t, n in zip(self.types, self.state.type_counts) if n},
+                {a for a, hit in zip(self.attrs, self.state.attr_seen) if hit})
 
     def _constants_coded(self) -> None:
         """Called once the queries' predicates are compiled: the string constants,
@@ -156,10 +195,10 @@ class EventTimeEngine:
         strings in the engine's state, not with every distinct string seen. The
         decoder forgets its cached codes, some of which are free now."""
         live = [self.store.string_codes()]
-        live += [b[3][b[4] == KIND_STR].astype(np.int64) for b in self._buffer]
-        if self.dictionary.sweep(np.concatenate(live)) and self._decoder is not None:
-            self._decoder.forget_strings()
-        self._sweep_at = max(SWEEP_MIN_STRINGS, 2 * len(self.dictionary))
+        live += [b[3][b[4] == KIND_STR].astype(np.int64) for b in self.state.buffer]
+        if self.dictionary.sweep(np.concatenate(live)) and self.state.decoder is not None:
+            self.state.decoder.forget_strings()
+        self.state.sweep_at = max(SWEEP_MIN_STRINGS, 2 * len(self.dictionary))
 
     # --------------------------------------------------------------- input
     def _columns_from_batch(self, batch: EventBatch):
@@ -221,9 +260,9 @@ class EventTimeEngine:
         One per engine (it caches the codes of the engine's string dictionary);
         ``restore`` replaces the dictionary and with it the decoder.
         """
-        if self._decoder is None:
-            self._decoder = ColumnDecoder(self.types, self.attrs, self.dictionary)
-        return self._decoder
+        if self.state.decoder is None:
+            self.state.decoder = ColumnDecoder(self.types, self.attrs, self.dictionary)
+        return self.state.decoder
 
 
     def process(self, batch: EventBatch | EventColumns | Sequence[Event]) -> MatchBatch:
@@ -240,8 +279,8 @@ class EventTimeEngine:
         self.events_in += n
         if n:
             known = cols[2][cols[2] >= 0]
-            self._type_counts += np.bincount(known, minlength=len(self.types))
-            self._attr_seen |= (cols[4] != KIND_MISSING).any(axis=0)
+            self.state.type_counts += np.bincount(known, minlength=len(self.types))
+            self.state.attr_seen |= (cols[4] != KIND_MISSING).any(axis=0)
             late = self._late(cols[0])
             self.max_seen = int(cols[0].max()) if self.max_seen is None else \
                 max(self.max_seen, int(cols[0].max()))
@@ -250,9 +289,9 @@ class EventTimeEngine:
                 self.late_ids.extend(cols[1][late].tolist())
                 cols = tuple(c[~late] for c in cols)
             if len(cols[0]):
-                self._buffer.append(cols)
+                self.state.buffer.append(cols)
                 out += self._release(self.max_seen - self.lateness)
-        if len(self.dictionary) > self._sweep_at:
+        if len(self.dictionary) > self.state.sweep_at:
             self._sweep_strings()
         self.busy_seconds += time.perf_counter() - started
         return out
@@ -289,7 +328,7 @@ class EventTimeEngine:
     def flush(self) -> MatchBatch:
         """End of stream: everything buffered is processed, every held match released."""
         out = MatchBatch(self.match_queries)
-        if self._buffer:
+        if self.state.buffer:
             out += self._release(None)
         out += self._flush_held()
         return out
@@ -304,13 +343,13 @@ class EventTimeEngine:
     def _release(self, upto: int | None) -> MatchBatch:
         """Process buffered events with ts <= upto (all when None), in ts order."""
         out = MatchBatch(self.match_queries)
-        if not self._buffer:
+        if not self.state.buffer:
             return out
-        cols = tuple(np.concatenate([b[i] for b in self._buffer]) for i in range(5))
+        cols = tuple(np.concatenate([b[i] for b in self.state.buffer]) for i in range(5))
         order = np.lexsort((np.arange(len(cols[0])), cols[0]))
         cols = tuple(c[order] for c in cols)
         cut = len(cols[0]) if upto is None else int(np.searchsorted(cols[0], upto, "right"))
-        self._buffer = [tuple(c[cut:] for c in cols)] if cut < len(cols[0]) else []
+        self.state.buffer = [tuple(c[cut:] for c in cols)] if cut < len(cols[0]) else []
         if cut == 0:
             return out
         ts, ids, types, val, kind = (c[:cut] for c in cols)

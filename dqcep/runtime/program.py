@@ -1,0 +1,206 @@
+"""The compiled program of a plan: what the engine runs, apart from what it holds.
+
+As FlinkCEP keeps the compiled ``NFA`` apart from the per-key ``NFAState`` and
+``SharedBuffer``, dqcep keeps a ``Program`` (the plan's vertices compiled into
+kernel specs: predicate sets, join specs, guard specs, keys, windows; never
+changed once built) apart from an ``EngineState`` (``dqcep.runtime.state``:
+event store, queues, NOT stores, held matches, watermark, string dictionary).
+Processing is ``program x state x columns -> matches``; one program serves any
+number of states (one per key in a Spark job), and restoring a state compiles
+nothing. ``program_for(text)`` compiles a query file once per process.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from dqcep._kernels.operators import GUARD_MODES, Guard, JoinSpec, PredicateSet, leaf_keys
+from dqcep._kernels.store import EventStore
+from dqcep.plan import Kind, Op, Plan, Port
+from dqcep.runtime.compile import (StringDictionary, effective_windows, guard_hosts,
+                                   plan_attributes, predicate_set)
+
+
+class QueryProgram(NamedTuple):
+    """What the OUTPUT of one query runs."""
+
+    index: int
+    spec: object                 # the plan's QuerySpec
+    name: str
+    window: int
+    never: bool
+    var_slots: np.ndarray        # slot of each variable, in the query's variable order
+    identity_slots: bool         # var_slots is 0..n-1: no column reordering needed
+    preds: PredicateSet          # whole-match conditions
+    now_guards: tuple[int, ...]  # NOT vertices checked when the match is found
+    held_guards: tuple[int, ...]  # NOT vertices that hold the match until start + W
+    held_active: tuple[np.ndarray, ...]  # per held guard: the slots that make it apply
+    n_slots: int
+
+
+class Program:
+    """A plan compiled for the native engine; see the module docstring.
+
+    Attributes are read-only by convention: every engine running this program
+    shares them (kernel specs hold no state).
+    """
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.types = list(plan.types)
+        self.attrs = plan_attributes(plan)
+        self.attr_index = {a: i for i, a in enumerate(self.attrs)}
+        # The queries' string constants get the first codes of every state's
+        # dictionary (pinned there): a compiled constant means the same string
+        # in every state this program runs.
+        constants = StringDictionary()
+        g = plan.graph
+        self.eff_window = effective_windows(plan)
+        hosts = guard_hosts(plan)
+        self.topo = [int(v) for v in g.topo]
+        self.kind = [plan.kind(v) for v in range(plan.n_vertices)]
+        self.n_slots = [len(plan.slots[v]) for v in range(plan.n_vertices)]
+        self.children = {v: (g.child(v, Port.LEFT), g.child(v, Port.RIGHT),
+                             g.child(v, Port.CHILD)) for v in range(plan.n_vertices)}
+        self.preds: dict[int, PredicateSet] = {}
+        self.keys: dict[int, np.ndarray] = {}
+        self.joins: dict[int, JoinSpec] = {}
+        self.guards: dict[int, Guard] = {}
+        self.host_guards: dict[int, list[int]] = {}
+        for v in self.topo:
+            k = self.kind[v]
+            if k in (Kind.EVENT, Kind.SEQ, Kind.AND):
+                self.preds[v] = predicate_set(plan.preds[v], self.attr_index, constants)
+                self.keys[v] = np.array([self.attr_index[a] for a in plan.key_attrs[v]],
+                                        dtype=np.int32)
+            if k in (Kind.SEQ, Kind.AND):
+                left, right = self.children[v][:2]
+                self.joins[v] = JoinSpec(1 if k == Kind.SEQ else 2, int(self.eff_window[v]),
+                                         self.n_slots[left], self.n_slots[right],
+                                         self.keys[v], self.preds[v])
+                self.host_guards[v] = hosts[v]
+            elif k == Kind.NOT:
+                spec = plan.guard[v]
+                self.guards[v] = Guard(
+                    GUARD_MODES[spec.mode], spec.n_host, spec.left_slots, spec.right_slots,
+                    spec.active_slots, predicate_set(spec.preds, self.attr_index, constants),
+                    spec.window_ms)
+        self.left_vertices = [v for v in self.topo if v in self.joins]
+        self.and_vertices = [v for v in self.left_vertices if self.kind[v] == Kind.AND]
+        self.not_vertices = [v for v in self.topo if v in self.guards]
+        self.eq_index = self._equality_indexes()
+        self.queries = [self._query(i, spec, hosts[spec.output], constants)
+                        for i, spec in enumerate(plan.queries)]
+        self.match_queries = tuple((q.name, tuple(q.spec.variables)) for q in self.queries)
+        # how far back (ms) the event store must reach behind the watermark
+        windows = [int(w) for w in self.eff_window] + [0]
+        self.store_retention = 2 * max(windows) + 2
+        self.constants = tuple(constants.values)
+        self._fingerprint: str | None = None
+
+    def _query(self, index: int, spec, guards: list[int], constants) -> QueryProgram:
+        plan = self.plan
+        slot_of = dict(spec.slot_of)
+        var_slots = np.array([slot_of[v] for v in spec.variables], dtype=np.int64)
+        held = [g for g in guards if plan.guard[g].holds_back]
+        return QueryProgram(
+            index, spec, spec.name, spec.window_ms, spec.never, var_slots,
+            var_slots.tolist() == list(range(len(slot_of))),
+            predicate_set(spec.preds, self.attr_index, constants),
+            tuple(g for g in guards if not plan.guard[g].holds_back), tuple(held),
+            tuple(np.array(plan.guard[g].active_slots, dtype=np.int64) for g in held),
+            len(spec.slot_of))
+
+    def _equality_indexes(self) -> dict[int, tuple[int, int, int, int]]:
+        """Join keys from equality conjuncts: vertex -> (left slot, attr, right slot, attr).
+
+        A SEQ/AND vertex without an [attr] key whose predicates include
+        ``l.x = r.y`` (one slot from each operand, neither under an OR, so the
+        conjunct is always required) joins on hash(l.x) = hash(r.y). The
+        conjunct stays a predicate, so a hash collision cannot make a match.
+        """
+        plan, out = self.plan, {}
+        maybe_unbound: dict[int, list[bool]] = {}
+        for v in self.topo:
+            k = self.kind[v]
+            left, right, child = self.children[v]
+            if k == Kind.EVENT:
+                maybe_unbound[v] = [False]
+            elif k == Kind.OR:
+                maybe_unbound[v] = [True] * self.n_slots[v]
+            elif k in (Kind.SEQ, Kind.AND):
+                maybe_unbound[v] = maybe_unbound[left] + maybe_unbound[right]
+            if k not in (Kind.SEQ, Kind.AND) or plan.key_attrs[v]:
+                continue
+            nl = self.n_slots[left]
+            for p in plan.preds[v]:
+                code = p.code
+                if len(code) != 3 or code[0][0] != Op.LOAD or code[1][0] != Op.LOAD \
+                        or code[2][0] != Op.EQ:
+                    continue
+                (s1, a1), (s2, a2) = (code[0][1], p.attrs[code[0][2]]), \
+                    (code[1][1], p.attrs[code[1][2]])
+                if s1 >= nl:
+                    (s1, a1), (s2, a2) = (s2, a2), (s1, a1)
+                if not s1 < nl <= s2 or a1 in ("ts", "id") or a2 in ("ts", "id"):
+                    continue
+                if maybe_unbound[v][s1] or maybe_unbound[v][s2]:
+                    continue
+                out[v] = (s1, self.attr_index[a1], s2 - nl, self.attr_index[a2])
+                break
+        return out
+
+    def fingerprint(self) -> str:
+        """Which plan a snapshot belongs to; computed once per program (it pickles the
+        plan's queries, which costs more than restoring a small state)."""
+        if self._fingerprint is None:
+            import hashlib
+            import pickle
+            plan = self.plan
+            self._fingerprint = hashlib.sha256(pickle.dumps((
+                plan.queries, plan.types, plan.graph.tail.tobytes(),
+                plan.graph.head.tobytes()))).hexdigest()
+        return self._fingerprint
+
+    def needed(self, ts: np.ndarray, ids: np.ndarray, types: np.ndarray, val: np.ndarray,
+               kind: np.ndarray) -> np.ndarray:
+        """Boolean mask: the events some EVENT vertex accepts (its type, its key
+        attributes present, its leaf predicates true). No other event can take
+        part in a match or violate a negation, so a preprocessing stage may drop
+        them before the shuffle (``plan.pushdown_filters()`` lists the same rules).
+        Strings in ``val`` are codes of a dictionary that starts with ``constants``.
+        """
+        n = len(ts)
+        keep = np.zeros(n, dtype=bool)
+        if not n:
+            return keep
+        store = EventStore(len(self.attrs))  # scratch: evaluated, then dropped
+        first = store.append(np.ascontiguousarray(ts), np.ascontiguousarray(ids),
+                             np.ascontiguousarray(val), np.ascontiguousarray(kind))
+        seqs = np.arange(first, first + n, dtype=np.int64)
+        for v in self.topo:
+            if self.kind[v] != Kind.EVENT:
+                continue
+            rows = np.flatnonzero(types == self.plan.event_type[v])
+            ok, _ = leaf_keys(store, seqs[rows], self.keys[v])
+            rows = rows[ok]
+            if len(rows) and self.preds[v].n:
+                rows = rows[self.preds[v].mask(store, seqs[rows].reshape(-1, 1))]
+            keep[rows] = True
+        return keep
+
+
+@lru_cache(maxsize=16)
+def program_for(queries_text: str, names: tuple[str, ...] | None = None) -> Program:
+    """The program of a query file (its queries named in ``names``; all when None),
+    parsed, planned and compiled once per process however many engines run it
+    (one per partition key and micro-batch in a Spark job)."""
+    from dqcep.lang import parse
+    from dqcep.plan import build_plan
+
+    queries = parse(queries_text).queries
+    if names is not None:
+        queries = [q for q in queries if q.name in names]
+    return Program(build_plan(queries))

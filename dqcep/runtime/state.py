@@ -1,0 +1,174 @@
+"""The native engine's run-time state, apart from its compiled program.
+
+An ``EngineState`` is everything one engine holds (the event store, the string
+dictionary, the reorder buffer and watermark of ``TimeState``, plus the join
+queues, NOT stores, held matches and per-vertex counters) and nothing it was
+compiled with. ``to_bytes`` / ``from_bytes`` write and read it as whole arrays
+(msgpack around raw column buffers, no per-record step), so restoring a state
+costs time in proportion to its bytes and compiles nothing: the ``Program``
+(``dqcep.runtime.program``) it runs under is passed in.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import msgpack
+import numpy as np
+
+from dqcep._kernels.ring import KeyedQueue, RingBuffer
+from dqcep._kernels.store import EventStore
+from dqcep.errors import UserError
+from dqcep.runtime.compile import StringDictionary
+from dqcep.runtime.eventtime import TimeState
+
+SNAPSHOT_MAGIC = b"DQCEPSNP"
+SNAPSHOT_VERSION = 1
+_EMPTY_I64 = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class Records:
+    """Records of one vertex (new ones of a batch, or held ones), in end-ts order."""
+
+    start: np.ndarray
+    end: np.ndarray
+    key: np.ndarray
+    slots: np.ndarray  # int64 [n, n_slots]: event sequence numbers, -1 unbound
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @staticmethod
+    def empty(n_slots: int) -> "Records":
+        return Records(_EMPTY_I64, _EMPTY_I64, _EMPTY_I64, np.empty((0, n_slots), np.int64))
+
+    def take(self, index) -> "Records":
+        return Records(self.start[index], self.end[index], self.key[index], self.slots[index])
+
+    def sorted_by_end(self) -> "Records":
+        order = np.argsort(self.end, kind="stable")
+        return self.take(order)
+
+    def ring(self) -> RingBuffer:
+        r = RingBuffer(self.slots.shape[1], max(16, len(self)))
+        if len(self):
+            r.push_batch(self.start, self.end, self.key, np.ascontiguousarray(self.slots))
+        return r
+
+    @staticmethod
+    def from_ring(r: RingBuffer) -> "Records":
+        s, e, k, ids = r.to_arrays()
+        return Records(s, e, k, ids)
+
+
+@dataclass
+class VertexStats:
+    inputs: int = 0
+    outputs: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class EngineState(TimeState):
+    """What one native engine holds; see the module docstring."""
+
+    left_q: dict[int, KeyedQueue] = field(default_factory=dict)    # SEQ/AND left inputs
+    right_q: dict[int, KeyedQueue] = field(default_factory=dict)   # AND right inputs
+    not_store: dict[int, RingBuffer] = field(default_factory=dict)  # NOT: negated matches
+    pending: list[Records] = field(default_factory=list)  # per query: held matches
+    stats: dict[int, VertexStats] = field(default_factory=dict)
+
+    @classmethod
+    def fresh(cls, program, lateness: int = 0) -> "EngineState":
+        """An empty state for ``program`` (a ``dqcep.runtime.program.Program``)."""
+        base = TimeState.fresh(len(program.types), len(program.attrs), lateness,
+                               program.constants)
+        state = cls(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+        n_slots, children = program.n_slots, program.children
+        for v in program.left_vertices:
+            state.left_q[v] = KeyedQueue(n_slots[children[v][0]])
+        for v in program.and_vertices:
+            state.right_q[v] = KeyedQueue(n_slots[children[v][1]])
+        for v in program.not_vertices:
+            state.not_store[v] = RingBuffer(n_slots[children[v][2]])
+        state.pending = [Records.empty(q.n_slots) for q in program.queries]
+        state.stats = {v: VertexStats() for v in range(program.plan.n_vertices)}
+        return state
+
+    def nbytes(self) -> int:
+        """Bytes held by queues, NOT stores, the event store and held matches."""
+        total = self.store.nbytes
+        total += sum(q.nbytes for q in self.left_q.values())
+        total += sum(q.nbytes for q in self.right_q.values())
+        total += sum(s.nbytes for s in self.not_store.values())
+        total += sum(p.slots.nbytes + 24 * len(p) for p in self.pending)
+        return total
+
+    # ------------------------------------------------------------ bytes
+    def to_bytes(self, fingerprint: str) -> bytes:
+        """The whole state, versioned, tagged with the program's fingerprint."""
+        def arr(a: np.ndarray):
+            a = np.ascontiguousarray(a)
+            return [a.dtype.str, list(a.shape), a.tobytes()]
+
+        def recs(r: Records):
+            return [arr(r.start), arr(r.end), arr(r.key), arr(r.slots)]
+
+        def queue(q: KeyedQueue):
+            s, e, k, ids = q.records.to_arrays()
+            return [int(q.evicted), arr(s), arr(e), arr(k), arr(ids[:, :q.n_ids])]
+
+        _, ts, ids, val, kind = self.store.dump()
+        body = {
+            "plan": fingerprint,
+            "wm": self.wm, "max_seen": self.max_seen, "lateness": self.lateness,
+            "dictionary": self.dictionary.values,
+            "store": [int(self.store.base), arr(ts), arr(ids), arr(val), arr(kind)],
+            "buffer": [[arr(c) for c in b] for b in self.buffer],
+            "left": {str(v): queue(q) for v, q in self.left_q.items()},
+            "right": {str(v): queue(q) for v, q in self.right_q.items()},
+            "not": {str(v): recs(Records.from_ring(s)) for v, s in self.not_store.items()},
+            "pending": [recs(p) for p in self.pending],
+            "stats": {str(v): [s.inputs, s.outputs, s.evictions] for v, s in self.stats.items()},
+            "counters": [self.events_in, self.late],
+        }
+        return SNAPSHOT_MAGIC + struct.pack("<I", SNAPSHOT_VERSION) + \
+            msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, program, blob: bytes) -> "EngineState":
+        """The state ``to_bytes`` wrote, for an engine running ``program``."""
+        if not blob.startswith(SNAPSHOT_MAGIC):
+            raise UserError("not a dqcep engine snapshot")
+        (version,) = struct.unpack("<I", blob[len(SNAPSHOT_MAGIC):len(SNAPSHOT_MAGIC) + 4])
+        if version != SNAPSHOT_VERSION:
+            raise UserError(f"snapshot version {version} is not supported "
+                            f"(this engine reads version {SNAPSHOT_VERSION})")
+        body = msgpack.unpackb(blob[len(SNAPSHOT_MAGIC) + 4:], raw=False,
+                               strict_map_key=False)
+        if body["plan"] != program.fingerprint():
+            raise UserError("the snapshot was taken by an engine running other queries")
+
+        def arr(x):
+            dtype, shape, data = x
+            return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+
+        state = cls.fresh(program, body["lateness"])
+        state.wm, state.max_seen = body["wm"], body["max_seen"]
+        state.dictionary = StringDictionary(body["dictionary"], len(program.constants))
+        base, ts, ids, val, kind = body["store"]
+        state.store = EventStore(len(program.attrs))
+        state.store.load(base, arr(ts), arr(ids), arr(val), arr(kind))
+        state.buffer = [tuple(arr(c) for c in b) for b in body["buffer"]]
+        for side, queues in (("left", state.left_q), ("right", state.right_q)):
+            for v_str, (evicted, s, e, k, ids_) in body[side].items():
+                queues[int(v_str)].load(evicted, arr(s), arr(e), arr(k),
+                                        arr(ids_).astype(np.int64))
+        for v_str, r in body["not"].items():
+            state.not_store[int(v_str)] = Records(*(arr(x) for x in r)).ring()
+        state.pending = [Records(*(arr(x) for x in r)) for r in body["pending"]]
+        for v_str, (i, o, e) in body["stats"].items():
+            state.stats[int(v_str)] = VertexStats(i, o, e)
+        state.events_in, state.late = body["counters"]
+        return state
