@@ -24,7 +24,7 @@ LIBRARY = {
     "dqcep.batch": {"dqcep.events"},
     "dqcep._kernels": set(),
     "dqcep.lang": {"dqcep.errors"},
-    "dqcep.plan": {"dqcep.lang", "dqcep.errors"},
+    "dqcep.plan": {"dqcep.lang", "dqcep.errors", "dqcep._kernels"},  # the bytecode's opcodes
     "dqcep.runtime": {"dqcep.plan", "dqcep.lang", "dqcep._kernels", "dqcep.batch",
                       "dqcep.errors", "dqcep.events"},
     "dqcep.io": {"dqcep._kernels", "dqcep.batch", "dqcep.errors", "dqcep.events"},
@@ -183,3 +183,36 @@ def test_a_fresh_venv_install_runs_the_commands_and_has_no_top_level_generator(w
     assert (tmp_path / "f.jsonl").read_bytes() == (tmp_path / "e.jsonl").read_bytes()
     spark = run(dqcep, "spark", "run", "--help")
     assert spark.returncode == 0 and "usage: dqcep spark run" in spark.stdout, spark.stderr
+
+
+@pytest.mark.parametrize("module", sorted(p.stem for p in (ROOT / "dqcep/_kernels").glob("*.pyx")))
+def test_every_compiled_module_has_a_stub_that_matches_it(module):
+    """A .pyi per kernel, naming only what the compiled module has, and every public
+    class and function of the module (the stub is how a reader and a type checker see it)."""
+    import importlib
+    import inspect
+
+    stub = ROOT / "dqcep/_kernels" / f"{module}.pyi"
+    assert stub.exists(), f"dqcep/_kernels/{module}.pyi is missing"
+    compiled = importlib.import_module(f"dqcep._kernels.{module}")
+    assert compiled.__file__.endswith(".so")
+    tree = ast.parse(stub.read_text())
+    declared = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            declared.add(node.name)
+            assert hasattr(compiled, node.name), f"{module}.pyi: {node.name} is not in the module"
+            if isinstance(node, ast.ClassDef):
+                cls = getattr(compiled, node.name)
+                for item in node.body:
+                    name = item.name if isinstance(item, ast.FunctionDef) else \
+                        item.target.id if isinstance(item, ast.AnnAssign) else None
+                    if name and name != "__init__":
+                        assert hasattr(cls, name), f"{module}.pyi: {node.name}.{name} is not there"
+        elif isinstance(node, ast.AnnAssign):
+            declared.add(node.target.id)
+            assert hasattr(compiled, node.target.id), f"{module}.pyi: {node.target.id}"
+    public = {n for n, v in vars(compiled).items() if not n.startswith("_")
+              and (inspect.isclass(v) or callable(v)) and getattr(v, "__module__", "")
+              == compiled.__name__}
+    assert public <= declared, f"{module}.pyi lacks {sorted(public - declared)}"

@@ -65,6 +65,55 @@ def test_event_store_wraps_and_grows():
         st.cell(10, 0)
 
 
+def test_kernels_refuse_bytecode_they_cannot_run_safely():
+    """The unchecked nogil evaluator only ever sees code the kernel checked on entry."""
+    from dqcep._kernels.operators import BytecodeError
+    from dqcep.plan.bytecode import Op
+
+    def pset(code, consts=(1.0,), slots=(0,)):
+        return PredicateSet(np.array(code, np.int32).reshape(-1, 3), [0, len(code)],
+                            list(slots), [0, len(slots)], np.array(consts, np.float64),
+                            np.ones(len(consts), np.int8))
+
+    ok = pset([(Op.LOAD, 0, 0), (Op.CONST, 0, 0), (Op.LT, 0, 0)])
+    assert (ok.max_slot, ok.max_attr) == (0, 0)
+    for code, what in [([(99, 0, 0)], "unknown opcode 99"),
+                       ([(Op.CONST, 1, 0)], "CONST 1 outside the 1 constants"),
+                       ([(Op.CONST, 0, 0), (Op.LT, 0, 0)], "needs two operands"),
+                       ([(Op.NOT, 0, 0)], "pops an empty stack"),
+                       ([(Op.CONST, 0, 0), (Op.CONST, 0, 0)], "leaves 2 values"),
+                       ([(Op.LOAD, -1, 0)], "reads slot -1"),
+                       ([(Op.LOAD, 0, -3)], "column -3"),
+                       ([(Op.CONST, 0, 0)] * 129 + [(Op.ADD, 0, 0)] * 128,
+                        "more than 128 operands")]:
+        with pytest.raises(BytecodeError, match=what) as err:
+            pset(code)
+        assert err.value.predicate == 0
+    with pytest.raises(ValueError, match="pred_start must run from 0 to 3"):
+        PredicateSet(np.zeros((3, 3), np.int32), [0, 2], [], [0, 0], [], [])
+    with pytest.raises(ValueError, match="constant 0 has kind 9"):
+        PredicateSet(np.zeros((0, 3), np.int32), [0], [], [0], [1.0], [9])
+    # Inputs are checked against what the code reads, where they come in.
+    st = store_with([(5, 1, [(1, 2.0)])])
+    wide = pset([(Op.LOAD, 2, 0), (Op.CONST, 0, 0), (Op.LT, 0, 0)])
+    with pytest.raises(ValueError, match="read slot 2, records have 1"):
+        wide.mask(st, np.zeros((1, 1), np.int64))
+    with pytest.raises(ValueError, match="read column 3, the store has 1"):
+        pset([(Op.LOAD, 0, 3), (Op.CONST, 0, 0), (Op.LT, 0, 0)]).mask(
+            st, np.zeros((1, 1), np.int64))
+    with pytest.raises(ValueError, match="a pair has 2"):
+        JoinSpec(1, 10, 1, 1, [], wide)
+    with pytest.raises(ValueError, match="key column 4"):
+        leaf_keys(st, np.zeros(1, np.int64), np.array([4], np.int32))
+    # A condition too deep for the stack (the parser stops at 200 levels, so only
+    # hand-made bytecode gets here) is a user's error naming the condition.
+    from dqcep.plan.bytecode import Predicate
+    deep = Predicate(tuple([(Op.CONST, 0, 0)] * 129 + [(Op.ADD, 0, 0)] * 128), (1.0,), (),
+                     (), "1 + (1 + ...)")
+    with pytest.raises(UserError, match=r"'1 \+ \(1 \+ \.\.\.\)' is nested too deeply"):
+        predicate_set([deep], {}, StringDictionary())
+
+
 def test_bytecode_evaluator_failure_semantics():
     # slot 0 = event with attribute x; kinds: 1 num, 2 str, 3 bool
     st = store_with([(5, 1, [(1, 2.0)]), (6, 2, [(2, 0.0)]), (7, 3, [(0, 0.0)])])

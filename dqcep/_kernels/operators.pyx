@@ -22,7 +22,9 @@ from dqcep._kernels._types cimport idx_t, ts_t
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue,
                                   RingBuffer, first_end_after, kq_at, kq_older, ring_push,
                                   ring_row)
-from dqcep._kernels.store cimport KIND_MISSING, EventStore, cell_hash, eval_pred
+from dqcep._kernels.store cimport (ATTR_ID, KIND_BOOL, KIND_MISSING, MAX_STACK, OP_CONST,
+                                   OP_EQUIV, OP_LOAD, OP_NEG, OP_NOT, OP_OR, EventStore,
+                                   cell_hash, eval_pred)
 
 ctypedef unsigned char[::1] uint8_t_view
 
@@ -42,6 +44,33 @@ GUARD_MODES = {"GAP": GUARD_GAP, "LEADING": GUARD_LEADING, "TRAILING": GUARD_TRA
                "AND": GUARD_AND}
 
 
+cdef _check_offsets(const int64_t[::1] start, idx_t total, str name):
+    cdef idx_t i
+    if start[0] != 0 or start[start.shape[0] - 1] != total:
+        raise ValueError(f"{name} must run from 0 to {total}")
+    for i in range(1, start.shape[0]):
+        if start[i] < start[i - 1]:
+            raise ValueError(f"{name} decreases at {i}")
+
+
+cdef _check_columns(EventStore st, const int32_t[::1] columns):
+    cdef idx_t i
+    for i in range(columns.shape[0]):
+        if not 0 <= columns[i] < st.n_attrs:
+            raise ValueError(f"key column {columns[i]} is not one of the store's "
+                             f"{st.n_attrs}")
+
+
+class BytecodeError(ValueError):
+    """Predicate bytecode a kernel refuses (``predicate``: its index in the set)."""
+
+    predicate = -1
+
+    def __init__(self, predicate, message):
+        super().__init__(f"predicate {predicate}: {message}")
+        self.predicate = predicate
+
+
 cdef class PredicateSet:
     """PredicateSet(code, pred_start, slots, slot_start, cval, ckind)
 
@@ -49,6 +78,13 @@ cdef class PredicateSet:
     (n x 3 int32), predicate p spanning ``pred_start[p]:pred_start[p+1]``; the
     slots it reads in ``slots[slot_start[p]:slot_start[p+1]]`` (it is required
     only when all are bound); a shared constant pool.
+
+    The bytecode is checked here, where the kernel takes it, so that evaluation
+    (nogil, unchecked) cannot read outside its stack, constants or record:
+    known opcodes, constant indexes in the pool, each predicate leaving exactly
+    one value on a stack of at most MAX_STACK. The record width and the store's
+    columns are checked where records and a store come in (``mask``, the join,
+    the guard) against ``max_slot`` and ``max_attr``.
     """
     def __init__(self, code, pred_start, slots, slot_start, cval, ckind):
         self.code = np.ascontiguousarray(code, dtype=np.int32).reshape(-1, 3)
@@ -58,8 +94,72 @@ cdef class PredicateSet:
         self.cval = np.ascontiguousarray(cval, dtype=np.float64)
         self.ckind = np.ascontiguousarray(ckind, dtype=np.int8)
         self.n = self.pred_start.shape[0] - 1
-        if self.slot_start.shape[0] != self.n + 1:
+        if self.n < 0 or self.slot_start.shape[0] != self.n + 1:
             raise ValueError("pred_start and slot_start disagree")
+        if self.cval.shape[0] != self.ckind.shape[0]:
+            raise ValueError("cval and ckind disagree in length")
+        for k in range(self.ckind.shape[0]):
+            if not KIND_MISSING < self.ckind[k] <= KIND_BOOL:
+                raise ValueError(f"constant {k} has kind {self.ckind[k]}")
+        _check_offsets(self.pred_start, self.code.shape[0], "pred_start")
+        _check_offsets(self.slot_start, self.slots.shape[0], "slot_start")
+        self.max_slot, self.max_attr = -1, -1
+        for j in range(self.slots.shape[0]):
+            if self.slots[j] < 0:
+                raise ValueError(f"slots[{j}] is {self.slots[j]}")
+            self.max_slot = max(self.max_slot, self.slots[j])
+        for p in range(self.n):
+            self._check_predicate(p)
+
+    cdef _check_predicate(self, idx_t p):
+        cdef idx_t i, depth = 0
+        cdef int32_t op, a, b
+        cdef int64_t slot, col
+        if self.pred_start[p + 1] == self.pred_start[p]:
+            raise BytecodeError(p, "no instructions")
+        for i in range(self.pred_start[p], self.pred_start[p + 1]):
+            op, a, b = self.code[i, 0], self.code[i, 1], self.code[i, 2]
+            if op == OP_CONST:
+                if not 0 <= a < self.cval.shape[0]:
+                    raise BytecodeError(p, f"CONST {a} outside the {self.cval.shape[0]} "
+                                           f"constants")
+                depth += 1
+            elif op == OP_LOAD or op == OP_EQUIV:
+                if op == OP_LOAD:
+                    slot, col = a, b
+                else:  # EQUIV t n reads slots 0..n-1
+                    slot, col = b - 1, a
+                if slot < -1 or (op == OP_LOAD and slot < 0) or col < ATTR_ID:
+                    raise BytecodeError(p, f"instruction {i - self.pred_start[p]} reads "
+                                           f"slot {slot}, column {col}")
+                self.max_slot = max(self.max_slot, slot)
+                self.max_attr = max(self.max_attr, <int32_t>col)
+                depth += 1
+            elif op == OP_NEG or op == OP_NOT:
+                if depth < 1:
+                    raise BytecodeError(p, f"instruction {i - self.pred_start[p]} pops an "
+                                           f"empty stack")
+            elif OP_NOT < op <= OP_OR:
+                if depth < 2:
+                    raise BytecodeError(p, f"instruction {i - self.pred_start[p]} needs two "
+                                           f"operands")
+                depth -= 1
+            else:
+                raise BytecodeError(p, f"unknown opcode {op}")
+            if depth > MAX_STACK:
+                raise BytecodeError(p, f"more than {MAX_STACK} operands pending")
+        if depth != 1:
+            raise BytecodeError(p, f"leaves {depth} values on the stack, not one")
+
+    cdef int check_inputs(self, EventStore st, idx_t width) except -1:
+        """The records (``width`` slots) and the store hold what the code reads."""
+        if self.max_slot >= width:
+            raise ValueError(f"the predicates read slot {self.max_slot}, records have "
+                             f"{width}")
+        if self.max_attr >= st.n_attrs:
+            raise ValueError(f"the predicates read column {self.max_attr}, the store has "
+                             f"{st.n_attrs}")
+        return 0
 
     cdef bint holds(self, EventStore st, const int64_t* rec) noexcept nogil:
         return self.holds_range(st, rec, 0, self.n)
@@ -90,6 +190,7 @@ cdef class PredicateSet:
         cdef idx_t i
         if self.n == 0 or n == 0:
             return out
+        self.check_inputs(st, recs.shape[1])
         with nogil:
             for i in range(n):
                 o[i] = self.holds(st, &recs[i, 0])
@@ -108,6 +209,7 @@ def leaf_keys(EventStore st, const int64_t[::1] seqs, const int32_t[::1] key_att
     cdef int64_t[::1] kv = keys
     if key_attrs.shape[0] == 0:
         return ok, keys
+    _check_columns(st, key_attrs)
     with nogil:
         for i in range(n):
             r = <idx_t>(seqs[i] & st.mask)
@@ -163,6 +265,9 @@ cdef class JoinSpec:
         self.preds = preds
         self.keyed = self.key_attrs.shape[0] > 0
         self.has_preds = preds.n > 0
+        if preds.max_slot >= n_left + n_right:
+            raise ValueError(f"the join's predicates read slot {preds.max_slot}, a pair has "
+                             f"{n_left + n_right}")
 
 
 cdef inline int _try_pair(JoinSpec v, EventStore st, const int64_t* l, const int64_t* r,
@@ -253,6 +358,10 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
                          f"expects {v.n_left} and {v.n_right}")
     if v.op == OP_AND and right is None:
         raise ValueError("an AND join needs a right queue")
+    if left.n_ids != v.n_left or (right is not None and right.n_ids != v.n_right):
+        raise ValueError("the queues' record widths differ from the join's")
+    v.preds.check_inputs(st, v.n_left + v.n_right)
+    _check_columns(st, v.key_attrs)
     cdef int64_t* scratch = <int64_t*>malloc((v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
     cdef int64_t* x = scratch + v.n_left + v.n_right + 3
     if scratch == NULL:
@@ -362,6 +471,7 @@ cdef class Guard:
         if recs.shape[0] and recs.shape[1] < self.n_host:
             raise ValueError(f"host records have {recs.shape[1]} slots, the guard reads "
                              f"{self.n_host}")
+        self.preds.check_inputs(st, self.n_host + negated.n_ids)
         n = recs.shape[0]
         out = np.ones(n, dtype=bool)
         cdef uint8_t_view o = out.view(np.uint8)

@@ -18,6 +18,27 @@ cdef enum:
 cdef enum:
     MAX_STACK = 128
 
+# Predicate bytecode opcodes (dqcep/plan/bytecode.py builds its Op enum from
+# store.OPCODES, so they are written here only).
+cdef enum:
+    OP_CONST = 0
+    OP_LOAD = 1
+    OP_EQUIV = 2
+    OP_NEG = 3
+    OP_NOT = 4
+    OP_ADD = 5
+    OP_SUB = 6
+    OP_MUL = 7
+    OP_DIV = 8
+    OP_EQ = 9
+    OP_NE = 10
+    OP_LT = 11
+    OP_LE = 12
+    OP_GT = 13
+    OP_GE = 14
+    OP_AND = 15
+    OP_OR = 16
+
 
 cdef class EventStore:
     cdef readonly idx_t n_attrs      # attribute columns (those some predicate or key reads)

@@ -24,28 +24,8 @@ import numpy as np
 
 from dqcep._kernels._types cimport idx_t, ts_t
 
-# opcodes, as in dqcep.plan.bytecode.Op
-cdef enum:
-    OP_CONST = 0
-    OP_LOAD = 1
-    OP_EQUIV = 2
-    OP_NEG = 3
-    OP_NOT = 4
-    OP_ADD = 5
-    OP_SUB = 6
-    OP_MUL = 7
-    OP_DIV = 8
-    OP_EQ = 9
-    OP_NE = 10
-    OP_LT = 11
-    OP_LE = 12
-    OP_GT = 13
-    OP_GE = 14
-    OP_AND = 15
-    OP_OR = 16
-
-
-# The opcodes as the kernel sees them; tests check they equal dqcep.plan.bytecode.Op.
+# The opcodes and cell kinds for Python (declared once, in store.pxd): the planner's
+# bytecode (dqcep.plan.bytecode.Op) and the runtime's compiler import them from here.
 OPCODES = {"CONST": OP_CONST, "LOAD": OP_LOAD, "EQUIV": OP_EQUIV, "NEG": OP_NEG,
            "NOT": OP_NOT, "ADD": OP_ADD, "SUB": OP_SUB, "MUL": OP_MUL, "DIV": OP_DIV,
            "EQ": OP_EQ, "NE": OP_NE, "LT": OP_LT, "LE": OP_LE, "GT": OP_GT, "GE": OP_GE,

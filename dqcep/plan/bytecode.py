@@ -23,28 +23,14 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable, Sequence
 
+from dqcep._kernels.store import OPCODES
 from dqcep.lang import ast
 from dqcep.lang.printer import format_expr
 
 
-class Op(IntEnum):
-    CONST = 0
-    LOAD = 1
-    EQUIV = 2
-    NEG = 3
-    NOT = 4
-    ADD = 5
-    SUB = 6
-    MUL = 7
-    DIV = 8
-    EQ = 9
-    NE = 10
-    LT = 11
-    LE = 12
-    GT = 13
-    GE = 14
-    AND = 15
-    OR = 16
+# The opcodes are the kernel's (declared once, in dqcep/_kernels/store.pxd): the
+# code built here is what the native engine evaluates.
+Op = IntEnum("Op", OPCODES)
 
 
 _BINARY = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "/": Op.DIV, "=": Op.EQ, "!=": Op.NE,

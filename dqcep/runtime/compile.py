@@ -17,11 +17,13 @@ from dqcep.errors import UserError
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.bytecode import Op, Predicate
 from dqcep.plan.planner import UNBOUNDED
-from dqcep._kernels.operators import PredicateSet
+from dqcep._kernels.operators import BytecodeError, PredicateSet
+from dqcep._kernels.store import KINDS
 
-KIND_MISSING, KIND_NUM, KIND_STR, KIND_BOOL = 0, 1, 2, 3
-ATTR_TS, ATTR_ID = -1, -2
-MAX_STACK = 128  # dqcep/_kernels/store.pxd
+# Cell kinds and LOAD's pseudo-columns, as the kernels define them (store.pxd).
+KIND_MISSING, KIND_NUM, KIND_STR, KIND_BOOL = (KINDS[k] for k in ("MISSING", "NUM", "STR",
+                                                                  "BOOL"))
+ATTR_TS, ATTR_ID, MAX_STACK = KINDS["ATTR_TS"], KINDS["ATTR_ID"], KINDS["MAX_STACK"]
 
 
 class StringDictionary:
@@ -104,26 +106,12 @@ def plan_attributes(plan: Plan) -> list[str]:
     return attributes_read(preds, [k for keys in plan.key_attrs for k in keys])
 
 
-def _stack_depth(p: Predicate) -> int:
-    depth = top = 0
-    for op, _, _ in p.code:
-        if op in (Op.CONST, Op.LOAD, Op.EQUIV):
-            top += 1
-        elif op not in (Op.NEG, Op.NOT):
-            top -= 1
-        depth = max(depth, top)
-    return depth
-
-
 def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],
                   dictionary: StringDictionary) -> PredicateSet:
     code, pred_start, slots, slot_start = [], [0], [], [0]
     cval: list[float] = []
     ckind: list[int] = []
     for p in preds:
-        if _stack_depth(p) > MAX_STACK:
-            raise UserError(f"condition {p.text!r} is nested too deeply for the native "
-                            f"engine (more than {MAX_STACK} operands pending)")
         base = len(cval)
         for c in p.consts:
             if isinstance(c, bool):
@@ -151,9 +139,16 @@ def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],
         pred_start.append(len(code))
         slots.extend(p.slots)
         slot_start.append(len(slots))
-    return PredicateSet(np.array(code, dtype=np.int32).reshape(-1, 3), pred_start, slots,
-                        slot_start, np.array(cval, dtype=np.float64),
-                        np.array(ckind, dtype=np.int8))
+    try:  # the kernel checks the bytecode where it takes it
+        return PredicateSet(np.array(code, dtype=np.int32).reshape(-1, 3), pred_start, slots,
+                            slot_start, np.array(cval, dtype=np.float64),
+                            np.array(ckind, dtype=np.int8))
+    except BytecodeError as err:
+        text = preds[err.predicate].text
+        if f"more than {MAX_STACK} operands" in str(err):
+            raise UserError(f"condition {text!r} is nested too deeply for the native "
+                            f"engine (more than {MAX_STACK} operands pending)") from None
+        raise UserError(f"condition {text!r} did not compile: {err}") from None
 
 
 def effective_windows(plan: Plan) -> np.ndarray:

@@ -1,0 +1,69 @@
+# Python-visible API of dqcep._kernels.operators (C types in comments).
+import numpy as np
+import numpy.typing as npt
+
+from dqcep._kernels.ring import KeyedQueue, RingBuffer
+from dqcep._kernels.store import EventStore
+
+GUARD_MODES: dict[str, int]  # the planner's guard modes ("GAP", ...) as kernel codes
+
+class BytecodeError(ValueError):
+    predicate: int  # index of the offending predicate in the set
+
+class PredicateSet:
+    n: int  # idx_t: predicates
+    def __init__(
+        self,
+        code: "npt.NDArray[np.int32]",      # int32_t[:, ::1], shape (ops, 3): (opcode, a, b)
+        pred_start: "npt.ArrayLike",        # int64_t[::1], n + 1 offsets into code
+        slots: "npt.ArrayLike",             # int64_t[::1]: slots each predicate reads
+        slot_start: "npt.ArrayLike",        # int64_t[::1], n + 1 offsets into slots
+        cval: "npt.NDArray[np.float64]",    # double[::1]: constants
+        ckind: "npt.NDArray[np.int8]",      # int8_t[::1]: their kinds
+    ) -> None: ...  # BytecodeError when the code is not well formed
+    def mask(self, st: EventStore,
+             recs: "npt.NDArray[np.int64]") -> "npt.NDArray[np.bool_]": ...  # [n, width]
+
+def leaf_keys(
+    st: EventStore,
+    seqs: "npt.NDArray[np.int64]",       # const int64_t[::1]
+    key_attrs: "npt.NDArray[np.int32]",  # const int32_t[::1]
+) -> tuple["npt.NDArray[np.bool_]", "npt.NDArray[np.int64]"]: ...  # (all keys present, key hash)
+
+class JoinSpec:
+    op: int            # 1 SEQ, 2 AND
+    window: int        # int64_t ms, -1: unbounded
+    n_left: int        # idx_t
+    n_right: int       # idx_t
+    key_attrs: "npt.NDArray[np.int32]"
+    preds: PredicateSet
+    keyed: bool
+    has_preds: bool
+    def __init__(self, op: int, window: int, n_left: int, n_right: int,
+                 key_attrs: "npt.ArrayLike", preds: PredicateSet) -> None: ...
+
+def join_delta(
+    v: JoinSpec, st: EventStore, left: KeyedQueue, right: KeyedQueue | None,
+    l_start: "npt.NDArray[np.int64]", l_end: "npt.NDArray[np.int64]",
+    l_key: "npt.NDArray[np.int64]", l_ids: "npt.NDArray[np.int64]",
+    r_start: "npt.NDArray[np.int64]", r_end: "npt.NDArray[np.int64]",
+    r_key: "npt.NDArray[np.int64]", r_ids: "npt.NDArray[np.int64]",
+    out: RingBuffer,
+) -> None: ...
+
+class Guard:
+    mode: int     # GUARD_MODES value
+    n_host: int   # idx_t: slots of a host record the predicates read
+    left_slots: "npt.NDArray[np.int64]"
+    right_slots: "npt.NDArray[np.int64]"
+    active_slots: "npt.NDArray[np.int64]"
+    preds: PredicateSet
+    window: int   # int64_t ms
+    def __init__(self, mode: int, n_host: int, left_slots: "npt.ArrayLike",
+                 right_slots: "npt.ArrayLike", active_slots: "npt.ArrayLike",
+                 preds: PredicateSet, window: int) -> None: ...
+    def keep(
+        self, st: EventStore, negated: RingBuffer,
+        starts: "npt.NDArray[np.int64]", ends: "npt.NDArray[np.int64]",
+        recs: "npt.NDArray[np.int64]",  # const int64_t[:, ::1], shape (n, >= n_host)
+    ) -> "npt.NDArray[np.bool_]": ...
