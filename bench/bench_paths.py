@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
-FORMATS = ("msgpack", "parquet", "jsonl")
+FORMATS = ("msgpack", "parquet", "jsonl", "csv")
 CHUNK = 65_536
 STOCK_QUERY = "PATTERN SEQ(S000 a, S001 b) WHERE [price] WITHIN 5000\n"
 

@@ -89,14 +89,14 @@ def test_a_broken_stream_stops_where_the_validator_stops(tmp_path, cut):
 
 
 def test_dqcep_run_gives_the_same_matches_from_every_format(tmp_path):
-    """The columnar msgpack and Parquet paths and the JSON Lines path of ``dqcep run``,
-    on a stream with every imperfection of the generator."""
+    """The columnar msgpack, Parquet, JSON Lines and CSV paths of ``dqcep run``, on a
+    stream with every imperfection of the generator."""
     import subprocess
     import sys
     root = Path(__file__).resolve().parent.parent
     queries = root / "dqcep" / "data" / "iot.cep"
     outs = []
-    for fmt in ("msgpack", "jsonl", "parquet"):
+    for fmt in ("msgpack", "jsonl", "parquet", "csv"):
         events = tmp_path / f"e.{fmt}"
         subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
                         "30000", "--seed", "5", "--plant", str(queries), "--quiet",
@@ -111,6 +111,7 @@ def test_dqcep_run_gives_the_same_matches_from_every_format(tmp_path):
         outs.append((sorted(r.stdout.splitlines()), r.stderr.count("skipped:")))
     assert outs[0] == outs[1] and outs[0][0] and outs[0][1]
     assert outs[2][0] == outs[0][0]  # the generator writes no malformed rows to Parquet
+    assert outs[3][0] == outs[0][0] and outs[3][1]
 
 
 # ------------------------------------------------------------------ Parquet
@@ -246,3 +247,80 @@ def test_a_line_that_opens_no_object_goes_to_the_validator(tmp_path):
     ids = [int(i) for p in pieces for i in (p[1] if isinstance(p, tuple) else
                                             [ev.id for ev in p])]
     assert ids == [1]
+
+
+CSV_ODD_CELLS = st.sampled_from(["+5", "-0", "007", "5.", ".5", "+.5e-3", "1e999", "-1E5",
+                                 "FALSE", "True", "nan", "inf", "", " ", " 5", "1_0", "0x10",
+                                 "\u0663", str(10**20), "-" + str(2**63)])
+CSV_CLEAN_CELLS = st.one_of(
+    st.integers(-10**15, 10**15).map(str), st.sampled_from(["true", "false", "", "x", "é"]),
+    st.floats(allow_nan=False, allow_infinity=False, width=32).map(repr),
+    st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters='",'),
+            max_size=3))
+CSV_CELLS = st.one_of(CSV_CLEAN_CELLS, CSV_CLEAN_CELLS, CSV_CLEAN_CELLS, CSV_ODD_CELLS)
+
+
+@st.composite
+def csv_files(draw):
+    """A CSV event file: header (sometimes odd), rows (sometimes broken)."""
+    header = ["id", "type", "ts"] + draw(st.lists(st.sampled_from(["p", "q", "s", "ok", "other"]),
+                                                  unique=True, max_size=3))
+    header = draw(st.permutations(header))
+    odd_header = draw(st.integers(0, 30))
+    if odd_header == 1:
+        header = header[1:]          # a required column missing
+    elif odd_header == 2:
+        header = header + [header[0]]  # a repeated column
+    lines = [",".join(header)]
+    for _ in range(draw(st.integers(0, 10))):
+        row = []
+        for name in header:
+            if name == "type":
+                row.append(draw(st.sampled_from(["A", "B", "C", "Z", "A", "B"] * 4 + [""])))
+            elif name in ("ts", "id"):
+                row.append(str(draw(st.integers(-TS_LIMIT, TS_LIMIT))) if draw(st.integers(0, 30))
+                           else draw(CSV_CELLS))
+            else:
+                row.append(draw(CSV_CELLS))
+        odd = draw(st.integers(0, 60))
+        if odd == 1:
+            row = row[:-1]           # too few cells
+        elif odd == 2:
+            row = [" "] * len(row)   # a blank row: skipped
+        elif odd == 3:
+            row[0] = '"' + row[0] + '"'  # quoting: the rest goes to the validator
+        elif odd == 4:
+            row[-1] = row[-1] + "\x01"
+        lines.append(",".join(row))
+        if draw(st.integers(0, 20)) == 1:
+            lines.append("")         # an empty line
+    ending = draw(st.sampled_from(["\n"] * 6 + ["\r\n", "\r"]))
+    text = ending.join(lines) + draw(st.sampled_from([ending, ""]))
+    return text.encode("utf-8") + (b"\xff\n" if draw(st.integers(0, 30)) == 1 else b"")
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=csv_files(), block=st.sampled_from([16, 64, 1 << 22]))
+def test_csv_fast_path_equals_the_validator(tmp_path_factory, data, block):
+    import dqcep.io.columnar as columnar
+    path = tmp_path_factory.mktemp("columnar") / "events.csv"
+    path.write_bytes(data)
+
+    def reading(fast):
+        try:
+            return file_outcome(path, "csv", fast), None
+        except EventInputError as err:  # a bad header stops both alike
+            return None, str(err)
+
+    with pytest.MonkeyPatch.context() as mp:  # blocks cut between lines anywhere
+        mp.setattr(columnar, "CSV_BLOCK_BYTES", block)
+        assert reading(True) == reading(False)
+
+
+def test_a_clean_csv_file_is_all_columns(tmp_path):
+    path = tmp_path / "e.csv"
+    path.write_text("id,type,ts,p,s\n1,A,5,1.5,x\n2,B,6,,true\n3,A,7,+4,y\n")
+    e = engine()
+    pieces = list(read_columns(str(path), None, e))
+    assert pieces and all(isinstance(p, tuple) for p in pieces)
+    assert file_outcome(path, "csv", True) == file_outcome(path, "csv", False)

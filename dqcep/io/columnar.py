@@ -12,8 +12,8 @@
 
 The kernel accepts only records that obey every rule of the validator (a
 hypothesis test holds the two paths to the same events, errors and matches),
-so which path a record took changes nothing. Formats without a fast path yet
-come as lists of ``Event`` in chunks, from ``read_events``.
+so which path a record took changes nothing. Standard input in CSV or Parquet
+comes as lists of ``Event`` in chunks, from ``read_events``.
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from dqcep._kernels.msgpack_decode import is_utf8, record_end
 from dqcep._kernels.store import KINDS
 from dqcep.errors import UserError
 from dqcep.events import INT64_MAX, TS_LIMIT
-from dqcep.io.readers import (PARQUET_BATCH_ROWS, EventInputError, format_for, jsonl_lines,
-                              msgpack_record, msgpack_stream, parquet_rows, read_events)
+from dqcep.io.readers import (CSV_DEC, CSV_INT, PARQUET_BATCH_ROWS, EventInputError,
+                              csv_header, csv_rows, format_for, jsonl_lines, msgpack_record,
+                              msgpack_stream, parquet_rows, read_events)
 
 ErrorHandler = Callable[[EventInputError], None] | None
 
@@ -46,6 +47,9 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
     progress = progress or (lambda _: None)
     if fmt == "parquet" and engine is not None and path != "-":
         yield from _parquet_columns(path, engine, on_error, progress)
+        return
+    if fmt == "csv" and engine is not None and path != "-":
+        yield from _csv_columns(path, engine, on_error, progress)
         return
     if fmt not in ("msgpack", "jsonl") or engine is None:
         yield from _events_in_chunks(read_events(path, fmt, on_error=on_error), on_error,
@@ -271,6 +275,8 @@ JSON_BLOCK_BYTES = 1 << 22  # JSON Lines read at a time, cut after the last whol
 # Bytes are tested with translate (deleting all others), not a regex: 50x faster.
 _CONTROL = bytes(range(0x0a)) + b"\x0b\x0c" + bytes(range(0x0e, 0x20))
 _NOT_CONTROL = bytes(sorted(set(range(256)) - set(_CONTROL)))
+# CSV: a tab is an ordinary character for both readers; CR and LF are line ends.
+_NOT_CSV_CONTROL = bytes(sorted(set(range(256)) - (set(_CONTROL) - {0x09}) | {0x0a, 0x0d}))
 
 
 def _jsonl_columns(stream: IO[bytes], source: str, engine, on_error: ErrorHandler) -> Iterator:
@@ -328,3 +334,168 @@ def _json_block_columns(block: bytes, engine):
         return None
     batches = table.combine_chunks().to_batches()
     return _arrow_columns(batches[0], engine) if len(batches) == 1 else None
+
+
+CSV_BLOCK_BYTES = 1 << 22  # CSV read at a time, cut after the last whole line
+
+
+def _csv_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterator:
+    """Blocks of whole lines through pyarrow's CSV reader (every cell read as text,
+    then typed by Arrow compute with the validator's patterns) into engine columns;
+    a block it cannot take, or that breaks a validator rule, goes to the validator
+    (``readers.csv_rows``), so errors keep their line. A quote character anywhere
+    hands the rest of the file to the validator (a quoted cell may hold a newline, so
+    lines are no longer rows); so does a header the fast path does not read alike."""
+    import csv
+    import io
+
+    try:
+        f = open(path, "rb")
+    except OSError as err:
+        raise UserError(f"cannot read event file {path}: {err.strerror}") from None
+    with f:
+        stream = _Counted(f, progress)
+        block, eof = b"", False
+        while b"\n" not in block and not eof:
+            more = stream.read(CSV_BLOCK_BYTES)
+            block, eof = block + more, not more
+        cut = block.find(b"\n") + 1 or len(block)
+        first = block[:cut]
+        text = first.decode("utf-8", "surrogateescape")
+        header = next(csv.reader(io.StringIO(text, newline="")), None) if first else None
+        if header is None:
+            return
+        if b'"' in first or b"\r" in first.rstrip(b"\r\n") or len(set(header)) != len(header):
+            yield from _events_in_chunks(read_events(path, "csv", on_error=on_error),
+                                         on_error, CSV_BLOCK_BYTES)
+            return
+        csv_header(header, path)
+        offset, line, rest = cut, 2, block[cut:]
+
+        def validator(data: bytes, lines_before: int) -> Iterator:
+            text = io.StringIO(data.decode("utf-8", "surrogateescape"), newline="")
+            yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, lines_before),
+                                         on_error, CSV_BLOCK_BYTES)
+
+        while True:
+            more = b"" if eof else stream.read(CSV_BLOCK_BYTES)
+            eof = eof or not more
+            block = rest + more
+            if more:
+                cut = block.rfind(b"\n") + 1
+                if cut == 0:  # one line longer than the block: read on
+                    rest = block
+                    continue
+                block, rest = block[:cut], block[cut:]
+            else:
+                rest = b""
+            if not block:
+                return
+            if b'"' in block:  # the rest of the file, from this block on, as the validator reads it
+                f.seek(offset)
+                text = io.TextIOWrapper(f, encoding="utf-8", newline="", errors="surrogateescape")
+                yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, line - 1),
+                                             on_error, CSV_BLOCK_BYTES)
+                return
+            cols = _csv_block_columns(block, header, engine)
+            if cols is not None:
+                yield cols
+            else:
+                yield from validator(block, line - 1)
+            offset += len(block)
+            line += block.count(b"\n")
+            if b"\r" in block:
+                line += block.count(b"\r") - block.count(b"\r\n")
+            if eof and not rest:
+                return
+
+
+def _csv_block_columns(block: bytes, header: list[str], engine):
+    """Engine columns of a block of CSV rows (whole lines, no quote character) when
+    pyarrow reads it with one row per line and every cell obeys the validator's rules
+    (``readers._csv_cell`` typing, ``event_from_mapping``), else None."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+
+    if block.translate(None, _NOT_CSV_CONTROL) \
+            or b"\r" in block and block.count(b"\r") != block.count(b"\r\n") \
+            or not is_utf8(block):
+        return None
+    try:
+        table = pcsv.read_csv(
+            pa.BufferReader(block),
+            read_options=pcsv.ReadOptions(column_names=header, block_size=len(block) + 1,
+                                          use_threads=False),
+            parse_options=pcsv.ParseOptions(quote_char=False, newlines_in_values=False,
+                                            ignore_empty_lines=True),
+            convert_options=pcsv.ConvertOptions(
+                column_types={name: pa.string() for name in header},
+                strings_can_be_null=False, quoted_strings_can_be_null=False))
+    except pa.ArrowInvalid:
+        return None
+    n = table.num_rows
+    if n == 0:
+        return None
+    column = {name: table.column(name).combine_chunks() for name in header}
+    is_int = {name: pc.match_substring_regex(c, f"^(?:{CSV_INT})$")
+              for name, c in column.items() if name != "type"}
+    etype = column["type"]
+    if not pc.all(pc.not_equal(etype, "")).as_py():
+        return None
+    fields = []
+    for name in ("ts", "id"):
+        if not pc.all(is_int[name]).as_py():
+            return None
+        try:
+            v = pc.cast(pc.replace_substring_regex(column[name], r"^\+", ""), pa.int64())
+        except pa.ArrowInvalid:  # beyond 64 bits
+            return None
+        v = v.to_numpy()
+        if name == "ts" and len(v) and (v.max() > TS_LIMIT or v.min() < -TS_LIMIT):
+            return None
+        fields.append(v.astype(np.int64))
+    KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
+                                                                     "STR"))
+    attrs = engine.attrs
+    slot = {a: i for i, a in enumerate(attrs)}
+    val, kind = np.zeros((n, len(attrs)), np.float64), np.zeros((n, len(attrs)), np.int8)
+    for name, c in column.items():
+        if name in ("id", "type", "ts"):
+            continue
+        ints = is_int[name].to_numpy(zero_copy_only=False)
+        decs = pc.match_substring_regex(c, f"^(?:{CSV_DEC})$").to_numpy(zero_copy_only=False) \
+            & ~ints
+        dec_values = None
+        if decs.any():  # a decimal too large for a double is a bad event
+            dec_values = pc.cast(pc.filter(c, pa.array(decs)), pa.float64()).to_numpy()
+            if not np.isfinite(dec_values).all():
+                return None
+        if name not in slot:
+            continue
+        a = slot[name]
+        present = pc.not_equal(c, "").to_numpy(zero_copy_only=False)
+        if ints.any():
+            try:
+                iv = pc.cast(pc.replace_substring_regex(pc.filter(c, pa.array(ints)), r"^\+", ""),
+                             pa.int64()).to_numpy()
+            except pa.ArrowInvalid:  # an integer beyond 64 bits: the validator decides
+                return None
+            val[ints, a], kind[ints, a] = iv.astype(np.float64), KIND_NUM
+        if dec_values is not None:
+            val[decs, a], kind[decs, a] = dec_values, KIND_NUM
+        lower = pc.utf8_lower(c)
+        trues = pc.equal(lower, "true").to_numpy(zero_copy_only=False)
+        bools = (trues | pc.equal(lower, "false").to_numpy(zero_copy_only=False)) & ~ints & ~decs
+        val[bools, a], kind[bools, a] = trues[bools].astype(np.float64), KIND_BOOL
+        strings = present & ~ints & ~decs & ~bools
+        if strings.any():
+            encoded = pc.dictionary_encode(pc.filter(c, pa.array(strings)))
+            codes = engine.dictionary.codes_for(encoded.dictionary.to_pylist())
+            val[strings, a] = codes[encoded.indices.to_numpy(zero_copy_only=False)]
+            kind[strings, a] = KIND_STR
+    encoded = pc.dictionary_encode(etype)
+    codes = np.array([engine.type_code.get(v, -1) for v in encoded.dictionary.to_pylist()],
+                     np.int32)
+    types = codes[encoded.indices.to_numpy(zero_copy_only=False)]
+    return fields[0], fields[1], types, val, kind
