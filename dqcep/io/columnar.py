@@ -337,6 +337,11 @@ def _json_block_columns(block: bytes, engine):
 
 
 CSV_BLOCK_BYTES = 1 << 22  # CSV read at a time, cut after the last whole line
+# readers' cell patterns, anchored for RE2; true/false in any case is ASCII only
+# (no other character lower-cases into those letters, as str.lower() would take it)
+_CSV_INT, _CSV_NUM = f"^(?:{CSV_INT})$", f"^(?:{CSV_DEC})$"
+_CSV_BOOL = "^(?:[Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"
+_CSV_TRUE = "^[Tt][Rr][Uu][Ee]$"
 
 
 def _csv_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterator:
@@ -425,8 +430,7 @@ def _csv_block_columns(block: bytes, header: list[str], engine):
     try:
         table = pcsv.read_csv(
             pa.BufferReader(block),
-            read_options=pcsv.ReadOptions(column_names=header, block_size=len(block) + 1,
-                                          use_threads=False),
+            read_options=pcsv.ReadOptions(column_names=header, block_size=len(block) + 1),
             parse_options=pcsv.ParseOptions(quote_char=False, newlines_in_values=False,
                                             ignore_empty_lines=True),
             convert_options=pcsv.ConvertOptions(
@@ -438,21 +442,21 @@ def _csv_block_columns(block: bytes, header: list[str], engine):
     if n == 0:
         return None
     column = {name: table.column(name).combine_chunks() for name in header}
-    is_int = {name: pc.match_substring_regex(c, f"^(?:{CSV_INT})$")
-              for name, c in column.items() if name != "type"}
+    plus = b"+" in block
     etype = column["type"]
     if not pc.all(pc.not_equal(etype, "")).as_py():
         return None
     fields = []
     for name in ("ts", "id"):
-        if not pc.all(is_int[name]).as_py():
+        if not pc.all(pc.match_substring_regex(column[name], _CSV_INT)).as_py():
             return None
-        try:
-            v = pc.cast(pc.replace_substring_regex(column[name], r"^\+", ""), pa.int64())
+        try:  # Arrow's integers take no "+"
+            v = pc.cast(pc.replace_substring_regex(column[name], r"^\+", "") if plus
+                        else column[name], pa.int64())
         except pa.ArrowInvalid:  # beyond 64 bits
             return None
         v = v.to_numpy()
-        if name == "ts" and len(v) and (v.max() > TS_LIMIT or v.min() < -TS_LIMIT):
+        if name == "ts" and (v.max() > TS_LIMIT or v.min() < -TS_LIMIT):
             return None
         fields.append(v.astype(np.int64))
     KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
@@ -463,35 +467,41 @@ def _csv_block_columns(block: bytes, header: list[str], engine):
     for name, c in column.items():
         if name in ("id", "type", "ts"):
             continue
-        ints = is_int[name].to_numpy(zero_copy_only=False)
-        decs = pc.match_substring_regex(c, f"^(?:{CSV_DEC})$").to_numpy(zero_copy_only=False) \
-            & ~ints
-        dec_values = None
-        if decs.any():  # a decimal too large for a double is a bad event
-            dec_values = pc.cast(pc.filter(c, pa.array(decs)), pa.float64()).to_numpy()
-            if not np.isfinite(dec_values).all():
+        # An integer and a decimal cell give the same double (int(text) and float(text)
+        # round alike), so one pattern (CSV_DEC covers CSV_INT) types both; only the
+        # sign of a zero differs: int("-0") is +0.0, float("-0.0") is -0.0.
+        nums = pc.match_substring_regex(c, _CSV_NUM)
+        values = None
+        if pc.any(nums).as_py():
+            picked = pc.filter(c, nums)
+            values = pc.cast(picked, pa.float64()).to_numpy(zero_copy_only=False).copy()
+            if not np.isfinite(values).all():  # too large for a double: a bad event
                 return None
+            zero = values == 0.0
+            if zero.any():
+                ints = pc.match_substring_regex(pc.filter(picked, pa.array(zero)), _CSV_INT)
+                values[np.flatnonzero(zero)[ints.to_numpy(zero_copy_only=False)]] = 0.0
         if name not in slot:
             continue
         a = slot[name]
         present = pc.not_equal(c, "").to_numpy(zero_copy_only=False)
-        if ints.any():
-            try:
-                iv = pc.cast(pc.replace_substring_regex(pc.filter(c, pa.array(ints)), r"^\+", ""),
-                             pa.int64()).to_numpy()
-            except pa.ArrowInvalid:  # an integer beyond 64 bits: the validator decides
-                return None
-            val[ints, a], kind[ints, a] = iv.astype(np.float64), KIND_NUM
-        if dec_values is not None:
-            val[decs, a], kind[decs, a] = dec_values, KIND_NUM
-        lower = pc.utf8_lower(c)
-        trues = pc.equal(lower, "true").to_numpy(zero_copy_only=False)
-        bools = (trues | pc.equal(lower, "false").to_numpy(zero_copy_only=False)) & ~ints & ~decs
-        val[bools, a], kind[bools, a] = trues[bools].astype(np.float64), KIND_BOOL
-        strings = present & ~ints & ~decs & ~bools
-        if strings.any():
-            encoded = pc.dictionary_encode(pc.filter(c, pa.array(strings)))
+        numeric = nums.to_numpy(zero_copy_only=False)
+        if values is not None:
+            val[numeric, a], kind[numeric, a] = values, KIND_NUM
+        rest = present & ~numeric
+        if not rest.any():
+            continue
+        rows = np.flatnonzero(rest)
+        words = pc.filter(c, pa.array(rest))
+        bools = pc.match_substring_regex(words, _CSV_BOOL).to_numpy(zero_copy_only=False)
+        if bools.any():
+            trues = pc.match_substring_regex(words, _CSV_TRUE).to_numpy(zero_copy_only=False)
+            val[rows[bools], a] = trues[bools]
+            kind[rows[bools], a] = KIND_BOOL
+        if not bools.all():
+            encoded = pc.dictionary_encode(pc.filter(words, pa.array(~bools)))
             codes = engine.dictionary.codes_for(encoded.dictionary.to_pylist())
+            strings = rows[~bools]
             val[strings, a] = codes[encoded.indices.to_numpy(zero_copy_only=False)]
             kind[strings, a] = KIND_STR
     encoded = pc.dictionary_encode(etype)
