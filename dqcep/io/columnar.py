@@ -285,18 +285,7 @@ def _jsonl_columns(stream: IO[bytes], source: str, engine, on_error: ErrorHandle
     (``jsonl_lines``), so errors keep their line and column."""
     import io
 
-    rest, line = b"", 1
-    while True:
-        more = stream.read(JSON_BLOCK_BYTES)
-        block = rest + more
-        if more:
-            cut = block.rfind(b"\n") + 1
-            if cut == 0:  # one line longer than the block: read on
-                rest = block
-                continue
-            block, rest = block[:cut], block[cut:]
-        elif not block:
-            return
+    for block, line, _ in _line_blocks(stream, JSON_BLOCK_BYTES):
         cols = _json_block_columns(block, engine)
         if cols is not None:
             yield cols
@@ -304,11 +293,34 @@ def _jsonl_columns(stream: IO[bytes], source: str, engine, on_error: ErrorHandle
             text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
             yield from _events_in_chunks(jsonl_lines(text, source, line), on_error,
                                          JSON_BLOCK_BYTES)
-        # lines as the text reader splits them: LF, CRLF, or a lone CR
+
+
+def _line_blocks(stream: IO[bytes], block_bytes: int, rest: bytes = b"", line: int = 1,
+                 offset: int = 0) -> Iterator[tuple[bytes, int, int]]:
+    """The stream (after ``rest``, which starts at ``line`` and byte ``offset``) in
+    blocks of whole lines of about ``block_bytes``: (block, its first line, its byte
+    offset). Lines are counted as the text readers split them: LF, CRLF or a lone CR."""
+    eof = False
+    while True:
+        more = b"" if eof else stream.read(block_bytes)
+        eof = not more
+        block = rest + more
+        if more:
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:  # one line longer than the block: read on
+                rest = block
+                continue
+            block, rest = block[:cut], block[cut:]
+        else:
+            rest = b""
+        if not block:
+            return
+        yield block, line, offset
+        offset += len(block)
         line += block.count(b"\n")
         if b"\r" in block:
             line += block.count(b"\r") - block.count(b"\r\n")
-        if not more:
+        if eof:
             return
 
 
@@ -375,27 +387,7 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterato
                                          on_error, CSV_BLOCK_BYTES)
             return
         csv_header(header, path)
-        offset, line, rest = cut, 2, block[cut:]
-
-        def validator(data: bytes, lines_before: int) -> Iterator:
-            text = io.StringIO(data.decode("utf-8", "surrogateescape"), newline="")
-            yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, lines_before),
-                                         on_error, CSV_BLOCK_BYTES)
-
-        while True:
-            more = b"" if eof else stream.read(CSV_BLOCK_BYTES)
-            eof = eof or not more
-            block = rest + more
-            if more:
-                cut = block.rfind(b"\n") + 1
-                if cut == 0:  # one line longer than the block: read on
-                    rest = block
-                    continue
-                block, rest = block[:cut], block[cut:]
-            else:
-                rest = b""
-            if not block:
-                return
+        for block, line, offset in _line_blocks(stream, CSV_BLOCK_BYTES, block[cut:], 2, cut):
             if b'"' in block:  # the rest of the file, from this block on, as the validator reads it
                 f.seek(offset)
                 text = io.TextIOWrapper(f, encoding="utf-8", newline="", errors="surrogateescape")
@@ -406,13 +398,9 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterato
             if cols is not None:
                 yield cols
             else:
-                yield from validator(block, line - 1)
-            offset += len(block)
-            line += block.count(b"\n")
-            if b"\r" in block:
-                line += block.count(b"\r") - block.count(b"\r\n")
-            if eof and not rest:
-                return
+                text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
+                yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, line - 1),
+                                             on_error, CSV_BLOCK_BYTES)
 
 
 def _csv_block_columns(block: bytes, header: list[str], engine):
