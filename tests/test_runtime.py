@@ -382,3 +382,19 @@ def test_the_embedding_example_in_the_docs_runs_as_written():
     want = sorted(f"{m.query} {m.detected_at} {dict(m.events)} {returned(m)}"
                   for m in ReferenceMatcher(queries).run(events))
     assert sorted(r.stdout.splitlines()) == want and any("s.density" in x for x in want)
+
+
+def test_the_program_and_state_example_in_the_docs_runs_as_written():
+    """docs/runtime.md's Program / EngineState block runs as written."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "runtime.md").read_text(), re.S)
+    (example,) = [b for b in blocks if "EngineState.from_bytes" in b]
+    r = subprocess.run([sys.executable, "-c", example + "\nprint(type(engine.state).__name__)"],
+                       capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["EngineState"]
