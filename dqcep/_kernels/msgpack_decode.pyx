@@ -26,6 +26,7 @@ from libc.string cimport memcmp, memcpy, memset
 
 import numpy as np
 
+from dqcep._kernels._hash cimport mix64
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.store cimport KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR
 
@@ -61,15 +62,13 @@ cdef struct Scalar:
 # ------------------------------------------------------------------ helpers
 
 cdef uint64_t bytes_hash(const uint8_t* s, idx_t n) noexcept nogil:
-    """FNV-1a, then a murmur finaliser so the low bits (the table index) mix well."""
+    """FNV-1a over the bytes, then the kernels' mixer (``_hash.mix64``) so the low bits
+    (the table index) mix well."""
     cdef uint64_t h = 0xcbf29ce484222325
     cdef idx_t i
     for i in range(n):
         h = (h ^ s[i]) * <uint64_t>0x100000001b3
-    h ^= h >> 33
-    h *= <uint64_t>0xff51afd7ed558ccd
-    h ^= h >> 33
-    return h
+    return mix64(h)
 
 
 cdef bint utf8_valid(const uint8_t* s, idx_t n) noexcept nogil:

@@ -12,15 +12,8 @@ from libc.stdlib cimport calloc, free, malloc
 
 import numpy as np
 
+from dqcep._kernels._hash cimport mix64
 from dqcep._kernels._types cimport idx_t, id_t
-
-
-cdef inline uint64_t mix(id_t x) noexcept nogil:
-    """splitmix64's finaliser: consecutive ids spread over the table."""
-    cdef uint64_t z = <uint64_t>x + <uint64_t>0x9e3779b97f4a7c15
-    z = (z ^ (z >> 30)) * <uint64_t>0xbf58476d1ce4e5b9
-    z = (z ^ (z >> 27)) * <uint64_t>0x94d049bb133111eb
-    return z ^ (z >> 31)
 
 
 cdef class RecentIds:
@@ -45,7 +38,7 @@ cdef class RecentIds:
         free(self.used)
 
     cdef bint contains(self, id_t x) noexcept nogil:
-        cdef idx_t i = <idx_t>(mix(x) & <uint64_t>self.mask)
+        cdef idx_t i = <idx_t>(mix64(<uint64_t>x) & <uint64_t>self.mask)
         while self.used[i]:
             if self.keys[i] == x:
                 return True
@@ -53,14 +46,14 @@ cdef class RecentIds:
         return False
 
     cdef void insert(self, id_t x) noexcept nogil:
-        cdef idx_t i = <idx_t>(mix(x) & <uint64_t>self.mask)
+        cdef idx_t i = <idx_t>(mix64(<uint64_t>x) & <uint64_t>self.mask)
         while self.used[i]:
             i = (i + 1) & self.mask
         self.keys[i] = x
         self.used[i] = 1
 
     cdef void remove(self, id_t x) noexcept nogil:
-        cdef idx_t i = <idx_t>(mix(x) & <uint64_t>self.mask), j, home
+        cdef idx_t i = <idx_t>(mix64(<uint64_t>x) & <uint64_t>self.mask), j, home
         while self.keys[i] != x:
             i = (i + 1) & self.mask
         j = i
@@ -68,7 +61,7 @@ cdef class RecentIds:
             j = (j + 1) & self.mask
             if not self.used[j]:
                 break
-            home = <idx_t>(mix(self.keys[j]) & <uint64_t>self.mask)
+            home = <idx_t>(mix64(<uint64_t>self.keys[j]) & <uint64_t>self.mask)
             if ((j - home) & self.mask) >= ((j - i) & self.mask):
                 self.keys[i] = self.keys[j]
                 i = j

@@ -17,6 +17,7 @@ from libc.string cimport memcpy
 import numpy as np
 
 from dqcep._kernels._types cimport idx_t, id_t, ts_t
+from dqcep._kernels._hash cimport mix64
 
 DEF_MIN_CAPACITY = 16
 
@@ -237,16 +238,6 @@ cdef class RingBuffer:
 # ---------------------------------------------------------------------------
 # KeyedQueue: the input queue of a binary operator, with a hash index on the key
 
-cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
-    """splitmix64 finaliser: spreads keys over the table."""
-    x ^= x >> 30
-    x *= <uint64_t>0xbf58476d1ce4e5b9
-    x ^= x >> 27
-    x *= <uint64_t>0x94d049bb133111eb
-    x ^= x >> 31
-    return x
-
-
 cdef class KeyedQueue:
     """KeyedQueue(n_ids)
 
@@ -278,7 +269,7 @@ cdef class KeyedQueue:
 
     cdef int64_t newest_with_key(self, int64_t key) noexcept nogil:
         cdef idx_t mask = self.table_cap - 1
-        cdef idx_t i = <idx_t>(_mix(<uint64_t>key) & mask)
+        cdef idx_t i = <idx_t>(mix64(<uint64_t>key) & mask)
         while self.table_pos[i] != -2:          # -2: empty slot
             if self.table_keys[i] == key:
                 return self.table_pos[i] if self.table_pos[i] >= self.evicted else -1
@@ -292,7 +283,7 @@ cdef class KeyedQueue:
     cdef int _table_insert(self, int64_t key, int64_t pos) except -1 nogil:
         """Point key at pos; returns the position it pointed at before (or -1)."""
         cdef idx_t mask = self.table_cap - 1
-        cdef idx_t i = <idx_t>(_mix(<uint64_t>key) & mask)
+        cdef idx_t i = <idx_t>(mix64(<uint64_t>key) & mask)
         while self.table_pos[i] != -2:
             if self.table_keys[i] == key:
                 self.table_pos[i] = pos
