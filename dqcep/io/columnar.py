@@ -28,7 +28,8 @@ from dqcep._kernels.msgpack_decode import is_utf8, record_end
 from dqcep._kernels.store import KINDS
 from dqcep.errors import UserError
 from dqcep.events import INT64_MAX, TS_LIMIT
-from dqcep.io.readers import (CSV_DEC, CSV_INT, PARQUET_BATCH_ROWS, EventInputError,
+from dqcep.io.readers import (CSV_BOOL, CSV_DEC, CSV_INT, CSV_TRUE, PARQUET_BATCH_ROWS,
+                              EventInputError,
                               csv_header, csv_rows, format_for, jsonl_lines, msgpack_record,
                               msgpack_stream, parquet_rows, read_events)
 
@@ -49,7 +50,7 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
         yield from _parquet_columns(path, engine, on_error, progress)
         return
     if fmt == "csv" and engine is not None and path != "-":
-        yield from _csv_columns(path, engine, on_error, progress)
+        yield from _csv_columns(path, engine, on_error, progress, chunk_rows)
         return
     if fmt not in ("msgpack", "jsonl") or engine is None:
         yield from _events_in_chunks(read_events(path, fmt, on_error=on_error), on_error,
@@ -63,7 +64,7 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
     with stream:
         counted = _Counted(stream, progress)
         if fmt == "jsonl":
-            yield from _jsonl_columns(counted, source, engine, on_error)
+            yield from _jsonl_columns(counted, source, engine, on_error, chunk_rows)
         else:
             yield from _msgpack_columns(counted, source, engine.column_decoder(), on_error,
                                         chunk_rows)
@@ -201,6 +202,28 @@ def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress) -> Ite
         raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
 
 
+def _string_codes(strings, engine) -> np.ndarray:
+    """The engine dictionary's codes (float64) of an Arrow string array, one per row
+    (a null row gets the code of the first distinct string; callers mask it)."""
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(strings)
+    codes = engine.dictionary.codes_for(encoded.dictionary.to_pylist())
+    if not len(codes):
+        return np.zeros(len(strings), np.float64)
+    return codes[encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)]
+
+
+def _type_codes(types, engine) -> np.ndarray:
+    """The engine's type codes (int32, -1: a type no query uses) of an Arrow string array."""
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(types)
+    codes = np.array([engine.type_code.get(v, -1) for v in encoded.dictionary.to_pylist()],
+                     np.int32)
+    return codes[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
 def _arrow_columns(batch, engine):
     """(ts, id, type, val, kind) of a record batch whose every row the validator
     accepts, else None. The same rules as ``event_from_mapping``: a non-empty string
@@ -251,21 +274,13 @@ def _arrow_columns(batch, engine):
             continue
         a, present = slot[name], c.is_valid().to_numpy(zero_copy_only=False)
         if pa.types.is_string(t) or pa.types.is_large_string(t):
-            encoded = pc.dictionary_encode(c)
-            codes = engine.dictionary.codes_for(encoded.dictionary.to_pylist())
-            index = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
-            val[:, a] = codes[index] if len(codes) else 0.0
-            kind[:, a] = KIND_STR
+            val[:, a], kind[:, a] = _string_codes(c, engine), KIND_STR
         else:
             val[:, a] = pc.fill_null(c, False if pa.types.is_boolean(t) else 0) \
                 .to_numpy(zero_copy_only=False).astype(np.float64)
             kind[:, a] = KIND_BOOL if pa.types.is_boolean(t) else KIND_NUM
         val[~present, a], kind[~present, a] = 0.0, KIND_MISSING
-    encoded = pc.dictionary_encode(etype)
-    codes = np.array([engine.type_code.get(v, -1) for v in encoded.dictionary.to_pylist()],
-                     np.int32)
-    types = codes[encoded.indices.to_numpy(zero_copy_only=False)]
-    return fields[0], fields[1], types, val, kind
+    return fields[0], fields[1], _type_codes(etype, engine), val, kind
 
 
 JSON_BLOCK_BYTES = 1 << 22  # JSON Lines read at a time, cut after the last whole line
@@ -279,7 +294,8 @@ _NOT_CONTROL = bytes(sorted(set(range(256)) - set(_CONTROL)))
 _NOT_CSV_CONTROL = bytes(sorted(set(range(256)) - (set(_CONTROL) - {0x09}) | {0x0a, 0x0d}))
 
 
-def _jsonl_columns(stream: IO[bytes], source: str, engine, on_error: ErrorHandler) -> Iterator:
+def _jsonl_columns(stream: IO[bytes], source: str, engine, on_error: ErrorHandler,
+                   chunk_rows: int) -> Iterator:
     """Blocks of whole lines through pyarrow's JSON reader into engine columns; a block
     it cannot take, or that breaks a validator rule, goes to the validator line by line
     (``jsonl_lines``), so errors keep their line and column."""
@@ -292,7 +308,7 @@ def _jsonl_columns(stream: IO[bytes], source: str, engine, on_error: ErrorHandle
         else:
             text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
             yield from _events_in_chunks(jsonl_lines(text, source, line), on_error,
-                                         JSON_BLOCK_BYTES)
+                                         chunk_rows)
 
 
 def _line_blocks(stream: IO[bytes], block_bytes: int, rest: bytes = b"", line: int = 1,
@@ -349,14 +365,13 @@ def _json_block_columns(block: bytes, engine):
 
 
 CSV_BLOCK_BYTES = 1 << 22  # CSV read at a time, cut after the last whole line
-# readers' cell patterns, anchored for RE2; true/false in any case is ASCII only
-# (no other character lower-cases into those letters, as str.lower() would take it)
-_CSV_INT, _CSV_NUM = f"^(?:{CSV_INT})$", f"^(?:{CSV_DEC})$"
-_CSV_BOOL = "^(?:[Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"
-_CSV_TRUE = "^[Tt][Rr][Uu][Ee]$"
+# readers' cell patterns, anchored for RE2 (Python's fullmatch)
+_CSV_INT, _CSV_NUM, _CSV_BOOL, _CSV_TRUE = (f"^(?:{p})$" for p in (CSV_INT, CSV_DEC,
+                                                                  CSV_BOOL, CSV_TRUE))
 
 
-def _csv_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterator:
+def _csv_columns(path: str, engine, on_error: ErrorHandler, progress,
+                 chunk_rows: int) -> Iterator:
     """Blocks of whole lines through pyarrow's CSV reader (every cell read as text,
     then typed by Arrow compute with the validator's patterns) into engine columns;
     a block it cannot take, or that breaks a validator rule, goes to the validator
@@ -384,7 +399,7 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterato
             return
         if b'"' in first or b"\r" in first.rstrip(b"\r\n") or len(set(header)) != len(header):
             yield from _events_in_chunks(read_events(path, "csv", on_error=on_error),
-                                         on_error, CSV_BLOCK_BYTES)
+                                         on_error, chunk_rows)
             return
         csv_header(header, path)
         for block, line, offset in _line_blocks(stream, CSV_BLOCK_BYTES, block[cut:], 2, cut):
@@ -392,7 +407,7 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterato
                 f.seek(offset)
                 text = io.TextIOWrapper(f, encoding="utf-8", newline="", errors="surrogateescape")
                 yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, line - 1),
-                                             on_error, CSV_BLOCK_BYTES)
+                                             on_error, chunk_rows)
                 return
             cols = _csv_block_columns(block, header, engine)
             if cols is not None:
@@ -400,7 +415,7 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterato
             else:
                 text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
                 yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, line - 1),
-                                             on_error, CSV_BLOCK_BYTES)
+                                             on_error, chunk_rows)
 
 
 def _csv_block_columns(block: bytes, header: list[str], engine):
@@ -487,13 +502,7 @@ def _csv_block_columns(block: bytes, header: list[str], engine):
             val[rows[bools], a] = trues[bools]
             kind[rows[bools], a] = KIND_BOOL
         if not bools.all():
-            encoded = pc.dictionary_encode(pc.filter(words, pa.array(~bools)))
-            codes = engine.dictionary.codes_for(encoded.dictionary.to_pylist())
             strings = rows[~bools]
-            val[strings, a] = codes[encoded.indices.to_numpy(zero_copy_only=False)]
+            val[strings, a] = _string_codes(pc.filter(words, pa.array(~bools)), engine)
             kind[strings, a] = KIND_STR
-    encoded = pc.dictionary_encode(etype)
-    codes = np.array([engine.type_code.get(v, -1) for v in encoded.dictionary.to_pylist()],
-                     np.int32)
-    types = codes[encoded.indices.to_numpy(zero_copy_only=False)]
-    return fields[0], fields[1], types, val, kind
+    return fields[0], fields[1], _type_codes(etype, engine), val, kind

@@ -162,10 +162,13 @@ def msgpack_record(obj, source: str, where: str) -> Iterator:
 
 # How a CSV cell is typed (the one place; the columnar reader runs the same patterns
 # through Arrow's RE2, which reads them alike): integer, else decimal, else
-# true/false in any case, else string.
+# true/false in any case, else string. "Any case" is ASCII case: no other character
+# lower-cases into these letters.
 CSV_INT = r"[+-]?[0-9]+"
 CSV_DEC = r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?"
-_INT, _DEC = re.compile(CSV_INT), re.compile(CSV_DEC)
+CSV_TRUE = r"[Tt][Rr][Uu][Ee]"
+CSV_BOOL = rf"{CSV_TRUE}|[Ff][Aa][Ll][Ss][Ee]"
+_INT, _DEC, _BOOL, _TRUE = (re.compile(p) for p in (CSV_INT, CSV_DEC, CSV_BOOL, CSV_TRUE))
 
 
 def _csv_cell(text: str):
@@ -173,8 +176,8 @@ def _csv_cell(text: str):
         return int(text)
     if _DEC.fullmatch(text):
         return float(text)
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
+    if _BOOL.fullmatch(text):
+        return _TRUE.fullmatch(text) is not None
     return text
 
 

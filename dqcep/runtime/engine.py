@@ -49,6 +49,8 @@ class Engine(EventTimeEngine):
 
     def __init__(self, plan: Plan | Program, lateness: int = 0,
                  state: EngineState | None = None):
+        """A plan (compiled here) or a compiled ``Program``, and a fresh state with
+        ``lateness`` or a given ``state`` (which carries its own lateness)."""
         program = plan if isinstance(plan, Program) else Program(plan)
         if state is None:
             state = EngineState.fresh(program, lateness)

@@ -141,8 +141,6 @@ class EventTimeEngine:
     def __init__(self, types: Sequence[str], attrs: Sequence[str],
                  match_queries: tuple[tuple[str, tuple[str, ...]], ...], lateness: int = 0,
                  state: "TimeState | None" = None):
-        if lateness < 0:
-            raise UserError(f"lateness must be >= 0 ms, got {lateness}")
         self.types = list(types)
         self.type_code = {t: i for i, t in enumerate(self.types)}
         self.attrs = list(attrs)

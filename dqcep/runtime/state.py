@@ -17,7 +17,6 @@ import msgpack
 import numpy as np
 
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
-from dqcep._kernels.store import EventStore
 from dqcep.errors import UserError
 from dqcep.runtime.compile import StringDictionary
 from dqcep.runtime.eventtime import TimeState
@@ -82,9 +81,8 @@ class EngineState(TimeState):
     @classmethod
     def fresh(cls, program, lateness: int = 0) -> "EngineState":
         """An empty state for ``program`` (a ``dqcep.runtime.program.Program``)."""
-        base = TimeState.fresh(len(program.types), len(program.attrs), lateness,
-                               program.constants)
-        state = cls(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+        state = super().fresh(len(program.types), len(program.attrs), lateness,
+                              program.constants)
         n_slots, children = program.n_slots, program.children
         for v in program.left_vertices:
             state.left_q[v] = KeyedQueue(n_slots[children[v][0]])
@@ -150,23 +148,25 @@ class EngineState(TimeState):
         if body["plan"] != program.fingerprint():
             raise UserError("the snapshot was taken by an engine running other queries")
 
-        def arr(x):
+        def view(x):  # for a kernel that copies it in (store, queues, rings)
             dtype, shape, data = x
-            return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+            return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+
+        def arr(x):  # kept as numpy: owned and writable
+            return view(x).copy()
 
         state = cls.fresh(program, body["lateness"])
         state.wm, state.max_seen = body["wm"], body["max_seen"]
         state.dictionary = StringDictionary(body["dictionary"], len(program.constants))
         base, ts, ids, val, kind = body["store"]
-        state.store = EventStore(len(program.attrs))
-        state.store.load(base, arr(ts), arr(ids), arr(val), arr(kind))
+        state.store.load(base, view(ts), view(ids), view(val), view(kind))
         state.buffer = [tuple(arr(c) for c in b) for b in body["buffer"]]
         for side, queues in (("left", state.left_q), ("right", state.right_q)):
             for v_str, (evicted, s, e, k, ids_) in body[side].items():
-                queues[int(v_str)].load(evicted, arr(s), arr(e), arr(k),
-                                        arr(ids_).astype(np.int64))
+                queues[int(v_str)].load(evicted, view(s), view(e), view(k),
+                                        np.ascontiguousarray(view(ids_), np.int64))
         for v_str, r in body["not"].items():
-            state.not_store[int(v_str)] = Records(*(arr(x) for x in r)).ring()
+            state.not_store[int(v_str)] = Records(*(view(x) for x in r)).ring()
         state.pending = [Records(*(arr(x) for x in r)) for r in body["pending"]]
         for v_str, (i, o, e) in body["stats"].items():
             state.stats[int(v_str)] = VertexStats(i, o, e)
