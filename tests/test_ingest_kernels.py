@@ -180,16 +180,23 @@ def test_is_utf8_edges(data, ok):
     assert is_utf8(data) == ok
 
 
-def test_bytes_table_grows_and_overwrites():
-    t = BytesTable()
-    keys = [f"key-{i}".encode() * (1 + i % 7) for i in range(5000)]
+@pytest.mark.parametrize("hash_bits", [64, 3, 1])
+def test_bytes_table_grows_and_overwrites(hash_bits):
+    """With 3 or 1 bits of hash nearly every key shares its hash with others: the chains
+    of entries per hash, not the hash, tell keys apart."""
+    t = BytesTable(hash_bits)
+    keys = [f"key-{i}".encode() * (1 + i % 7) for i in range(5000 if hash_bits == 64 else 400)]
+    keys.append(b"")
     for i, k in enumerate(keys):
         t[k] = i
     t[keys[10]] = -7
-    assert len(t) == 5000 and t[keys[10]] == -7
-    assert all(t[k] == i for i, k in enumerate(keys) if i != 10)
+    t[keys[11]] = -1
+    assert len(t) == len(keys) and t[keys[10]] == -7 and t[keys[11]] == -1
+    assert all(t[k] == i for i, k in enumerate(keys) if i not in (10, 11))
     with pytest.raises(KeyError):
         t[b"absent"]
+    with pytest.raises(KeyError):
+        t[keys[5] + b"x"]
 
 
 # ---------------------------------------------------------------- RecentIds

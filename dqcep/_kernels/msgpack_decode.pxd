@@ -1,27 +1,31 @@
 # msgpack event payloads -> the engine's input columns, and the byte-string tables it needs.
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 
+from dqcep._kernels._table cimport Int64Table
 from dqcep._kernels._types cimport idx_t
 
 
-cdef struct TableSlot:
-    uint64_t hash
-    idx_t offset       # of the key's bytes in the arena; -1 marks an empty slot
+cdef struct BytesEntry:
+    idx_t offset       # of the key's bytes in the arena
     idx_t length
+    int64_t next       # the previous entry whose key has the same hash, -1: none
     int32_t value
 
 
 cdef class BytesTable:
-    """Open-addressing map of byte strings to int32 values (keys copied to an arena)."""
-    cdef TableSlot* slots
-    cdef idx_t cap             # power of two
+    """A map of byte strings to int32 values: the kernels' hash table from each key's
+    hash to its entry (keys copied to an arena; keys sharing a hash are chained)."""
+    cdef Int64Table by_hash    # hash of a key -> its newest entry with that hash
+    cdef BytesEntry* entries
     cdef readonly idx_t n
+    cdef idx_t entries_cap
+    cdef uint64_t hash_mask    # all ones; fewer bits only in tests, to force chains
     cdef uint8_t* arena
     cdef idx_t arena_len, arena_cap
 
+    cdef int64_t find(self, const uint8_t* s, idx_t n, uint64_t h) noexcept nogil
     cdef int32_t get(self, const uint8_t* s, idx_t n, uint64_t h) noexcept nogil
     cdef int put(self, const uint8_t* s, idx_t n, uint64_t h, int32_t value) except -1 nogil
-    cdef int _grow(self) except -1 nogil
 
 
 cdef uint64_t bytes_hash(const uint8_t* s, idx_t n) noexcept nogil

@@ -21,12 +21,12 @@ from libc.math cimport isfinite
 from libc.stdint cimport INT64_MAX, int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
-from dqcep._kernels._alloc cimport grow
 from libc.string cimport memcmp, memcpy, memset
 
 import numpy as np
 
-from dqcep._kernels._hash cimport mix64
+from dqcep._kernels._alloc cimport grow
+from dqcep._kernels._table cimport table_free, table_get, table_init, table_set
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.store cimport KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR
 
@@ -62,13 +62,12 @@ cdef struct Scalar:
 # ------------------------------------------------------------------ helpers
 
 cdef uint64_t bytes_hash(const uint8_t* s, idx_t n) noexcept nogil:
-    """FNV-1a over the bytes, then the kernels' mixer (``_hash.mix64``) so the low bits
-    (the table index) mix well."""
+    """FNV-1a over the bytes (the table mixes it further before taking its low bits)."""
     cdef uint64_t h = 0xcbf29ce484222325
     cdef idx_t i
     for i in range(n):
         h = (h ^ s[i]) * <uint64_t>0x100000001b3
-    return mix64(h)
+    return h
 
 
 cdef bint utf8_valid(const uint8_t* s, idx_t n) noexcept nogil:
@@ -278,55 +277,53 @@ def record_end(const uint8_t[::1] data, idx_t pos) -> int:
 # --------------------------------------------------------------- BytesTable
 
 cdef class BytesTable:
-    """BytesTable(): a map of byte strings to int32 values, for nogil lookups."""
+    """BytesTable(hash_bits=64): a map of byte strings to int32 values, for nogil lookups.
 
-    def __cinit__(self):
-        self.cap = 16
-        self.n = 0
-        self.slots = <TableSlot*>malloc(self.cap * sizeof(TableSlot))
-        self.arena_cap = 256
-        self.arena_len = 0
+    ``hash_bits`` below 64 keeps only that many bits of each key's hash, so that tests
+    can make many keys share a hash."""
+
+    def __cinit__(self, int hash_bits=64):
+        if not 1 <= hash_bits <= 64:
+            raise ValueError(f"hash_bits must be in 1..64, got {hash_bits}")
+        self.hash_mask = (<uint64_t>0xffffffffffffffff) >> (64 - hash_bits)
+        self.n, self.entries_cap = 0, 16
+        self.arena_len, self.arena_cap = 0, 256
+        self.entries = <BytesEntry*>malloc(self.entries_cap * sizeof(BytesEntry))
         self.arena = <uint8_t*>malloc(self.arena_cap)
-        if self.slots == NULL or self.arena == NULL:
+        if self.entries == NULL or self.arena == NULL:
             raise MemoryError()
-        cdef idx_t i
-        for i in range(self.cap):
-            self.slots[i].offset = -1
+        table_init(&self.by_hash, 32)
 
     def __dealloc__(self):
-        free(self.slots)
+        table_free(&self.by_hash)
+        free(self.entries)
         free(self.arena)
+
+    cdef int64_t find(self, const uint8_t* s, idx_t n, uint64_t h) noexcept nogil:
+        """The entry of a key, or -1 when absent."""
+        cdef int64_t e = table_get(&self.by_hash, <int64_t>(h & self.hash_mask))
+        cdef BytesEntry* entry
+        while e >= 0:
+            entry = &self.entries[e]
+            if entry.length == n and memcmp(self.arena + entry.offset, s, n) == 0:
+                return e
+            e = entry.next
+        return -1
 
     cdef int32_t get(self, const uint8_t* s, idx_t n, uint64_t h) noexcept nogil:
         """The value of a key, or -1 when absent."""
-        cdef idx_t mask = self.cap - 1
-        cdef idx_t i = <idx_t>(h & <uint64_t>mask)
-        cdef TableSlot* slot
-        while True:
-            slot = &self.slots[i]
-            if slot.offset < 0:
-                return -1
-            if slot.hash == h and slot.length == n and \
-                    memcmp(self.arena + slot.offset, s, n) == 0:
-                return slot.value
-            i = (i + 1) & mask
+        cdef int64_t e = self.find(s, n, h)
+        return self.entries[e].value if e >= 0 else -1
 
     cdef int put(self, const uint8_t* s, idx_t n, uint64_t h, int32_t value) except -1 nogil:
-        cdef idx_t mask, i, cap
-        cdef TableSlot* slot
-        if 2 * (self.n + 1) > self.cap:
-            self._grow()
-        mask = self.cap - 1
-        i = <idx_t>(h & <uint64_t>mask)
-        while True:
-            slot = &self.slots[i]
-            if slot.offset < 0:
-                break
-            if slot.hash == h and slot.length == n and \
-                    memcmp(self.arena + slot.offset, s, n) == 0:
-                slot.value = value
-                return 0
-            i = (i + 1) & mask
+        cdef int64_t e = self.find(s, n, h)
+        cdef idx_t cap
+        if e >= 0:
+            self.entries[e].value = value
+            return 0
+        if self.n == self.entries_cap:
+            self.entries = <BytesEntry*>grow(self.entries, 2 * self.entries_cap * sizeof(BytesEntry))
+            self.entries_cap *= 2
         cap = self.arena_cap
         if self.arena_len + n > cap:
             while self.arena_len + n > cap:
@@ -334,29 +331,12 @@ cdef class BytesTable:
             self.arena = <uint8_t*>grow(self.arena, cap)
             self.arena_cap = cap
         memcpy(self.arena + self.arena_len, s, n)
-        slot.hash, slot.offset, slot.length, slot.value = h, self.arena_len, n, value
+        h &= self.hash_mask
+        self.entries[self.n] = BytesEntry(self.arena_len, n,
+                                          table_get(&self.by_hash, <int64_t>h), value)
+        table_set(&self.by_hash, <int64_t>h, self.n)
         self.arena_len += n
         self.n += 1
-        return 0
-
-    cdef int _grow(self) except -1 nogil:
-        cdef TableSlot* old = self.slots
-        cdef idx_t old_cap = self.cap, i, j, mask
-        self.cap *= 2
-        self.slots = <TableSlot*>malloc(self.cap * sizeof(TableSlot))
-        if self.slots == NULL:
-            with gil:
-                raise MemoryError()
-        mask = self.cap - 1
-        for i in range(self.cap):
-            self.slots[i].offset = -1
-        for i in range(old_cap):
-            if old[i].offset >= 0:
-                j = <idx_t>(old[i].hash & <uint64_t>mask)
-                while self.slots[j].offset >= 0:
-                    j = (j + 1) & mask
-                self.slots[j] = old[i]
-        free(old)
         return 0
 
     def __setitem__(self, bytes key, int32_t value):
@@ -365,10 +345,10 @@ cdef class BytesTable:
 
     def __getitem__(self, bytes key):
         cdef const uint8_t* s = key
-        cdef int32_t v = self.get(s, len(key), bytes_hash(s, len(key)))
-        if v == -1:
+        cdef int64_t e = self.find(s, len(key), bytes_hash(s, len(key)))
+        if e < 0:
             raise KeyError(key)
-        return v
+        return self.entries[e].value
 
     def __len__(self):
         return self.n

@@ -1,6 +1,7 @@
 # The most recent distinct event ids, for dropping events delivered twice.
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t
 
+from dqcep._kernels._table cimport Int64Table
 from dqcep._kernels._types cimport idx_t, id_t
 
 
@@ -9,11 +10,6 @@ cdef class RecentIds:
     cdef id_t* fifo                # arrival order: fifo[(head + k) % capacity]
     cdef idx_t head
     cdef readonly idx_t size
-    cdef id_t* keys                # open-addressing set, linear probing
-    cdef uint8_t* used
-    cdef idx_t mask                # table size - 1 (a power of two >= 2 * capacity)
+    cdef Int64Table held           # the ids in the fifo, as a set (value 0); >= 2 * capacity slots
 
-    cdef bint contains(self, id_t x) noexcept nogil
-    cdef void insert(self, id_t x) noexcept nogil
-    cdef void remove(self, id_t x) noexcept nogil
     cdef bint admit_one(self, id_t x) noexcept nogil

@@ -2,6 +2,7 @@
 # operator processor (DQCEP's "circular processing queue").
 from libc.stdint cimport int64_t, uint64_t
 
+from dqcep._kernels._table cimport Int64Slot, Int64Table
 from dqcep._kernels._types cimport idx_t, id_t, ts_t
 
 # Word offsets inside one record. A record is `width` int64 words, row-major.
@@ -42,17 +43,14 @@ cdef class KeyedQueue:
     cdef readonly RingBuffer records   # n_ids + 1 words of ids: the last is the chain link
     cdef readonly idx_t n_ids          # event-id slots per record
     cdef readonly int64_t evicted      # logical position of the head record
-    cdef int64_t* table_keys           # open-addressing hash table: key ...
-    cdef int64_t* table_pos            # ... -> logical position of the newest record with it
-    cdef idx_t table_cap               # power of two
-    cdef idx_t table_used              # occupied slots (live or stale)
+    cdef Int64Table index              # key -> logical position of its newest record
+                                       # (entries of keys with no live record go stale)
 
     cdef int64_t tail_pos(self) noexcept nogil
     cdef int64_t* at(self, int64_t pos) noexcept nogil
     cdef int64_t newest_with_key(self, int64_t key) noexcept nogil
     cdef int64_t older_with_key(self, int64_t pos) noexcept nogil
     cdef int append(self, ts_t start, ts_t end, int64_t key, const id_t* ids) except -1 nogil
-    cdef int _table_insert(self, int64_t key, int64_t pos) except -1 nogil
     cdef int _rebuild(self, idx_t capacity) except -1 nogil
     cdef idx_t evict_end_before(self, ts_t cutoff) except -1 nogil
 

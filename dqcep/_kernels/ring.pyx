@@ -16,8 +16,8 @@ from libc.string cimport memcpy
 
 import numpy as np
 
+from dqcep._kernels._table cimport table_free, table_get, table_init, table_set
 from dqcep._kernels._types cimport idx_t, id_t, ts_t
-from dqcep._kernels._hash cimport mix64
 
 DEF_MIN_CAPACITY = 16
 
@@ -248,18 +248,13 @@ cdef class KeyedQueue:
     """
 
     def __cinit__(self, idx_t n_ids):
-        self.table_keys = NULL
-        self.table_pos = NULL
         self.records = RingBuffer(n_ids + 1)
         self.n_ids = n_ids
         self.evicted = 0
-        self.table_cap = 0
-        self.table_used = 0
         self._rebuild(16)
 
     def __dealloc__(self):
-        free(self.table_keys)
-        free(self.table_pos)
+        table_free(&self.index)
 
     cdef inline int64_t tail_pos(self) noexcept nogil:
         return self.evicted + self.records.size
@@ -268,58 +263,29 @@ cdef class KeyedQueue:
         return self.records.row(pos - self.evicted)
 
     cdef int64_t newest_with_key(self, int64_t key) noexcept nogil:
-        cdef idx_t mask = self.table_cap - 1
-        cdef idx_t i = <idx_t>(mix64(<uint64_t>key) & mask)
-        while self.table_pos[i] != -2:          # -2: empty slot
-            if self.table_keys[i] == key:
-                return self.table_pos[i] if self.table_pos[i] >= self.evicted else -1
-            i = (i + 1) & mask
-        return -1
+        cdef int64_t pos = table_get(&self.index, key)
+        return pos if pos >= self.evicted else -1
 
     cdef inline int64_t older_with_key(self, int64_t pos) noexcept nogil:
         cdef int64_t prev = self.at(pos)[COL_IDS + self.n_ids]
         return prev if prev >= self.evicted else -1
 
-    cdef int _table_insert(self, int64_t key, int64_t pos) except -1 nogil:
-        """Point key at pos; returns the position it pointed at before (or -1)."""
-        cdef idx_t mask = self.table_cap - 1
-        cdef idx_t i = <idx_t>(mix64(<uint64_t>key) & mask)
-        while self.table_pos[i] != -2:
-            if self.table_keys[i] == key:
-                self.table_pos[i] = pos
-                return 0
-            i = (i + 1) & mask
-        self.table_keys[i] = key
-        self.table_pos[i] = pos
-        self.table_used += 1
-        return 0
-
     cdef int _rebuild(self, idx_t capacity) except -1 nogil:
-        """A fresh table holding the newest live position of every live key."""
-        cdef int64_t* keys = <int64_t*>malloc(capacity * sizeof(int64_t))
-        cdef int64_t* pos = <int64_t*>malloc(capacity * sizeof(int64_t))
-        cdef idx_t i
+        """A fresh index holding the newest live position of every live key."""
+        cdef Int64Table fresh
         cdef int64_t p
-        if keys == NULL or pos == NULL:
-            free(keys)
-            free(pos)
-            with gil:
-                raise MemoryError(f"could not allocate a hash table of {capacity} entries")
-        for i in range(capacity):
-            pos[i] = -2
-        free(self.table_keys)
-        free(self.table_pos)
-        self.table_keys, self.table_pos = keys, pos
-        self.table_cap, self.table_used = capacity, 0
+        table_init(&fresh, capacity)
+        table_free(&self.index)
+        self.index = fresh
         for p in range(self.evicted, self.tail_pos()):   # oldest first: newest wins
-            self._table_insert(self.at(p)[COL_KEY], p)
+            table_set(&self.index, self.at(p)[COL_KEY], p)
         return 0
 
     cdef int append(self, ts_t start, ts_t end, int64_t key, const id_t* ids) except -1 nogil:
         cdef int64_t pos = self.tail_pos()
         cdef int64_t* r
         cdef idx_t j
-        if 2 * (self.table_used + 1) > self.table_cap:
+        if 2 * (self.index.used + 1) > self.index.mask + 1:   # sweep stale keys, then size
             self._rebuild(max(16, next_pow2(4 * (self.records.size + 1))))
         self.records.reserve(1)
         r = self.records.row(self.records.size)
@@ -332,7 +298,7 @@ cdef class KeyedQueue:
         self.records.size += 1
         if self.records.size > self.records.high_water:
             self.records.high_water = self.records.size
-        self._table_insert(key, pos)
+        table_set(&self.index, key, pos)
         return 0
 
     cdef idx_t evict_end_before(self, ts_t cutoff) except -1 nogil:
@@ -342,7 +308,7 @@ cdef class KeyedQueue:
         self.records.drop_front(n)
         self.evicted += n
         self.records.shrink_if_sparse()
-        if self.table_used > 64 and self.table_used > 4 * (self.records.size + 1):
+        if self.index.used > 64 and self.index.used > 4 * (self.records.size + 1):
             self._rebuild(max(16, next_pow2(4 * (self.records.size + 1))))
         return n
 
@@ -402,7 +368,7 @@ cdef class KeyedQueue:
 
     @property
     def nbytes(self):
-        return self.records.nbytes + self.table_cap * 2 * sizeof(int64_t)
+        return self.records.nbytes + (self.index.mask + 1) * sizeof(Int64Slot)
 
     @property
     def high_water(self):

@@ -1,6 +1,7 @@
 # The SASE baseline's sequence scan and construction: active instance stacks.
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 
+from dqcep._kernels._table cimport Int64Slot, Int64Table
 from dqcep._kernels._types cimport idx_t, ts_t
 from dqcep._kernels.operators cimport PredicateSet
 from dqcep._kernels.store cimport EventStore
@@ -36,9 +37,7 @@ cdef class SaseNFA:
     cdef Stack* stacks                    # partition p, state s: stacks[p * n + s]
     cdef idx_t n_parts
     cdef idx_t parts_cap
-    cdef uint64_t* table_key              # partition key -> index (open addressing)
-    cdef int64_t* table_part              # -1: empty
-    cdef idx_t table_mask
+    cdef Int64Table part_of               # partition key -> its index in stacks
     cdef Stack* negs                      # per negation: its events, in ts order
 
     cdef int64_t* held                    # held matches: n seqs per row

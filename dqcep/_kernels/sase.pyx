@@ -29,12 +29,12 @@ Every loop over events, instances and candidates runs without the GIL.
 """
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc
-
-from dqcep._kernels._alloc cimport grow
 from libc.string cimport memmove
 
 import numpy as np
 
+from dqcep._kernels._alloc cimport grow
+from dqcep._kernels._table cimport table_free, table_get, table_init, table_set
 from dqcep._kernels._types cimport idx_t, ts_t
 from dqcep._kernels.operators cimport PredicateSet
 from dqcep._kernels.store cimport KIND_MISSING, EventStore, cell_hash
@@ -146,8 +146,6 @@ cdef class SaseNFA:
 
     def __cinit__(self):
         self.stacks = NULL
-        self.table_key = NULL
-        self.table_part = NULL
         self.negs = NULL
         self.held = NULL
         self.out_ids = NULL
@@ -183,18 +181,14 @@ cdef class SaseNFA:
         self.tsb = <int64_t*>malloc(self.n * sizeof(int64_t))
         self.pos = <int64_t*>malloc(self.n * sizeof(int64_t))
         self.negs = <Stack*>malloc((self.m + 1) * sizeof(Stack))
-        self.table_mask = 63
-        self.table_key = <uint64_t*>malloc((self.table_mask + 1) * sizeof(uint64_t))
-        self.table_part = <int64_t*>malloc((self.table_mask + 1) * sizeof(int64_t))
         self.parts_cap = 4
         self.stacks = <Stack*>malloc(self.parts_cap * self.n * sizeof(Stack))
         if (self.rec == NULL or self.tsb == NULL or self.pos == NULL or self.negs == NULL
-                or self.table_key == NULL or self.table_part == NULL or self.stacks == NULL):
+                or self.stacks == NULL):
             raise MemoryError()
+        table_init(&self.part_of, 64)
         for i in range(self.m):
             self.negs[i] = Stack(NULL, NULL, NULL, 0, 0, 0, 0)
-        for i in range(self.table_mask + 1):
-            self.table_part[i] = -1
         self.n_parts = 0
         self.n_held = self.held_cap = self.n_out = self.out_cap = 0
         self.pushed = self.pruned = self.constructed = self.live = self.live_peak = 0
@@ -209,8 +203,7 @@ cdef class SaseNFA:
                 _stack_free(&self.negs[i])
         free(self.stacks)
         free(self.negs)
-        free(self.table_key)
-        free(self.table_part)
+        table_free(&self.part_of)
         free(self.held)
         free(self.out_ids)
         free(self.out_det)
@@ -221,13 +214,10 @@ cdef class SaseNFA:
     # ------------------------------------------------------------ partitions
     cdef idx_t _partition(self, uint64_t key) except -1 nogil:
         """Index of the partition of ``key``, created (with empty stacks) if new."""
-        cdef idx_t h = <idx_t>(key & self.table_mask), i, size, p
-        cdef uint64_t* keys
-        cdef int64_t* parts
-        while self.table_part[h] >= 0:
-            if self.table_key[h] == key:
-                return self.table_part[h]
-            h = (h + 1) & self.table_mask
+        cdef int64_t p = table_get(&self.part_of, <int64_t>key)
+        cdef idx_t i
+        if p >= 0:
+            return <idx_t>p
         if self.n_parts == self.parts_cap:
             self.stacks = <Stack*>grow(self.stacks, 2 * self.parts_cap * self.n * sizeof(Stack))
             self.parts_cap *= 2
@@ -235,30 +225,8 @@ cdef class SaseNFA:
         for i in range(self.n):
             self.stacks[p * self.n + i] = Stack(NULL, NULL, NULL, 0, 0, 0, 0)
         self.n_parts += 1
-        self.table_key[h] = key
-        self.table_part[h] = p
-        if self.n_parts * 2 > self.table_mask + 1:   # keep the table at most half full
-            size = 2 * (self.table_mask + 1)
-            keys = <uint64_t*>malloc(size * sizeof(uint64_t))
-            parts = <int64_t*>malloc(size * sizeof(int64_t))
-            if keys == NULL or parts == NULL:
-                free(keys)
-                free(parts)
-                with gil:
-                    raise MemoryError("could not grow the partition table")
-            for i in range(size):
-                parts[i] = -1
-            for i in range(self.table_mask + 1):
-                if self.table_part[i] >= 0:
-                    h = <idx_t>(self.table_key[i] & (size - 1))
-                    while parts[h] >= 0:
-                        h = (h + 1) & (size - 1)
-                    keys[h] = self.table_key[i]
-                    parts[h] = self.table_part[i]
-            free(self.table_key)
-            free(self.table_part)
-            self.table_key, self.table_part, self.table_mask = keys, parts, size - 1
-        return p
+        table_set(&self.part_of, <int64_t>key, p)
+        return <idx_t>p
 
     # ------------------------------------------------------------------ scan
     def scan(self, EventStore st, const int64_t[::1] seqs, const int32_t[::1] types):
@@ -495,7 +463,7 @@ cdef class SaseNFA:
         for i in range(self.m):
             total += self.negs[i].cap * 3 * sizeof(int64_t)
         total += self.parts_cap * self.n * sizeof(Stack)
-        total += (self.table_mask + 1) * (sizeof(uint64_t) + sizeof(int64_t))
+        total += (self.part_of.mask + 1) * sizeof(Int64Slot)
         total += self.held_cap * self.n * sizeof(int64_t)
         total += self.out_cap * (self.n + 1) * sizeof(int64_t)
         return total
