@@ -20,7 +20,7 @@ import pandas as pd
 
 from dqcep.io.sinks import match_lines
 from dqcep.lang import ast, parse
-from dqcep.runtime import Engine, EventColumns
+from dqcep.runtime import Engine, EventColumns, late_rule
 from dqcep.runtime.program import program_for
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
 from dqcep.spark.partitioning import BROADCAST, Partitioning
@@ -103,6 +103,18 @@ class JobSpec:
 
 
 # ------------------------------------------------------------------ pushdown
+
+def late_flags(before: pd.Series, ts: pd.Series, lateness: int) -> np.ndarray:
+    """The engine's late rule (``dqcep.runtime.late_rule``) over Spark rows: ``before``
+    is the largest ts that arrived before each row (its own ts where nothing did).
+
+    Both must come as int64, so the caller fills nulls in Spark SQL: a null turns a
+    pandas column of longs into float64, which holds a ts exactly only up to 2**53."""
+    if before.dtype != np.int64 or ts.dtype != np.int64:
+        raise TypeError(f"late_flags needs int64 columns without nulls, got {before.dtype} "
+                        f"and {ts.dtype}")
+    return late_rule(before.to_numpy(), ts.to_numpy(), lateness)
+
 
 def pushdown_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Keep the events some query can use (``Engine.needed``)."""

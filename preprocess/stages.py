@@ -11,10 +11,12 @@ rest is Spark SQL. Nothing is collected to the driver but per-file aggregates.
 """
 from __future__ import annotations
 
+import pandas as pd
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from dqcep.spark.executor import JobSpec, assign_batches, engine_batches, pushdown_batches
+from dqcep.spark.executor import (JobSpec, assign_batches, engine_batches, late_flags,
+                                  pushdown_batches)
 
 EVENT_COLUMNS = ["file_index", "seq", "where", "id", "ts", "file_before", "event"]
 EVENT_SCHEMA = ("file_index long, seq long, `where` string, id long, ts long, file_before long, "
@@ -50,7 +52,8 @@ def mark_late(events: DataFrame, lateness: int) -> tuple[DataFrame, DataFrame]:
     """(on time, late): an event is late when its ts is more than ``lateness`` ms
     below the largest ts that arrived before it — the engine's K-slack rule
     (docs/runtime.md), so a file replayed here and the same stream run live
-    divert the same events.
+    divert the same events; the rule itself is ``dqcep.runtime.late_rule``, applied in
+    the Python workers (``late_flags``) as the streaming job and the engine apply it.
 
     Arrival order is (file, position): within a file the source gives each row
     ``file_before``, the running maximum before it; across files, the maxima of
@@ -66,11 +69,16 @@ def mark_late(events: DataFrame, lateness: int) -> tuple[DataFrame, DataFrame]:
         running = row.m if running is None else max(running, row.m)
     earlier = spark.createDataFrame(prefix or [(0, None)],
                                     "file_index int, earlier_max long")
+
+    @F.pandas_udf("boolean")
+    def is_late(before: pd.Series, ts: pd.Series) -> pd.Series:
+        return pd.Series(late_flags(before, ts, lateness))
+
+    # Only the two long columns travel to the Python workers, not the events; no null
+    # among them (late_flags), and an event with nothing before it is never late.
+    before = F.coalesce(F.greatest("file_before", "earlier_max"), F.col("ts"))
     marked = (events.join(F.broadcast(earlier), "file_index", "left")
-              .withColumn("_before", F.greatest("file_before", "earlier_max"))
-              .withColumn("_late", F.coalesce(
-                  F.col("_before").cast("decimal(20,0)") - F.col("ts").cast("decimal(20,0)")
-                  > F.lit(lateness), F.lit(False))))
+              .withColumn("_late", is_late(before, "ts")))
     return (marked.where(~F.col("_late")).select(*EVENT_COLUMNS),
             marked.where(F.col("_late")).select(*EVENT_COLUMNS))
 

@@ -29,9 +29,8 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
-from dqcep.runtime import late_rule
 from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
-                                 event_columns, record_lines)
+                                 event_columns, late_flags, record_lines)
 from dqcep.spark.journal_source import END_WHERE
 from dqcep.spark.source import SCHEMA
 
@@ -57,15 +56,11 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
             df = df[~end]
             if not len(df):
                 continue
-        before = df["file_before"]
-        clock = np.maximum(before.fillna(df["ts"]).fillna(0), df["ts"].fillna(0)) \
-            .astype(np.int64)
+        # run_stream filled the nulls of ts and file_before, so both are exact int64
+        clock = np.maximum(df["file_before"], df["ts"])
         df = df.assign(clock=clock)
         dead = df["reason"].notna()
-        known = (~dead & before.notna()).to_numpy()
-        late = np.zeros(len(df), bool)
-        late[known] = late_rule(before[known].to_numpy(np.int64),
-                                df["ts"][known].to_numpy(np.int64), lateness)
+        late = ~dead.to_numpy() & late_flags(df["file_before"], df["ts"], lateness)
         out = [df[dead].assign(group=GROUP_DEAD, part=0),
                df[late].assign(group=GROUP_LATE, part=0)]
         events, n_needed = df[~dead & ~late], 0
@@ -85,7 +80,7 @@ def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
     """The end-of-stream row, once for each (group, part) that may hold state: every
     key partition; the slices near the end of event time."""
     p = spec.partitioning
-    clock = row["file_before"].fillna(0).astype(np.int64).iloc[0]
+    clock = int(row["file_before"].iloc[0])
     keys = []
     if p.keyed:
         keys += [(GROUP_KEYED, k) for k in range(spec.partitions)]
@@ -207,6 +202,11 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     rows = (spark.readStream.format("dqcep_journal").option("path", str(Path(journal).resolve()))
             .option("index", str(ck / "journal-index")).option("end", str(end_marker))
             .option("format", fmt).load())
+    # No null ts or file_before reaches pandas (a null would make the column float64,
+    # inexact beyond 2**53): nothing before a row -> its own ts; a dead row's ts -> 0
+    # (only its where and reason are used).
+    rows = (rows.withColumn("file_before", F.coalesce("file_before", "ts", F.lit(0)))
+            .withColumn("ts", F.coalesce("ts", F.lit(0))))
     routed = (rows.mapInPandas(lambda it: route_batches(spec, lateness, it), ROUTED_SCHEMA)
               .withColumn("clock", F.timestamp_millis("clock"))
               .withWatermark("clock", "0 seconds"))

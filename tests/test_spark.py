@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dqcep.io.readers import read_events
@@ -134,6 +135,23 @@ def test_stages_late_and_duplicates(spark):
     on_time, late = mark_late(first, 20)
     assert sorted(r.id for r in late.collect()) == [2, 4]  # 100 - 50 > 20, 100 - 60 > 20;
     assert sorted(r.id for r in on_time.collect()) == [1, 3, 5]  # 100 - 80 = 20: on time
+
+
+def test_mark_late_is_the_engines_rule_at_the_limits_of_time(spark):
+    """The batch job's late events are those ``dqcep.runtime.late_rule`` names, also for
+    gaps near the ends of the ts range (no overflow) and rows with nothing before them."""
+    from dqcep.events import TS_LIMIT
+    from dqcep.runtime import late_rule
+    from dqcep.spark.stages import mark_late
+    ts = [TS_LIMIT, -TS_LIMIT, TS_LIMIT - 7, 0, TS_LIMIT - 8, -TS_LIMIT]
+    rows = [(0, i, f"a:{i + 1}", i + 1, t, max(ts[:i]) if i else None) for i, t in enumerate(ts)]
+    df = spark.createDataFrame([(*r, b"") for r in rows],
+                               "file_index int, seq long, `where` string, id long, ts long, "
+                               "file_before long, event binary")
+    before = np.array([TS_LIMIT] * (len(ts) - 1), np.int64)
+    want = [2 + i for i in np.flatnonzero(late_rule(before, np.array(ts[1:], np.int64), 7))]
+    _, late = mark_late(df, 7)
+    assert sorted(r.id for r in late.collect()) == want == [2, 4, 5, 6]
 
 
 def test_source_rows_keep_positions_and_running_maxima(tmp_path):
