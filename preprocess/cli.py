@@ -53,7 +53,8 @@ def cmd_spark_run(args) -> int:
     from dqcep.spark.session import spark_session
 
     text = Path(args.queries).read_text(encoding="utf-8")
-    spark = spark_session(args.master, "dqcep spark run", args.partitions)
+    spark = spark_session(args.master, "dqcep spark run", args.partitions,
+                          archive_conf(args.archive))
     try:
         with _executor_errors():
             stats = run_batch(spark, text, args.input, args.output, fmt=args.format,
@@ -84,7 +85,8 @@ def cmd_spark_stream(args) -> int:
     from dqcep.spark.stream import run_stream, stream_stats
 
     text = Path(args.queries).read_text(encoding="utf-8")
-    spark = spark_session(args.master, "dqcep spark stream", args.partitions)
+    spark = spark_session(args.master, "dqcep spark stream", args.partitions,
+                          archive_conf(args.archive))
     try:
         with _executor_errors():
             query = run_stream(spark, text, args.input, args.output, args.checkpoint,
@@ -102,6 +104,25 @@ def cmd_spark_stream(args) -> int:
     finally:
         spark.stop()
     _summary("stream", stream_stats(args.output), args.output)
+    return 0
+
+
+def archive_conf(archive: str | None) -> dict[str, str] | None:
+    """Session settings for ``--archive ENV.tar.gz`` (checked before Spark starts)."""
+    if archive is None:
+        return None
+    from dqcep.spark.pack import spark_conf
+    return spark_conf(archive)
+
+
+def cmd_spark_pack(args) -> int:
+    from dqcep.spark.pack import ENV_NAME, pack_environment
+    print("dqcep spark pack: building a venv with dqcep and packing it (a minute or two)",
+          file=sys.stderr)
+    out = pack_environment(args.output, args.source, args.compress_level)
+    size = out.stat().st_size / 2**20
+    print(f"dqcep spark pack: {out} ({size:,.0f} MiB); pass it as --archive {out} (it is "
+          f"unpacked as ./{ENV_NAME} on each executor)", file=sys.stderr)
     return 0
 
 
@@ -154,6 +175,10 @@ def add_spark_parser(sub, parser_class) -> None:
                      help="time-slice length (default: a few slices per partition, at least "
                      "the window)")
     run.add_argument("--overwrite", action="store_true", help="replace DIR's contents")
+    run.add_argument("--archive", metavar="ENV.tar.gz",
+                     help="a packed environment (from 'dqcep spark pack') for the executors: "
+                     "shipped with spark.archives, its Python runs the executors' work, so the "
+                     "cluster's nodes need no dqcep installed")
     run.set_defaults(func=cmd_spark_run)
 
     stream = jobs.add_parser(
@@ -184,7 +209,26 @@ def add_spark_parser(sub, parser_class) -> None:
                         help="seconds between micro-batches (default 1)")
     stream.add_argument("--until-idle", action="store_true",
                         help="stop when every closed segment is processed (and timers fired)")
+    stream.add_argument("--archive", metavar="ENV.tar.gz",
+                        help="a packed environment for the executors (as for 'spark run')")
     stream.set_defaults(func=cmd_spark_stream)
+
+    pack = jobs.add_parser(
+        "pack", help="pack a Python environment with dqcep for the executors",
+        description="Build a fresh virtual environment holding dqcep, its dependencies and "
+        "pandas, and pack it with venv-pack into a .tar.gz that 'spark run' and 'spark "
+        "stream' ship to the executors with --archive (spark.archives): the cluster's nodes "
+        "need no dqcep. PySpark is not packed (the executors take the cluster's). The "
+        "nodes need the same Python at the same path as this machine (a venv links to its "
+        "interpreter).")
+    pack.add_argument("--output", "-o", required=True, metavar="ENV.tar.gz",
+                      help="the archive to write")
+    pack.add_argument("--source", default=None, metavar="SPEC",
+                      help="what to install as dqcep: a wheel, a source tree or a requirement "
+                      "(default: this checkout when dqcep runs from one, else dqcep==VERSION)")
+    pack.add_argument("--compress-level", type=int, default=4, choices=range(10),
+                      metavar="0-9", help="gzip level (default 4)")
+    pack.set_defaults(func=cmd_spark_pack)
 
     cluster = jobs.add_parser(
         "cluster", help="start or stop a local standalone cluster (master + workers)",

@@ -13,7 +13,8 @@ DEFAULT_SHUFFLE_PARTITIONS = 4
 
 def spark_session(master: str | None = None, app: str = "dqcep", partitions: int | None = None,
                   conf: dict[str, str] | None = None):
-    """Build (or get) the session. ``partitions`` sets the shuffle partitions."""
+    """Build (or get) the session. ``partitions`` sets the shuffle partitions; ``conf``
+    adds settings (e.g. ``dqcep.spark.pack.spark_conf`` for a packed environment)."""
     # Python workers must run this interpreter (with dqcep, numpy and pyarrow), not
     # whatever python3 is first on PATH; Spark reads these before it starts them.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -1,12 +1,26 @@
-"""Shared fixtures: a real Mosquitto broker started for the tests (never one left running)."""
+"""Shared fixtures: a real Mosquitto broker started for the tests (never one left running),
+and dqcep built as a wheel."""
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory):
+    """dqcep built as a wheel from this checkout (once per session: the kernels compile)."""
+    out = tmp_path_factory.mktemp("wheel")
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
+                    str(root)], check=True, cwd=out)
+    (built,) = out.glob("dqcep-*.whl")
+    return built
 
 
 def free_port() -> int:

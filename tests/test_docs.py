@@ -38,6 +38,9 @@ NOT_RUN = [
     (r"spark://127\.0\.0\.1:PORT|^dqcep spark cluster",
      "starts a standalone cluster: tests/test_spark.py::test_scripted_standalone_cluster "
      "runs these steps"),
+    (r"^dqcep spark pack", "builds a venv from this checkout (the kernels compile): "
+     "tests/test_spark.py::test_scripted_standalone_cluster packs one from the session's "
+     "wheel and runs a job with it"),
     (r"mqtt://localhost:1883", "needs a broker: test_streaming_commands_against_a_broker "
      "runs it against a test broker"),
 ]

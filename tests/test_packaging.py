@@ -134,15 +134,6 @@ def test_the_scan_sees_the_applications_edges():
     assert "dqcep.spark" in edges["dqcep.cli"] and "dqcep.cli" not in edges["dqcep.spark"]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(ROOT)], check=True, cwd=out)
-    (built,) = out.glob("dqcep-*.whl")
-    return built
-
-
 def test_the_wheel_holds_only_the_dqcep_package_and_no_generated_c(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"dqcep", f"{wheel.name.split('-')[0]}-"

@@ -191,11 +191,57 @@ def test_batch_job_on_a_multi_process_cluster(tmp_path):
     assert "matches ->" in proc.stderr
 
 
-def test_scripted_standalone_cluster(tmp_path):
-    """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on
-    its spark:// master, stop: the processes are gone."""
+# Which Python, and which dqcep, the executors' DataFrame work runs: a Python data source
+# read (as the job's source) and mapInPandas (as its stages), on the packed environment.
+PROBE = """
+import json, sys
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from dqcep.spark.cli import archive_conf
+from dqcep.spark.session import spark_session
+spark = spark_session(sys.argv[1], "dqcep-probe", conf=archive_conf(sys.argv[2]))
+
+class WhereReader(DataSourceReader):
+    def partitions(self):
+        return [InputPartition(i) for i in range(2)]
+    def read(self, partition):
+        import sys, dqcep
+        yield sys.executable, sys.prefix, dqcep.__file__
+
+class Where(DataSource):
+    @classmethod
+    def name(cls):
+        return "dqcep_where"
+    def schema(self):
+        return "executable string, prefix string, module string"
+    def reader(self, schema):
+        return WhereReader()
+
+def where(batches):
+    import sys, dqcep, pandas as pd
+    for _ in batches:
+        yield pd.DataFrame({"executable": [sys.executable], "prefix": [sys.prefix],
+                            "module": [dqcep.__file__]})
+
+spark.dataSource.register(Where)
+read = spark.read.format("dqcep_where").load()
+mapped = spark.range(4, numPartitions=4).mapInPandas(where, read.schema)
+print(json.dumps(sorted({tuple(r) for r in read.union(mapped).collect()})))
+spark.stop()
+"""
+
+
+def test_scripted_standalone_cluster(tmp_path, wheel):
+    """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on its
+    spark:// master with the executors on a packed environment (dqcep spark pack, shipped
+    with --archive), stop: the processes are gone. The executors' Python is the
+    archive's, an isolated venv, so their dqcep is the archive's and not this machine's."""
     events = generate(tmp_path / "events.jsonl", 3000)
     want, _, _ = expected([events])
+    archive = tmp_path / "env.tar.gz"
+    pack = subprocess.run([sys.executable, "-m", "dqcep", "spark", "pack", "-o", str(archive),
+                           "--source", str(wheel), "--compress-level", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert pack.returncode == 0 and archive.stat().st_size > 0, pack.stderr
     state = tmp_path / "cluster"
     start = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "start",
                             "--workers", "2", "--cores", "1", "--memory", "1g",  # docs/spark.md
@@ -206,10 +252,19 @@ def test_scripted_standalone_cluster(tmp_path):
         assert master.startswith("spark://127.0.0.1:")
         run = subprocess.run(
             [sys.executable, "-m", "dqcep", "spark", "run", str(QUERIES), "-i", str(events),
-             "-o", str(tmp_path / "out"), "--master", master, "--lateness", str(LATENESS)],
-            capture_output=True, text=True, timeout=300)
+             "-o", str(tmp_path / "out"), "--master", master, "--lateness", str(LATENESS),
+             "--archive", str(archive)], capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
         assert set(job_lines(tmp_path / "out")) == want and want
+        probe = subprocess.run([sys.executable, "-c", PROBE, master, str(archive)],
+                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert probe.returncode == 0, probe.stderr[-3000:]
+        seen = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert len(seen) >= 2  # both workers' executors
+        for executable, prefix, module in seen:
+            assert executable.endswith("environment/bin/python"), executable
+            assert str(state) in executable  # unpacked into a worker's work directory
+            assert module.startswith(prefix) and str(ROOT) not in module, (prefix, module)
     finally:
         pids = [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"]]
         stop = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "stop",
