@@ -14,7 +14,15 @@ times, each in its own process:
 Spark figures time ``run_batch`` only (the session is started before). The
 target from the Spark issue: 2 executors / 1 executor >= 1.7.
 
-    python3 bench/bench_spark.py [--events N] [--files F]
+``--model`` instead measures what decides scale-out and predicts the rest (after
+CEPSim, a simulator of cloud CEP): the same job with event logs on local[1],
+local[2], one executor with 2 cores and two executors with 1 core; per stage the
+task time per event (the work, which more executors must not grow: within
+1.2x), the skew (largest / mean task) and the tasks; the job's fixed cost; and a
+model of the wall time on N executors x C cores, checked against the runs made
+here and printed for 4, 8 and 32 executors (see ``predict``).
+
+    python3 bench/bench_spark.py [--events N] [--files F] [--model]
 """
 from __future__ import annotations
 
@@ -37,8 +45,11 @@ def child(args) -> None:
     """One Spark configuration, in this process: prints JSON figures."""
     from dqcep.spark.batch import run_batch
     from dqcep.spark.session import spark_session
-    spark = spark_session(args.master, "dqcep-bench", args.partitions,
-                          {"spark.executor.memory": "1g"})
+    conf = {"spark.executor.memory": "1g"}
+    if args.eventlog:
+        from eventlog import log_conf
+        conf.update(log_conf(args.eventlog))
+    spark = spark_session(args.master, "dqcep-bench", args.partitions, conf)
     try:
         started = time.perf_counter()
         stats = run_batch(spark, QUERIES.read_text(), [args.input], args.output,
@@ -114,9 +125,15 @@ def main(argv=None) -> None:
     ap.add_argument("--partitioning", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
     ap.add_argument("--output", help=argparse.SUPPRESS)
+    ap.add_argument("--eventlog", help=argparse.SUPPRESS)
+    ap.add_argument("--model", action="store_true",
+                    help="measure task time per event, skew and fixed cost from event logs "
+                    "and predict the wall time on more executors")
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
+    if args.model:
+        return model(args)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         events = tmp / "events.msgpack"
@@ -158,6 +175,139 @@ def main(argv=None) -> None:
     print(f"time slices: recall {recall:.2%}, duplicate rate {dup:.2%}, slice "
           f"{sliced['slice_ms'] / 1000:.0f} s, overlap overhead "
           f"{sliced['assigned'] / max(sliced['after_pushdown'], 1) - 1:.1%} more event copies")
+
+
+# ------------------------------------------------------------------ --model
+
+MODEL_PARTITIONS = 2
+# (label, master, executors, cores per executor); the machine has 2 cores
+MODEL_RUNS = [("local[1]", "local[1]", 1, 1), ("local[2]", "local[2]", 1, 2),
+              ("1 executor x 2 cores", "local-cluster[1,2,2048]", 1, 2),
+              ("2 executors x 1 core", "local-cluster[2,1,1024]", 2, 1)]
+MACHINE_CORES = 2
+
+
+def measured(tmp: Path, label: str, master: str, partitions: int) -> dict:
+    """Run the job once with an event log; the log's summary plus the job's wall time."""
+    from eventlog import log_files, read, summarize
+    logs, out = tmp / f"log-{label.replace(' ', '_')}", tmp / "model-out"
+    logs.mkdir()
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", "--master", master, "--partitions",
+         str(partitions), "--input", str(tmp / "parts"), "--output", str(out),
+         "--eventlog", str(logs)], capture_output=True, text=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent)})
+    if proc.returncode:
+        raise SystemExit(f"{label} failed:\n{proc.stderr[-4000:]}")
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    shutil.rmtree(out)
+    (log,) = log_files(logs)
+    return {**summarize(read(log)), "seconds": figures["seconds"]}
+
+
+def stage_time(stage: dict, slots: int, cores: int, tasks: int | None = None) -> float:
+    """Seconds a stage takes with ``slots`` task slots on ``cores`` cores.
+
+    ``task_ms`` is the stage's work measured alone (local[1]: one task at a time, so
+    no task waits for a core) and ``demand`` the cores one task keeps busy (its JVM
+    thread and its Python worker run side by side: the slowdown of the stage's tasks
+    when two share two cores, local[2] against local[1]). k tasks run at once; each
+    is slowed by max(1, k x demand / cores); the stage never ends before its longest
+    task (mean task x skew)."""
+    n = tasks or stage["tasks"]
+    k = min(n, slots)
+    slowdown = max(1.0, k * stage["demand"] / cores)
+    work = stage["task_ms"] / 1000
+    return max(work / k, work / n * stage["skew"]) * slowdown
+
+
+def calibrate(alone: dict, pair: dict) -> list[dict]:
+    """Per stage of the local[1] run: its work, skew, tasks and core demand (local[2])."""
+    two = {s["id"]: s for s in pair["stages"]}
+    out = []
+    for s in alone["stages"]:
+        t = two.get(s["id"])
+        demand = t["task_ms"] / s["task_ms"] if t and s["task_ms"] else 1.0
+        out.append({**s, "demand": min(max(demand, 1.0), 4.0)})
+    return out
+
+
+def predict(stages: list[dict], fixed_s: float, executors: int, cores: int,
+            partitions: int | None = None) -> float:
+    """Wall seconds of the job on ``executors`` x ``cores`` (one slot per core, as many
+    cores as slots): the fixed cost plus each stage's time. ``partitions``: the
+    shuffled stages get that many tasks (a user scaling out sets ``--partitions``
+    to the slots); input stages keep one task per file."""
+    slots = executors * cores
+    total = fixed_s
+    for s in stages:
+        scaled = partitions if partitions and s["tasks"] == MODEL_PARTITIONS else None
+        total += stage_time(s, slots, slots, scaled)
+    return total
+
+
+def model(args) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        events = tmp / "events.msgpack"
+        subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                        str(args.events), "--plant", str(QUERIES), "--plant-every", "130000",
+                        "--quiet", "-o", str(events)], check=True)
+        split(events, tmp / "parts", args.files)
+        runs = []
+        for label, master, executors, cores in MODEL_RUNS:
+            r = measured(tmp, label, master, MODEL_PARTITIONS)
+            r.update(label=label, master=master, executors=executors, cores=cores)
+            runs.append(r)
+    n = args.events
+    alone, pair, one, two = runs
+    stages = calibrate(alone, pair)
+    on_machine = [sum(stage_time(s, r["executors"] * r["cores"], MACHINE_CORES)
+                      for s in stages) for r in runs]
+    fixed_local = alone["seconds"] - on_machine[0]
+    fixed_cluster = one["seconds"] - on_machine[2]   # executor JVMs, shipping, scheduling
+    print(f"events={n:,} files={args.files} queries=iot.cep ({MACHINE_CORES} cores, "
+          f"--partitions {MODEL_PARTITIONS}); from the event logs")
+    print(f"{'':<26}" + "".join(f"{r['label']:>22}" for r in runs))
+    print(f"{'job wall s':<26}" + "".join(f"{r['seconds']:>22.1f}" for r in runs))
+    print(f"{'jobs / stages run':<26}"
+          + "".join(f"{str(r['jobs']) + ' / ' + str(r['stages_run']):>22}" for r in runs))
+    print(f"{'task s per 10^6 events':<26}"
+          + "".join(f"{r['task_ms'] / n * 1e3:>22.2f}" for r in runs))
+    print(f"\nper stage (>= 2% of the work): work alone, core demand, skew, tasks; task s per "
+          f"10^6 events with 1 executor x 2 cores and 2 executors x 1 core")
+    by_one = {s["id"]: s for s in one["stages"]}
+    by_two = {s["id"]: s for s in two["stages"]}
+    worst = 0.0
+    for s in stages:
+        a, b = by_one.get(s["id"]), by_two.get(s["id"])
+        if a is None or b is None or s["task_ms"] < 0.02 * alone["task_ms"]:
+            continue
+        ratio = b["task_ms"] / max(a["task_ms"], 1)
+        worst = max(worst, ratio)
+        print(f"  stage {s['id']:>3} {s['name'][:40]:<40} {s['task_ms'] / n * 1e3:>6.2f} s  "
+              f"x{s['demand']:.2f}  skew {s['skew']:.2f}  tasks {s['tasks']:>2}   "
+              f"{a['task_ms'] / n * 1e3:>6.2f} {b['task_ms'] / n * 1e3:>6.2f}  x{ratio:.2f}")
+    print(f"task time, 2 executors / 1 executor: x{two['task_ms'] / max(one['task_ms'], 1):.2f}"
+          f" overall, worst stage x{worst:.2f} (target: within 1.2x)")
+    print(f"fixed cost: {fixed_local:.1f} s in one process (local[1]), {fixed_cluster:.1f} s "
+          f"with executor processes (1 executor x 2 cores)")
+    print("\nmodel against the runs made here (stage work and demand from local[1] and "
+          "local[2]):")
+    for r, busy in zip(runs, on_machine):
+        fixed = fixed_local if r["master"].startswith("local[") else fixed_cluster
+        p = fixed + busy
+        print(f"  {r['label']:<24} measured {r['seconds']:>6.1f} s  predicted {p:>6.1f} s "
+              f"({p / r['seconds'] - 1:+.0%})")
+    print(f"predicted on a cluster (fixed cost {fixed_cluster:.1f} s; 2 cores per executor, "
+          f"--partitions = slots):")
+    base = predict(stages, fixed_cluster, 1, 2)
+    for executors in (1, 4, 8, 32):
+        p = predict(stages, fixed_cluster, executors, 2, executors * 2)
+        print(f"  {executors:>2} executors x 2 cores  {p:>6.1f} s  {n / p:>11,.0f} events/s "
+              f"(x{base / p:.2f} of 1 executor)")
+    print(f"(the input stages have {args.files} tasks, one per file: more slots than files do "
+          f"not help them; the fixed cost does not shrink with executors)")
 
 
 if __name__ == "__main__":
