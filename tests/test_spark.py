@@ -478,3 +478,36 @@ def test_a_segment_task_reads_its_segment_only(tmp_path):
     rows = pa.Table.from_batches(list(read_segment(0, str(segment), None, "msgpack",
                                                    str(tmp_path / "index"), after))).to_pylist()
     assert [r["id"] for r in rows] == [1, 2] and read_max(tmp_path / "index", after) == 2
+
+
+def test_event_log_gives_the_jobs_stages_and_the_model_its_figures(tmp_path):
+    """bench/eventlog.py over a real job's event log (bench_spark.py --child on local[1]):
+    the source stage read every record, every stage that ran has task time, and the
+    model, calibrated on this run, gives back its wall time."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_spark
+        from eventlog import log_files, read, summarize
+    finally:
+        sys.path.pop(0)
+    events = generate(tmp_path / "events.jsonl", 3000)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_spark.py"), "--child", "--master",
+         "local[1]", "--partitions", "2", "--input", str(events), "--output",
+         str(tmp_path / "out"), "--eventlog", str(logs)], capture_output=True, text=True,
+        timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "bench")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seconds = json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
+    (log,) = log_files(logs)
+    summary = summarize(read(log))
+    assert summary["jobs"] >= 1 and summary["stages_run"] >= 1
+    assert all(s["task_ms"] >= 0 and s["tasks"] >= 1 for s in summary["stages"])
+    assert max(s["records_in"] for s in summary["stages"]) >= 3000  # the source read them all
+    stages = bench_spark.calibrate(summary, summary)  # demand 1: no second run here
+    busy = sum(bench_spark.stage_time(s, 1, 1) for s in stages)
+    assert busy == pytest.approx(summary["task_ms"] / 1000)  # one slot: the work, in sequence
+    fixed = seconds - busy
+    assert bench_spark.predict(stages, fixed, 1, 1) == pytest.approx(seconds)
+    assert bench_spark.predict(stages, fixed, 8, 2, 16) < seconds
