@@ -101,15 +101,22 @@ def compare(expected: np.ndarray, got: np.ndarray) -> tuple[int, int, int]:
     return missing, extra, got.size - distinct.size
 
 
-def spark(tmp: Path, name: str, master: str, partitions: int, strategy: str = "auto") -> dict:
+def run_child(tmp: Path, name: str, master: str, partitions: int, strategy: str = "auto",
+              eventlog: Path | None = None) -> tuple[dict, Path]:
+    """One Spark configuration in a process of its own: (its JSON figures, its output)."""
     out = tmp / name
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", "--master", master, "--partitions",
-         str(partitions), "--partitioning", strategy, "--input", str(tmp / "parts"),
-         "--output", str(out)], capture_output=True, text=True)
+    cmd = [sys.executable, __file__, "--child", "--master", master, "--partitions",
+           str(partitions), "--partitioning", strategy, "--input", str(tmp / "parts"),
+           "--output", str(out)]
+    proc = subprocess.run(cmd + (["--eventlog", str(eventlog)] if eventlog else []),
+                          capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]), out
+
+
+def spark(tmp: Path, name: str, master: str, partitions: int, strategy: str = "auto") -> dict:
+    figures, out = run_child(tmp, name, master, partitions, strategy)
     figures["lines"] = line_hashes(sorted((out / "matches").glob("part-*")))
     shutil.rmtree(out)
     return figures
@@ -190,16 +197,9 @@ MACHINE_CORES = 2
 def measured(tmp: Path, label: str, master: str, partitions: int) -> dict:
     """Run the job once with an event log; the log's summary plus the job's wall time."""
     from eventlog import log_files, read, summarize
-    logs, out = tmp / f"log-{label.replace(' ', '_')}", tmp / "model-out"
+    logs = tmp / f"log-{label.replace(' ', '_')}"
     logs.mkdir()
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", "--master", master, "--partitions",
-         str(partitions), "--input", str(tmp / "parts"), "--output", str(out),
-         "--eventlog", str(logs)], capture_output=True, text=True,
-        env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent)})
-    if proc.returncode:
-        raise SystemExit(f"{label} failed:\n{proc.stderr[-4000:]}")
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures, out = run_child(tmp, "model-out", master, partitions, eventlog=logs)
     shutil.rmtree(out)
     (log,) = log_files(logs)
     return {**summarize(read(log)), "seconds": figures["seconds"]}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,8 +73,6 @@ class Job:
 class Run:
     stages: dict[int, Stage]
     jobs: list[Job]
-    app_start: int | None
-    app_end: int | None
     executors: int
 
     def ran(self) -> list[Stage]:
@@ -86,17 +83,12 @@ class Run:
 def read(path: str | Path) -> Run:
     stages: dict[int, Stage] = {}
     jobs: list[Job] = []
-    app_start = app_end = None
     executors: set[str] = set()
     with open(path, encoding="utf-8") as f:
         for line in f:
             e = json.loads(line)
             kind = e.get("Event")
-            if kind == "SparkListenerApplicationStart":
-                app_start = e.get("Timestamp")
-            elif kind == "SparkListenerApplicationEnd":
-                app_end = e.get("Timestamp")
-            elif kind == "SparkListenerExecutorAdded":
+            if kind == "SparkListenerExecutorAdded":
                 executors.add(e["Executor ID"])
             elif kind == "SparkListenerJobStart":
                 jobs.append(Job(e["Job ID"], list(e.get("Stage IDs", [])), e["Submission Time"]))
@@ -121,14 +113,11 @@ def read(path: str | Path) -> Run:
                 s.records_out += (m.get("Output Metrics", {}).get("Records Written", 0)
                                   + m.get("Shuffle Write Metrics", {})
                                   .get("Shuffle Records Written", 0))
-    return Run(stages, jobs, app_start, app_end, len(executors - {"driver"}))
+    return Run(stages, jobs, len(executors - {"driver"}))
 
 
 def summarize(run: Run) -> dict:
     ran = run.ran()
-    by_name = defaultdict(int)
-    for s in ran:
-        by_name[s.name.split(" at ")[0]] += s.task_ms
     return {
         "jobs": len(run.jobs),
         "stages_run": len(ran),

@@ -33,7 +33,7 @@ def default_source() -> str:
     root = Path(dqcep.__file__).resolve().parent.parent
     if (root / "pyproject.toml").exists() and (root / "dqcep" / "_kernels").is_dir():
         return str(root)
-    return f"dqcep=={getattr(dqcep, '__version__', '0.1.0')}"
+    return f"dqcep=={dqcep.__version__}"
 
 
 def pack_environment(output: str | Path, source: str | None = None,

@@ -310,7 +310,7 @@ def test_equality_conjunct_becomes_the_join_key():
             "WITHIN 50 ms")
     queries = parse(text).queries
     engine = Engine(build_plan(queries))
-    (v, index), = engine.eq_index.items()      # a.key = d.key only: b sits under an OR
+    (v, index), = engine.program.eq_index.items()      # a.key = d.key only: b sits under an OR
     assert engine.plan.label(v) == "SEQ" and index[0] == 0 and index[2] == 0
     assert_agrees_with_reference(queries, 6_000, seed=7, at_least=50)
 

@@ -8,7 +8,8 @@ from dqcep._kernels.store import EventStore
 GUARD_MODES: dict[str, int]  # the planner's guard modes ("GAP", ...) as kernel codes
 
 class BytecodeError(ValueError):
-    predicate: int  # index of the offending predicate in the set
+    predicate: int   # index of the offending predicate in the set
+    too_deep: bool   # well formed, but deeper than MAX_STACK
 
 class PredicateSet:
     n: int  # idx_t: predicates

@@ -62,13 +62,15 @@ cdef _check_columns(EventStore st, const int32_t[::1] columns):
 
 
 class BytecodeError(ValueError):
-    """Predicate bytecode a kernel refuses (``predicate``: its index in the set)."""
+    """Predicate bytecode a kernel refuses (``predicate``: its index in the set;
+    ``too_deep``: well formed, but more than MAX_STACK operands pending)."""
 
     predicate = -1
+    too_deep = False
 
-    def __init__(self, predicate, message):
+    def __init__(self, predicate, message, too_deep=False):
         super().__init__(f"predicate {predicate}: {message}")
-        self.predicate = predicate
+        self.predicate, self.too_deep = predicate, too_deep
 
 
 cdef class PredicateSet:
@@ -147,7 +149,7 @@ cdef class PredicateSet:
             else:
                 raise BytecodeError(p, f"unknown opcode {op}")
             if depth > MAX_STACK:
-                raise BytecodeError(p, f"more than {MAX_STACK} operands pending")
+                raise BytecodeError(p, f"more than {MAX_STACK} operands pending", True)
         if depth != 1:
             raise BytecodeError(p, f"leaves {depth} values on the stack, not one")
 

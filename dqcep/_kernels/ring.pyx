@@ -10,8 +10,8 @@ The buffer is a power-of-two array indexed with a mask. It doubles when full and
 halves when a quarter full (never below ``min_capacity``), so its size follows
 the window contents both ways.
 """
-from libc.stdint cimport int64_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdint cimport int64_t
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
 import numpy as np

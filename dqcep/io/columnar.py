@@ -34,6 +34,8 @@ from dqcep.io.readers import (CSV_BOOL, CSV_DEC, CSV_INT, CSV_TRUE, PARQUET_BATC
                               msgpack_stream, parquet_rows, read_events)
 
 ErrorHandler = Callable[[EventInputError], None] | None
+KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
+                                                                 "STR"))
 
 
 def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = None,
@@ -232,8 +234,6 @@ def _arrow_columns(batch, engine):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
-                                                                     "STR"))
     names = batch.schema.names
     if batch.num_rows == 0 or len(set(names)) != len(names) \
             or not {"id", "type", "ts"} <= set(names):
@@ -462,8 +462,6 @@ def _csv_block_columns(block: bytes, header: list[str], engine):
         if name == "ts" and (v.max() > TS_LIMIT or v.min() < -TS_LIMIT):
             return None
         fields.append(v.astype(np.int64))
-    KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
-                                                                     "STR"))
     attrs = engine.attrs
     slot = {a: i for i, a in enumerate(attrs)}
     val, kind = np.zeros((n, len(attrs)), np.float64), np.zeros((n, len(attrs)), np.int8)

@@ -122,7 +122,8 @@ class FileMatchSink:
         self.with_returns = with_returns
         # The service's output (kept up to a checkpoint's size) must be on disk before a
         # checkpoint says so; a run from a file writes its output anew and can be run
-        # again, so its close is a plain one (an fsync of 200 MB took 9% of a run).
+        # again, so its close is a plain one (the fsync of 219 MB of matches took 88 ms
+        # of a 1.3 s run under cProfile).
         self.sync_on_close = keep is not None
         if target in (None, "-"):
             self.f, self.path = sys.stdout.buffer, None

@@ -145,7 +145,7 @@ def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],
                             np.array(ckind, dtype=np.int8))
     except BytecodeError as err:
         text = preds[err.predicate].text
-        if f"more than {MAX_STACK} operands" in str(err):
+        if err.too_deep:
             raise UserError(f"condition {text!r} is nested too deeply for the native "
                             f"engine (more than {MAX_STACK} operands pending)") from None
         raise UserError(f"condition {text!r} did not compile: {err}") from None

@@ -58,7 +58,6 @@ class Engine(EventTimeEngine):
         self.program = program
         self.plan = program.plan
         self.store_retention = program.store_retention
-        self.eq_index = program.eq_index
         self._out_rings: dict[int, RingBuffer] = {}
 
     stats = property(lambda self: self.state.stats, doc="``self.state.stats``")
