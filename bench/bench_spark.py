@@ -102,11 +102,11 @@ def compare(expected: np.ndarray, got: np.ndarray) -> tuple[int, int, int]:
 
 
 def run_child(tmp: Path, name: str, master: str, partitions: int, strategy: str = "auto",
-              eventlog: Path | None = None) -> tuple[dict, Path]:
+              eventlog: Path | None = None, parts: str = "parts") -> tuple[dict, Path]:
     """One Spark configuration in a process of its own: (its JSON figures, its output)."""
     out = tmp / name
     cmd = [sys.executable, __file__, "--child", "--master", master, "--partitions",
-           str(partitions), "--partitioning", strategy, "--input", str(tmp / "parts"),
+           str(partitions), "--partitioning", strategy, "--input", str(tmp / parts),
            "--output", str(out)]
     proc = subprocess.run(cmd + (["--eventlog", str(eventlog)] if eventlog else []),
                           capture_output=True, text=True)
@@ -136,11 +136,16 @@ def main(argv=None) -> None:
     ap.add_argument("--model", action="store_true",
                     help="measure task time per event, skew and fixed cost from event logs "
                     "and predict the wall time on more executors")
+    ap.add_argument("--marginal", action="store_true",
+                    help="the marginal cost per event (N and 2N events, one executor with 2 "
+                    "cores) against the engine alone, and the fixed cost of dqcep spark run")
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
     if args.model:
         return model(args)
+    if args.marginal:
+        return marginal(args)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         events = tmp / "events.msgpack"
@@ -182,6 +187,67 @@ def main(argv=None) -> None:
     print(f"time slices: recall {recall:.2%}, duplicate rate {dup:.2%}, slice "
           f"{sliced['slice_ms'] / 1000:.0f} s, overlap overhead "
           f"{sliced['assigned'] / max(sliced['after_pushdown'], 1) - 1:.1%} more event copies")
+
+
+# ------------------------------------------------------------------ --marginal
+
+MARGINAL_MASTER = "local-cluster[1,2,2048]"
+
+
+def generate(path: Path, events: int) -> None:
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                    str(events), "--seed", "3", "--plant", str(QUERIES), "--plant-every",
+                    "130000", "--quiet", "-o", str(path)], check=True)
+
+
+def engine_alone(path: Path) -> float:
+    """Seconds of ``Engine.process`` alone over the file's events (decoded beforehand)."""
+    from dqcep.io.columnar import read_columns
+    from dqcep.lang import parse_file
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine, EventColumns
+    e = Engine(build_plan(parse_file(str(QUERIES)).queries))
+    pieces = [EventColumns(*p) if isinstance(p, tuple) else p
+              for p in read_columns(str(path), None, e, None, 65_536)]
+    started = time.perf_counter()
+    for p in pieces:
+        e.process(p)
+    e.flush()
+    return time.perf_counter() - started
+
+
+def marginal(args) -> None:
+    """Wall time of run_batch on N and 2N events with one executor: the difference is the
+    cost of N more events (fixed costs cancel); the fixed cost of the CLI is timed on a
+    100-event input, JVM start included."""
+    n = args.events
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        runs = {}
+        for size in (n, 2 * n):
+            generate(tmp / f"events-{size}.msgpack", size)
+            split(tmp / f"events-{size}.msgpack", tmp / f"parts-{size}", args.files)
+            figures, out = run_child(tmp, f"out-{size}", MARGINAL_MASTER, 2, parts=f"parts-{size}")
+            shutil.rmtree(out)
+            runs[size] = figures
+        alone = engine_alone(tmp / f"events-{2 * n}.msgpack")
+        generate(tmp / "small.msgpack", 100)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "dqcep", "spark", "run", str(QUERIES), "-i",
+                        str(tmp / "small.msgpack"), "-o", str(tmp / "small-out"), "--master",
+                        MARGINAL_MASTER, "--partitions", "2"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cli_s = time.perf_counter() - started
+    t1, t2 = runs[n]["seconds"], runs[2 * n]["seconds"]
+    rate, engine_rate = n / (t2 - t1), 2 * n / alone
+    print(f"events={n:,} and {2 * n:,}, files={args.files}, queries=iot.cep, "
+          f"{MARGINAL_MASTER} (one executor, 2 cores)")
+    print(f"run_batch: {t1:.1f} s for {n:,} events, {t2:.1f} s for {2 * n:,}")
+    print(f"marginal cost: {n:,} more events in {t2 - t1:.2f} s = {rate:,.0f} events/s; "
+          f"engine alone {engine_rate:,.0f} events/s; ratio {rate / engine_rate:.2f}x "
+          f"(target >= 0.25x)")
+    print(f"fixed cost of run_batch (session started): {t1 - n / rate:.1f} s; "
+          f"dqcep spark run on 100 events, JVM start included: {cli_s:.1f} s (target <= 20 s)")
 
 
 # ------------------------------------------------------------------ --model

@@ -1,31 +1,44 @@
 """The batch job: ``dqcep spark run QUERIES.cep --input PATH... --output DIR``.
 
-Reads event files, runs the preprocessing stages and the native engine in the
-executors, and writes under DIR:
+Two Spark jobs of two stages each (docs/spark.md, "The stages"):
+
+1. **index**: the files' ids and ts only: the largest ts of each file (for late
+   events across files), the smallest and largest ts (for the slice length) and
+   the ids seen more than once with their first copy — a few rows to the driver.
+2. **route, shuffle, engines, write**: each reading task routes its rows
+   (``dqcep.spark.executor.Router``: dead letters and late events become lines,
+   repeats are dropped, needed events go to their (group, part) as engine
+   columns); one shuffle by (group, part), a sort by (ts, arrival) within each
+   Spark partition, the native engine over Arrow batches (``mapInArrow``), and
+   one write of every output line, split by output.
+
+Under DIR:
 
 - ``matches/``: the spec's match lines (JSON Lines part files), or Parquet
   (``query``, ``detected_at``, ``events`` map) with ``--output-format parquet``;
 - ``dead-letter/``: ``{"where", "reason"}`` per record that is not an event;
 - ``late/``: ``{"where", "event"}`` per event beyond the lateness;
-- ``_stats.json``: counts of each.
+- ``_stats.json``: counts of each, summed from the tasks' own counts.
 """
 from __future__ import annotations
 
 import json
+import shutil
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 from pyspark.sql import functions as F
 
 from dqcep.errors import UserError
-from dqcep.spark.executor import JobSpec, record_lines
+from dqcep.spark.executor import OUTPUT_SCHEMA, STATS, JobSpec, Router, engine_batches
 from dqcep.spark.paths import check_output_dir
 from dqcep.spark.partitioning import plan_partitioning
 from dqcep.spark.source import load_events
-from dqcep.spark.stages import (deduplicate, mark_late, partition, pushdown, run_engines,
-                               split_valid)
 
 SLICES_PER_TASK = 4
+OUTPUTS = ("matches", "dead-letter", "late")
 
 
 @dataclass
@@ -41,13 +54,54 @@ class BatchStats:
     assigned: int | None = None  # event copies after partition assignment (count_copies)
 
 
-def slice_length(events, window: int, tasks: int) -> int:
+@dataclass
+class Index:
+    """What the routing of a row needs from the rows before it, in other files too."""
+
+    earlier: dict         # file index -> the largest ts of the files before it
+    lo: int | None        # smallest and largest ts of the events
+    hi: int | None
+    repeated: np.ndarray  # sorted ids seen more than once, their first copy's position
+    first_file: np.ndarray
+    first_seq: np.ndarray
+
+
+INDEX_SQL = """
+SELECT * FROM (
+  SELECT file_index, id, grouping_id() AS g, count(*) AS n, max(ts) AS hi, min(ts) AS lo,
+         min(named_struct('f', file_index, 's', seq)) AS first
+  FROM {view} WHERE reason IS NULL
+  GROUP BY GROUPING SETS ((file_index), (id)))
+WHERE g = 1 OR n > 1
+"""
+
+
+def job_index(spark, inputs: list[str], fmt: str | None) -> Index:
+    """One aggregate over the files' (position, id, ts): per file (g = 1) and per id
+    seen more than once (g = 2), in one shuffle."""
+    view = "dqcep_index"
+    load_events(spark, inputs, fmt, mode="index").createOrReplaceTempView(view)
+    rows = spark.sql(INDEX_SQL.format(view=view)).collect()
+    spark.catalog.dropTempView(view)
+    files = sorted((r.file_index, r.hi, r.lo) for r in rows if r.g == 1)
+    earlier, running = {}, None
+    for f, hi, _ in files:
+        if running is not None:
+            earlier[f] = running
+        running = hi if running is None else max(running, hi)
+    repeats = sorted((r.id, r.first.f, r.first.s) for r in rows if r.g == 2)
+    repeated, first_file, first_seq = (np.array(c, np.int64).reshape(-1) for c in
+                                       (zip(*repeats) if repeats else ([], [], [])))
+    return Index(earlier, min((lo for _, _, lo in files), default=None), running,
+                 repeated, first_file, first_seq)
+
+
+def slice_length(index: Index, window: int, tasks: int) -> int:
     """Slice length L: a few slices per task, never shorter than the window
     (the overlap is one window on each side, so shorter slices repeat more)."""
-    row = events.agg(F.min("ts").alias("lo"), F.max("ts").alias("hi")).first()
-    if row.lo is None:
+    if index.lo is None:
         return max(window, 1)
-    span = row.hi - row.lo + 1
+    span = index.hi - index.lo + 1
     return max(window, 1, -(-span // (tasks * SLICES_PER_TASK)))
 
 
@@ -65,49 +119,84 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
     check_output_dir(output, overwrite)
     queries = parse(queries_text).queries
     plan = plan_partitioning(queries, strategy)
-    mode = "overwrite" if overwrite else "errorifexists"
 
-    # persisted: what more than one output or count reads is computed once
-    rows = load_events(spark, inputs, fmt).persist()
-    events, dead = split_valid(rows)
-    first, _ = deduplicate(events)
-    first = first.persist()
-    on_time, late = mark_late(first, lateness)
-    late = late.persist()
+    index = job_index(spark, inputs, fmt)
     spec = JobSpec(queries_text, plan, partitions)
-    kept = pushdown(on_time, spec).persist()
     if plan.sliced:
         spec = JobSpec(queries_text, plan, partitions,
-                       slice_ms or slice_length(kept, plan.slice_window, partitions))
-    parted = partition(kept, spec, partitions)
-    matches = run_engines(parted, spec).persist()
-
-    if output_format == "json":
-        matches.select("line").write.mode(mode).text(str(out / "matches"))
-    else:
-        (matches.select(F.from_json("line", "query string, detected_at long, "
-                                    "events map<string,long>").alias("m")).select("m.*")
-         .write.mode(mode).parquet(str(out / "matches")))
-    _record_lines(dead, "dead").write.mode(mode).text(str(out / "dead-letter"))
-    _record_lines(late, "late").write.mode(mode).text(str(out / "late"))
-    n_rows, n_dead, n_first = rows.count(), dead.count(), first.count()
+                       slice_ms or slice_length(index, plan.slice_window, partitions))
+    router = Router(spec, lateness, index.earlier, index.repeated, index.first_file,
+                    index.first_seq)
+    lines = (load_events(spark, inputs, fmt, mode="route", router=router)
+             .repartition(partitions, "group", "part")
+             .sortWithinPartitions("group", "part", "ts", "file_index", "seq")
+             .mapInArrow(lambda it: engine_batches(spec, it), OUTPUT_SCHEMA))
+    staging = out / "_job"
+    if staging.exists():
+        shutil.rmtree(staging)
+    with _conf(spark, WRITE_CONF):
+        lines.write.partitionBy("output").text(str(staging))
+    counts = _counts(staging / f"output={STATS}")
+    for name in OUTPUTS:
+        target = out / name
+        if target.exists():  # --overwrite
+            shutil.rmtree(target)
+        found = staging / f"output={name}"
+        if found.exists():
+            found.rename(target)
+        else:
+            target.mkdir(parents=True)
+    shutil.rmtree(staging)
+    if output_format == "parquet":
+        _to_parquet(spark, out / "matches")
     stats = BatchStats(
-        records=n_rows, dead_letter=n_dead, duplicates=n_rows - n_dead - n_first,
-        late=late.count(), after_pushdown=kept.count(), matches=matches.count(),
+        records=counts["records"], dead_letter=counts["dead_letter"],
+        duplicates=counts["duplicates"], late=counts["late"],
+        after_pushdown=counts["after_pushdown"], matches=counts["matches"],
         partitioning=plan.describe(), slice_ms=spec.slice_ms,
-        assigned=parted.count() if count_copies else None)
+        assigned=counts["assigned"] if count_copies else None)
     (out / "_stats.json").write_text(json.dumps(asdict(stats), indent=2) + "\n")
-    for df in (rows, first, late, kept, matches):
-        df.unpersist()
     return stats
 
 
-def _record_lines(df, kind: str):
-    """Dead-letter or late records as JSON lines (``record_lines``), in arrival order."""
-    columns = ["where", "reason" if kind == "dead" else "event"]
+# One file writer open per output in each task, not a sort of every line by its output
+# (the writer's default: a sort of millions of match lines in the JVM).
+WRITE_CONF = {"spark.sql.optimizer.plannedWrite.enabled": "false",
+              "spark.sql.maxConcurrentOutputFileWriters": str(len(OUTPUTS) + 1)}
 
-    def lines(batches):
-        import pandas as pd
-        for b in batches:
-            yield pd.DataFrame({"value": record_lines(b, kind)})
-    return df.orderBy("file_index", "seq").select(*columns).mapInPandas(lines, "value string")
+
+@contextmanager
+def _conf(spark, conf: dict):
+    before = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
+def _counts(directory: Path) -> dict:
+    """The tasks' counts (one JSON line per routed batch and per engine task), summed."""
+    total = dict.fromkeys(("records", "dead_letter", "duplicates", "late", "after_pushdown",
+                           "assigned", "matches"), 0)
+    for f in sorted(directory.glob("part-*")):
+        for line in f.read_text().splitlines():
+            for k, v in json.loads(line).items():
+                total[k] += v
+    return total
+
+
+def _to_parquet(spark, matches: Path) -> None:
+    """The match lines as Parquet (query, detected_at, events map), in place."""
+    staging = matches.with_name("_matches.parquet")
+    (spark.read.text(str(matches))
+     .select(F.from_json("value", "query string, detected_at long, "
+                         "events map<string,long>").alias("m")).select("m.*")
+     .write.parquet(str(staging)))
+    shutil.rmtree(matches)
+    staging.rename(matches)

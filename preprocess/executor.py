@@ -29,12 +29,19 @@ GROUP_KEYED, GROUP_SLICED = 0, 1
 
 
 def batch_payload(events) -> bytes:
-    """msgpack event maps (a sequence of bytes) -> one ``{"events": [...]}`` payload."""
-    packer = msgpack.Packer()
-    return b"\x81\xa6events" + packer.pack_array_header(len(events)) + b"".join(events)
+    """msgpack event maps -> one ``{"events": [...]}`` payload: a sequence of bytes, or an
+    Arrow binary array (its maps lie contiguous in its data buffer: no copy per event)."""
+    head = b"\x81\xa6events" + msgpack.Packer().pack_array_header(len(events))
+    if not hasattr(events, "buffers"):
+        return head + b"".join(events)
+    if not len(events):
+        return head
+    offsets = np.frombuffer(events.buffers()[1], np.int32, len(events) + 1, events.offset * 4)
+    return head + events.buffers()[2][int(offsets[0]):int(offsets[-1])].to_pybytes()
 
 
 def event_columns(engine: Engine, events) -> EventColumns:
+    """msgpack event maps (as ``batch_payload`` takes them) -> the engine's columns."""
     decoder = engine.column_decoder()
     if decoder.decode(batch_payload(events)) < 0:
         raise ValueError("an event row does not decode; rows must come from the event source")
@@ -102,7 +109,7 @@ class JobSpec:
         return Engine(program_for(self.queries_text, None if names is None else tuple(names)))
 
 
-# ------------------------------------------------------------------ pushdown
+# ------------------------------------------------------------------ the rules
 
 def late_flags(before: pd.Series, ts: pd.Series, lateness: int) -> np.ndarray:
     """The engine's late rule (``dqcep.runtime.late_rule``) over Spark rows: ``before``
@@ -116,24 +123,13 @@ def late_flags(before: pd.Series, ts: pd.Series, lateness: int) -> np.ndarray:
     return late_rule(before.to_numpy(), ts.to_numpy(), lateness)
 
 
-def pushdown_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """Keep the events some query can use (``Engine.needed``)."""
-    engine = spec.engine()
-    for df in batches:
-        if len(df):
-            df = df[engine.needed(event_columns(engine, df["event"].tolist()))]
-        yield df
-
-
-# ----------------------------------------------------------------- partitions
-
 def slices_of(ts: np.ndarray, length: int, overlap: int) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) slice index per event: slice i holds iL - W <= ts < (i+1)L + W."""
     return np.floor_divide(ts - overlap, length), np.floor_divide(ts + overlap, length)
 
 
 class Assigner:
-    """Each event row once per (group, part) it must reach (adds columns group, part)."""
+    """Where each event must go: once per (group, part) that may need it."""
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
@@ -144,11 +140,10 @@ class Assigner:
         self.sliced_types = [code[e.type] for q in sliced
                              for e, _ in ast.event_patterns(q.pattern) if e.type in code]
 
-    def assign(self, df: pd.DataFrame, cols: EventColumns | None = None) -> pd.DataFrame | None:
-        """``cols``: the rows' events already decoded by ``self.engine``, if at hand."""
+    def targets(self, cols: EventColumns):
+        """(event index, group, part) of every copy, or None when no part wants any;
+        ``cols`` decoded by ``self.engine``."""
         spec, p, engine = self.spec, self.spec.partitioning, self.engine
-        if cols is None:
-            cols = event_columns(engine, df["event"].tolist())
         rows, groups, parts = [], [], []
         if p.keyed:
             for etype, attrs in p.roles.items():
@@ -180,17 +175,19 @@ class Assigner:
             groups.append(np.full(len(r), GROUP_SLICED))
         if not rows:
             return None
-        out = df.iloc[np.concatenate(rows)].reset_index(drop=True)
-        out["group"] = np.concatenate(groups).astype(np.int32)
-        out["part"] = np.concatenate(parts).astype(np.int64)
+        return (np.concatenate(rows), np.concatenate(groups).astype(np.int32),
+                np.concatenate(parts).astype(np.int64))
+
+    def assign(self, df: pd.DataFrame, cols: EventColumns) -> pd.DataFrame | None:
+        """Rows of ``df`` (its events decoded as ``cols``) once per copy, with columns
+        group and part (the streaming job's form)."""
+        found = self.targets(cols)
+        if found is None:
+            return None
+        rows, groups, parts = found
+        out = df.iloc[rows].reset_index(drop=True)
+        out["group"], out["part"] = groups, parts
         return out
-
-
-def assign_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    assigner = Assigner(spec)
-    for df in batches:
-        if len(df) and (out := assigner.assign(df)) is not None:
-            yield out
 
 
 # --------------------------------------------------------------------- engine
@@ -228,9 +225,10 @@ class _Lookup:
 class PartRunner:
     """The native engine of one (group, part), and the matches it owns.
 
-    ``feed`` takes the part's events in (ts, arrival) order; ``advance`` moves
-    event time on (held matches come out); ``flush`` closes the stream. Each
-    returns a DataFrame (query, detected_at, line) of the owned matches, or None.
+    ``feed`` takes the part's events in (ts, arrival) order, as columns of this
+    runner's engine; ``advance`` moves event time on (held matches come out);
+    ``flush`` closes the stream. Each returns the owned matches as JSON lines
+    (bytes, one per line, newline-terminated), or None.
     ``snapshot``/``restore`` carry the whole state (engine and the recent
     events' ts and key partitions) between micro-batches of a streaming job.
     """
@@ -244,10 +242,9 @@ class PartRunner:
         self.owner_attrs = sorted({a for k in p.keyed for _, a in k.keys}) \
             if group == GROUP_KEYED else []
         self.lookup = _Lookup(self.engine.store_retention)
+        self.matches = 0  # owned matches given out
 
-    def feed(self, events) -> pd.DataFrame | None:
-        """Events (msgpack maps, in ts then arrival order)."""
-        cols = event_columns(self.engine, events)
+    def feed(self, cols: EventColumns) -> bytes | None:
         parts = {a: key_parts(self.engine, cols, a, self.spec.partitions)[1]
                  for a in self.owner_attrs}
         self.lookup.add(cols, parts)
@@ -255,10 +252,10 @@ class PartRunner:
         self.lookup.prune()
         return out
 
-    def advance(self, wm: int) -> pd.DataFrame | None:
+    def advance(self, wm: int) -> bytes | None:
         return self._owned(self.engine.advance_watermark(wm))
 
-    def flush(self) -> pd.DataFrame | None:
+    def flush(self) -> bytes | None:
         return self._owned(self.engine.flush())
 
     def snapshot(self) -> bytes:
@@ -274,7 +271,7 @@ class PartRunner:
              {a: np.frombuffer(v, np.int64) for a, v in parts.items()})
             for m, ids, ts, parts in chunks]
 
-    def _owned(self, mb) -> pd.DataFrame | None:
+    def _owned(self, mb) -> bytes | None:
         out = []
         for q, detected, ids in mb.parts:
             if not len(detected):
@@ -298,27 +295,241 @@ class PartRunner:
         if not out:
             return None
         mb.parts = out
-        lines = match_lines(mb).decode().splitlines()
-        queries = [mb.queries[q][0] for q, d, _ in out for _ in range(len(d))]
-        detected = np.concatenate([d for _, d, _ in out])
-        return pd.DataFrame({"query": queries, "detected_at": detected, "line": lines})
+        self.matches += len(mb)
+        return match_lines(mb)
 
 
-def engine_batches(spec: JobSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """Rows sorted by (group, part, ts, arrival): one PartRunner per (group, part)."""
-    runner = None
-    for df in batches:
-        if not len(df):
+# ------------------------------------------------------------ the batch job's rows
+#
+# The batch job's one shuffle carries rows of two sorts, in one schema:
+# - events (group >= 0): the engine's columns, attribute by attribute (v<i> the value,
+#   k<i> the kind, s<i> the string when the kind is a string: engines code strings with
+#   their own dictionaries), so the engine stage decodes nothing;
+# - lines (group < 0): a line of an output (dead-letter, late) or of a task's counts
+#   (_stats), passed through to the writer.
+
+GROUP_LINES, GROUP_STATS = -1, -2
+OUTPUT_SCHEMA = "output string, line string"
+STATS = "_stats"
+_MIN = np.iinfo(np.int64).min
+
+
+def routed_fields(engine: Engine) -> list[tuple[str, str]]:
+    """(name, Spark type) of the routed rows' columns, for this engine's attributes."""
+    fields = [("group", "int"), ("part", "long"), ("ts", "long"), ("file_index", "long"),
+              ("seq", "long"), ("id", "long"), ("type", "int")]
+    for i in range(len(engine.attrs)):
+        fields += [(f"v{i}", "double"), (f"k{i}", "tinyint"), (f"s{i}", "string")]
+    return fields + [("output", "string"), ("line", "string")]
+
+
+def routed_schema(engine: Engine) -> str:
+    return ", ".join(f"`{name}` {kind}" for name, kind in routed_fields(engine))
+
+
+_ARROW = {"int": "int32", "long": "int64", "double": "float64", "tinyint": "int8",
+          "string": "string"}
+
+
+def line_array(data: bytes):
+    """Newline-terminated lines (bytes) -> an Arrow string array, without the newlines."""
+    import pyarrow as pa
+    buf = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    if len(buf) - len(ends) >= 2 ** 31:
+        raise ValueError("over 2 GiB of lines in one batch")
+    offsets = np.zeros(len(ends) + 1, np.int32)
+    offsets[1:] = ends - np.arange(len(ends))
+    return pa.Array.from_buffers(pa.string(), len(ends), [
+        None, pa.py_buffer(offsets), pa.py_buffer(buf[buf != 10].tobytes())])
+
+
+@dataclass
+class Router:
+    """What the batch job does to each source row before the shuffle, in the task that
+    reads it: dead letters and late events become lines of their outputs, repeats are
+    dropped, the events some query needs (pushdown) go to every (group, part) they
+    must reach, in the engine's columns. Built on the driver from the job's index
+    (``dqcep.spark.batch``); called on the source's Arrow batches in the executors."""
+
+    spec: JobSpec
+    lateness: int
+    earlier: dict       # file index -> the largest ts of the files before it (none: absent)
+    repeated: np.ndarray  # sorted ids seen more than once
+    first_file: np.ndarray  # the (file index, seq) of each repeated id's first copy
+    first_seq: np.ndarray
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_assigner"}
+
+    @property
+    def assigner(self) -> Assigner:
+        if "_assigner" not in self.__dict__:
+            self._assigner = Assigner(self.spec)
+        return self._assigner
+
+    def schema(self) -> str:
+        return routed_schema(self.assigner.engine)
+
+    def route(self, batch):
+        """Source rows (``dqcep.spark.source.SCHEMA``) -> routed rows (``schema()``)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        c = dict(zip(batch.schema.names, batch.columns))
+        n = batch.num_rows
+        dead = c["reason"].is_valid().to_numpy(zero_copy_only=False)
+        files = c["file_index"].to_numpy()
+        seq = c["seq"].to_numpy()
+        ids = pc.fill_null(c["id"], 0).to_numpy()
+        ts = pc.fill_null(c["ts"], 0).to_numpy()
+        before = pc.fill_null(c["file_before"], _MIN).to_numpy().copy()
+        for f in np.unique(files).tolist():
+            if (e := self.earlier.get(f)) is not None:
+                at = files == f
+                before[at] = np.maximum(before[at], e)
+        before[before == _MIN] = ts[before == _MIN]  # nothing before it: never late
+        repeat = np.zeros(n, bool)
+        if len(self.repeated):
+            at = np.minimum(np.searchsorted(self.repeated, ids), len(self.repeated) - 1)
+            repeat = ~dead & (self.repeated[at] == ids) & \
+                ((self.first_file[at] != files) | (self.first_seq[at] != seq))
+        first = ~dead & ~repeat
+        late = np.zeros(n, bool)
+        late[first] = late_rule(before[first], ts[first], self.lateness)
+        on_time = np.flatnonzero(first & ~late)
+
+        engine = self.assigner.engine
+        needed, targets = np.zeros(0, np.int64), None
+        if len(on_time):
+            cols = event_columns(engine, c["event"].take(pa.array(on_time)))
+            keep = engine.needed(cols)
+            needed = on_time[keep]
+            targets = self.assigner.targets(cols.take(np.flatnonzero(keep)))
+        out = []
+        if targets is not None:
+            rows, groups, parts = targets
+            kept = cols.take(np.flatnonzero(keep)).take(rows)
+            at = needed[rows]
+            out.append(_event_rows(engine, kept, groups, parts, files[at], seq[at]))
+        where = c["where"]
+        for mask, kind, name in ((dead, "dead", "dead-letter"), (late, "late", "late")):
+            if mask.any():
+                pick = pa.array(np.flatnonzero(mask))
+                values = c["reason" if kind == "dead" else "event"].take(pick).to_pylist()
+                lines = record_lines({"where": where.take(pick).to_pylist(),
+                                      "reason" if kind == "dead" else "event": values}, kind)
+                out.append(_line_rows(lines, name, files[mask], seq[mask]))
+        counts = {"records": n, "dead_letter": int(dead.sum()),
+                  "duplicates": int(repeat.sum()), "late": int(late.sum()),
+                  "after_pushdown": len(needed),
+                  "assigned": 0 if targets is None else len(targets[0])}
+        at = np.zeros(1, np.int64) + (files[0] if n else 0)
+        out.append(_line_rows([json.dumps(counts)], STATS, at, at * 0, GROUP_STATS))
+        return _concat(out, routed_arrow_schema(engine))
+
+
+def _event_rows(engine: Engine, cols: EventColumns, groups, parts, files, seq) -> dict:
+    import pyarrow as pa
+    out = {"group": groups, "part": parts, "ts": cols.ts, "file_index": files, "seq": seq,
+           "id": cols.id, "type": cols.type}
+    values = engine.dictionary.values
+    for i in range(len(engine.attrs)):
+        kind, val = cols.kind[:, i], cols.val[:, i]
+        strings = kind == KIND_STR
+        out[f"v{i}"], out[f"k{i}"] = np.where(strings, 0.0, val), kind
+        if strings.any():
+            distinct, where = np.unique(val[strings].astype(np.int64), return_inverse=True)
+            index = np.zeros(len(kind), np.int32)
+            index[strings] = where
+            out[f"s{i}"] = pa.array([values[k] for k in distinct.tolist()], pa.string()) \
+                .take(pa.array(index, mask=~strings))
+    return out
+
+
+def _line_rows(lines, output: str, files, seq, group: int = GROUP_LINES) -> dict:
+    """Lines of one output, keyed so that each file's lines stay in arrival order."""
+    return {"group": np.full(len(lines), group, np.int32), "part": files, "ts": seq,
+            "file_index": files, "seq": seq, "output": [output] * len(lines), "line": lines}
+
+
+def routed_arrow_schema(engine: Engine):
+    import pyarrow as pa
+    return pa.schema([(name, pa.type_for_alias(_ARROW[kind]))
+                      for name, kind in routed_fields(engine)])
+
+
+def _concat(pieces: list[dict], schema):
+    import pyarrow as pa
+    columns = []
+    for field in schema:
+        parts = []
+        for p in pieces:
+            v = p.get(field.name)
+            if v is None:
+                v = pa.nulls(len(p["group"]), field.type)
+            parts.append(v.cast(field.type) if isinstance(v, pa.Array)
+                         else pa.array(v, field.type))
+        columns.append(pa.concat_arrays(parts))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def columns_from_rows(routing: Engine, engine: Engine, batch) -> EventColumns:
+    """Routed event rows (an Arrow batch), in the layout of ``routing`` (the engine of all
+    the queries, which routed them) -> the columns of ``engine`` (a part's engine, maybe of
+    fewer queries: its own type codes, attributes and string dictionary)."""
+    import pyarrow as pa
+
+    from dqcep.io.columnar import string_codes
+    c = dict(zip(batch.schema.names, batch.columns))
+    n, attrs = batch.num_rows, len(engine.attrs)
+    val, kind = np.zeros((n, attrs), np.float64), np.zeros((n, attrs), np.int8)
+    for j, name in enumerate(engine.attrs):
+        i = routing.attrs.index(name)
+        kind[:, j] = c[f"k{i}"].to_numpy(zero_copy_only=False)
+        val[:, j] = c[f"v{i}"].to_numpy(zero_copy_only=False)
+        strings = kind[:, j] == KIND_STR
+        if strings.any():
+            val[strings, j] = string_codes(c[f"s{i}"].filter(pa.array(strings)), engine)
+    types = np.array([engine.type_code.get(t, -1) for t in routing.types] + [-1], np.int32)
+    return EventColumns(c["ts"].to_numpy(), c["id"].to_numpy(),
+                        types[c["type"].to_numpy()], val, kind)
+
+
+def engine_batches(spec: JobSpec, batches):
+    """Routed rows (Arrow batches) sorted by (group, part, ts, arrival) -> output lines:
+    one PartRunner per (group, part) over the events; lines passed through; this task's
+    count of matches last."""
+    import pyarrow as pa
+    runner, matches, routing = None, 0, spec.engine()
+
+    def lines(data, output):
+        a = line_array(data)
+        return pa.RecordBatch.from_arrays([pa.array([output] * len(a), pa.string()), a],
+                                          names=["output", "line"])
+
+    for b in batches:
+        if not b.num_rows:
             continue
-        g, pt = df["group"].to_numpy(), df["part"].to_numpy()
+        g, pt = b.column("group").to_numpy(), b.column("part").to_numpy()
         bounds = np.flatnonzero((g[1:] != g[:-1]) | (pt[1:] != pt[:-1])) + 1
-        for run in np.split(np.arange(len(df)), bounds):
-            group, part = int(g[run[0]]), int(pt[run[0]])
+        for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(g)].tolist()):
+            group, part = int(g[lo]), int(pt[lo])
+            rows = b.slice(lo, hi - lo)
+            if group < 0:
+                yield rows.select(["output", "line"])
+                continue
             if runner is None or (runner.group, runner.part) != (group, part):
-                if runner is not None and (out := runner.flush()) is not None:
-                    yield out
+                if runner is not None:
+                    if (out := runner.flush()) is not None:
+                        yield lines(out, "matches")
+                    matches += runner.matches
                 runner = PartRunner(spec, group, part)
-            if (out := runner.feed(df["event"].iloc[run].tolist())) is not None:
-                yield out
-    if runner is not None and (out := runner.flush()) is not None:
-        yield out
+            if (out := runner.feed(columns_from_rows(routing, runner.engine, rows))) is not None:
+                yield lines(out, "matches")
+    if runner is not None:
+        if (out := runner.flush()) is not None:
+            yield lines(out, "matches")
+        matches += runner.matches
+    yield pa.RecordBatch.from_arrays([pa.array([STATS]), pa.array([json.dumps(
+        {"matches": matches})])], names=["output", "line"])

@@ -43,9 +43,10 @@ class _Batches:
     (the largest ts of the file's events before the row) is filled in here.
     """
 
-    def __init__(self, index: int, latest=None):
+    def __init__(self, index: int, latest=None, positions: bool = True):
         import pyarrow as pa
         self.pa, self.index, self.seq, self.latest = pa, index, 0, latest
+        self.positions = positions  # False: ``where`` and ``event`` stay null (the index)
         self._reset()
 
     def _reset(self):
@@ -65,6 +66,10 @@ class _Batches:
     def record(self, prefix: str, payload: bytes, ids, ts, spans) -> None:
         """The n events of one well-formed record (``ColumnDecoder`` output)."""
         if not len(ids):
+            return
+        if not self.positions:
+            self._rows([None] * len(ids), [None] * len(ids), ids, ts, [True] * len(ids), b"",
+                       np.zeros(len(ids), np.int64))
             return
         region = payload[spans[0, 0]:spans[-1, 1]]  # event maps are contiguous in a batch
         lengths = spans[:, 1] - spans[:, 0]
@@ -104,7 +109,7 @@ class _Batches:
         known = before != np.iinfo(np.int64).min
         offsets = np.concatenate([np.zeros(1, np.int64)] + self.offsets[1:]).astype(np.int32)
         events = pa.Array.from_buffers(pa.binary(), n, [
-            pa.py_buffer(np.packbits(valid, bitorder="little")),
+            pa.py_buffer(np.packbits(valid & self.positions, bitorder="little")),
             pa.py_buffer(offsets), pa.py_buffer(b"".join(self.data))])
         batch = pa.RecordBatch.from_arrays([
             pa.array(np.full(n, self.index, np.int64)),
@@ -206,9 +211,10 @@ def _reader_rows(out: _Batches, path: str, fmt: str):
         out.bad(f"{err.source}:{err.where}", err.reason)
 
 
-def read_file(index: int, path: str, fmt: str):
-    """Arrow record batches of one file's rows, in file order."""
-    out = _Batches(index)
+def read_file(index: int, path: str, fmt: str, positions: bool = True):
+    """Arrow record batches of one file's rows, in file order; ``positions=False``: the
+    ``where`` and ``event`` of events left null (the index reads ids and ts only)."""
+    out = _Batches(index, positions=positions)
     rows = _msgpack_rows(out, path) if fmt == "msgpack" else _reader_rows(out, path, fmt)
     yield from rows
     if out.rows:
@@ -218,10 +224,15 @@ def read_file(index: int, path: str, fmt: str):
 NAMES = ["file_index", "seq", "where", "id", "ts", "file_before", "event", "reason"]
 
 
+INDEX_SCHEMA = "file_index long, seq long, id long, ts long, reason string"
+
+
 class EventFilesReader(DataSourceReader):
     def __init__(self, options):
         self.files = json.loads(options["paths"])
         self.fmt = options.get("format") or None
+        self.mode = options.get("mode") or "rows"
+        self.router = _unpickle(options["router"]) if self.mode == "route" else None
 
     def partitions(self):
         return [InputPartition((i, path, format_for(path, self.fmt)))
@@ -229,30 +240,61 @@ class EventFilesReader(DataSourceReader):
 
     def read(self, partition):
         index, path, fmt = partition.value
-        yield from read_file(index, path, fmt)
+        for batch in read_file(index, path, fmt, positions=self.mode != "index"):
+            if self.mode == "index":
+                yield batch.select(INDEX_NAMES)
+            elif self.mode == "route":
+                yield self.router.route(batch)
+            else:
+                yield batch
+
+
+INDEX_NAMES = ["file_index", "seq", "id", "ts", "reason"]
+
+
+def _pickle(obj) -> str:
+    import base64
+    import pickle
+    return base64.b64encode(pickle.dumps(obj)).decode()
+
+
+def _unpickle(text: str):
+    import base64
+    import pickle
+    return pickle.loads(base64.b64decode(text))
 
 
 class EventFilesSource(DataSource):
-    """Options: ``paths`` (a JSON list of files, in arrival order), ``format``."""
+    """Options: ``paths`` (a JSON list of files, in arrival order), ``format``, ``mode``:
+    ``rows`` (``SCHEMA``, the default), ``index`` (``INDEX_SCHEMA``: what the batch job's
+    index needs) or ``route`` (each batch through ``router``, a pickled
+    ``dqcep.spark.executor.Router``, in the reading task: its ``schema()``)."""
 
     @classmethod
     def name(cls):
         return "dqcep_events"
 
     def schema(self):
+        mode = self.options.get("mode") or "rows"
+        if mode == "index":
+            return INDEX_SCHEMA
+        if mode == "route":
+            return _unpickle(self.options["router"]).schema()
         return SCHEMA
 
     def reader(self, schema):
         return EventFilesReader(self.options)
 
 
-def load_events(spark, paths: list[str], fmt: str | None = None):
+def load_events(spark, paths: list[str], fmt: str | None = None, *, mode: str = "rows",
+                router=None):
     """The source's DataFrame over the files of ``paths`` (listed on the driver)."""
     files = list_event_files(paths)
     for f in files:
         format_for(f, fmt)  # an unknown extension is an error before any task starts
     spark.dataSource.register(EventFilesSource)
-    return (spark.read.format("dqcep_events").option("paths", json.dumps(files))
-            .option("format", fmt or "").load())
-
-
+    reader = (spark.read.format("dqcep_events").option("paths", json.dumps(files))
+              .option("format", fmt or "").option("mode", mode))
+    if router is not None:
+        reader = reader.option("router", _pickle(router))
+    return reader.load()

@@ -152,14 +152,15 @@ def processor_class(spec: JobSpec, lateness: int):
                                     + ":" + repeats["seq"].astype(str)})
                 df = df[first]
             df = df.sort_values(["ts", "file_index", "seq"], kind="stable")
-            outs = [runner.feed(df["event"].tolist())] if len(df) else []
+            outs = [runner.feed(event_columns(runner.engine, df["event"].tolist()))] \
+                if len(df) else []
             outs.append(self._advance(runner, timerValues))
             if end.any():
                 outs.append(runner.flush())
             self._save(runner, recent)
             for out in outs:
                 if out is not None:
-                    yield pd.DataFrame({"kind": "match", "line": out["line"]})
+                    yield pd.DataFrame({"kind": "match", "line": out.decode().splitlines()})
 
         def _advance(self, runner, timerValues):
             wm = timerValues.getCurrentWatermarkInMs()
@@ -171,7 +172,7 @@ def processor_class(spec: JobSpec, lateness: int):
             out = self._advance(runner, timerValues)
             self._save(runner, recent)
             if out is not None:
-                yield pd.DataFrame({"kind": "match", "line": out["line"]})
+                yield pd.DataFrame({"kind": "match", "line": out.decode().splitlines()})
 
         def close(self) -> None:
             pass

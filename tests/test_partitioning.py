@@ -12,42 +12,48 @@ from hypothesis import strategies as st
 
 from dqcep.lang import ast, file_to_source, parse
 from dqcep.reference import ReferenceMatcher
-from dqcep.spark.executor import (JobSpec, assign_batches, engine_batches, pushdown_batches,
+from dqcep.spark.executor import (JobSpec, Router, engine_batches, routed_arrow_schema,
                                  slices_of)
 from dqcep.spark.partitioning import BROADCAST, plan_partitioning, query_key
 from tests.strategies import small_event_streams, small_query_files
 
 
-def event_rows(events) -> pd.DataFrame:
-    return pd.DataFrame({
-        "file_index": np.zeros(len(events), np.int32),
-        "seq": np.arange(len(events), dtype=np.int64),
+def source_batch(events):
+    """The events as the source's rows (``dqcep.spark.source.SCHEMA``), one file."""
+    import pyarrow as pa
+    n = len(events)
+    return pa.RecordBatch.from_pydict({
+        "file_index": np.zeros(n, np.int64), "seq": np.arange(n, dtype=np.int64),
+        "where": [f"f:{i + 1}" for i in range(n)],
         "id": np.array([e.id for e in events], np.int64),
         "ts": np.array([e.ts for e in events], np.int64),
+        "file_before": pa.nulls(n, pa.int64()),
         "event": [msgpack.packb({"id": e.id, "type": e.type, "ts": e.ts, **e.attrs})
-                  for e in events]})
+                  for e in events],
+        "reason": pa.nulls(n, pa.string())})
 
 
 def run_partitioned(text, events, partitions=3, strategy="auto", slice_ms=4, tasks=2,
                     batch=5):
-    """The batch job's worker steps, in order, on pandas frames."""
+    """The batch job's worker steps, in order, on Arrow batches: route (no late event:
+    nothing arrives before an earlier ts here), Spark's shuffle and sort, the engines."""
+    import pyarrow as pa
     spec = JobSpec(text, plan_partitioning(parse(text).queries, strategy), partitions,
                    slice_ms)
-    df = event_rows(events)
-    df = pd.concat(list(pushdown_batches(spec, iter([df]))))
-    assigned = list(assign_batches(spec, iter([df])))
-    if not assigned:
-        return set()
-    df = pd.concat(assigned).sort_values(["group", "part", "ts", "file_index", "seq"],
-                                         kind="stable")
+    router = Router(spec, 2 ** 62, {}, *(np.zeros(0, np.int64),) * 3)
+    routed = pa.Table.from_batches([router.route(source_batch(events))]).to_pandas()
+    df = routed[routed["group"] >= 0].sort_values(["group", "part", "ts", "file_index", "seq"],
+                                                  kind="stable")
     # Spark puts several (group, part) runs in one task, sorted; batches cut anywhere
     task = (df["group"].to_numpy() + df["part"].to_numpy() % 7919) % tasks
     lines = []
     for t in range(tasks):
-        rows = df[task == t]
-        chunks = [rows.iloc[i:i + batch] for i in range(0, len(rows), batch)]
+        rows = pa.RecordBatch.from_pandas(df[task == t], preserve_index=False,
+                                          schema=routed_arrow_schema(router.assigner.engine))
+        chunks = [rows.slice(i, batch) for i in range(0, rows.num_rows, batch)]
         for out in engine_batches(spec, iter(chunks)):
-            lines.extend(out["line"])
+            lines += [x for o, x in zip(out.column("output").to_pylist(),
+                                        out.column("line").to_pylist()) if o == "matches"]
     found = [json.loads(x) for x in lines]
     keys = [(m["query"], m["detected_at"], tuple(sorted(m["events"].items()))) for m in found]
     assert len(keys) == len(set(keys)), "a match was emitted twice"

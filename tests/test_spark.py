@@ -121,37 +121,77 @@ def test_parquet_output_and_a_non_empty_output_directory(spark, tmp_path):
         run_batch(spark, QUERIES.read_text(), [str(events)], str(out))
 
 
-def test_stages_late_and_duplicates(spark):
-    """mark_late follows arrival order across files; deduplicate keeps the first."""
-    from dqcep.spark.stages import deduplicate, mark_late
-    # (file, seq, where, id, ts, file_before): the source's running max per file
-    rows = [(0, 0, "a:1", 1, 100, None), (0, 1, "a:2", 2, 50, 100), (0, 2, "a:3", 3, 80, 100),
-            (1, 0, "b:1", 4, 60, None), (1, 1, "b:2", 1, 100, 60), (1, 2, "b:3", 5, 80, 100)]
-    df = spark.createDataFrame([(*r, b"") for r in rows],
-                               "file_index int, seq long, `where` string, id long, ts long, "
-                               "file_before long, event binary")
-    first, repeats = deduplicate(df)
-    assert [r.where for r in repeats.collect()] == ["b:2"]
-    on_time, late = mark_late(first, 20)
-    assert sorted(r.id for r in late.collect()) == [2, 4]  # 100 - 50 > 20, 100 - 60 > 20;
-    assert sorted(r.id for r in on_time.collect()) == [1, 3, 5]  # 100 - 80 = 20: on time
+QUERY_A = "QUERY q PATTERN SEQ(A a, A b) WITHIN 1 ms"
 
 
-def test_mark_late_is_the_engines_rule_at_the_limits_of_time(spark):
+def routed(router, batches):
+    """Routed rows of source batches: (events (id, group, part), lines by output)."""
+    import pyarrow as pa
+    rows = pa.Table.from_batches([router.route(b) for b in batches]).to_pylist()
+    lines = {}
+    for r in rows:
+        if r["group"] < 0:
+            lines.setdefault(r["output"], []).append(r["line"])
+    return ([(r["id"], r["group"], r["part"]) for r in rows if r["group"] >= 0], lines)
+
+
+def test_index_and_routing_late_and_duplicates(spark, tmp_path):
+    """The index gives the maxima of earlier files and the repeated ids; routing follows
+    arrival order across files, keeps the first copy of an id and diverts late events."""
+    import msgpack
+
+    from dqcep.spark.batch import job_index
+    from dqcep.spark.executor import JobSpec, Router
+    from dqcep.spark.partitioning import plan_partitioning
+    from dqcep.spark.source import read_file
+    files = {"a.msgpack": [(1, 100), (2, 50), (3, 80)], "b.msgpack": [(4, 60), (1, 100), (5, 80)]}
+    paths = []
+    for name, events in files.items():
+        paths.append(tmp_path / name)
+        paths[-1].write_bytes(b"".join(msgpack.packb({"id": i, "type": "A", "ts": t})
+                                       for i, t in events))
+    index = job_index(spark, [str(tmp_path)], None)
+    assert index.earlier == {1: 100} and (index.lo, index.hi) == (50, 100)
+    assert index.repeated.tolist() == [1] and (index.first_file[0], index.first_seq[0]) == (0, 0)
+    spec = JobSpec(QUERY_A, plan_partitioning(parse(QUERY_A).queries, "time"), 2, 1000)
+    router = Router(spec, 20, index.earlier, index.repeated, index.first_file, index.first_seq)
+    events, lines = routed(router, [b for i, p in enumerate(paths)
+                                    for b in read_file(i, str(p), "msgpack")])
+    late = [json.loads(x) for x in lines["late"]]
+    # 100 - 50 > 20 and 100 - 60 > 20 (the maximum of the earlier file); 100 - 80 = 20: on time
+    assert [x["event"]["id"] for x in late] == [2, 4] and late[0]["where"].endswith("a.msgpack:record 2 (byte 16)")
+    assert sorted(i for i, _, _ in events) == [1, 3, 5]
+    counts = [json.loads(x) for x in lines["_stats"]]
+    assert sum(c["duplicates"] for c in counts) == 1 and sum(c["records"] for c in counts) == 6
+
+
+def test_routing_late_rule_is_the_engines_at_the_limits_of_time():
     """The batch job's late events are those ``dqcep.runtime.late_rule`` names, also for
     gaps near the ends of the ts range (no overflow) and rows with nothing before them."""
+    import msgpack
+    import pyarrow as pa
+
     from dqcep.events import TS_LIMIT
     from dqcep.runtime import late_rule
-    from dqcep.spark.stages import mark_late
+    from dqcep.spark.executor import JobSpec, Router
+    from dqcep.spark.partitioning import plan_partitioning
     ts = [TS_LIMIT, -TS_LIMIT, TS_LIMIT - 7, 0, TS_LIMIT - 8, -TS_LIMIT]
-    rows = [(0, i, f"a:{i + 1}", i + 1, t, max(ts[:i]) if i else None) for i, t in enumerate(ts)]
-    df = spark.createDataFrame([(*r, b"") for r in rows],
-                               "file_index int, seq long, `where` string, id long, ts long, "
-                               "file_before long, event binary")
+    batch = pa.RecordBatch.from_pydict({
+        "file_index": pa.array([0] * len(ts), pa.int64()),
+        "seq": pa.array(range(len(ts)), pa.int64()),
+        "where": [f"a:{i + 1}" for i in range(len(ts))],
+        "id": pa.array([i + 1 for i in range(len(ts))], pa.int64()),
+        "ts": pa.array(ts, pa.int64()),
+        "file_before": pa.array([max(ts[:i]) if i else None for i in range(len(ts))],
+                                pa.int64()),
+        "event": [msgpack.packb({"id": i + 1, "type": "A", "ts": t}) for i, t in enumerate(ts)],
+        "reason": pa.nulls(len(ts), pa.string())})
     before = np.array([TS_LIMIT] * (len(ts) - 1), np.int64)
     want = [2 + i for i in np.flatnonzero(late_rule(before, np.array(ts[1:], np.int64), 7))]
-    _, late = mark_late(df, 7)
-    assert sorted(r.id for r in late.collect()) == want == [2, 4, 5, 6]
+    spec = JobSpec(QUERY_A, plan_partitioning(parse(QUERY_A).queries, "time"), 2, 1000)
+    empty = np.zeros(0, np.int64)
+    _, lines = routed(Router(spec, 7, {}, empty, empty, empty), [batch])
+    assert [json.loads(x)["event"]["id"] for x in lines["late"]] == want == [2, 4, 5, 6]
 
 
 def test_late_flags_refuse_longs_that_pandas_turned_into_floats():

@@ -204,7 +204,7 @@ def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress) -> Ite
         raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
 
 
-def _string_codes(strings, engine) -> np.ndarray:
+def string_codes(strings, engine) -> np.ndarray:
     """The engine dictionary's codes (float64) of an Arrow string array, one per row
     (a null row gets the code of the first distinct string; callers mask it)."""
     import pyarrow.compute as pc
@@ -274,7 +274,7 @@ def _arrow_columns(batch, engine):
             continue
         a, present = slot[name], c.is_valid().to_numpy(zero_copy_only=False)
         if pa.types.is_string(t) or pa.types.is_large_string(t):
-            val[:, a], kind[:, a] = _string_codes(c, engine), KIND_STR
+            val[:, a], kind[:, a] = string_codes(c, engine), KIND_STR
         else:
             val[:, a] = pc.fill_null(c, False if pa.types.is_boolean(t) else 0) \
                 .to_numpy(zero_copy_only=False).astype(np.float64)
@@ -501,6 +501,6 @@ def _csv_block_columns(block: bytes, header: list[str], engine):
             kind[rows[bools], a] = KIND_BOOL
         if not bools.all():
             strings = rows[~bools]
-            val[strings, a] = _string_codes(pc.filter(words, pa.array(~bools)), engine)
+            val[strings, a] = string_codes(pc.filter(words, pa.array(~bools)), engine)
             kind[strings, a] = KIND_STR
     return fields[0], fields[1], _type_codes(etype, engine), val, kind
