@@ -1,10 +1,12 @@
 """The batch job: ``dqcep spark run QUERIES.cep --input PATH... --output DIR``.
 
-Two Spark jobs of two stages each (docs/spark.md, "The stages"):
+Two Spark jobs (docs/spark.md, "The stages"):
 
-1. **index**: the files' ids and ts only: the largest ts of each file (for late
-   events across files), the smallest and largest ts (for the slice length) and
-   the ids seen more than once with their first copy — a few rows to the driver.
+1. **index**: one row per file, read in the executors: the largest ts of each file
+   (for late events across files), the smallest and largest ts (for the slice
+   length), its id range and the ids it holds more than once with their first copy;
+   only files whose id ranges overlap are read again for an aggregate by id (the
+   repeats across files). A few rows reach the driver.
 2. **route, shuffle, engines, write**: each reading task routes its rows
    (``dqcep.spark.executor.Router``: dead letters and late events become lines,
    repeats are dropped, needed events go to their (group, part) as engine
@@ -66,34 +68,51 @@ class Index:
     first_seq: np.ndarray
 
 
-INDEX_SQL = """
-SELECT * FROM (
-  SELECT file_index, id, grouping_id() AS g, count(*) AS n, max(ts) AS hi, min(ts) AS lo,
-         min(named_struct('f', file_index, 's', seq)) AS first
-  FROM {view} WHERE reason IS NULL
-  GROUP BY GROUPING SETS ((file_index), (id)))
-WHERE g = 1 OR n > 1
+REPEATS_SQL = """
+SELECT id, count(*) AS n, min(named_struct('f', file_index, 's', seq)) AS first
+FROM {view} GROUP BY id HAVING n > 1
 """
 
 
 def job_index(spark, inputs: list[str], fmt: str | None) -> Index:
-    """One aggregate over the files' (position, id, ts): per file (g = 1) and per id
-    seen more than once (g = 2), in one shuffle."""
-    view = "dqcep_index"
-    load_events(spark, inputs, fmt, mode="index").createOrReplaceTempView(view)
-    rows = spark.sql(INDEX_SQL.format(view=view)).collect()
-    spark.catalog.dropTempView(view)
-    files = sorted((r.file_index, r.hi, r.lo) for r in rows if r.g == 1)
+    """One row per file, read in the executors (no shuffle): its ts range, its id range
+    and the ids it holds more than once. Only files whose id ranges overlap another's can
+    share an id; for those alone, one aggregate by id finds the repeats across them."""
+    rows = sorted(load_events(spark, inputs, fmt, mode="index").collect())
     earlier, running = {}, None
-    for f, hi, _ in files:
+    for r in rows:
+        if r.hi is None:
+            continue
         if running is not None:
-            earlier[f] = running
-        running = hi if running is None else max(running, hi)
-    repeats = sorted((r.id, r.first.f, r.first.s) for r in rows if r.g == 2)
+            earlier[r.file_index] = running
+        running = r.hi if running is None else max(running, r.hi)
+    shared = _overlapping([(r.min_id, r.max_id, r.file_index) for r in rows
+                           if r.min_id is not None])
+    repeats = [(i, r.file_index, s) for r in rows if r.file_index not in shared
+               for i, s in zip(r.repeated, r.first_seq)]
+    if shared:
+        view = "dqcep_ids"
+        load_events(spark, inputs, fmt, mode="ids", only=sorted(shared)) \
+            .createOrReplaceTempView(view)
+        repeats += [(r.id, r.first.f, r.first.s)
+                    for r in spark.sql(REPEATS_SQL.format(view=view)).collect()]
+        spark.catalog.dropTempView(view)
+    repeats.sort()
     repeated, first_file, first_seq = (np.array(c, np.int64).reshape(-1) for c in
                                        (zip(*repeats) if repeats else ([], [], [])))
-    return Index(earlier, min((lo for _, _, lo in files), default=None), running,
-                 repeated, first_file, first_seq)
+    return Index(earlier, min((r.lo for r in rows if r.lo is not None), default=None),
+                 running, repeated, first_file, first_seq)
+
+
+def _overlapping(ranges: list[tuple[int, int, int]]) -> set[int]:
+    """The files whose [min id, max id] meets another file's."""
+    out, reach, owner = set(), None, None
+    for lo, hi, f in sorted(ranges):
+        if reach is not None and lo <= reach:
+            out |= {f, owner}
+        if reach is None or hi > reach:
+            reach, owner = hi, f
+    return out
 
 
 def slice_length(index: Index, window: int, tasks: int) -> int:

@@ -224,32 +224,64 @@ def read_file(index: int, path: str, fmt: str, positions: bool = True):
 NAMES = ["file_index", "seq", "where", "id", "ts", "file_before", "event", "reason"]
 
 
-INDEX_SCHEMA = "file_index long, seq long, id long, ts long, reason string"
+# mode=index: one row per file (its events' count, ts and id ranges, and the ids it holds
+# more than once with the seq of their first copy); mode=ids: (file, seq, id) per event
+INDEX_SCHEMA = ("file_index long, events long, lo long, hi long, min_id long, max_id long, "
+                "repeated array<long>, first_seq array<long>")
+IDS_SCHEMA = "file_index long, seq long, id long"
+SCHEMAS = {"rows": SCHEMA, "index": INDEX_SCHEMA, "ids": IDS_SCHEMA}
+
+
+def file_index_row(index: int, batches):
+    """The index row of one file from its rows (``positions=False`` batches)."""
+    import pyarrow as pa
+    ids, seq, ts = [], [], []
+    for b in batches:
+        valid = b.column("reason").is_null()
+        ids.append(b.column("id").filter(valid).to_numpy())
+        seq.append(b.column("seq").filter(valid).to_numpy())
+        ts.append(b.column("ts").filter(valid).to_numpy())
+    ids, seq, ts = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (ids, seq, ts))
+    distinct, first, count = np.unique(ids, return_index=True, return_counts=True)
+    more = count > 1
+    some = len(ids) > 0
+    return pa.RecordBatch.from_pylist([{
+        "file_index": index, "events": len(ids),
+        "lo": int(ts.min()) if some else None, "hi": int(ts.max()) if some else None,
+        "min_id": int(ids.min()) if some else None, "max_id": int(ids.max()) if some else None,
+        "repeated": distinct[more].tolist(), "first_seq": seq[first[more]].tolist()}],
+        schema=pa.schema([("file_index", pa.int64()), ("events", pa.int64()),
+                          ("lo", pa.int64()), ("hi", pa.int64()), ("min_id", pa.int64()),
+                          ("max_id", pa.int64()), ("repeated", pa.list_(pa.int64())),
+                          ("first_seq", pa.list_(pa.int64()))]))
 
 
 class EventFilesReader(DataSourceReader):
     def __init__(self, options):
         self.files = json.loads(options["paths"])
+        self.only = json.loads(options.get("only") or "null")
         self.fmt = options.get("format") or None
         self.mode = options.get("mode") or "rows"
         self.router = _unpickle(options["router"]) if self.mode == "route" else None
 
     def partitions(self):
         return [InputPartition((i, path, format_for(path, self.fmt)))
-                for i, path in enumerate(self.files)]
+                for i, path in enumerate(self.files) if self.only is None or i in self.only]
 
     def read(self, partition):
         index, path, fmt = partition.value
-        for batch in read_file(index, path, fmt, positions=self.mode != "index"):
-            if self.mode == "index":
-                yield batch.select(INDEX_NAMES)
+        batches = read_file(index, path, fmt, positions=self.mode in ("rows", "route"))
+        if self.mode == "index":
+            yield file_index_row(index, batches)
+            return
+        for batch in batches:
+            if self.mode == "ids":
+                valid = batch.column("reason").is_null()
+                yield batch.select(["file_index", "seq", "id"]).filter(valid)
             elif self.mode == "route":
                 yield self.router.route(batch)
             else:
                 yield batch
-
-
-INDEX_NAMES = ["file_index", "seq", "id", "ts", "reason"]
 
 
 def _pickle(obj) -> str:
@@ -265,9 +297,10 @@ def _unpickle(text: str):
 
 
 class EventFilesSource(DataSource):
-    """Options: ``paths`` (a JSON list of files, in arrival order), ``format``, ``mode``:
-    ``rows`` (``SCHEMA``, the default), ``index`` (``INDEX_SCHEMA``: what the batch job's
-    index needs) or ``route`` (each batch through ``router``, a pickled
+    """Options: ``paths`` (a JSON list of files, in arrival order), ``format``, ``only``
+    (a JSON list of the indexes of the files to read; default all), ``mode``: ``rows``
+    (``SCHEMA``, the default), ``index`` and ``ids`` (``INDEX_SCHEMA``, ``IDS_SCHEMA``: what
+    the batch job's index needs) or ``route`` (each batch through ``router``, a pickled
     ``dqcep.spark.executor.Router``, in the reading task: its ``schema()``)."""
 
     @classmethod
@@ -276,18 +309,16 @@ class EventFilesSource(DataSource):
 
     def schema(self):
         mode = self.options.get("mode") or "rows"
-        if mode == "index":
-            return INDEX_SCHEMA
         if mode == "route":
             return _unpickle(self.options["router"]).schema()
-        return SCHEMA
+        return SCHEMAS[mode]
 
     def reader(self, schema):
         return EventFilesReader(self.options)
 
 
 def load_events(spark, paths: list[str], fmt: str | None = None, *, mode: str = "rows",
-                router=None):
+                router=None, only: list[int] | None = None):
     """The source's DataFrame over the files of ``paths`` (listed on the driver)."""
     files = list_event_files(paths)
     for f in files:
@@ -297,4 +328,6 @@ def load_events(spark, paths: list[str], fmt: str | None = None, *, mode: str = 
               .option("format", fmt or "").option("mode", mode))
     if router is not None:
         reader = reader.option("router", _pickle(router))
+    if only is not None:
+        reader = reader.option("only", json.dumps(only))
     return reader.load()
