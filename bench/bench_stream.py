@@ -68,7 +68,8 @@ def child(args) -> None:
     from dqcep.spark.stream import run_stream
     tmp = Path(args.dir)
     journal(tmp / "journal", args.keys[0], args.events, args.batches, args.held)
-    spark = spark_session(args.master, "dqcep-bench-stream", args.partitions)
+    # the key partitions (--partitions) apart from Spark's shuffle partitions (2: notes)
+    spark = spark_session(args.master, "dqcep-bench-stream", 2)
     try:
         query = run_stream(spark, QUERY, str(tmp / "journal"), str(tmp / "out"),
                            str(tmp / "ck"), partitions=args.partitions, until_idle=True,

@@ -105,10 +105,12 @@ def processor_class(spec: JobSpec, lateness: int):
         def _load(self, group: int, part: int):
             from dqcep.runtime.duplicates import recent_ids
             runner, recent = PartRunner(spec, group, part), recent_ids()
+            self.stored = None
             if self.state.exists():
                 blob, ids = self.state.get()
-                runner.restore(bytes(blob))
-                recent.admit(np.frombuffer(bytes(ids), np.int64).copy())
+                self.stored = (bytes(blob), bytes(ids))
+                runner.restore(self.stored[0])
+                recent.admit(np.frombuffer(self.stored[1], np.int64).copy())
             return runner, recent
 
         def _save(self, runner, recent) -> None:
@@ -123,7 +125,9 @@ def processor_class(spec: JobSpec, lateness: int):
                     self.state.clear()
                     return
                 self.handle.registerTimer(done + lateness + 1)
-            self.state.update((runner.snapshot(), recent.ids().tobytes()))
+            state = (runner.snapshot(), recent.ids().tobytes())
+            if state != self.stored:  # written back only when it changed
+                self.state.update(state)
             due = runner.engine.next_release()
             if due is not None:  # event time must pass due + lateness (see advance)
                 self.handle.registerTimer(due + lateness)
