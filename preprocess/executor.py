@@ -1,18 +1,17 @@
-"""What runs inside Spark's Python workers: events as engine columns, the pushdown
-filter, partition assignment and the native engine per partition.
+"""What runs inside Spark's Python workers: routing (late events, repeats, pushdown,
+partition assignment), and the native engine per partition.
 
-Events travel through Spark as rows whose ``event`` column holds the event map
-as msgpack; a worker joins a batch of them into one ``{"events": [...]}``
-payload and decodes it with the engine's ColumnDecoder kernel (no Python object
-per event). Everything here is plain functions over pandas DataFrames, so the
-tests call them without Spark too.
+Source rows hold each event map as msgpack; the batch job's ``Router`` decodes a
+batch of them once with the engine's ColumnDecoder kernel (no Python object per
+event) and hands the engines their columns through the shuffle; the streaming
+job decodes them where its engines run. Everything here is plain functions over
+Arrow batches or pandas DataFrames, so the tests call them without Spark too.
 """
 from __future__ import annotations
 
 import json
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
 
 import msgpack
 import numpy as np

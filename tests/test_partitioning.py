@@ -6,7 +6,6 @@ import json
 
 import msgpack
 import numpy as np
-import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -176,3 +175,21 @@ def test_a_conjunct_with_a_negated_variable_is_no_key_for_the_match():
     assert query_key(parse(text).queries[0]) is None
     events = [E(1, "C", 0, p=1)]
     assert run_partitioned(text, events, 2) == reference(text, events) != set()
+
+
+@given(small_query_files(), small_event_streams())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_part_restored_and_snapshotted_gives_the_same_bytes(f, events):
+    """The streaming job writes a key's state back only when its bytes changed: that
+    needs a restored state to snapshot to the bytes it was restored from."""
+    from dqcep.spark.executor import GROUP_SLICED, PartRunner, event_columns
+    text = file_to_source(f)
+    spec = JobSpec(text, plan_partitioning(parse(text).queries, "time"), 2, 4)
+    runner = PartRunner(spec, GROUP_SLICED, 0)
+    blobs = [msgpack.packb({"id": e.id, "type": e.type, "ts": e.ts, **e.attrs}) for e in events]
+    if blobs:
+        runner.feed(event_columns(runner.engine, blobs))
+    saved = runner.snapshot()
+    again = PartRunner(spec, GROUP_SLICED, 0)
+    again.restore(saved)
+    assert again.snapshot() == saved
