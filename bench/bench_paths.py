@@ -58,10 +58,10 @@ def engine():
     return Engine(build_plan(parse_file(str(QUERIES)).queries))
 
 
-def split(path: Path, out: Path) -> tuple[float, float, float, int]:
-    """(read + decode s, engine s, output s, events) of the run path, in-process."""
+def engine_run(path: Path) -> tuple[float, float, list, int]:
+    """(read + decode s, engine s, the match batches, events): the file's events decoded
+    into the engine's columns first, then ``Engine.process`` over them alone, and flush."""
     from dqcep.io.columnar import read_columns
-    from dqcep.io.sinks import open_match_sink
     from dqcep.runtime import EventColumns
 
     e = engine()
@@ -71,13 +71,20 @@ def split(path: Path, out: Path) -> tuple[float, float, float, int]:
     read = time.perf_counter() - started
     started = time.perf_counter()
     batches = [e.process(p) for p in pieces] + [e.flush()]
-    run = time.perf_counter() - started
+    return read, time.perf_counter() - started, batches, e.events_in
+
+
+def split(path: Path, out: Path) -> tuple[float, float, float, int]:
+    """(read + decode s, engine s, output s, events) of the run path, in-process."""
+    from dqcep.io.sinks import open_match_sink
+
+    read, run, batches, events = engine_run(path)
     sink = open_match_sink(str(out))
     started = time.perf_counter()
     for b in batches:
         sink.write_batch(b)
     sink.close()
-    return read, run, time.perf_counter() - started, e.events_in
+    return read, run, time.perf_counter() - started, events
 
 
 def main() -> None:

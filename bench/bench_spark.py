@@ -61,6 +61,14 @@ def child(args) -> None:
     print(json.dumps({"seconds": seconds, **stats.__dict__}))
 
 
+def generate(path: Path, events: int, seed: int | None = None) -> None:
+    """The IoT stream with iot.cep planted (the generator's default seed unless given)."""
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                    str(events), *(["--seed", str(seed)] if seed is not None else []),
+                    "--plant", str(QUERIES), "--plant-every", "130000", "--quiet", "-o",
+                    str(path)], check=True)
+
+
 def split(path: Path, out: Path, files: int) -> None:
     """The msgpack records of one file, cut into ``files`` files (bytes unchanged)."""
     import msgpack
@@ -149,10 +157,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         events = tmp / "events.msgpack"
-        subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
-                        str(args.events), "--plant", str(QUERIES), "--plant-every", "130000",
-                        "--truth", str(tmp / "truth.jsonl"), "--quiet", "-o", str(events)],
-                       check=True)
+        generate(events, args.events)
         split(events, tmp / "parts", args.files)
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "-i", str(events),
@@ -194,28 +199,6 @@ def main(argv=None) -> None:
 MARGINAL_MASTER = "local-cluster[1,2,2048]"
 
 
-def generate(path: Path, events: int) -> None:
-    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
-                    str(events), "--seed", "3", "--plant", str(QUERIES), "--plant-every",
-                    "130000", "--quiet", "-o", str(path)], check=True)
-
-
-def engine_alone(path: Path) -> float:
-    """Seconds of ``Engine.process`` alone over the file's events (decoded beforehand)."""
-    from dqcep.io.columnar import read_columns
-    from dqcep.lang import parse_file
-    from dqcep.plan import build_plan
-    from dqcep.runtime import Engine, EventColumns
-    e = Engine(build_plan(parse_file(str(QUERIES)).queries))
-    pieces = [EventColumns(*p) if isinstance(p, tuple) else p
-              for p in read_columns(str(path), None, e, None, 65_536)]
-    started = time.perf_counter()
-    for p in pieces:
-        e.process(p)
-    e.flush()
-    return time.perf_counter() - started
-
-
 def marginal(args) -> None:
     """Wall time of run_batch on N and 2N events with one executor: the difference is the
     cost of N more events (fixed costs cancel); the fixed cost of the CLI is timed on a
@@ -225,13 +208,14 @@ def marginal(args) -> None:
         tmp = Path(tmp)
         runs = {}
         for size in (n, 2 * n):
-            generate(tmp / f"events-{size}.msgpack", size)
+            generate(tmp / f"events-{size}.msgpack", size, seed=3)
             split(tmp / f"events-{size}.msgpack", tmp / f"parts-{size}", args.files)
             figures, out = run_child(tmp, f"out-{size}", MARGINAL_MASTER, 2, parts=f"parts-{size}")
             shutil.rmtree(out)
             runs[size] = figures
-        alone = engine_alone(tmp / f"events-{2 * n}.msgpack")
-        generate(tmp / "small.msgpack", 100)
+        from bench_paths import engine_run  # Engine.process alone, columns decoded before
+        alone = engine_run(tmp / f"events-{2 * n}.msgpack")[1]
+        generate(tmp / "small.msgpack", 100, seed=3)
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "dqcep", "spark", "run", str(QUERIES), "-i",
                         str(tmp / "small.msgpack"), "-o", str(tmp / "small-out"), "--master",
@@ -316,9 +300,7 @@ def model(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         events = tmp / "events.msgpack"
-        subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
-                        str(args.events), "--plant", str(QUERIES), "--plant-every", "130000",
-                        "--quiet", "-o", str(events)], check=True)
+        generate(events, args.events)
         split(events, tmp / "parts", args.files)
         runs = []
         for label, master, executors, cores in MODEL_RUNS:

@@ -47,9 +47,10 @@ def event_columns(engine: Engine, events) -> EventColumns:
     return EventColumns(*decoder.take())
 
 
-def record_lines(df: pd.DataFrame, kind: str) -> list[str]:
+def record_lines(df, kind: str) -> list[str]:
     """The JSON lines of the dead-letter (``where``, ``reason``) or late (``where``,
-    ``event``) outputs, for the batch and the streaming job alike."""
+    ``event``) outputs, for the batch and the streaming job alike; ``df`` maps those
+    column names to sequences (a pandas DataFrame, or a dict of lists)."""
     if kind == "dead":
         return [json.dumps({"where": w, "reason": r}, ensure_ascii=False)
                 for w, r in zip(df["where"], df["reason"])]
@@ -303,7 +304,7 @@ class PartRunner:
 # The batch job's one shuffle carries rows of two sorts, in one schema:
 # - events (group >= 0): the engine's columns, attribute by attribute (v<i> the value,
 #   k<i> the kind, s<i> the string when the kind is a string: engines code strings with
-#   their own dictionaries), so the engine stage decodes nothing;
+#   their own dictionaries), so the engine stage parses no event map;
 # - lines (group < 0): a line of an output (dead-letter, late) or of a task's counts
 #   (_stats), passed through to the writer.
 
@@ -387,7 +388,8 @@ class Router:
             if (e := self.earlier.get(f)) is not None:
                 at = files == f
                 before[at] = np.maximum(before[at], e)
-        before[before == _MIN] = ts[before == _MIN]  # nothing before it: never late
+        nothing = before == _MIN
+        before[nothing] = ts[nothing]  # nothing arrived before it: never late
         repeat = np.zeros(n, bool)
         if len(self.repeated):
             at = np.minimum(np.searchsorted(self.repeated, ids), len(self.repeated) - 1)
@@ -403,14 +405,13 @@ class Router:
         if len(on_time):
             cols = event_columns(engine, c["event"].take(pa.array(on_time)))
             keep = engine.needed(cols)
-            needed = on_time[keep]
-            targets = self.assigner.targets(cols.take(np.flatnonzero(keep)))
+            needed, cols = on_time[keep], cols.take(np.flatnonzero(keep))
+            targets = self.assigner.targets(cols)
         out = []
         if targets is not None:
             rows, groups, parts = targets
-            kept = cols.take(np.flatnonzero(keep)).take(rows)
             at = needed[rows]
-            out.append(_event_rows(engine, kept, groups, parts, files[at], seq[at]))
+            out.append(_event_rows(engine, cols.take(rows), groups, parts, files[at], seq[at]))
         where = c["where"]
         for mask, kind, name in ((dead, "dead", "dead-letter"), (late, "late", "late")):
             if mask.any():
