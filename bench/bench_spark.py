@@ -22,7 +22,17 @@ task time per event (the work, which more executors must not grow: within
 model of the wall time on N executors x C cores, checked against the runs made
 here and printed for 4, 8 and 32 executors (see ``predict``).
 
-    python3 bench/bench_spark.py [--events N] [--files F] [--model]
+``--formats`` times the job (one executor with 2 cores) on the same stream as one
+file of each input format (msgpack, JSON Lines, CSV, Parquet) and checks each
+gives the embedded run's matches.
+
+``--floor`` times what Spark itself does in the job, no Python in it: the shuffle
+and sort of the routed rows and the write of the match lines (each minus a read
+of the same data), against the budget the marginal-cost target leaves (N events
+at 0.25x the engine alone's rate).
+
+    python3 bench/bench_spark.py [--events N] [--files F]
+                                 [--model | --marginal | --formats | --floor]
 """
 from __future__ import annotations
 
@@ -141,15 +151,29 @@ def main(argv=None) -> None:
     ap.add_argument("--input", help=argparse.SUPPRESS)
     ap.add_argument("--output", help=argparse.SUPPRESS)
     ap.add_argument("--eventlog", help=argparse.SUPPRESS)
+    ap.add_argument("--matches", help=argparse.SUPPRESS)
     ap.add_argument("--model", action="store_true",
                     help="measure task time per event, skew and fixed cost from event logs "
                     "and predict the wall time on more executors")
     ap.add_argument("--marginal", action="store_true",
                     help="the marginal cost per event (N and 2N events, one executor with 2 "
                     "cores) against the engine alone, and the fixed cost of dqcep spark run")
+    ap.add_argument("--formats", action="store_true",
+                    help="the job on one file of each input format (one executor with 2 "
+                    "cores)")
+    ap.add_argument("--floor", action="store_true",
+                    help="Spark's own share of the job (shuffle, sort, write) against the "
+                    "marginal-cost target's budget")
+    ap.add_argument("--floor-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.floor_child:
+        return floor_child(args)
+    if args.floor:
+        return floor(args)
     if args.child:
         return child(args)
+    if args.formats:
+        return formats(args)
     if args.model:
         return model(args)
     if args.marginal:
@@ -232,6 +256,119 @@ def marginal(args) -> None:
           f"(target >= 0.25x)")
     print(f"fixed cost of run_batch (session started): {t1 - n / rate:.1f} s; "
           f"dqcep spark run on 100 events, JVM start included: {cli_s:.1f} s (target <= 20 s)")
+
+
+# ------------------------------------------------------------------ --formats
+
+FORMATS = ("msgpack", "jsonl", "csv", "parquet")
+
+
+def formats(args) -> None:
+    """run_batch on the same N events as one file in each format, one executor."""
+    n = args.events
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for fmt in FORMATS:
+            generate(tmp / f"events.{fmt}", n, seed=3)
+        subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "-i",
+                        str(tmp / "events.msgpack"), "-o", str(tmp / "embedded.jsonl")],
+                       check=True)
+        embedded = np.unique(line_hashes([tmp / "embedded.jsonl"]))
+        for fmt in FORMATS:
+            figures, out = run_child(tmp, f"out-{fmt}", MARGINAL_MASTER, 2,
+                                     parts=f"events.{fmt}")
+            got = line_hashes(sorted((out / "matches").glob("part-*")))
+            shutil.rmtree(out)
+            size = (tmp / f"events.{fmt}").stat().st_size
+            rows.append((fmt, size, figures["seconds"], compare(embedded, got)))
+    print(f"events={n:,} as one file per format, queries=iot.cep, {MARGINAL_MASTER} "
+          f"(one executor, 2 cores), matches={embedded.size:,}")
+    print(f"{'format':<8} {'MB':>7} {'seconds':>8} {'events/s':>10} {'/ msgpack':>9}  matches")
+    base = rows[0][2]
+    for fmt, size, seconds, (missing, extra, repeated) in rows:
+        ok = "exact" if not (missing or extra or repeated) else \
+            f"MISMATCH {missing} missing, {extra} extra, {repeated} repeated"
+        print(f"{fmt:<8} {size / 1e6:>7.1f} {seconds:>8.1f} {n / seconds:>10,.0f} "
+              f"{base / seconds:>8.2f}x  {ok}")
+
+
+# ------------------------------------------------------------------ --floor
+
+
+def floor_child(args) -> None:
+    """In one Spark session: the routed rows saved as Parquet (untimed), then the
+    JVM-only steps of the main job, each timed twice (the second counts)."""
+    from dqcep.lang import parse
+    from dqcep.spark.batch import job_index
+    from dqcep.spark.executor import JobSpec, Router
+    from dqcep.spark.partitioning import plan_partitioning
+    from dqcep.spark.session import spark_session
+    from dqcep.spark.source import load_events
+    text = QUERIES.read_text()
+    spark = spark_session(MARGINAL_MASTER, "dqcep-floor", 2, {"spark.executor.memory": "1g"})
+    out = Path(args.output)
+    try:
+        index = job_index(spark, [args.input], None)
+        spec = JobSpec(text, plan_partitioning(parse(text).queries, "auto"), 2)
+        router = Router(spec, 0, index.earlier, index.repeated, index.first_file,
+                        index.first_seq)
+        load_events(spark, [args.input], mode="route", router=router) \
+            .write.parquet(str(out / "routed"))
+        routed = lambda: spark.read.parquet(str(out / "routed"))  # noqa: E731
+        lines = lambda: spark.read.text(args.matches)  # noqa: E731
+        noop = lambda df: df.write.format("noop").mode("overwrite").save()  # noqa: E731
+        steps = {
+            "read routed rows": lambda: noop(routed()),
+            "read, shuffle, sort routed rows": lambda: noop(
+                routed().repartition(2, "group", "part")
+                .sortWithinPartitions("group", "part", "ts", "file_index", "seq")),
+            "read match lines": lambda: noop(lines()),
+            "read, write match lines": lambda: lines().write.mode("overwrite")
+            .text(str(out / "written")),
+        }
+        figures = {"rows": routed().count(), "lines": lines().count()}
+        for name, step in steps.items():
+            for _ in range(2):
+                started = time.perf_counter()
+                step()
+                figures[name] = time.perf_counter() - started
+    finally:
+        spark.stop()
+    print(json.dumps(figures))
+
+
+def floor(args) -> None:
+    n = args.events
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        events = tmp / "events.msgpack"
+        generate(events, n, seed=3)
+        split(events, tmp / "parts", args.files)
+        subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "-i", str(events),
+                        "-o", str(tmp / "matches.jsonl")], check=True)
+        from bench_paths import engine_run
+        alone = engine_run(events)[1]
+        proc = subprocess.run([sys.executable, __file__, "--floor-child", "--input",
+                               str(tmp / "parts"), "--output", str(tmp / "floor"),
+                               "--matches", str(tmp / "matches.jsonl")],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"floor failed:\n{proc.stderr[-4000:]}")
+        f = json.loads(proc.stdout.strip().splitlines()[-1])
+    budget = alone / 0.25  # N events at a quarter of the engine alone's rate
+    shuffle = f["read, shuffle, sort routed rows"] - f["read routed rows"]
+    write = f["read, write match lines"] - f["read match lines"]
+    print(f"events={n:,} files={args.files} queries=iot.cep, {MARGINAL_MASTER} "
+          f"(one executor, 2 cores)")
+    print(f"engine alone: {alone:.2f} s ({n / alone:,.0f} events/s); the marginal-cost "
+          f"target (0.25x) leaves {budget:.2f} s for the whole job's work on {n:,} events")
+    for name in ("read routed rows", "read, shuffle, sort routed rows", "read match lines",
+                 "read, write match lines"):
+        print(f"  {name:<34} {f[name]:6.2f} s")
+    print(f"Spark alone: shuffle and sort of {f['rows']:,} routed rows {shuffle:.2f} s, write "
+          f"of {f['lines']:,} match lines {write:.2f} s: {shuffle + write:.2f} s = "
+          f"{(shuffle + write) / budget:.2f}x the budget")
 
 
 # ------------------------------------------------------------------ --model

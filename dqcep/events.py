@@ -40,6 +40,10 @@ class Event:
             return self.id
         return self.attrs[attr]
 
+    def as_mapping(self) -> dict:
+        """The event map: what a payload, a file record and a late line hold."""
+        return {"id": self.id, "type": self.type, "ts": self.ts, **self.attrs}
+
 
 def _short(value: Any, limit: int = 40) -> str:
     """``repr(value)`` cut to ``limit`` characters: a reason never grows with the value."""

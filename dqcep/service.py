@@ -295,8 +295,7 @@ class StreamingService:
         for e in events:
             if e.id in late:
                 self.counts["late"] += 1
-                self.late.write({"offset": offset, "event": {
-                    "id": e.id, "type": e.type, "ts": e.ts, **e.attrs}})
+                self.late.write({"offset": offset, "event": e.as_mapping()})
 
     def _emit(self, batch) -> None:
         if len(batch):

@@ -3,8 +3,9 @@ partition assignment), and the native engine per partition.
 
 Source rows hold each event map as msgpack; the batch job's ``Router`` decodes a
 batch of them once with the engine's ColumnDecoder kernel (no Python object per
-event) and hands the engines their columns through the shuffle; the streaming
-job decodes them where its engines run. Everything here is plain functions over
+event), takes the fast paths' ``ColumnPiece``s already in columns, and hands the
+engines their columns through the shuffle; the streaming job decodes them where
+its engines run. Everything here is plain functions over
 Arrow batches or pandas DataFrames, so the tests call them without Spark too.
 """
 from __future__ import annotations
@@ -377,13 +378,43 @@ class Router:
         import pyarrow.compute as pc
 
         c = dict(zip(batch.schema.names, batch.columns))
-        n = batch.num_rows
         dead = c["reason"].is_valid().to_numpy(zero_copy_only=False)
-        files = c["file_index"].to_numpy()
-        seq = c["seq"].to_numpy()
-        ids = pc.fill_null(c["id"], 0).to_numpy()
-        ts = pc.fill_null(c["ts"], 0).to_numpy()
-        before = pc.fill_null(c["file_before"], _MIN).to_numpy().copy()
+        events, where = c["event"], c["where"]
+
+        def columns(rows):
+            return event_columns(self.assigner.engine, events.take(pa.array(rows)))
+
+        def lines(rows, kind):
+            pick = pa.array(rows)
+            return record_lines({"where": where.take(pick).to_pylist(),
+                                 "reason" if kind == "dead" else "event":
+                                 c["reason" if kind == "dead" else "event"].take(pick).to_pylist()},
+                                kind)
+
+        return self._route(dead, c["file_index"].to_numpy(), c["seq"].to_numpy(),
+                           pc.fill_null(c["id"], 0).to_numpy(), pc.fill_null(c["ts"], 0).to_numpy(),
+                           pc.fill_null(c["file_before"], _MIN).to_numpy().copy(), columns, lines)
+
+    def route_piece(self, piece):
+        """A ``dqcep.spark.source.ColumnPiece`` (events a fast path read, in this
+        router's engine's columns) -> routed rows; only its late events are read again
+        whole, for their lines."""
+        cols, n = piece.columns, len(piece.seq)
+
+        def lines(rows, kind):
+            records = piece.records()
+            return record_lines({"where": [f"{piece.path}:{records[i][0]}" for i in rows],
+                                 "event": [msgpack.packb(records[i][1].as_mapping()) for i in rows]}, kind)
+
+        return self._route(np.zeros(n, bool), np.full(n, piece.file_index, np.int64), piece.seq,
+                           cols.id, cols.ts, piece.before.copy(), cols.take, lines)
+
+    def _route(self, dead, files, seq, ids, ts, before, columns, lines):
+        """The rules, on a batch's rows: ``dead`` marks the records that are not events;
+        ``before`` the largest ts before each row in its file (``_MIN``: none);
+        ``columns(rows)`` the engine columns of those (event) rows; ``lines(rows, kind)``
+        the dead-letter or late lines of those rows."""
+        n = len(dead)
         for f in np.unique(files).tolist():
             if (e := self.earlier.get(f)) is not None:
                 at = files == f
@@ -403,7 +434,7 @@ class Router:
         engine = self.assigner.engine
         needed, targets = np.zeros(0, np.int64), None
         if len(on_time):
-            cols = event_columns(engine, c["event"].take(pa.array(on_time)))
+            cols = columns(on_time)
             keep = engine.needed(cols)
             needed, cols = on_time[keep], cols.take(np.flatnonzero(keep))
             targets = self.assigner.targets(cols)
@@ -412,14 +443,10 @@ class Router:
             rows, groups, parts = targets
             at = needed[rows]
             out.append(_event_rows(engine, cols.take(rows), groups, parts, files[at], seq[at]))
-        where = c["where"]
         for mask, kind, name in ((dead, "dead", "dead-letter"), (late, "late", "late")):
             if mask.any():
-                pick = pa.array(np.flatnonzero(mask))
-                values = c["reason" if kind == "dead" else "event"].take(pick).to_pylist()
-                lines = record_lines({"where": where.take(pick).to_pylist(),
-                                      "reason" if kind == "dead" else "event": values}, kind)
-                out.append(_line_rows(lines, name, files[mask], seq[mask]))
+                out.append(_line_rows(lines(np.flatnonzero(mask), kind), name, files[mask],
+                                      seq[mask]))
         counts = {"records": n, "dead_letter": int(dead.sum()),
                   "duplicates": int(repeat.sum()), "late": int(late.sum()),
                   "after_pushdown": len(needed),

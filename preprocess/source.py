@@ -6,7 +6,10 @@ order, with the record's position; each file is one input partition, read in
 an executor by the same readers as ``dqcep run`` (one set of validation rules
 and the same positions). A bad record becomes a row with its ``reason``
 instead of an event; a msgpack stream broken beyond resynchronisation ends its
-file with one such row.
+file with one such row. The batch job's modes (``index``, ``ids``, ``route``)
+read JSON Lines, CSV and Parquet through ``dqcep run``'s fast paths instead:
+their clean blocks come as ``ColumnPiece``s (engine columns, no row per event),
+the rest as rows.
 
 Columns: ``file_index`` (position of the file in the sorted listing: arrival
 order across files), ``seq`` (arrival order within the file), ``where``
@@ -21,7 +24,8 @@ cluster).
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -29,6 +33,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from dqcep.errors import UserError
 from dqcep.io.readers import format_for, list_event_files
+from dqcep.runtime import EventColumns
 
 SCHEMA = ("file_index long, seq long, `where` string, id long, ts long, file_before long, "
           "event binary, reason string")
@@ -57,7 +62,7 @@ class _Batches:
 
     def event(self, where: str, ev) -> None:
         import msgpack
-        blob = msgpack.packb({"id": ev.id, "type": ev.type, "ts": ev.ts, **ev.attrs})
+        blob = msgpack.packb(ev.as_mapping())
         self._rows([where], [None], [ev.id], [ev.ts], [True], blob, [len(blob)])
 
     def bad(self, where: str, reason: str) -> None:
@@ -92,6 +97,22 @@ class _Batches:
     def full(self) -> bool:
         return self.rows >= BATCH_ROWS
 
+    def piece(self, sourced, path: str) -> ColumnPiece:
+        """A fast-path piece's rows, numbered after the rows before it (take those first)."""
+        cols = EventColumns(*sourced.columns)
+        n = len(cols.ts)
+        running = np.maximum.accumulate(cols.ts)
+        before = np.empty(n, np.int64)
+        before[1:] = running[:-1]
+        before[0] = _MIN if self.latest is None else self.latest
+        if self.latest is not None:
+            np.maximum(before, self.latest, out=before)
+        self.latest = int(running[-1]) if self.latest is None else \
+            max(self.latest, int(running[-1]))
+        seq = np.arange(self.seq, self.seq + n, dtype=np.int64)
+        self.seq += n
+        return ColumnPiece(self.index, path, seq, before, cols, sourced.records)
+
     def take(self):
         pa, n = self.pa, self.rows
         ids, ts, valid = (np.concatenate(x) for x in (self.ids, self.ts, self.valid))
@@ -121,6 +142,24 @@ class _Batches:
         self.seq += n
         self._reset()
         return batch
+
+
+@dataclass
+class ColumnPiece:
+    """Events of one file that a fast path read (``dqcep.io.columnar.read_sourced``):
+    every row an event, in arrival order, in the columns of the engine it was read
+    for; ``before``: the largest ts of the file's events before each; ``records()``:
+    the rows as (position, Event), read again from the piece's bytes when asked."""
+
+    file_index: int
+    path: str
+    seq: np.ndarray
+    before: np.ndarray  # _MIN: no event before it
+    columns: EventColumns
+    records: Callable[[], list]
+
+
+_MIN = np.iinfo(np.int64).min
 
 
 def _broken(raw, offset: int) -> str:
@@ -185,37 +224,81 @@ def _msgpack_rows(out: _Batches, path: str):
                 yield out.take()
 
 
-def _reader_rows(out: _Batches, path: str, fmt: str):
-    """Any format through dqcep.io.readers, in file order (bad records included)."""
-    from dqcep.io.readers import EventInputError, read_events
+def _after_errors(out: _Batches, read):
+    """The items of ``read(on_error)`` (a reader whose bad records go to ``on_error``),
+    each after the bad records reported before it, which become rows of ``out`` (in
+    file order: before the next good item); a broken file ends the items."""
+    from dqcep.io.readers import EventInputError
 
     errors: list[EventInputError] = []
-    items = read_events(path, fmt, on_error=errors.append)
+    items = read(errors.append)
     while True:
         try:
-            where, ev = next(items)
+            item = next(items)
         except StopIteration:
-            break
+            item = None
         except EventInputError as err:  # the stream itself is broken: nothing more to read
             errors.append(err)
-            ev = None
-        for err in errors:  # bad records come in file order, before the next good one
+            item = None
+        for err in errors:
             out.bad(f"{err.source}:{err.where}", err.reason)
         errors.clear()
-        if ev is None:
-            break
+        if item is None:
+            return
+        yield item
+
+
+def _reader_rows(out: _Batches, path: str, fmt: str):
+    """Any format through dqcep.io.readers, in file order (bad records included)."""
+    from dqcep.io.readers import read_events
+
+    for where, ev in _after_errors(out, lambda report: read_events(path, fmt, on_error=report)):
         out.event(f"{path}:{where}", ev)
         if out.full():
             yield out.take()
-    for err in errors:
-        out.bad(f"{err.source}:{err.where}", err.reason)
 
 
-def read_file(index: int, path: str, fmt: str, positions: bool = True):
-    """Arrow record batches of one file's rows, in file order; ``positions=False``: the
-    ``where`` and ``event`` of events left null (the index reads ids and ts only)."""
+def _columnar_rows(out: _Batches, path: str, fmt: str, engine):
+    """A JSON Lines, CSV or Parquet file through the fast paths of ``dqcep run``
+    (``read_sourced``: kernels and Arrow, no Python object per event) in ``engine``'s
+    columns: ``ColumnPiece``s; records the fast path hands to the validator, and bad
+    ones, as source rows in between."""
+    from dqcep.io.columnar import Sourced, read_sourced
+
+    for piece in _after_errors(out, lambda report: read_sourced(path, fmt, engine, report)):
+        if isinstance(piece, Sourced):
+            if out.rows:
+                yield out.take()
+            yield out.piece(piece, path)
+            continue
+        for where, ev in piece:
+            out.event(f"{path}:{where}", ev)
+            if out.full():
+                yield out.take()
+
+
+class IdsAndTs:
+    """The column layout of a file read for its ids and ts alone (the batch job's
+    index): no attribute, no type a query uses."""
+
+    attrs: list = []
+    types: list = []
+    type_code: dict = {}
+    dictionary = None
+
+
+def read_file(index: int, path: str, fmt: str, positions: bool = True, engine=None):
+    """The rows of one file, in file order: Arrow record batches (``SCHEMA``), and,
+    given an ``engine`` (``IdsAndTs`` for ids and ts only), ``ColumnPiece``s in its
+    columns where the format has a fast path (JSON Lines, CSV, Parquet). ``positions=
+    False``: the ``where`` and ``event`` of events in batches left null."""
     out = _Batches(index, positions=positions)
-    rows = _msgpack_rows(out, path) if fmt == "msgpack" else _reader_rows(out, path, fmt)
+    if fmt == "msgpack":
+        rows = _msgpack_rows(out, path)
+    elif engine is not None:
+        rows = _columnar_rows(out, path, fmt, engine)
+    else:
+        rows = _reader_rows(out, path, fmt)
     yield from rows
     if out.rows:
         yield out.take()
@@ -237,6 +320,11 @@ def file_index_row(index: int, batches):
     import pyarrow as pa
     ids, seq, ts = [], [], []
     for b in batches:
+        if isinstance(b, ColumnPiece):
+            ids.append(b.columns.id)
+            seq.append(b.seq)
+            ts.append(b.columns.ts)
+            continue
         valid = b.column("reason").is_null()
         ids.append(b.column("id").filter(valid).to_numpy())
         seq.append(b.column("seq").filter(valid).to_numpy())
@@ -269,13 +357,25 @@ class EventFilesReader(DataSourceReader):
                 for i, path in enumerate(self.files) if self.only is None or i in self.only]
 
     def read(self, partition):
+        import pyarrow as pa
         index, path, fmt = partition.value
-        batches = read_file(index, path, fmt, positions=self.mode in ("rows", "route"))
+        engine = {"rows": None, "route": self.router and self.router.assigner.engine}.get(
+            self.mode, IdsAndTs)
+        batches = read_file(index, path, fmt, positions=self.mode in ("rows", "route"),
+                            engine=engine)
         if self.mode == "index":
             yield file_index_row(index, batches)
             return
         for batch in batches:
-            if self.mode == "ids":
+            if isinstance(batch, ColumnPiece):
+                if self.mode == "route":
+                    yield self.router.route_piece(batch)
+                else:  # ids
+                    yield pa.RecordBatch.from_arrays(
+                        [pa.array(np.full(len(batch.seq), index, np.int64)),
+                         pa.array(batch.seq), pa.array(batch.columns.id)],
+                        names=["file_index", "seq", "id"])
+            elif self.mode == "ids":
                 valid = batch.column("reason").is_null()
                 yield batch.select(["file_index", "seq", "id"]).filter(valid)
             elif self.mode == "route":

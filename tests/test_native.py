@@ -214,7 +214,7 @@ def via_decoder(queries, batches):
     decoder = engine.column_decoder()
     out = []
     for b in batches:
-        payload = msgpack.packb({"events": [{"id": e.id, "type": e.type, "ts": e.ts, **e.attrs}
+        payload = msgpack.packb({"events": [e.as_mapping()
                                             for e in b]})
         assert decoder.decode(payload) >= 0
         out += engine.process(EventColumns(*decoder.take())).to_matches()

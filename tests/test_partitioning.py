@@ -27,7 +27,7 @@ def source_batch(events):
         "id": np.array([e.id for e in events], np.int64),
         "ts": np.array([e.ts for e in events], np.int64),
         "file_before": pa.nulls(n, pa.int64()),
-        "event": [msgpack.packb({"id": e.id, "type": e.type, "ts": e.ts, **e.attrs})
+        "event": [msgpack.packb(e.as_mapping())
                   for e in events],
         "reason": pa.nulls(n, pa.string())})
 
@@ -186,7 +186,7 @@ def test_a_part_restored_and_snapshotted_gives_the_same_bytes(f, events):
     text = file_to_source(f)
     spec = JobSpec(text, plan_partitioning(parse(text).queries, "time"), 2, 4)
     runner = PartRunner(spec, GROUP_SLICED, 0)
-    blobs = [msgpack.packb({"id": e.id, "type": e.type, "ts": e.ts, **e.attrs}) for e in events]
+    blobs = [msgpack.packb(e.as_mapping()) for e in events]
     if blobs:
         runner.feed(event_columns(runner.engine, blobs))
     saved = runner.snapshot()

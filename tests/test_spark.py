@@ -64,10 +64,17 @@ def job_lines(out: Path, what="matches") -> list[str]:
     return [x for f in sorted((out / what).glob("part-*")) for x in f.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("strategy,partitions", [("auto", 3), ("time", 3), ("auto", 1)])
-def test_batch_job_gives_the_reference_matches(spark, tmp_path, strategy, partitions):
+CLEAN = IMPERFECT[:-2]  # late events and repeats, no malformed record: the fast paths read it
+
+
+@pytest.mark.parametrize("strategy,partitions,name,imperfect", [
+    ("auto", 3, "events.jsonl", IMPERFECT), ("time", 3, "events.jsonl", IMPERFECT),
+    ("auto", 1, "events.jsonl", IMPERFECT), ("auto", 2, "events.parquet", CLEAN),
+    ("time", 2, "events.csv", CLEAN)])
+def test_batch_job_gives_the_reference_matches(spark, tmp_path, strategy, partitions, name,
+                                               imperfect):
     from dqcep.spark.batch import run_batch
-    events = generate(tmp_path / "events.jsonl", 6000, *IMPERFECT)
+    events = generate(tmp_path / name, 6000, *imperfect)
     want, errors, late = expected([events])
     stats = run_batch(spark, QUERIES.read_text(), [str(events)], str(tmp_path / "out"),
                       partitions=partitions, lateness=LATENESS, strategy=strategy)
@@ -75,8 +82,8 @@ def test_batch_job_gives_the_reference_matches(spark, tmp_path, strategy, partit
     assert len(got) == len(set(got)), "a match was written twice"
     assert set(got) == want and len(want) > 20
     dead = [json.loads(x) for x in job_lines(tmp_path / "out", "dead-letter")]
-    assert len(dead) == errors > 0 and all(d["where"].startswith(str(events)) and d["reason"]
-                                           for d in dead)
+    assert len(dead) == errors and (errors > 0) == (imperfect == IMPERFECT)
+    assert all(d["where"].startswith(str(events)) and d["reason"] for d in dead)
     late_out = [json.loads(x)["event"]["id"] for x in job_lines(tmp_path / "out", "late")]
     assert sorted(late_out) == sorted(late) and late
     assert stats.duplicates > 0 and stats.matches == len(want)
@@ -127,7 +134,9 @@ QUERY_A = "QUERY q PATTERN SEQ(A a, A b) WITHIN 1 ms"
 def routed(router, batches):
     """Routed rows of source batches: (events (id, group, part), lines by output)."""
     import pyarrow as pa
-    rows = pa.Table.from_batches([router.route(b) for b in batches]).to_pylist()
+    from dqcep.spark.source import ColumnPiece
+    rows = pa.Table.from_batches([router.route_piece(b) if isinstance(b, ColumnPiece)
+                                  else router.route(b) for b in batches]).to_pylist()
     lines = {}
     for r in rows:
         if r["group"] < 0:
@@ -170,6 +179,57 @@ def test_index_and_routing_late_and_duplicates(spark, tmp_path):
     assert sorted(i for i, _, _ in events) == [1, 3, 5]
     counts = [json.loads(x) for x in lines["_stats"]]
     assert sum(c["duplicates"] for c in counts) == 1 and sum(c["records"] for c in counts) == 6
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
+    """JSON Lines, CSV and Parquet read by the kernels and Arrow (``ColumnPiece``s, in
+    small blocks so that clean blocks take the fast path and others fall back) give the
+    index and the routed rows the validator's path gives, late lines included."""
+    import pyarrow as pa
+
+    from dqcep.io import columnar
+    from dqcep.spark.executor import JobSpec, Router
+    from dqcep.spark.partitioning import plan_partitioning
+    from dqcep.spark.source import ColumnPiece, IdsAndTs, file_index_row, read_file
+    monkeypatch.setattr(columnar, "JSON_BLOCK_BYTES", 3000)
+    monkeypatch.setattr(columnar, "CSV_BLOCK_BYTES", 2000)
+    monkeypatch.setattr(columnar, "PARQUET_BATCH_ROWS", 40)
+    path = generate(tmp_path / f"events.{fmt}", 3000, *IMPERFECT)
+    text = QUERIES.read_text()
+    spec = JobSpec(text, plan_partitioning(parse(text).queries, "auto"), 3)
+
+    def run(fast):
+        row = file_index_row(0, read_file(0, str(path), fmt, positions=False,
+                                          engine=IdsAndTs if fast else None)).to_pylist()[0]
+        # one file: the repeats are those within it, found by the index
+        repeated = np.array(row["repeated"], np.int64)
+        order = np.argsort(repeated)
+        router = Router(spec, LATENESS, {}, repeated[order], np.zeros(len(repeated), np.int64),
+                        np.array(row["first_seq"], np.int64)[order])
+        batches = list(read_file(0, str(path), fmt,
+                                 engine=router.assigner.engine if fast else None))
+        pieces = sum(isinstance(b, ColumnPiece) for b in batches)
+        rows = pa.Table.from_batches([router.route_piece(b) if isinstance(b, ColumnPiece)
+                                      else router.route(b) for b in batches]).to_pylist()
+        events = sorted(tuple((k, v) for k, v in r.items() if k not in ("seq", "output", "line"))
+                        for r in rows if r["group"] >= 0)
+        lines = {}
+        for r in rows:
+            if r["group"] < 0:
+                lines.setdefault(r["output"], []).append(r["line"])
+        stats = {}
+        for x in lines.pop("_stats"):
+            for k, v in json.loads(x).items():
+                stats[k] = stats.get(k, 0) + v
+        del row["first_seq"]
+        return row, events, {k: sorted(v) for k, v in lines.items()}, stats, pieces
+
+    slow, fast = run(False), run(True)
+    assert slow[:4] == fast[:4]
+    assert slow[4] == 0 and fast[4] > 3  # fast pieces and fallbacks both taken
+    assert len(fast[2]["late"]) > 3 and len(fast[2]["dead-letter"]) > 3
+    assert fast[3]["duplicates"] > 3 and fast[3]["records"] == 3000 + fast[3]["duplicates"]
 
 
 def test_routing_late_rule_is_the_engines_at_the_limits_of_time():
@@ -471,7 +531,7 @@ def test_stream_job_gives_the_reference_matches(spark, tmp_path, strategy):
     engine = Engine(build_plan(parse(QUERIES.read_text()).queries))
     rows = [e for _, e in read_events(str(events), on_error=lambda err: None)]
     needed = engine.needed(event_columns(engine, [
-        msgpack.packb({"id": e.id, "type": e.type, "ts": e.ts, **e.attrs}) for e in rows]))
+        msgpack.packb(e.as_mapping()) for e in rows]))
     seen, repeats, n_needed, latest = set(), 0, 0, None
     for e, used in zip(rows, needed):  # pushdown comes first: repeats of needed events count
         on_time = latest is None or latest - e.ts <= LATENESS

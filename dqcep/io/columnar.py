@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import IO, Callable, Iterator
+from typing import IO, Callable, Iterator, NamedTuple
 
 import msgpack
 import numpy as np
@@ -34,6 +34,16 @@ from dqcep.io.readers import (CSV_BOOL, CSV_DEC, CSV_INT, CSV_TRUE, PARQUET_BATC
                               msgpack_stream, parquet_rows, read_events)
 
 ErrorHandler = Callable[[EventInputError], None] | None
+
+
+class Sourced(NamedTuple):
+    """A fast-path piece with the way back to its records: ``columns`` as
+    ``read_columns`` yields them, and ``records()`` the piece's (position, Event) in
+    the same order, read again from the piece's bytes by the validator (for the few
+    events a caller must show whole, e.g. late ones)."""
+
+    columns: tuple
+    records: Callable[[], list]
 KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
                                                                  "STR"))
 
@@ -70,6 +80,27 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
         else:
             yield from _msgpack_columns(counted, source, engine.column_decoder(), on_error,
                                         chunk_rows)
+
+
+def read_sourced(path: str, fmt: str, engine, on_error: ErrorHandler = None,
+                 chunk_rows: int = 65_536) -> Iterator:
+    """``read_columns`` of a JSON Lines, CSV or Parquet file, each piece with its
+    positions: a ``Sourced`` for a fast-path piece, else a list of (position, Event).
+    The same pieces, in the same order, as ``read_columns`` (one set of rules)."""
+    progress = lambda _: None  # noqa: E731
+    if fmt == "parquet":
+        yield from _parquet_columns(path, engine, on_error, progress, sourced=True)
+    elif fmt == "csv":
+        yield from _csv_columns(path, engine, on_error, progress, chunk_rows, sourced=True)
+    elif fmt == "jsonl":
+        try:
+            stream = open(path, "rb")
+        except OSError as err:
+            raise UserError(f"cannot read event file {path}: {err.strerror}") from None
+        with stream:
+            yield from _jsonl_columns(stream, path, engine, on_error, chunk_rows, sourced=True)
+    else:
+        raise ValueError(f"no sourced fast path for {fmt}")
 
 
 BLOCK_BYTES = 1 << 24  # msgpack read at a time; a longer record grows the block
@@ -136,13 +167,15 @@ def _msgpack_columns(stream: IO[bytes], source: str, decoder, on_error: ErrorHan
         yield decoder.take()
 
 
-def _events_in_chunks(items, on_error: ErrorHandler, chunk_rows: int) -> Iterator:
+def _events_in_chunks(items, on_error: ErrorHandler, chunk_rows: int,
+                      sourced: bool = False) -> Iterator:
+    """Lists of the items' events (``sourced``: of (position, Event))."""
     chunk = []
     for item in items:
         if isinstance(item, EventInputError):
             _report(item, on_error)
             continue
-        chunk.append(item[1])
+        chunk.append(item if sourced else item[1])
         if len(chunk) >= chunk_rows:
             yield chunk
             chunk = []
@@ -177,7 +210,8 @@ class _Chain:
         return out
 
 
-def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress) -> Iterator:
+def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress,
+                     sourced: bool = False) -> Iterator:
     """Record batches of a Parquet file as engine columns, by Arrow compute; a batch
     that breaks a rule of the validator goes to it whole (``parquet_rows``)."""
     import pyarrow.parquet as pq  # a plain dependency
@@ -191,10 +225,11 @@ def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress) -> Ite
                 progress(size * (row + batch.num_rows) // total)
                 cols = _arrow_columns(batch, engine)
                 if cols is not None:
-                    yield cols
+                    yield Sourced(cols, _records(parquet_rows, batch, source, row)) \
+                        if sourced else cols
                 else:
                     yield from _events_in_chunks(parquet_rows(batch, source, row), on_error,
-                                                 PARQUET_BATCH_ROWS)
+                                                 PARQUET_BATCH_ROWS, sourced)
                 row += batch.num_rows
     except OSError as err:
         if err.filename is not None:
@@ -295,20 +330,31 @@ _NOT_CSV_CONTROL = bytes(sorted(set(range(256)) - (set(_CONTROL) - {0x09}) | {0x
 
 
 def _jsonl_columns(stream: IO[bytes], source: str, engine, on_error: ErrorHandler,
-                   chunk_rows: int) -> Iterator:
+                   chunk_rows: int, sourced: bool = False) -> Iterator:
     """Blocks of whole lines through pyarrow's JSON reader into engine columns; a block
     it cannot take, or that breaks a validator rule, goes to the validator line by line
     (``jsonl_lines``), so errors keep their line and column."""
-    import io
-
     for block, line, _ in _line_blocks(stream, JSON_BLOCK_BYTES):
         cols = _json_block_columns(block, engine)
         if cols is not None:
-            yield cols
+            yield Sourced(cols, _records(_jsonl_text, block, source, line)) if sourced \
+                else cols
         else:
-            text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
-            yield from _events_in_chunks(jsonl_lines(text, source, line), on_error,
-                                         chunk_rows)
+            yield from _events_in_chunks(_jsonl_text(block, source, line), on_error,
+                                         chunk_rows, sourced)
+
+
+def _jsonl_text(block: bytes, source: str, line: int) -> Iterator:
+    """``jsonl_lines`` of a block of whole lines that starts at ``line``."""
+    import io
+    return jsonl_lines(io.StringIO(block.decode("utf-8", "surrogateescape"), newline=""),
+                       source, line)
+
+
+def _records(read, *args) -> Callable[[], list]:
+    """A piece's (position, Event) list, read again by the validator (``read(*args)``)
+    when asked; a fast-path piece holds no bad record."""
+    return lambda: list(read(*args))
 
 
 def _line_blocks(stream: IO[bytes], block_bytes: int, rest: bytes = b"", line: int = 1,
@@ -371,7 +417,7 @@ _CSV_INT, _CSV_NUM, _CSV_BOOL, _CSV_TRUE = (f"^(?:{p})$" for p in (CSV_INT, CSV_
 
 
 def _csv_columns(path: str, engine, on_error: ErrorHandler, progress,
-                 chunk_rows: int) -> Iterator:
+                 chunk_rows: int, sourced: bool = False) -> Iterator:
     """Blocks of whole lines through pyarrow's CSV reader (every cell read as text,
     then typed by Arrow compute with the validator's patterns) into engine columns;
     a block it cannot take, or that breaks a validator rule, goes to the validator
@@ -399,7 +445,7 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress,
             return
         if b'"' in first or b"\r" in first.rstrip(b"\r\n") or len(set(header)) != len(header):
             yield from _events_in_chunks(read_events(path, "csv", on_error=on_error),
-                                         on_error, chunk_rows)
+                                         on_error, chunk_rows, sourced)
             return
         csv_header(header, path)
         for block, line, offset in _line_blocks(stream, CSV_BLOCK_BYTES, block[cut:], 2, cut):
@@ -407,15 +453,23 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress,
                 f.seek(offset)
                 text = io.TextIOWrapper(f, encoding="utf-8", newline="", errors="surrogateescape")
                 yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, line - 1),
-                                             on_error, chunk_rows)
+                                             on_error, chunk_rows, sourced)
                 return
             cols = _csv_block_columns(block, header, engine)
             if cols is not None:
-                yield cols
+                yield Sourced(cols, _records(_csv_text, block, header, path, line)) \
+                    if sourced else cols
             else:
-                text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
-                yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, line - 1),
-                                             on_error, chunk_rows)
+                yield from _events_in_chunks(_csv_text(block, header, path, line), on_error,
+                                             chunk_rows, sourced)
+
+
+def _csv_text(block: bytes, header: list[str], source: str, line: int) -> Iterator:
+    """``csv_rows`` of a block of whole lines (no quote character) that starts at ``line``."""
+    import csv
+    import io
+    text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
+    return csv_rows(csv.reader(text), header, source, line - 1)
 
 
 def _csv_block_columns(block: bytes, header: list[str], engine):
