@@ -332,17 +332,33 @@ _ARROW = {"int": "int32", "long": "int64", "double": "float64", "tinyint": "int8
           "string": "string"}
 
 
-def line_array(data: bytes):
-    """Newline-terminated lines (bytes) -> an Arrow string array, without the newlines."""
+LINES_PER_ROW_BYTES = 1 << 23
+
+
+def line_rows(data: bytes, limit: int = LINES_PER_ROW_BYTES):
+    """Newline-terminated lines (bytes) -> an Arrow string array of a few rows, each
+    rows' worth of whole lines joined by newlines (at most ``limit`` bytes unless one
+    line is longer): Spark's text writer ends each row with a newline, so the file
+    holds the same bytes as one row per line, and millions of match lines cross from
+    the Python worker into the JVM, and through the writer, as a few long strings."""
     import pyarrow as pa
+    if data and not data.endswith(b"\n") or len(data) >= 2 ** 31:
+        raise ValueError("lines must end with a newline and hold under 2 GiB")
     buf = np.frombuffer(data, np.uint8)
-    ends = np.flatnonzero(buf == 10)
-    if len(buf) - len(ends) >= 2 ** 31:
-        raise ValueError("over 2 GiB of lines in one batch")
-    offsets = np.zeros(len(ends) + 1, np.int32)
-    offsets[1:] = ends - np.arange(len(ends))
-    return pa.Array.from_buffers(pa.string(), len(ends), [
-        None, pa.py_buffer(offsets), pa.py_buffer(buf[buf != 10].tobytes())])
+    ends = np.flatnonzero(buf == 10)  # each line's newline
+    cuts, start = [], 0
+    while start < len(buf):
+        # the last newline within limit bytes of start, else the first one after it
+        i = np.searchsorted(ends, start + limit, side="right") - 1
+        if i < 0 or ends[i] < start:
+            i = np.searchsorted(ends, start)
+        cuts.append((start, int(ends[i])))
+        start = int(ends[i]) + 1
+    offsets = np.zeros(len(cuts) + 1, np.int32)
+    offsets[1:] = np.cumsum([hi - lo for lo, hi in cuts])
+    body = b"".join(data[lo:hi] for lo, hi in cuts)
+    return pa.Array.from_buffers(pa.string(), len(cuts), [
+        None, pa.py_buffer(offsets), pa.py_buffer(body)])
 
 
 @dataclass
@@ -531,7 +547,7 @@ def engine_batches(spec: JobSpec, batches):
     runner, matches, routing = None, 0, spec.engine()
 
     def lines(data, output):
-        a = line_array(data)
+        a = line_rows(data)
         return pa.RecordBatch.from_arrays([pa.array([output] * len(a), pa.string()), a],
                                           names=["output", "line"])
 

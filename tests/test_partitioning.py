@@ -51,8 +51,10 @@ def run_partitioned(text, events, partitions=3, strategy="auto", slice_ms=4, tas
                                           schema=routed_arrow_schema(router.assigner.engine))
         chunks = [rows.slice(i, batch) for i in range(0, rows.num_rows, batch)]
         for out in engine_batches(spec, iter(chunks)):
-            lines += [x for o, x in zip(out.column("output").to_pylist(),
-                                        out.column("line").to_pylist()) if o == "matches"]
+            # a row holds lines joined by newlines (what the text writer writes)
+            lines += [x for o, row in zip(out.column("output").to_pylist(),
+                                          out.column("line").to_pylist()) if o == "matches"
+                      for x in row.split("\n")]
     found = [json.loads(x) for x in lines]
     keys = [(m["query"], m["detected_at"], tuple(sorted(m["events"].items()))) for m in found]
     assert len(keys) == len(set(keys)), "a match was emitted twice"

@@ -232,6 +232,31 @@ def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
     assert fast[3]["duplicates"] > 3 and fast[3]["records"] == 3000 + fast[3]["duplicates"]
 
 
+def test_line_rows_write_the_same_bytes_as_one_row_per_line():
+    """Spark's text writer ends each row with a newline: rows of lines joined by newlines
+    give the file the lines' bytes; a row holds at most the limit unless one line is
+    longer."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from dqcep.spark.executor import line_rows
+
+    @given(st.lists(st.text(st.characters(blacklist_characters="\n"), max_size=12)),
+           st.integers(1, 30))
+    def check(lines, limit):
+        data = "".join(x + "\n" for x in lines).encode()
+        rows = line_rows(data, limit).to_pylist()
+        assert "".join(r + "\n" for r in rows).encode() == data
+        assert all(len(r.encode()) <= limit or "\n" not in r for r in rows)
+        # greedy: the next row's first line would not have fitted in this one
+        assert all(len(rows[i].encode()) + 1 + len(rows[i + 1].split("\n")[0].encode()) > limit
+                   for i in range(len(rows) - 1))
+
+    check()
+    with pytest.raises(ValueError, match="newline"):
+        line_rows(b"no end")
+
+
 def test_routing_late_rule_is_the_engines_at_the_limits_of_time():
     """The batch job's late events are those ``dqcep.runtime.late_rule`` names, also for
     gaps near the ends of the ts range (no overflow) and rows with nothing before them."""
