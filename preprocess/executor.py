@@ -303,9 +303,12 @@ class PartRunner:
 # ------------------------------------------------------------ the batch job's rows
 #
 # The batch job's one shuffle carries rows of two sorts, in one schema:
-# - events (group >= 0): the engine's columns, attribute by attribute (v<i> the value,
-#   k<i> the kind, s<i> the string when the kind is a string: engines code strings with
-#   their own dictionaries), so the engine stage parses no event map;
+# - event blocks (group >= 0): the events of one source batch bound for one (group,
+#   part), as one row (``encode_block``: the routing engine's columns, sorted by (ts,
+#   arrival), strings as strings: engines code strings with their own dictionaries),
+#   keyed by the block's first event; the engine stage merges a part's blocks
+#   (``_Merge``) and parses no event map. Millions of events cross the JVM, its
+#   shuffle and its sort as a few thousand rows;
 # - lines (group < 0): a line of an output (dead-letter, late) or of a task's counts
 #   (_stats), passed through to the writer.
 
@@ -313,23 +316,114 @@ GROUP_LINES, GROUP_STATS = -1, -2
 OUTPUT_SCHEMA = "output string, line string"
 STATS = "_stats"
 _MIN = np.iinfo(np.int64).min
+ROUTED_FIELDS = [("group", "int"), ("part", "long"), ("ts", "long"), ("file_index", "long"),
+                 ("seq", "long"), ("block", "binary"), ("output", "string"), ("line", "string")]
+ROUTED_SCHEMA = ", ".join(f"`{name}` {kind}" for name, kind in ROUTED_FIELDS)
+_ARROW = {"int": "int32", "long": "int64", "binary": "binary", "string": "string"}
 
 
-def routed_fields(engine: Engine) -> list[tuple[str, str]]:
-    """(name, Spark type) of the routed rows' columns, for this engine's attributes."""
-    fields = [("group", "int"), ("part", "long"), ("ts", "long"), ("file_index", "long"),
-              ("seq", "long"), ("id", "long"), ("type", "int")]
-    for i in range(len(engine.attrs)):
-        fields += [(f"v{i}", "double"), (f"k{i}", "tinyint"), (f"s{i}", "string")]
-    return fields + [("output", "string"), ("line", "string")]
+def routed_arrow_schema():
+    import pyarrow as pa
+    return pa.schema([(name, pa.type_for_alias(_ARROW[kind])) for name, kind in ROUTED_FIELDS])
 
 
-def routed_schema(engine: Engine) -> str:
-    return ", ".join(f"`{name}` {kind}" for name, kind in routed_fields(engine))
+_BLOCK_HEAD = np.dtype([("n", "<i8"), ("attrs", "<i8"), ("strings", "<i8")])
 
 
-_ARROW = {"int": "int32", "long": "int64", "double": "float64", "tinyint": "int8",
-          "string": "string"}
+def encode_block(engine: Engine, cols: EventColumns, files, seq) -> bytes:
+    """Events (sorted by ts, arrival) -> one block: their columns, arrival, and the
+    strings of their string cells (the part engines code strings their own way)."""
+    n, attrs = len(cols.ts), len(engine.attrs)
+    val = cols.val.copy()
+    strings = cols.kind == KIND_STR
+    words = b""
+    if strings.any():
+        distinct, index = np.unique(val[strings].astype(np.int64), return_inverse=True)
+        val[strings] = index
+        values = engine.dictionary.values
+        words = msgpack.packb([values[k] for k in distinct.tolist()])
+    head = np.array([(n, attrs, len(words))], _BLOCK_HEAD)
+    return b"".join([head.tobytes(), np.ascontiguousarray(cols.ts, np.int64).tobytes(),
+                     np.ascontiguousarray(files, np.int64).tobytes(),
+                     np.ascontiguousarray(seq, np.int64).tobytes(),
+                     np.ascontiguousarray(cols.id, np.int64).tobytes(),
+                     np.ascontiguousarray(cols.type, np.int32).tobytes(),
+                     np.ascontiguousarray(val, np.float64).tobytes(),
+                     np.ascontiguousarray(cols.kind, np.int8).tobytes(), words])
+
+
+def decode_block(routing: Engine, engine: Engine, blob: bytes):
+    """A block (in ``routing``'s layout) -> (ts, files, seq, EventColumns in ``engine``'s
+    layout: its type codes, attributes and string dictionary)."""
+    head = np.frombuffer(blob, _BLOCK_HEAD, 1)[0]
+    n, attrs, words = int(head["n"]), int(head["attrs"]), int(head["strings"])
+    at = _BLOCK_HEAD.itemsize
+
+    def take(dtype, count):
+        nonlocal at
+        a = np.frombuffer(blob, dtype, count, at)
+        at += a.nbytes
+        return a
+
+    ts, files, seq, ids = (take(np.int64, n) for _ in range(4))
+    types = take(np.int32, n)
+    val = take(np.float64, n * attrs).reshape(n, attrs)
+    kind = take(np.int8, n * attrs).reshape(n, attrs)
+    strings = msgpack.unpackb(blob[at:at + words], raw=False) if words else []
+    pick = [routing.attrs.index(a) for a in engine.attrs]
+    val, kind = val[:, pick].copy(), kind[:, pick].copy()
+    coded = kind == KIND_STR
+    if coded.any():
+        val[coded] = engine.dictionary.codes_for(strings)[val[coded].astype(np.int64)]
+    table = np.array([engine.type_code.get(t, -1) for t in routing.types] + [-1], np.int32)
+    return ts, files, seq, EventColumns(ts.copy(), ids.copy(), table[types], val, kind)
+
+
+def _block_rows(engine: Engine, cols: EventColumns, groups, parts, files, seq) -> dict:
+    """Routed events -> one row per (group, part): its events' block, keyed by the
+    block's first event."""
+    order = np.lexsort((seq, files, cols.ts, parts, groups))
+    g, p = groups[order], parts[order]
+    starts = np.r_[0, np.flatnonzero((g[1:] != g[:-1]) | (p[1:] != p[:-1])) + 1] \
+        if len(order) else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], len(order)]
+    first = order[starts]
+    blocks = [encode_block(engine, cols.take(order[lo:hi]), files[order[lo:hi]],
+                           seq[order[lo:hi]]) for lo, hi in zip(starts.tolist(), ends.tolist())]
+    return {"group": groups[first], "part": parts[first], "ts": cols.ts[first],
+            "file_index": files[first], "seq": seq[first], "block": blocks}
+
+
+class _Merge:
+    """The blocks of one (group, part), which Spark's sort hands over in order of their
+    first (smallest) ts, merged into (ts, arrival) order: no later block holds an event
+    before the latest block's first ts, so the events before it are ready."""
+
+    def __init__(self):
+        self.pending = None  # (ts, files, seq, EventColumns), sorted
+
+    def add(self, block) -> EventColumns | None:
+        """Take a block; give the events now ready, in order (or None)."""
+        head = block[0][0]
+        merged = block if self.pending is None else _joined(self.pending, block)
+        order = np.lexsort((merged[2], merged[1], merged[0]))
+        ready = int(np.searchsorted(merged[0][order], head, side="left"))
+        self.pending = _taken(merged, order[ready:])
+        return _taken(merged, order[:ready])[3] if ready else None
+
+    def rest(self) -> EventColumns | None:
+        """The events still held (the part's last)."""
+        out, self.pending = self.pending, None
+        return None if out is None or not len(out[0]) else out[3]
+
+
+def _joined(a, b):
+    return (*(np.concatenate([x, y]) for x, y in zip(a[:3], b[:3])),
+            EventColumns(*(np.concatenate([x, y]) for x, y in zip(a[3], b[3]))))
+
+
+def _taken(block, rows):
+    return (*(x[rows] for x in block[:3]), block[3].take(rows))
 
 
 LINES_PER_ROW_BYTES = 1 << 23
@@ -386,7 +480,7 @@ class Router:
         return self._assigner
 
     def schema(self) -> str:
-        return routed_schema(self.assigner.engine)
+        return ROUTED_SCHEMA
 
     def route(self, batch):
         """Source rows (``dqcep.spark.source.SCHEMA``) -> routed rows (``schema()``)."""
@@ -458,7 +552,7 @@ class Router:
         if targets is not None:
             rows, groups, parts = targets
             at = needed[rows]
-            out.append(_event_rows(engine, cols.take(rows), groups, parts, files[at], seq[at]))
+            out.append(_block_rows(engine, cols.take(rows), groups, parts, files[at], seq[at]))
         for mask, kind, name in ((dead, "dead", "dead-letter"), (late, "late", "late")):
             if mask.any():
                 out.append(_line_rows(lines(np.flatnonzero(mask), kind), name, files[mask],
@@ -469,37 +563,13 @@ class Router:
                   "assigned": 0 if targets is None else len(targets[0])}
         at = np.zeros(1, np.int64) + (files[0] if n else 0)
         out.append(_line_rows([json.dumps(counts)], STATS, at, at * 0, GROUP_STATS))
-        return _concat(out, routed_arrow_schema(engine))
-
-
-def _event_rows(engine: Engine, cols: EventColumns, groups, parts, files, seq) -> dict:
-    import pyarrow as pa
-    out = {"group": groups, "part": parts, "ts": cols.ts, "file_index": files, "seq": seq,
-           "id": cols.id, "type": cols.type}
-    values = engine.dictionary.values
-    for i in range(len(engine.attrs)):
-        kind, val = cols.kind[:, i], cols.val[:, i]
-        strings = kind == KIND_STR
-        out[f"v{i}"], out[f"k{i}"] = np.where(strings, 0.0, val), kind
-        if strings.any():
-            distinct, where = np.unique(val[strings].astype(np.int64), return_inverse=True)
-            index = np.zeros(len(kind), np.int32)
-            index[strings] = where
-            out[f"s{i}"] = pa.array([values[k] for k in distinct.tolist()], pa.string()) \
-                .take(pa.array(index, mask=~strings))
-    return out
+        return _concat(out, routed_arrow_schema())
 
 
 def _line_rows(lines, output: str, files, seq, group: int = GROUP_LINES) -> dict:
     """Lines of one output, keyed so that each file's lines stay in arrival order."""
     return {"group": np.full(len(lines), group, np.int32), "part": files, "ts": seq,
             "file_index": files, "seq": seq, "output": [output] * len(lines), "line": lines}
-
-
-def routed_arrow_schema(engine: Engine):
-    import pyarrow as pa
-    return pa.schema([(name, pa.type_for_alias(_ARROW[kind]))
-                      for name, kind in routed_fields(engine)])
 
 
 def _concat(pieces: list[dict], schema):
@@ -517,39 +587,24 @@ def _concat(pieces: list[dict], schema):
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def columns_from_rows(routing: Engine, engine: Engine, batch) -> EventColumns:
-    """Routed event rows (an Arrow batch), in the layout of ``routing`` (the engine of all
-    the queries, which routed them) -> the columns of ``engine`` (a part's engine, maybe of
-    fewer queries: its own type codes, attributes and string dictionary)."""
-    import pyarrow as pa
-
-    from dqcep.io.columnar import string_codes
-    c = dict(zip(batch.schema.names, batch.columns))
-    n, attrs = batch.num_rows, len(engine.attrs)
-    val, kind = np.zeros((n, attrs), np.float64), np.zeros((n, attrs), np.int8)
-    for j, name in enumerate(engine.attrs):
-        i = routing.attrs.index(name)
-        kind[:, j] = c[f"k{i}"].to_numpy(zero_copy_only=False)
-        val[:, j] = c[f"v{i}"].to_numpy(zero_copy_only=False)
-        strings = kind[:, j] == KIND_STR
-        if strings.any():
-            val[strings, j] = string_codes(c[f"s{i}"].filter(pa.array(strings)), engine)
-    types = np.array([engine.type_code.get(t, -1) for t in routing.types] + [-1], np.int32)
-    return EventColumns(c["ts"].to_numpy(), c["id"].to_numpy(),
-                        types[c["type"].to_numpy()], val, kind)
-
-
 def engine_batches(spec: JobSpec, batches):
     """Routed rows (Arrow batches) sorted by (group, part, ts, arrival) -> output lines:
-    one PartRunner per (group, part) over the events; lines passed through; this task's
-    count of matches last."""
+    one PartRunner per (group, part) over the events of its blocks, merged; lines
+    passed through; this task's count of matches last."""
     import pyarrow as pa
-    runner, matches, routing = None, 0, spec.engine()
+    runner, merge, matches, routing = None, None, 0, spec.engine()
 
     def lines(data, output):
         a = line_rows(data)
         return pa.RecordBatch.from_arrays([pa.array([output] * len(a), pa.string()), a],
                                           names=["output", "line"])
+
+    def close():
+        """The part's held events, then its end."""
+        for out in (runner.feed(cols) if (cols := merge.rest()) is not None else None,
+                    runner.flush()):
+            if out is not None:
+                yield lines(out, "matches")
 
     for b in batches:
         if not b.num_rows:
@@ -564,15 +619,15 @@ def engine_batches(spec: JobSpec, batches):
                 continue
             if runner is None or (runner.group, runner.part) != (group, part):
                 if runner is not None:
-                    if (out := runner.flush()) is not None:
-                        yield lines(out, "matches")
+                    yield from close()
                     matches += runner.matches
-                runner = PartRunner(spec, group, part)
-            if (out := runner.feed(columns_from_rows(routing, runner.engine, rows))) is not None:
-                yield lines(out, "matches")
+                runner, merge = PartRunner(spec, group, part), _Merge()
+            for blob in rows.column("block").to_pylist():
+                cols = merge.add(decode_block(routing, runner.engine, blob))
+                if cols is not None and (out := runner.feed(cols)) is not None:
+                    yield lines(out, "matches")
     if runner is not None:
-        if (out := runner.flush()) is not None:
-            yield lines(out, "matches")
+        yield from close()
         matches += runner.matches
     yield pa.RecordBatch.from_arrays([pa.array([STATS]), pa.array([json.dumps(
         {"matches": matches})])], names=["output", "line"])

@@ -286,6 +286,45 @@ class IdsAndTs:
     type_code: dict = {}
     dictionary = None
 
+    @staticmethod
+    def column_decoder():
+        from dqcep._kernels.msgpack_decode import ColumnDecoder
+        return ColumnDecoder([], [], None)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _refuse(_err) -> None:
+    raise _Refused
+
+
+def _msgpack_ids(out: _Batches, path: str):
+    """A msgpack file's ids and ts (the index), by ``dqcep run``'s fast path: the kernel
+    over whole blocks of records. Positions number the records' rows as the routing
+    (``_msgpack_rows``) does only while every record is good, so the pieces are held
+    (ids and ts: 16 bytes an event) until the file ends well; at the first bad record
+    the file is read again record by record."""
+    from dqcep.io.columnar import Sourced, read_columns
+    from dqcep.io.readers import EventInputError
+
+    pieces = []
+    try:
+        for piece in read_columns(path, "msgpack", IdsAndTs, on_error=_refuse):
+            if not isinstance(piece, tuple):  # records the kernel left to the validator
+                piece = (np.array([e.ts for e in piece], np.int64),
+                         np.array([e.id for e in piece], np.int64),
+                         np.full(len(piece), -1, np.int32), np.zeros((len(piece), 0)),
+                         np.zeros((len(piece), 0), np.int8))
+            pieces.append(piece)
+    except (_Refused, EventInputError):
+        yield from _msgpack_rows(out, path)
+        return
+    for piece in pieces:
+        if len(piece[0]):
+            yield out.piece(Sourced(piece, None), path)
+
 
 def read_file(index: int, path: str, fmt: str, positions: bool = True, engine=None):
     """The rows of one file, in file order: Arrow record batches (``SCHEMA``), and,
@@ -293,7 +332,9 @@ def read_file(index: int, path: str, fmt: str, positions: bool = True, engine=No
     columns where the format has a fast path (JSON Lines, CSV, Parquet). ``positions=
     False``: the ``where`` and ``event`` of events in batches left null."""
     out = _Batches(index, positions=positions)
-    if fmt == "msgpack":
+    if fmt == "msgpack" and engine is IdsAndTs:
+        rows = _msgpack_ids(out, path)
+    elif fmt == "msgpack":
         rows = _msgpack_rows(out, path)
     elif engine is not None:
         rows = _columnar_rows(out, path, fmt, engine)

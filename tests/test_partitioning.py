@@ -17,12 +17,13 @@ from dqcep.spark.partitioning import BROADCAST, plan_partitioning, query_key
 from tests.strategies import small_event_streams, small_query_files
 
 
-def source_batch(events):
-    """The events as the source's rows (``dqcep.spark.source.SCHEMA``), one file."""
+def source_batch(events, first: int = 0):
+    """The events as the source's rows (``dqcep.spark.source.SCHEMA``) of one file, the
+    first at position ``first``."""
     import pyarrow as pa
     n = len(events)
     return pa.RecordBatch.from_pydict({
-        "file_index": np.zeros(n, np.int64), "seq": np.arange(n, dtype=np.int64),
+        "file_index": np.zeros(n, np.int64), "seq": np.arange(first, first + n, dtype=np.int64),
         "where": [f"f:{i + 1}" for i in range(n)],
         "id": np.array([e.id for e in events], np.int64),
         "ts": np.array([e.ts for e in events], np.int64),
@@ -40,7 +41,10 @@ def run_partitioned(text, events, partitions=3, strategy="auto", slice_ms=4, tas
     spec = JobSpec(text, plan_partitioning(parse(text).queries, strategy), partitions,
                    slice_ms)
     router = Router(spec, 2 ** 62, {}, *(np.zeros(0, np.int64),) * 3)
-    routed = pa.Table.from_batches([router.route(source_batch(events))]).to_pandas()
+    # source batches of 7 events: a part gets several blocks, whose ts ranges may overlap
+    routed = pa.Table.from_batches([router.route(source_batch(events[i:i + 7], i))
+                                    for i in range(0, len(events), 7)],
+                                   schema=routed_arrow_schema()).to_pandas()
     df = routed[routed["group"] >= 0].sort_values(["group", "part", "ts", "file_index", "seq"],
                                                   kind="stable")
     # Spark puts several (group, part) runs in one task, sorted; batches cut anywhere
@@ -48,7 +52,7 @@ def run_partitioned(text, events, partitions=3, strategy="auto", slice_ms=4, tas
     lines = []
     for t in range(tasks):
         rows = pa.RecordBatch.from_pandas(df[task == t], preserve_index=False,
-                                          schema=routed_arrow_schema(router.assigner.engine))
+                                          schema=routed_arrow_schema())
         chunks = [rows.slice(i, batch) for i in range(0, rows.num_rows, batch)]
         for out in engine_batches(spec, iter(chunks)):
             # a row holds lines joined by newlines (what the text writer writes)
