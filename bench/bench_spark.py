@@ -158,6 +158,8 @@ def main(argv=None) -> None:
     ap.add_argument("--marginal", action="store_true",
                     help="the marginal cost per event (N and 2N events, one executor with 2 "
                     "cores) against the engine alone, and the fixed cost of dqcep spark run")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="--marginal: runs of each size, the best counts (default 3)")
     ap.add_argument("--formats", action="store_true",
                     help="the job on one file of each input format (one executor with 2 "
                     "cores)")
@@ -234,9 +236,15 @@ def marginal(args) -> None:
         for size in (n, 2 * n):
             generate(tmp / f"events-{size}.msgpack", size, seed=3)
             split(tmp / f"events-{size}.msgpack", tmp / f"parts-{size}", args.files)
-            figures, out = run_child(tmp, f"out-{size}", MARGINAL_MASTER, 2, parts=f"parts-{size}")
-            shutil.rmtree(out)
-            runs[size] = figures
+        # the two sizes in turn, each its best of --repeat (a shared machine's noise is
+        # as large as the difference measured)
+        for _ in range(args.repeat):
+            for size in (n, 2 * n):
+                figures, out = run_child(tmp, f"out-{size}", MARGINAL_MASTER, 2,
+                                         parts=f"parts-{size}")
+                shutil.rmtree(out)
+                if size not in runs or figures["seconds"] < runs[size]["seconds"]:
+                    runs[size] = figures
         from bench_paths import engine_run  # Engine.process alone, columns decoded before
         alone = engine_run(tmp / f"events-{2 * n}.msgpack")[1]
         generate(tmp / "small.msgpack", 100, seed=3)
@@ -250,7 +258,8 @@ def marginal(args) -> None:
     rate, engine_rate = n / (t2 - t1), 2 * n / alone
     print(f"events={n:,} and {2 * n:,}, files={args.files}, queries=iot.cep, "
           f"{MARGINAL_MASTER} (one executor, 2 cores)")
-    print(f"run_batch: {t1:.1f} s for {n:,} events, {t2:.1f} s for {2 * n:,}")
+    print(f"run_batch, best of {args.repeat}: {t1:.1f} s for {n:,} events, {t2:.1f} s for "
+          f"{2 * n:,}")
     print(f"marginal cost: {n:,} more events in {t2 - t1:.2f} s = {rate:,.0f} events/s; "
           f"engine alone {engine_rate:,.0f} events/s; ratio {rate / engine_rate:.2f}x "
           f"(target >= 0.25x)")
