@@ -212,15 +212,29 @@ class _Lookup:
 
     def find(self, ids: np.ndarray):
         all_ids = np.concatenate([c[1] for c in self.chunks])
-        order = np.argsort(all_ids, kind="stable")
-        pos = np.minimum(np.searchsorted(all_ids[order], ids), len(order) - 1)
-        at = order[pos]
+        at = _positions(all_ids, ids)
         if not np.array_equal(all_ids[at], ids):
             raise RuntimeError("a match names an event the partition no longer holds")
         ts = np.concatenate([c[2] for c in self.chunks])[at]
         parts = {a: np.concatenate([c[3][a] for c in self.chunks])[at]
                  for a in self.chunks[0][3]}
         return ts, parts
+
+
+def _positions(held: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """For each of ``ids``, a position in ``held`` that holds it (any position where an
+    id is not held: callers compare). A part holds an event once. Recent ids are mostly
+    dense: a table indexed by id - smallest id (no sort, one gather per id) when the
+    span is at most 8 slots per id held, else a sort and binary searches."""
+    if not len(held):
+        return np.zeros(len(ids), np.int64)
+    lo, hi = int(held.min()), int(held.max())
+    if hi - lo < 8 * len(held) + 64:
+        table = np.zeros(hi - lo + 1, np.int64)
+        table[held - lo] = np.arange(len(held))
+        return table[np.clip(ids, lo, hi) - lo]
+    order = np.argsort(held, kind="stable")
+    return order[np.minimum(np.searchsorted(held[order], ids), len(order) - 1)]
 
 
 class PartRunner:

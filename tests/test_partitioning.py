@@ -199,3 +199,17 @@ def test_a_part_restored_and_snapshotted_gives_the_same_bytes(f, events):
     again = PartRunner(spec, GROUP_SLICED, 0)
     again.restore(saved)
     assert again.snapshot() == saved
+
+
+def test_positions_find_held_ids_dense_or_sparse():
+    """The owned-match lookup's positions: by a table when ids are dense, by binary
+    search when they are not; an id not held points at some other id (callers compare)."""
+    from dqcep.spark.executor import _positions
+    rng = np.random.default_rng(5)
+    for held in (rng.permutation(np.arange(1000, 1400)),            # dense: the table
+                 rng.choice(2 ** 40, 300, replace=False)):           # sparse: the search
+        want = rng.permutation(len(held))[:100]
+        assert (_positions(held, held[want]) == want).all()
+        missing = np.array([held.max() + 1, held.min() - 1])
+        assert not (held[_positions(held, missing)] == missing).any()
+    assert _positions(np.zeros(0, np.int64), np.array([3])).tolist() == [0]
