@@ -38,7 +38,7 @@ from dqcep.errors import UserError
 from dqcep.spark.executor import OUTPUT_SCHEMA, STATS, JobSpec, Router, engine_batches
 from dqcep.spark.paths import check_output_dir
 from dqcep.spark.partitioning import plan_partitioning
-from dqcep.spark.source import load_events
+from dqcep.spark.source import event_units, load_events
 
 SLICES_PER_TASK = 4
 OUTPUTS = ("matches", "dead-letter", "late")
@@ -67,6 +67,8 @@ class Index:
     repeated: np.ndarray  # sorted ids seen more than once, their first copy's position
     first_file: np.ndarray
     first_seq: np.ndarray
+    units: list           # the source's units (``event_units``)
+    kept: list | None     # the units to read (None: all); a broken file's later ones are not
 
 
 REPEATS_SQL = """
@@ -75,11 +77,24 @@ FROM {view} GROUP BY id HAVING n > 1
 """
 
 
-def job_index(spark, inputs: list[str], fmt: str | None) -> Index:
-    """One row per file, read in the executors (no shuffle): its ts range, its id range
-    and the ids it holds more than once. Only files whose id ranges overlap another's can
-    share an id; for those alone, one aggregate by id finds the repeats across them."""
-    rows = sorted(load_events(spark, inputs, fmt, mode="index").collect())
+def job_index(spark, inputs: list[str], fmt: str | None, units: list | None = None) -> Index:
+    """One row per unit (a file, or a run of a Parquet file's row groups), read in the
+    executors (no shuffle): its ts range, its id range and the ids it holds more than
+    once. Only units whose id ranges overlap another's can share an id; for those
+    alone, one aggregate by id finds the repeats across them. A file whose read broke
+    off (a Parquet row group that cannot be read) ends there: its later units are left
+    out (``Index.kept``), as a read of the whole file would stop."""
+    units = units if units is not None else event_units(inputs, fmt)
+    rows = sorted(load_events(spark, inputs, fmt, mode="index", units=units).collect())
+    read, ended = [], set()
+    for r in rows:  # in arrival order: a file's units are contiguous
+        path = units[r.file_index][0]
+        if path not in ended:
+            read.append(r)
+            if r.broken:
+                ended.add(path)
+    kept = None if len(read) == len(rows) else [r.file_index for r in read]
+    rows = read
     earlier, running = {}, None
     for r in rows:
         if r.hi is None:
@@ -93,7 +108,7 @@ def job_index(spark, inputs: list[str], fmt: str | None) -> Index:
                for i, s in zip(r.repeated, r.first_seq)]
     if shared:
         view = "dqcep_ids"
-        load_events(spark, inputs, fmt, mode="ids", only=sorted(shared)) \
+        load_events(spark, inputs, fmt, mode="ids", only=sorted(shared), units=units) \
             .createOrReplaceTempView(view)
         repeats += [(r.id, r.first.f, r.first.s)
                     for r in spark.sql(REPEATS_SQL.format(view=view)).collect()]
@@ -102,7 +117,7 @@ def job_index(spark, inputs: list[str], fmt: str | None) -> Index:
     repeated, first_file, first_seq = (np.array(c, np.int64).reshape(-1) for c in
                                        (zip(*repeats) if repeats else ([], [], [])))
     return Index(earlier, min((r.lo for r in rows if r.lo is not None), default=None),
-                 running, repeated, first_file, first_seq)
+                 running, repeated, first_file, first_seq, units, kept)
 
 
 def _overlapping(ranges: list[tuple[int, int, int]]) -> set[int]:
@@ -147,7 +162,8 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
                        slice_ms or slice_length(index, plan.slice_window, partitions))
     router = Router(spec, lateness, index.earlier, index.repeated, index.first_file,
                     index.first_seq)
-    lines = (load_events(spark, inputs, fmt, mode="route", router=router)
+    lines = (load_events(spark, inputs, fmt, mode="route", router=router, only=index.kept,
+                         units=index.units)
              .repartition(partitions, "group", "part")
              .sortWithinPartitions("group", "part", "ts", "file_index", "seq")
              .mapInArrow(lambda it: engine_batches(spec, it), OUTPUT_SCHEMA))

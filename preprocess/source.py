@@ -1,18 +1,19 @@
 """Event files as a Spark data source (``pyspark.sql.datasource``), positions kept.
 
-``spark.read.format("dqcep_events").option("paths", json.dumps([...])).load()``
-gives one row per record of event files (JSON Lines, msgpack, CSV, Parquet), in file
-order, with the record's position; each file is one input partition, read in
-an executor by the same readers as ``dqcep run`` (one set of validation rules
-and the same positions). A bad record becomes a row with its ``reason``
+``spark.read.format("dqcep_events").option("units", json.dumps(event_units(...)))
+.load()`` gives one row per record of event files (JSON Lines, msgpack, CSV,
+Parquet), in file order, with the record's position; each unit (a file, or a run
+of a large Parquet file's row groups) is one input partition, read in an executor
+by the same readers as ``dqcep run`` (one set of validation rules and the same
+positions). A bad record becomes a row with its ``reason``
 instead of an event; a msgpack stream broken beyond resynchronisation ends its
 file with one such row. The batch job's modes (``index``, ``ids``, ``route``)
 read JSON Lines, CSV and Parquet through ``dqcep run``'s fast paths instead:
 their clean blocks come as ``ColumnPiece``s (engine columns, no row per event),
 the rest as rows.
 
-Columns: ``file_index`` (position of the file in the sorted listing: arrival
-order across files), ``seq`` (arrival order within the file), ``where``
+Columns: ``file_index`` (position of the unit in ``event_units``: arrival order
+across files and runs), ``seq`` (arrival order within the file), ``where``
 (as ``dqcep.io.readers`` names positions), ``id``, ``ts``, ``file_before``
 (the largest ts of the file's events before this row: for late events),
 ``event`` (the event map as msgpack) and ``reason`` (null for events).
@@ -48,9 +49,10 @@ class _Batches:
     (the largest ts of the file's events before the row) is filled in here.
     """
 
-    def __init__(self, index: int, latest=None, positions: bool = True):
+    def __init__(self, index: int, latest=None, positions: bool = True, seq: int = 0):
         import pyarrow as pa
-        self.pa, self.index, self.seq, self.latest = pa, index, 0, latest
+        self.pa, self.index, self.seq, self.latest = pa, index, seq, latest
+        self.broken = False  # the read ended at a record that cannot be resynchronised
         self.positions = positions  # False: ``where`` and ``event`` stay null (the index)
         self._reset()
 
@@ -239,6 +241,7 @@ def _after_errors(out: _Batches, read):
             item = None
         except EventInputError as err:  # the stream itself is broken: nothing more to read
             errors.append(err)
+            out.broken = True
             item = None
         for err in errors:
             out.bad(f"{err.source}:{err.where}", err.reason)
@@ -258,14 +261,16 @@ def _reader_rows(out: _Batches, path: str, fmt: str):
             yield out.take()
 
 
-def _columnar_rows(out: _Batches, path: str, fmt: str, engine):
+def _columnar_rows(out: _Batches, path: str, fmt: str, engine, row_groups=None,
+                   first_row: int = 0):
     """A JSON Lines, CSV or Parquet file through the fast paths of ``dqcep run``
     (``read_sourced``: kernels and Arrow, no Python object per event) in ``engine``'s
     columns: ``ColumnPiece``s; records the fast path hands to the validator, and bad
     ones, as source rows in between."""
     from dqcep.io.columnar import Sourced, read_sourced
 
-    for piece in _after_errors(out, lambda report: read_sourced(path, fmt, engine, report)):
+    for piece in _after_errors(out, lambda report: read_sourced(
+            path, fmt, engine, report, row_groups=row_groups, first_row=first_row)):
         if isinstance(piece, Sourced):
             if out.rows:
                 yield out.take()
@@ -326,18 +331,21 @@ def _msgpack_ids(out: _Batches, path: str):
             yield out.piece(Sourced(piece, None), path)
 
 
-def read_file(index: int, path: str, fmt: str, positions: bool = True, engine=None):
+def read_file(index: int, path: str, fmt: str, positions: bool = True, engine=None,
+              row_groups: tuple[int, int] | None = None, first_row: int = 0, out=None):
     """The rows of one file, in file order: Arrow record batches (``SCHEMA``), and,
     given an ``engine`` (``IdsAndTs`` for ids and ts only), ``ColumnPiece``s in its
     columns where the format has a fast path (JSON Lines, CSV, Parquet). ``positions=
-    False``: the ``where`` and ``event`` of events in batches left null."""
-    out = _Batches(index, positions=positions)
+    False``: the ``where`` and ``event`` of events in batches left null. ``row_groups``
+    (a Parquet file's [first, end) row groups, from ``first_row`` on): that part of the
+    file alone, its rows numbered from ``first_row`` (with an engine only)."""
+    out = out or _Batches(index, positions=positions, seq=first_row)
     if fmt == "msgpack" and engine is IdsAndTs:
         rows = _msgpack_ids(out, path)
     elif fmt == "msgpack":
         rows = _msgpack_rows(out, path)
     elif engine is not None:
-        rows = _columnar_rows(out, path, fmt, engine)
+        rows = _columnar_rows(out, path, fmt, engine, row_groups, first_row)
     else:
         rows = _reader_rows(out, path, fmt)
     yield from rows
@@ -348,10 +356,11 @@ def read_file(index: int, path: str, fmt: str, positions: bool = True, engine=No
 NAMES = ["file_index", "seq", "where", "id", "ts", "file_before", "event", "reason"]
 
 
-# mode=index: one row per file (its events' count, ts and id ranges, and the ids it holds
-# more than once with the seq of their first copy); mode=ids: (file, seq, id) per event
+# mode=index: one row per unit (its events' count, ts and id ranges, the ids it holds more
+# than once with the seq of their first copy, and whether its read broke off); mode=ids:
+# (unit, seq, id) per event
 INDEX_SCHEMA = ("file_index long, events long, lo long, hi long, min_id long, max_id long, "
-                "repeated array<long>, first_seq array<long>")
+                "repeated array<long>, first_seq array<long>, broken boolean")
 IDS_SCHEMA = "file_index long, seq long, id long"
 SCHEMAS = {"rows": SCHEMA, "index": INDEX_SCHEMA, "ids": IDS_SCHEMA}
 
@@ -378,34 +387,39 @@ def file_index_row(index: int, batches):
         "file_index": index, "events": len(ids),
         "lo": int(ts.min()) if some else None, "hi": int(ts.max()) if some else None,
         "min_id": int(ids.min()) if some else None, "max_id": int(ids.max()) if some else None,
-        "repeated": distinct[more].tolist(), "first_seq": seq[first[more]].tolist()}],
+        "repeated": distinct[more].tolist(), "first_seq": seq[first[more]].tolist(),
+        "broken": False}],
         schema=pa.schema([("file_index", pa.int64()), ("events", pa.int64()),
                           ("lo", pa.int64()), ("hi", pa.int64()), ("min_id", pa.int64()),
                           ("max_id", pa.int64()), ("repeated", pa.list_(pa.int64())),
-                          ("first_seq", pa.list_(pa.int64()))]))
+                          ("first_seq", pa.list_(pa.int64())), ("broken", pa.bool_())]))
 
 
 class EventFilesReader(DataSourceReader):
     def __init__(self, options):
-        self.files = json.loads(options["paths"])
+        self.units = json.loads(options["units"])
         self.only = json.loads(options.get("only") or "null")
-        self.fmt = options.get("format") or None
         self.mode = options.get("mode") or "rows"
         self.router = _unpickle(options["router"]) if self.mode == "route" else None
 
     def partitions(self):
-        return [InputPartition((i, path, format_for(path, self.fmt)))
-                for i, path in enumerate(self.files) if self.only is None or i in self.only]
+        return [InputPartition((i, *unit)) for i, unit in enumerate(self.units)
+                if self.only is None or i in self.only]
 
     def read(self, partition):
         import pyarrow as pa
-        index, path, fmt = partition.value
+        index, path, fmt, lo, hi, first_row = partition.value
         engine = {"rows": None, "route": self.router and self.router.assigner.engine}.get(
             self.mode, IdsAndTs)
-        batches = read_file(index, path, fmt, positions=self.mode in ("rows", "route"),
-                            engine=engine)
+        positions = self.mode in ("rows", "route")
+        out = _Batches(index, positions=positions, seq=first_row)
+        batches = read_file(index, path, fmt, positions=positions, engine=engine,
+                            row_groups=None if lo is None else (lo, hi), first_row=first_row,
+                            out=out)
         if self.mode == "index":
-            yield file_index_row(index, batches)
+            row = file_index_row(index, batches)
+            yield row.set_column(row.schema.get_field_index("broken"), "broken",
+                                 pa.array([out.broken]))
             return
         for batch in batches:
             if isinstance(batch, ColumnPiece):
@@ -438,8 +452,8 @@ def _unpickle(text: str):
 
 
 class EventFilesSource(DataSource):
-    """Options: ``paths`` (a JSON list of files, in arrival order), ``format``, ``only``
-    (a JSON list of the indexes of the files to read; default all), ``mode``: ``rows``
+    """Options: ``units`` (a JSON list of ``event_units``, in arrival order), ``only``
+    (a JSON list of the indexes of the units to read; default all), ``mode``: ``rows``
     (``SCHEMA``, the default), ``index`` and ``ids`` (``INDEX_SCHEMA``, ``IDS_SCHEMA``: what
     the batch job's index needs) or ``route`` (each batch through ``router``, a pickled
     ``dqcep.spark.executor.Router``, in the reading task: its ``schema()``)."""
@@ -458,15 +472,57 @@ class EventFilesSource(DataSource):
         return EventFilesReader(self.options)
 
 
+SPLIT_ROWS = 1 << 18  # a Parquet file's row groups are read in runs of about this many rows
+
+
+def event_units(paths: list[str], fmt: str | None = None, split_rows: int | None = None
+                ) -> list[list]:
+    """The input tasks over the files of ``paths`` (listed on the driver), in arrival
+    order: ``[path, format, first row group, end row group, first row]``, one per file,
+    or, for a Parquet file of more than ``split_rows`` rows (default ``SPLIT_ROWS``; 0:
+    never), one per run of its row groups of at least ``split_rows`` rows (from the
+    file's footer; row groups null: the whole file). A unit's index in this list is its
+    ``file_index``."""
+    split_rows = SPLIT_ROWS if split_rows is None else split_rows
+    units = []
+    for path in list_event_files(paths):
+        kind = format_for(path, fmt)  # an unknown extension is an error before any task starts
+        runs = _row_group_runs(path, split_rows) if kind == "parquet" and split_rows else []
+        if len(runs) < 2:
+            units.append([path, kind, None, None, 0])
+        else:
+            units += [[path, kind, lo, hi, first] for lo, hi, first in runs]
+    return units
+
+
+def _row_group_runs(path: str, split_rows: int) -> list[tuple[int, int, int]]:
+    """(first row group, end row group, first row) of runs of at least ``split_rows``
+    rows; none for a file the footer reader refuses (its read reports why)."""
+    import pyarrow.parquet as pq
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except (OSError, ValueError):
+        return []
+    runs, lo, first, rows = [], 0, 0, 0
+    for g in range(meta.num_row_groups):
+        rows += meta.row_group(g).num_rows
+        if rows - first >= split_rows:
+            runs.append((lo, g + 1, first))
+            lo, first = g + 1, rows
+    if lo < meta.num_row_groups:
+        runs.append((lo, meta.num_row_groups, first))
+    return runs
+
+
 def load_events(spark, paths: list[str], fmt: str | None = None, *, mode: str = "rows",
-                router=None, only: list[int] | None = None):
-    """The source's DataFrame over the files of ``paths`` (listed on the driver)."""
-    files = list_event_files(paths)
-    for f in files:
-        format_for(f, fmt)  # an unknown extension is an error before any task starts
+                router=None, only: list[int] | None = None, units: list[list] | None = None):
+    """The source's DataFrame over ``units`` (``event_units``; by default of ``paths``,
+    Parquet files split by row groups except in ``rows`` mode)."""
+    if units is None:
+        units = event_units(paths, fmt, 0 if mode == "rows" else None)
     spark.dataSource.register(EventFilesSource)
-    reader = (spark.read.format("dqcep_events").option("paths", json.dumps(files))
-              .option("format", fmt or "").option("mode", mode))
+    reader = (spark.read.format("dqcep_events").option("units", json.dumps(units))
+              .option("mode", mode))
     if router is not None:
         reader = reader.option("router", _pickle(router))
     if only is not None:

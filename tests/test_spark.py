@@ -111,6 +111,46 @@ def test_formats_and_directories_agree(spark, tmp_path):
         assert set(job_lines(out)) == want and want
 
 
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_parquet_split_by_row_groups_gives_the_whole_files_outputs(spark, tmp_path,
+                                                                  monkeypatch, corrupt):
+    """A Parquet file read as runs of row groups (one input task each) gives what one
+    read of the file gives: matches, dead letters with the file's row numbers, late
+    events, repeats across runs; a row group that cannot be read ends the file there."""
+    import pyarrow.parquet as pq
+
+    from dqcep.spark import source
+    from dqcep.spark.batch import run_batch
+    events = generate(tmp_path / "gen.parquet", 6000, *IMPERFECT)
+    path = tmp_path / "events.parquet"
+    pq.write_table(pq.read_table(events), path, row_group_size=700, compression="zstd")
+    if corrupt:  # bytes in the middle of the data pages: one row group cannot be read
+        data = bytearray(path.read_bytes())
+        mid = pq.ParquetFile(path).metadata.row_group(4).column(6).data_page_offset
+        data[mid + 20:mid + 60] = bytes(40)
+        path.write_bytes(bytes(data))
+
+    def run(split_rows, name):
+        monkeypatch.setattr(source, "SPLIT_ROWS", split_rows)
+        out = tmp_path / name
+        stats = run_batch(spark, QUERIES.read_text(), [str(path)], str(out), partitions=2,
+                          lateness=LATENESS)
+        return stats, {what: sorted(job_lines(out, what))
+                       for what in ("matches", "dead-letter", "late")}
+
+    assert len(source.event_units([str(path)], split_rows=1500)) == 3  # 9 groups of 700
+    whole, split = run(0, "whole"), run(1500, "split")
+    assert split[1] == whole[1] and split[0] == whole[0]
+    assert len(whole[1]["matches"]) > (5 if corrupt else 20) and whole[1]["late"] \
+        and whole[0].duplicates
+    assert any("row " in json.loads(x)["where"] for x in whole[1]["dead-letter"])
+    broken = [x for x in whole[1]["dead-letter"] if "invalid Parquet" in x]
+    assert bool(broken) == corrupt
+    if not corrupt:
+        want, errors, late = expected([path])
+        assert set(whole[1]["matches"]) == want and len(whole[1]["dead-letter"]) == errors
+
+
 def test_parquet_output_and_a_non_empty_output_directory(spark, tmp_path):
     from dqcep.errors import UserError
     from dqcep.spark.batch import run_batch

@@ -31,7 +31,7 @@ from dqcep.events import INT64_MAX, TS_LIMIT
 from dqcep.io.readers import (CSV_BOOL, CSV_DEC, CSV_INT, CSV_TRUE, PARQUET_BATCH_ROWS,
                               EventInputError,
                               csv_header, csv_rows, format_for, jsonl_lines, msgpack_record,
-                              msgpack_stream, parquet_rows, read_events)
+                              msgpack_stream, parquet_batches, parquet_rows, read_events)
 
 ErrorHandler = Callable[[EventInputError], None] | None
 
@@ -83,13 +83,17 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
 
 
 def read_sourced(path: str, fmt: str, engine, on_error: ErrorHandler = None,
-                 chunk_rows: int = 65_536) -> Iterator:
+                 chunk_rows: int = 65_536, row_groups: tuple[int, int] | None = None,
+                 first_row: int = 0) -> Iterator:
     """``read_columns`` of a JSON Lines, CSV or Parquet file, each piece with its
     positions: a ``Sourced`` for a fast-path piece, else a list of (position, Event).
-    The same pieces, in the same order, as ``read_columns`` (one set of rules)."""
+    The same pieces, in the same order, as ``read_columns`` (one set of rules).
+    ``row_groups``: a Parquet file's [first, end) row groups alone, whose first row is
+    row ``first_row`` of the file (positions stay the file's)."""
     progress = lambda _: None  # noqa: E731
     if fmt == "parquet":
-        yield from _parquet_columns(path, engine, on_error, progress, sourced=True)
+        yield from _parquet_columns(path, engine, on_error, progress, sourced=True,
+                                    row_groups=row_groups, first_row=first_row)
     elif fmt == "csv":
         yield from _csv_columns(path, engine, on_error, progress, chunk_rows, sourced=True)
     elif fmt == "jsonl":
@@ -211,17 +215,20 @@ class _Chain:
 
 
 def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress,
-                     sourced: bool = False) -> Iterator:
-    """Record batches of a Parquet file as engine columns, by Arrow compute; a batch
-    that breaks a rule of the validator goes to it whole (``parquet_rows``)."""
+                     sourced: bool = False, row_groups: tuple[int, int] | None = None,
+                     first_row: int = 0) -> Iterator:
+    """Record batches of a Parquet file (or of its ``row_groups``, from row
+    ``first_row`` on) as engine columns, by Arrow compute; a batch that breaks a rule of
+    the validator goes to it whole (``parquet_rows``)."""
     import pyarrow.parquet as pq  # a plain dependency
 
-    source, row = path, 0
+    source, row = path, first_row
+    groups = None if row_groups is None else list(range(*row_groups))
     try:
         with open(path, "rb") as f:
             parquet = pq.ParquetFile(f)
             size, total = os.fstat(f.fileno()).st_size, max(parquet.metadata.num_rows, 1)
-            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for batch in parquet_batches(parquet, groups, PARQUET_BATCH_ROWS):
                 progress(size * (row + batch.num_rows) // total)
                 cols = _arrow_columns(batch, engine)
                 if cols is not None:

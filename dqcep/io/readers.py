@@ -227,6 +227,16 @@ def csv_rows(reader, header: list[str], source: str, lines_before: int) -> Itera
 PARQUET_BATCH_ROWS = 10_000  # rows read at a time; an unreadable batch is named by its first
 
 
+def parquet_batches(parquet, row_groups=None, batch_rows: int | None = None) -> Iterator:
+    """Record batches of a ``pyarrow.parquet.ParquetFile`` (or of the ``row_groups``
+    given), row group by row group: a batch never spans two row groups, so a file read
+    in runs of row groups has the batches, and the unreadable batch, of a whole read."""
+    groups = range(parquet.metadata.num_row_groups) if row_groups is None else row_groups
+    for g in groups:
+        yield from parquet.iter_batches(batch_size=batch_rows or PARQUET_BATCH_ROWS,
+                                        row_groups=[g])
+
+
 def _parquet(stream: IO[bytes], source: str) -> Iterator:
     """Rows of a Parquet file (the generator's layout: id, type, ts, one column per
     attribute); a null cell is an absent attribute."""
@@ -234,7 +244,7 @@ def _parquet(stream: IO[bytes], source: str) -> Iterator:
 
     row = 0
     try:
-        for batch in pq.ParquetFile(stream).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        for batch in parquet_batches(pq.ParquetFile(stream)):
             yield from parquet_rows(batch, source, row)
             row += batch.num_rows
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
