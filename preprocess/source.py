@@ -328,7 +328,11 @@ def _msgpack_ids(out: _Batches, path: str):
         return
     for piece in pieces:
         if len(piece[0]):
-            yield out.piece(Sourced(piece, None), path)
+            yield out.piece(Sourced(piece, _no_records), path)
+
+
+def _no_records() -> list:
+    raise RuntimeError("a piece read for its ids and ts alone (the index) holds no records")
 
 
 def read_file(index: int, path: str, fmt: str, positions: bool = True, engine=None,
