@@ -31,8 +31,13 @@ and sort of the routed rows and the write of the match lines (each minus a read
 of the same data), against the budget the marginal-cost target leaves (N events
 at 0.25x the engine alone's rate).
 
+``--workers`` times, in this one process and without Spark, the Python work the
+job's workers do on one msgpack file (the index's read, read and route, merge
+and engines; the rows between them sorted as Spark's shuffle would, untimed)
+against ``dqcep run``'s read, engine and match lines on the same file.
+
     python3 bench/bench_spark.py [--events N] [--files F]
-                                 [--model | --marginal | --formats | --floor]
+                                 [--model | --marginal | --formats | --floor | --workers]
 """
 from __future__ import annotations
 
@@ -167,11 +172,16 @@ def main(argv=None) -> None:
                     help="Spark's own share of the job (shuffle, sort, write) against the "
                     "marginal-cost target's budget")
     ap.add_argument("--floor-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--workers", action="store_true",
+                    help="the workers' Python work per step, in one process, against "
+                    "dqcep run's")
     args = ap.parse_args(argv)
     if args.floor_child:
         return floor_child(args)
     if args.floor:
         return floor(args)
+    if args.workers:
+        return workers(args)
     if args.child:
         return child(args)
     if args.formats:
@@ -396,6 +406,51 @@ def floor(args) -> None:
 
 def _identity(batches):
     yield from batches
+
+
+# ------------------------------------------------------------------ --workers
+
+
+def workers(args) -> None:
+    """The batch job's Python steps on one file, each timed alone, in this process."""
+    import pyarrow as pa
+
+    from bench_paths import split as run_path
+    from dqcep.lang import parse
+    from dqcep.spark.executor import (JobSpec, Router, engine_batches, routed_arrow_schema)
+    from dqcep.spark.partitioning import plan_partitioning
+    from dqcep.spark.source import ColumnPiece, IdsAndTs, file_index_row, read_file
+    n, text = args.events, QUERIES.read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.msgpack"
+        generate(path, n)
+        read, run, written, _ = run_path(path, Path(tmp) / "matches.jsonl")
+        started = time.perf_counter()
+        row = file_index_row(0, read_file(0, str(path), "msgpack", positions=False,
+                                          engine=IdsAndTs)).to_pylist()[0]
+        index_s = time.perf_counter() - started
+        spec = JobSpec(text, plan_partitioning(parse(text).queries, "auto"), 2)
+        repeated = np.array(row["repeated"], np.int64)
+        order = np.argsort(repeated)
+        router = Router(spec, 0, {}, repeated[order], np.zeros(len(order), np.int64),
+                        np.array(row["first_seq"], np.int64)[order])
+        started = time.perf_counter()
+        routed = [router.route_piece(b) if isinstance(b, ColumnPiece) else router.route(b)
+                  for b in read_file(0, str(path), "msgpack", engine=router.assigner.engine)]
+        route_s = time.perf_counter() - started
+        table = pa.Table.from_batches(routed, schema=routed_arrow_schema())
+        table = table.take(np.lexsort([table.column(c).to_numpy() for c in
+                                       ("seq", "file_index", "ts", "part", "group")]))
+        started = time.perf_counter()
+        for _ in engine_batches(spec, iter(table.to_batches(10_000))):
+            pass
+        engines_s = time.perf_counter() - started
+    total = index_s + route_s + engines_s
+    print(f"events={n:,}, one msgpack file, queries=iot.cep, one process, no Spark")
+    print(f"batch job's workers: index read {index_s:.2f} s, read and route {route_s:.2f} s, "
+          f"merge and engines {engines_s:.2f} s: {total:.2f} s")
+    print(f"dqcep run: read {read:.2f} s, engine {run:.2f} s, match lines {written:.2f} s: "
+          f"{read + run + written:.2f} s; ratio {total / (read + run + written):.1f}x")
 
 
 # ------------------------------------------------------------------ --model

@@ -509,11 +509,9 @@ class Router:
             return event_columns(self.assigner.engine, events.take(pa.array(rows)))
 
         def lines(rows, kind):
-            pick = pa.array(rows)
+            pick, field = pa.array(rows), "reason" if kind == "dead" else "event"
             return record_lines({"where": where.take(pick).to_pylist(),
-                                 "reason" if kind == "dead" else "event":
-                                 c["reason" if kind == "dead" else "event"].take(pick).to_pylist()},
-                                kind)
+                                 field: c[field].take(pick).to_pylist()}, kind)
 
         return self._route(dead, c["file_index"].to_numpy(), c["seq"].to_numpy(),
                            pc.fill_null(c["id"], 0).to_numpy(), pc.fill_null(c["ts"], 0).to_numpy(),
@@ -525,10 +523,12 @@ class Router:
         whole, for their lines."""
         cols, n = piece.columns, len(piece.seq)
 
-        def lines(rows, kind):
-            records = piece.records()
-            return record_lines({"where": [f"{piece.path}:{records[i][0]}" for i in rows],
-                                 "event": [msgpack.packb(records[i][1].as_mapping()) for i in rows]}, kind)
+        def lines(rows, kind):  # late lines only: a piece holds no bad record
+            read = piece.records()  # the piece's rows again, once
+            records = [read[i] for i in rows]
+            return record_lines({"where": [f"{piece.path}:{w}" for w, _ in records],
+                                 "event": [msgpack.packb(e.as_mapping()) for _, e in records]},
+                                kind)
 
         return self._route(np.zeros(n, bool), np.full(n, piece.file_index, np.int64), piece.seq,
                            cols.id, cols.ts, piece.before.copy(), cols.take, lines)
@@ -615,10 +615,10 @@ def engine_batches(spec: JobSpec, batches):
 
     def close():
         """The part's held events, then its end."""
-        for out in (runner.feed(cols) if (cols := merge.rest()) is not None else None,
-                    runner.flush()):
-            if out is not None:
-                yield lines(out, "matches")
+        if (cols := merge.rest()) is not None and (out := runner.feed(cols)) is not None:
+            yield lines(out, "matches")
+        if (out := runner.flush()) is not None:
+            yield lines(out, "matches")
 
     for b in batches:
         if not b.num_rows:

@@ -99,18 +99,25 @@ class _Batches:
     def full(self) -> bool:
         return self.rows >= BATCH_ROWS
 
+    def _before(self, ts: np.ndarray) -> np.ndarray:
+        """The largest ts of the file's events before each row (``_MIN``: none), for
+        rows of these ``ts`` (``_MIN`` for a row that is no event); moves ``latest`` on."""
+        running = np.maximum.accumulate(ts)
+        before = np.empty(len(ts), np.int64)
+        before[1:] = running[:-1]
+        before[0] = _MIN
+        if self.latest is not None:
+            np.maximum(before, self.latest, out=before)
+        if len(ts) and running[-1] != _MIN:
+            top = int(running[-1])
+            self.latest = top if self.latest is None else max(self.latest, top)
+        return before
+
     def piece(self, sourced, path: str) -> ColumnPiece:
         """A fast-path piece's rows, numbered after the rows before it (take those first)."""
         cols = EventColumns(*sourced.columns)
         n = len(cols.ts)
-        running = np.maximum.accumulate(cols.ts)
-        before = np.empty(n, np.int64)
-        before[1:] = running[:-1]
-        before[0] = _MIN if self.latest is None else self.latest
-        if self.latest is not None:
-            np.maximum(before, self.latest, out=before)
-        self.latest = int(running[-1]) if self.latest is None else \
-            max(self.latest, int(running[-1]))
+        before = self._before(cols.ts)
         seq = np.arange(self.seq, self.seq + n, dtype=np.int64)
         self.seq += n
         return ColumnPiece(self.index, path, seq, before, cols, sourced.records)
@@ -118,18 +125,8 @@ class _Batches:
     def take(self):
         pa, n = self.pa, self.rows
         ids, ts, valid = (np.concatenate(x) for x in (self.ids, self.ts, self.valid))
-        # the running maximum of the valid events' ts, before each row
-        masked = np.where(valid, ts, np.iinfo(np.int64).min)
-        running = np.maximum.accumulate(masked)
-        before = np.empty(n, np.int64)
-        before[1:] = running[:-1]
-        before[0] = np.iinfo(np.int64).min
-        if self.latest is not None:
-            np.maximum(before, self.latest, out=before)
-        if valid.any():
-            top = int(running[-1])
-            self.latest = top if self.latest is None else max(self.latest, top)
-        known = before != np.iinfo(np.int64).min
+        before = self._before(np.where(valid, ts, _MIN))
+        known = before != _MIN
         offsets = np.concatenate([np.zeros(1, np.int64)] + self.offsets[1:]).astype(np.int32)
         events = pa.Array.from_buffers(pa.binary(), n, [
             pa.py_buffer(np.packbits(valid & self.positions, bitorder="little")),
@@ -369,8 +366,9 @@ IDS_SCHEMA = "file_index long, seq long, id long"
 SCHEMAS = {"rows": SCHEMA, "index": INDEX_SCHEMA, "ids": IDS_SCHEMA}
 
 
-def file_index_row(index: int, batches):
-    """The index row of one file from its rows (``positions=False`` batches)."""
+def file_index_row(index: int, batches, out: _Batches | None = None):
+    """The index row of one unit from its rows (``positions=False`` batches), and from
+    ``out``, the ``_Batches`` they came through, whether its read broke off."""
     import pyarrow as pa
     ids, seq, ts = [], [], []
     for b in batches:
@@ -392,7 +390,7 @@ def file_index_row(index: int, batches):
         "lo": int(ts.min()) if some else None, "hi": int(ts.max()) if some else None,
         "min_id": int(ids.min()) if some else None, "max_id": int(ids.max()) if some else None,
         "repeated": distinct[more].tolist(), "first_seq": seq[first[more]].tolist(),
-        "broken": False}],
+        "broken": bool(out and out.broken)}],
         schema=pa.schema([("file_index", pa.int64()), ("events", pa.int64()),
                           ("lo", pa.int64()), ("hi", pa.int64()), ("min_id", pa.int64()),
                           ("max_id", pa.int64()), ("repeated", pa.list_(pa.int64())),
@@ -421,9 +419,7 @@ class EventFilesReader(DataSourceReader):
                             row_groups=None if lo is None else (lo, hi), first_row=first_row,
                             out=out)
         if self.mode == "index":
-            row = file_index_row(index, batches)
-            yield row.set_column(row.schema.get_field_index("broken"), "broken",
-                                 pa.array([out.broken]))
+            yield file_index_row(index, batches, out)
             return
         for batch in batches:
             if isinstance(batch, ColumnPiece):

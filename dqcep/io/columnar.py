@@ -44,6 +44,8 @@ class Sourced(NamedTuple):
 
     columns: tuple
     records: Callable[[], list]
+
+
 KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
                                                                  "STR"))
 
@@ -69,10 +71,7 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
                                      chunk_rows)
         return
     source = "<stdin>" if path == "-" else path
-    try:
-        stream = sys.stdin.buffer if path == "-" else open(path, "rb")
-    except OSError as err:
-        raise UserError(f"cannot read event file {path}: {err.strerror}") from None
+    stream = sys.stdin.buffer if path == "-" else _open(path)
     with stream:
         counted = _Counted(stream, progress)
         if fmt == "jsonl":
@@ -97,14 +96,17 @@ def read_sourced(path: str, fmt: str, engine, on_error: ErrorHandler = None,
     elif fmt == "csv":
         yield from _csv_columns(path, engine, on_error, progress, chunk_rows, sourced=True)
     elif fmt == "jsonl":
-        try:
-            stream = open(path, "rb")
-        except OSError as err:
-            raise UserError(f"cannot read event file {path}: {err.strerror}") from None
-        with stream:
+        with _open(path) as stream:
             yield from _jsonl_columns(stream, path, engine, on_error, chunk_rows, sourced=True)
     else:
         raise ValueError(f"no sourced fast path for {fmt}")
+
+
+def _open(path: str) -> IO[bytes]:
+    try:
+        return open(path, "rb")
+    except OSError as err:
+        raise UserError(f"cannot read event file {path}: {err.strerror}") from None
 
 
 BLOCK_BYTES = 1 << 24  # msgpack read at a time; a longer record grows the block
@@ -434,11 +436,7 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress,
     import csv
     import io
 
-    try:
-        f = open(path, "rb")
-    except OSError as err:
-        raise UserError(f"cannot read event file {path}: {err.strerror}") from None
-    with f:
+    with _open(path) as f:
         stream = _Counted(f, progress)
         block, eof = b"", False
         while b"\n" not in block and not eof:
