@@ -727,3 +727,10 @@ def test_event_log_gives_the_jobs_stages_and_the_model_its_figures(tmp_path):
     fixed = seconds - busy
     assert bench_spark.predict(stages, fixed, 1, 1) == pytest.approx(seconds)
     assert bench_spark.predict(stages, fixed, 8, 2, 16) < seconds
+    # the task time added events cost: a run with every stage's task time tripled, minus
+    # this run, is twice each stage's; a stage only one run has is left out
+    tripled = {**summary, "stages": [{**s, "task_ms": 3 * s["task_ms"]}
+                                     for s in summary["stages"]]
+               + [{"id": 10**6, "task_ms": 5}]}
+    assert bench_spark.marginal_stages(summary, tripled) == {
+        s["id"]: 2 * s["task_ms"] for s in summary["stages"]}
