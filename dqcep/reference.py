@@ -23,6 +23,14 @@ How it works, for one query over a finite set of events:
 4. ``detected_at`` is start + W if a trailing-SEQ or AND negation lies on the
    path, else the max ts.
 
+Section 5, by its definitions: a Kleene item ``Type+ v[]`` binds a tuple of events
+(every non-empty list with strictly increasing ts within the window: up to 2^n - 1
+lists of n events, each a partial match of its own); a conjunct naming ``v`` holds
+when it holds for every element (or every element from the second on, for ``v[i-1]``
+and ``v[1]`` beside ``v[i]``), aggregates and ``v[last]`` read the complete list. A
+strategy other than skip-till-any-match is a filter on the complete matches over
+stream order (ts, id) of every event of the input (``_Strategy``).
+
 Values: numbers (int or float) are compared and computed as binary64 floats;
 a conjunct whose evaluation fails anywhere (missing attribute, mismatched
 types, division by zero, a non-boolean result) is false. Evaluation does not
@@ -31,9 +39,10 @@ short-circuit, so ``a.x = 1 OR b.missing = 2`` fails as a whole.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, Union
 
 from dqcep.events import Event, Match, Value
 from dqcep.lang import ast
@@ -62,25 +71,72 @@ def _kind(v: Value) -> str:
     return "str"
 
 
-def evaluate(e: ast.Expr, bound: dict[str, Event], positives: Sequence[str]) -> Value:
-    """Value of ``e``; ``positives`` are the bound positive variables for ``[attr]``."""
+Binding = Union[Event, tuple]  # an event, or a Kleene variable's list of events
+
+
+def members(value: Binding) -> tuple[Event, ...]:
+    """The events a variable's binding holds (one, or a Kleene list)."""
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _element(e: ast.AttrRef, bound: dict[str, Binding],
+             elements: dict[str, tuple[Event, Event | None]]) -> Event:
+    """The event ``e`` reads: a plain variable's, or one element of a Kleene list."""
+    value = bound[e.var]
+    if not isinstance(value, tuple):
+        return value
+    if e.index == ast.INDEX_FIRST:
+        return value[0]
+    if e.index == ast.INDEX_LAST:
+        return value[-1]
+    current, previous = elements[e.var]
+    return previous if e.index == ast.INDEX_PREVIOUS else current
+
+
+def aggregate(e: ast.Aggregate, events: Sequence[Event]) -> float:
+    """count / sum / avg / min / max over a complete list, in ts order; an element
+    without the attribute or with a non-number there fails."""
+    if e.func == "count":
+        return float(len(events))
+    values = []
+    for ev in events:
+        try:
+            values.append(_number(ev.value(e.attr)))
+        except KeyError:
+            raise _Fail from None
+    if e.func in ("sum", "avg"):
+        total = 0.0
+        for v in values:  # left to right: the order every engine sums in
+            total += v
+        return total if e.func == "sum" else total / len(values)
+    return min(values) if e.func == "min" else max(values)
+
+
+def evaluate(e: ast.Expr, bound: dict[str, Binding], positives: Sequence[str],
+             elements: dict[str, tuple[Event, Event | None]] | None = None) -> Value:
+    """Value of ``e``; ``positives`` are the bound positive variables for ``[attr]``;
+    ``elements`` gives the element ``v[i]`` / plain ``v`` (and ``v[i-1]``) of each
+    Kleene variable ranged over (see ``holds``)."""
     if isinstance(e, ast.Number):
         return float(e.value)
     if isinstance(e, (ast.String, ast.Boolean)):
         return e.value
     if isinstance(e, ast.AttrRef):
         try:
-            v = bound[e.var].value(e.attr)
+            v = _element(e, bound, elements or {}).value(e.attr)
         except KeyError:
             raise _Fail from None
         return float(v) if _kind(v) == "num" else v
+    if isinstance(e, ast.Aggregate):
+        return aggregate(e, bound[e.var])
     if isinstance(e, ast.Equivalence):
         values = []
         for var in positives:
-            try:
-                values.append(bound[var].value(e.attr))
-            except KeyError:
-                raise _Fail from None
+            for ev in members(bound[var]):
+                try:
+                    values.append(ev.value(e.attr))
+                except KeyError:
+                    raise _Fail from None
         kinds = {_kind(v) for v in values}
         if len(kinds) > 1:
             raise _Fail  # comparing values of different types fails
@@ -88,7 +144,7 @@ def evaluate(e: ast.Expr, bound: dict[str, Event], positives: Sequence[str]) -> 
             values = [float(v) for v in values]
         return all(v == values[0] for v in values)
     if isinstance(e, ast.Unary):
-        v = evaluate(e.operand, bound, positives)
+        v = evaluate(e.operand, bound, positives, elements)
         if e.op == "-":
             return -_number(v)
         if not isinstance(v, bool):
@@ -96,8 +152,8 @@ def evaluate(e: ast.Expr, bound: dict[str, Event], positives: Sequence[str]) -> 
         return not v
     assert isinstance(e, ast.Binary)
     # No short-circuit: both sides are always evaluated (see module docstring).
-    left = evaluate(e.left, bound, positives)
-    right = evaluate(e.right, bound, positives)
+    left = evaluate(e.left, bound, positives, elements)
+    right = evaluate(e.right, bound, positives, elements)
     op = e.op
     if op in ("AND", "OR"):
         if not isinstance(left, bool) or not isinstance(right, bool):
@@ -121,12 +177,45 @@ def evaluate(e: ast.Expr, bound: dict[str, Event], positives: Sequence[str]) -> 
     return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
 
 
-def holds(e: ast.Expr, bound: dict[str, Event], positives: Sequence[str]) -> bool:
-    """A conjunct holds iff it evaluates, without failing, to true."""
-    try:
-        return evaluate(e, bound, positives) is True
-    except _Fail:
-        return False
+def _ranges(e: ast.Expr, bound: dict[str, Binding]) -> list[tuple[str, bool]]:
+    """The Kleene variables a conjunct ranges over, each with whether it ranges over
+    (element, element before) pairs from the second element on (spec 5.1): it names
+    ``v[i-1]``, or ``v[1]`` beside ``v[i]`` / plain ``v.attr``."""
+    refs: dict[str, set] = {}
+    for x in ast.walk_expr(e):
+        if isinstance(x, ast.AttrRef) and isinstance(bound.get(x.var), tuple):
+            refs.setdefault(x.var, set()).add(x.index or ast.INDEX_EACH)
+    out = []
+    for var, idx in refs.items():
+        if ast.INDEX_EACH in idx or ast.INDEX_PREVIOUS in idx:
+            pairs = ast.INDEX_PREVIOUS in idx or ast.INDEX_FIRST in idx
+            out.append((var, pairs))
+    return out
+
+
+def holds(e: ast.Expr, bound: dict[str, Binding], positives: Sequence[str]) -> bool:
+    """A conjunct holds iff it evaluates, without failing, to true; over Kleene lists,
+    iff it does so for every element (every pair of elements of two lists)."""
+    ranged = _ranges(e, bound)
+    if not ranged:
+        try:
+            return evaluate(e, bound, positives) is True
+        except _Fail:
+            return False
+    choices = []
+    for var, pairs in ranged:
+        events = bound[var]
+        if pairs:  # true for a one-element list: no pair to check
+            choices.append([(var, (events[k], events[k - 1])) for k in range(1, len(events))])
+        else:
+            choices.append([(var, (ev, None)) for ev in events])
+    for combination in itertools.product(*choices):
+        try:
+            if evaluate(e, bound, positives, dict(combination)) is not True:
+                return False
+        except _Fail:
+            return False
+    return True
 
 
 # -------------------------------------------------------- partial matches
@@ -134,7 +223,7 @@ def holds(e: ast.Expr, bound: dict[str, Event], positives: Sequence[str]) -> boo
 
 @dataclass(frozen=True)
 class _Partial:
-    bound: dict[str, Event]  # positive variable -> event
+    bound: dict[str, Binding]  # positive variable -> event (Kleene: tuple of events)
     start: int               # min ts of the bound events
     end: int                 # max ts of the bound events
 
@@ -178,7 +267,7 @@ class _Context:
                     return False
         for attr in self.equivalences:
             values = set()
-            for ev in p.bound.values():
+            for ev in (e for value in p.bound.values() for e in members(value)):
                 try:
                     v = ev.value(attr)
                 except KeyError:
@@ -204,13 +293,14 @@ def _join(ctx: _Context, lefts: list[_Partial], rights: list[_Partial],
         i = bisect.bisect_right(starts, lo) if seq else bisect.bisect_left(starts, lo)
         hi = left.start + ctx.window
         j = bisect.bisect_right(starts, hi) if hi < INF else len(starts)
-        left_ids = {e.id for e in left.bound.values()}
+        left_ids = {e.id for value in left.bound.values() for e in members(value)}
         before = [frozenset(left.bound) | frozenset(ctx.base)]
         for right in rights[i:j]:
             start, end = min(left.start, right.start), max(left.end, right.end)
             if end - start > ctx.window:
                 continue
-            if not seq and any(e.id in left_ids for e in right.bound.values()):
+            if not seq and any(e.id in left_ids for value in right.bound.values()
+                               for e in members(value)):
                 continue
             p = _Partial({**left.bound, **right.bound}, start, end)
             if ctx.accept(p, before + [frozenset(right.bound) | frozenset(ctx.base)]):
@@ -227,6 +317,8 @@ def _partials(node: ast.Pattern, ctx: _Context) -> list[_Partial]:
             if ctx.accept(p, [frozenset(ctx.base)]):
                 out.append(p)
         return out
+    if isinstance(node, ast.Kleene):
+        return _lists(node, ctx)
     positives = [i for i in node.items if not isinstance(i, ast.Negation)]
     if node.op == ast.OR:
         return [p for item in positives for p in _partials(item, ctx)]
@@ -236,6 +328,48 @@ def _partials(node: ast.Pattern, ctx: _Context) -> list[_Partial]:
             break
         acc = _join(ctx, acc, _partials(item, ctx), seq=node.op == ast.SEQ)
     return acc
+
+
+def _prefix_closed(c: _Conjunct, var: str) -> bool:
+    """Does a conjunct over one Kleene variable hold on every prefix of a list it holds
+    on? (Element-wise and pair conditions do; aggregates and v[last] need the whole.)"""
+    return c.vars == {var} and not c.equivalence and not any(
+        isinstance(x, ast.Aggregate) or (isinstance(x, ast.AttrRef)
+                                         and x.index == ast.INDEX_LAST)
+        for x in ast.walk_expr(c.expr))
+
+
+def _lists(node: ast.Kleene, ctx: _Context) -> list[_Partial]:
+    """Every non-empty list of events of the Kleene item's type, strictly increasing
+    in ts, within the window, that satisfies the conditions (each list one partial
+    match: up to 2^n - 1 of them). Lists grow one element at a time; conditions that
+    hold on every prefix of a list they hold on prune the growth."""
+    events = ctx.events_of(node.type)
+    ts = [e.ts for e in events]
+    prune = [c for c in ctx.conjuncts if _prefix_closed(c, node.var)]
+
+    def fits(lst: tuple) -> bool:
+        bound = {**ctx.base, node.var: lst}
+        return all(holds(c.expr, bound, [node.var]) for c in prune) and all(
+            len({_comparable(e, attr) for e in lst}) == 1 and _comparable(lst[0], attr)
+            is not None for attr in ctx.equivalences)  # top-level [attr]s: every element
+
+    out = []
+    stack = [(ev,) for ev in reversed(events)]
+    stack = [lst for lst in stack if fits(lst)]
+    while stack:
+        lst = stack.pop()
+        p = _Partial({node.var: lst}, lst[0].ts, lst[-1].ts)
+        if ctx.accept(p, [frozenset(ctx.base)]):
+            out.append(p)
+        grown = []
+        for ev in events[bisect.bisect_right(ts, lst[-1].ts):]:
+            if ev.ts - lst[0].ts > ctx.window:
+                break
+            if fits(lst + (ev,)):
+                grown.append(lst + (ev,))
+        stack.extend(reversed(grown))
+    return out
 
 
 # ----------------------------------------------------------------- negation
@@ -258,7 +392,7 @@ class _Gap:
 def _gaps(node: ast.Item, bound: dict[str, Event], start: int, end: int,
           w: int) -> list[_Gap]:
     """The negations on the path this match took, with their intervals."""
-    if isinstance(node, ast.EventPattern):
+    if isinstance(node, (ast.EventPattern, ast.Kleene)):
         return []
     assert isinstance(node, ast.Operator)
 
@@ -266,7 +400,7 @@ def _gaps(node: ast.Item, bound: dict[str, Event], start: int, end: int,
         return any(v in bound for v in ast.positive_vars(item))
 
     def span(item: ast.Item) -> tuple[int, int]:
-        ts = [bound[v].ts for v in ast.positive_vars(item) if v in bound]
+        ts = [e.ts for v in ast.positive_vars(item) if v in bound for e in members(bound[v])]
         return min(ts), max(ts)
 
     out: list[_Gap] = []
@@ -314,8 +448,9 @@ class _QueryMatcher:
         self.negation_conjuncts = {
             id(n): [c for c in parts if c.vars & set(_vars_of(n))]
             for n, _ in ast.walk_patterns(q.pattern) if isinstance(n, ast.Negation)}
+        self.strategy = _Strategy(q, parts) if q.strategy != ast.ANY_MATCH else None
 
-    def matches(self, by_type) -> list[Match]:
+    def matches(self, by_type, stream: "_Stream") -> list[Match]:
         if not all(holds(c.expr, {}, []) for c in self.constant):
             return []
         early = [c for c in self.positive if not c.equivalence]
@@ -331,9 +466,11 @@ class _QueryMatcher:
             gaps = _gaps(self.q.pattern, p.bound, p.start, p.end, self.w)
             if any(self._violated(g, p, positives, by_type) for g in gaps):
                 continue
+            if self.strategy is not None and not self.strategy.qualifies(p.bound, stream):
+                continue
             detected = p.start + self.w if any(g.holds_back for g in gaps) else p.end
             out.append(Match(self.q.name, detected,
-                             tuple((v, p.bound[v].id) for v in positives),
+                             tuple((v, _ids(p.bound[v])) for v in positives),
                              self._returns(p.bound)))
         return out
 
@@ -342,28 +479,131 @@ class _QueryMatcher:
         # The positive match is complete here, so every conjunct of the negation
         # (including one with [attr]) can run as soon as its variables are bound.
         ctx = _Context(by_type, INF, gap.lo, gap.hi, self.negation_conjuncts[id(gap.negation)],
-                       p.bound, frozenset(e.id for e in p.bound.values()), [], positives)
+                       p.bound, frozenset(e.id for value in p.bound.values()
+                                          for e in members(value)), [], positives)
         for m in _partials(gap.negation.pattern, ctx):
             inside = all((gap.lo < e.ts if gap.lo_open else gap.lo <= e.ts) and
                          (e.ts < gap.hi if gap.hi_open else e.ts <= gap.hi)
-                         for e in m.bound.values())
+                         for value in m.bound.values() for e in members(value))
             if inside:
                 return True
         return False
 
-    def _returns(self, bound: dict[str, Event]) -> tuple:
+    def _returns(self, bound: dict[str, Binding]) -> tuple:
         out = []
         for r in self.q.returns:
-            label = r.var if r.attr is None else f"{r.var}.{r.attr}"
             ev = bound.get(r.var)
             if ev is None:
-                out.append((label, None))
+                out.append((r.label, None))
+            elif r.func is not None:
+                out.append((r.label, _returned_aggregate(r, ev)))
             elif r.attr is None:
-                out.append((label, ev.id))
+                out.append((r.label, _ids(ev)))
             else:
-                out.append((label, ev.attrs.get(r.attr) if r.attr not in ("ts", "id")
+                out.append((r.label, ev.attrs.get(r.attr) if r.attr not in ("ts", "id")
                             else ev.value(r.attr)))
         return tuple(out)
+
+
+def _ids(value: Binding) -> int | tuple[int, ...]:
+    """A binding in a match's output: an event id, or a Kleene list's ids in ts order."""
+    return tuple(e.id for e in value) if isinstance(value, tuple) else value.id
+
+
+def _returned_aggregate(r: ast.ReturnItem, events: tuple) -> Value | None:
+    """``RETURN count(v)`` is an integer; sum, avg, min and max are binary64, null when
+    an element lacks the attribute or holds no number there."""
+    if r.func == "count":
+        return len(events)
+    try:
+        return aggregate(ast.Aggregate(r.func, r.var, r.attr), events)
+    except _Fail:
+        return None
+
+
+# ---------------------------------------------------------------- strategies
+
+
+class _Stream:
+    """Every event of the input in stream order (ts, id): what "between" reads."""
+
+    def __init__(self, events: Iterable[Event]):
+        self.events = sorted(events, key=lambda e: (e.ts, e.id))
+        self.keys = [(e.ts, e.id) for e in self.events]
+
+    def between(self, a: Event, b: Event) -> list[Event]:
+        """The events strictly between a and b in stream order."""
+        lo = bisect.bisect_right(self.keys, (a.ts, a.id))
+        hi = bisect.bisect_left(self.keys, (b.ts, b.id))
+        return self.events[lo:hi]
+
+
+class _Strategy:
+    """A selection strategy as a filter on a complete skip-till-any-match match (spec
+    5.2). The pattern is one event or a SEQ of events, Kleene items and negations, so
+    a match flattens into its positive events in SEQ order, each in a *slot*."""
+
+    def __init__(self, q: ast.Query, parts: list[_Conjunct]):
+        self.name, self.w = q.strategy, q.within.ms
+        items = q.pattern.items if isinstance(q.pattern, ast.Operator) else (q.pattern,)
+        self.slots = [(i.var, i.type, isinstance(i, ast.Kleene)) for i in items
+                      if not isinstance(i, ast.Negation)]
+        self.order = [v for v, _, _ in self.slots]
+        # what "fits" evaluates: every conjunct but those with aggregates or v[last]
+        self.fit = [c for c in parts if not any(
+            isinstance(x, ast.Aggregate) or (isinstance(x, ast.AttrRef)
+                                             and x.index == ast.INDEX_LAST)
+            for x in ast.walk_expr(c.expr))]
+        self.partition = [c.expr.attr for c in parts if isinstance(c.expr, ast.Equivalence)]
+
+    def _flat(self, bound: dict[str, Binding]) -> list[tuple[Event, int]]:
+        return [(ev, k) for k, (var, _, _) in enumerate(self.slots)
+                for ev in members(bound[var])]
+
+    def qualifies(self, bound: dict[str, Binding], stream: _Stream) -> bool:
+        flat = self._flat(bound)
+        first, last = flat[0][0], flat[-1][0]
+        if self.name == ast.NEXT_MATCH:
+            return all(self._no_fit_between(flat, j, stream) for j in range(1, len(flat)))
+        own = {ev.id for ev, _ in flat}
+        between = [e for e in stream.between(first, last) if e.id not in own]
+        if self.name == ast.STRICT:
+            return not between
+        values = [_comparable(first, attr) for attr in self.partition]
+        return not any(all(_comparable(e, attr) == v for attr, v in
+                           zip(self.partition, values)) for e in between)
+
+    def _no_fit_between(self, flat: list[tuple[Event, int]], j: int,
+                        stream: _Stream) -> bool:
+        """No event strictly between e_j-1 and e_j fits a next slot after e1..e_j-1."""
+        slot = flat[j - 1][1]
+        nexts = ([slot] if self.slots[slot][2] else []) + (
+            [slot + 1] if slot + 1 < len(self.slots) else [])
+        prefix = flat[:j]
+        return not any(self._fits(e, s, prefix)
+                       for e in stream.between(flat[j - 1][0], flat[j][0]) for s in nexts)
+
+    def _fits(self, e: Event, slot: int, prefix: list[tuple[Event, int]]) -> bool:
+        var, etype, kleene = self.slots[slot]
+        if e.type != etype or e.ts <= prefix[-1][0].ts or e.ts - prefix[0][0].ts > self.w:
+            return False
+        bound: dict[str, Binding] = {}
+        for ev, k in prefix:
+            v, _, is_list = self.slots[k]
+            bound[v] = bound.get(v, ()) + (ev,) if is_list else ev
+        bound[var] = bound.get(var, ()) + (e,) if kleene else e
+        positives = [v for v in self.order if v in bound]
+        return all(holds(c.expr, bound, positives) for c in self.fit
+                   if c.vars <= bound.keys())
+
+
+def _comparable(ev: Event, attr: str):
+    """An attribute's value as [attr] compares it (numbers as binary64); None if absent."""
+    try:
+        v = ev.value(attr)
+    except KeyError:
+        return None
+    return ("num", float(v)) if _kind(v) == "num" else (_kind(v), v)
 
 
 def _index(events: Iterable[Event]) -> dict[str, tuple[list[int], list[Event]]]:
@@ -391,10 +631,11 @@ class ReferenceMatcher:
         self._matchers = [_QueryMatcher(q) for q in queries]
 
     def run(self, events: Iterable[Event]) -> list[Match]:
-        by_type = _index(events)
+        events = list(events)
+        by_type, stream = _index(events), _Stream(events)
         out: list[Match] = []
         for qm in self._matchers:
-            found = qm.matches(by_type)
+            found = qm.matches(by_type, stream)
             assert len({m.key for m in found}) == len(found), "a match was produced twice"
             out += found
         out.sort(key=lambda m: (m.detected_at, m.query, m.events))

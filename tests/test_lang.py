@@ -6,8 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqcep.lang import QueryError, file_to_source, parse, parse_file, to_source
-from dqcep.lang.ast import (AttrRef, Binary, Boolean, EventPattern, Equivalence, Negation,
-                            Number, Operator, String, Unary, conjuncts)
+from dqcep.lang.ast import (Aggregate, AttrRef, Binary, Boolean, EventPattern, Equivalence,
+                            Kleene, Negation, Number, Operator, String, Unary, conjuncts,
+                            kleene_vars, positive_vars, walk_expr)
 from tests.strategies import queries, query_files
 
 FIRE = """QUERY fire
@@ -145,7 +146,7 @@ ERRORS = [
     ("PATTERN SEQ(A a B b) WITHIN 5", 1, 17, "unexpected name 'B'; expected ','"),
     ("PATTERN SEQ(A a, B b)\nWHERE a.x > 1", 2, 14, "missing WITHIN"),
     ("PATTERN SEQ(A a, B b);\nPATTERN A c WITHIN 1", 1, 22, "missing WITHIN"),
-    ("PATTERN A a WITHIN 5.5 s", 1, 21, "expected one of ';', RETURN, a time unit"),
+    ("PATTERN A a WITHIN 5.5 s", 1, 21, "expected one of ';', RETURN, USING, a time unit"),
     ("PATTERN A a WITHIN -5", 1, 20, "unexpected '-'; expected an integer"),
     ("PATTERN SEQ(A a) WITHIN 5", 1, 16, "expected ','"),
     ("PATTERN", 1, 8, "unexpected end of input; expected one of AND, OR, SEQ, a name"),
@@ -177,6 +178,31 @@ ERRORS = [
     ("QUERY q2 PATTERN A a WITHIN 1; PATTERN A a WITHIN 1", 1, 32, "duplicate query name 'q2'"),
     ("PATTERN A a WHERE a.x = 1" + "0" * 400 + " WITHIN 1", 1, 25, "is too large"),
     ("PATTERN A a WITHIN 99999999999999999999 h", 1, 20, "window of 99999999999999999999 h is too large"),
+    # section 5: Kleene closure, aggregates, strategies
+    ("PATTERN AND(A+ a[], B b) WITHIN 5", 1, 13, "Kleene item (Type+ v[]) is allowed only as an item of SEQ, not in AND"),
+    ("PATTERN OR(A a, B+ b[]) WITHIN 5", 1, 17, "only as an item of SEQ, not in OR"),
+    ("PATTERN A+ a[] WITHIN 5", 1, 9, "only as an item of SEQ, not on its own"),
+    ("PATTERN SEQ(A a, NOT B+ b[], C c) WITHIN 5", 1, 18, "a Kleene item (Type+ v[]) cannot be negated"),
+    ("PATTERN SEQ(A a, NOT (SEQ(B+ b[], C c))) WITHIN 5", 1, 27, "cannot stand inside a negated pattern"),
+    ("PATTERN SEQ(A a, B b)\nWHERE a[i].x > 1 WITHIN 5", 2, 7, "a[i].x: a is not a Kleene variable"),
+    ("PATTERN SEQ(A a, B b) WHERE max(b.x) > 1 WITHIN 5", 1, 29, "max(b.x): b is not a Kleene variable"),
+    ("PATTERN SEQ(A+ a[], B b) WHERE count(a.x) > 1 WITHIN 5", 1, 32, "count takes the variable: count(a)"),
+    ("PATTERN SEQ(A+ a[], B b) WHERE avg(a) > 1 WITHIN 5", 1, 32, "avg needs an attribute: avg(a.attr)"),
+    ("PATTERN SEQ(A+ a[], B b) WHERE a[2].x > 1 WITHIN 5", 1, 34, "index [2] is not supported"),
+    ("PATTERN SEQ(A+ a[], B b) WHERE a[j].x > 1 WITHIN 5", 1, 34, "index [j] is not supported"),
+    ("PATTERN SEQ(A+ a[], B b) WHERE median(a.x) > 1 WITHIN 5", 1, 32, "unknown function 'median'"),
+    ("PATTERN SEQ(A+ a[], B b) WHERE count(a) > 'x' WITHIN 5", 1, 41, "'>' compares numbers only, got a string"),
+    ("PATTERN SEQ(A+ a[], B b) WITHIN 5 RETURN a.x", 1, 42, "RETURN a.x: a is a Kleene variable"),
+    ("PATTERN SEQ(A a, B b) WITHIN 5 RETURN sum(a.x)", 1, 39, "sum(a.x): a is not a Kleene variable"),
+    ("PATTERN SEQ(A+ a[], B b) WITHIN 5 RETURN count(a), count(a)", 1, 52, "RETURN lists count(a) twice"),
+    ("PATTERN AND(A a, B b) WITHIN 5 USING skip-till-next-match", 1, 9, "needs a single event or a SEQ of events, Kleene items and negations, not AND"),
+    ("PATTERN SEQ(A a, OR(B b, C c)) WITHIN 5 USING skip-till-next-match", 1, 18, "OR is not allowed in it"),
+    ("PATTERN SEQ(A a, SEQ(B b, C c)) WITHIN 5 USING strict-contiguity", 1, 18, "a nested SEQ is not allowed in it"),
+    ("PATTERN SEQ(A a, NOT (AND(B b, C c)), D d) WITHIN 5 USING skip-till-next-match", 1, 23, "AND is not allowed in it"),
+    ("PATTERN SEQ(A a, NOT B b, C c) WITHIN 5 USING strict-contiguity", 1, 18, "NOT is not allowed under USING strict-contiguity"),
+    ("PATTERN SEQ(A a, C c, NOT B b) WHERE [x] WITHIN 5\n  USING partition-contiguity", 1, 23, "NOT is not allowed under USING partition-contiguity"),
+    ("PATTERN SEQ(A a, B b) WHERE a.x = b.x WITHIN 5\n  USING partition-contiguity", 2, 9, "needs a top-level [attr] in WHERE"),
+    ("PATTERN SEQ(A a, B b) WITHIN 5 USING skip-till-last-match", 1, 38, "expected a strategy (skip-till-any-match"),
 ]
 
 
@@ -224,13 +250,41 @@ def test_round_trip_file(f):
     assert again.queries == f.queries
 
 
+def test_kleene_items_references_aggregates_and_strategies():
+    q = one("""QUERY rising
+    PATTERN SEQ(Temperature+ t[], NOT Rain r, Smoke s)
+    WHERE [room] AND t[i].value > t[i-1].value AND t.value > 20 AND t[1].value < 30
+      AND t[LAST].value >= 40 AND count(t) >= 3 AND AVG(t.value) < s.density
+    WITHIN 1 min using SKIP-TILL-NEXT-MATCH
+    RETURN t, count(t), max(t.value), s.density""")
+    seq = q.pattern
+    assert seq.items[0] == Kleene("Temperature", "t")
+    assert q.strategy == "skip-till-next-match"
+    refs = [e for c in conjuncts(q.where) for e in walk_expr(c)
+            if isinstance(e, (AttrRef, Aggregate))]
+    assert [getattr(r, "index", None) for r in refs if isinstance(r, AttrRef)] == [
+        "i", "i-1", None, "1", "last", None]
+    assert [r for r in refs if isinstance(r, Aggregate)] == [
+        Aggregate("count", "t", None), Aggregate("avg", "t", "value")]
+    assert [r.label for r in q.returns] == ["t", "count(t)", "max(t.value)", "s.density"]
+    assert kleene_vars(q.pattern) == {"t"} and positive_vars(q.pattern) == ["t", "s"]
+    assert one(to_source(q)) == q
+    # the default strategy is printed only when it is not the default
+    assert "USING" not in to_source(one("PATTERN SEQ(A a, B b) WITHIN 5 USING skip-till-any-match"))
+    # units, USING and function names stay usable as names
+    q = one("PATTERN SEQ(count using, max+ s[]) WHERE [k] AND max(s.x) > using.x WITHIN 5 s "
+            "USING partition-contiguity RETURN using")
+    assert q.strategy == "partition-contiguity" and one(to_source(q)) == q
+
+
 # --------------------------------------------------------------------- fuzzing
 # The only outcomes of parse() are a query file or a positioned QueryError.
 
 VOCAB = ["QUERY", "PATTERN", "WHERE", "WITHIN", "RETURN", "SEQ", "AND", "OR", "NOT", "true",
          "false", "(", ")", "[", "]", ",", ";", ".", "=", "!=", "<", "<=", ">", ">=", "+", "-",
          "*", "/", "A", "B", "a", "b", "x", "s", "min", "ms", "h", "0", "17", "3.5", "'s'",
-         "'", "--", "\n", "#", "''", "1e5", "é", "\t"]
+         "'", "--", "\n", "#", "''", "1e5", "é", "\t", "+", "[]", "USING",
+         "skip-till-next-match", "partition-contiguity", "count", "avg", "i", "i-1", "last"]
 
 
 def parse_or_positioned_error(text):

@@ -339,3 +339,195 @@ def test_leading_not_conjunct_with_an_or_neighbour():
     q = "PATTERN SEQ(NOT A n, OR(A x1, A x2)) WHERE n.p = x1.p WITHIN 1"
     es = [ev(1, "A", 0), ev(2, "A", 1)]
     assert ids(q, es) == {(("x1", 1),), (("x1", 2),), (("x2", 1),)}
+
+
+# ------------------------------------------------- section 5: Kleene closure
+
+
+def T(id, ts, value=None, **attrs):
+    return ev(id, "T", ts, **({"value": value} if value is not None else {}), **attrs)
+
+
+def test_kleene_any_match_is_every_list_within_the_window():
+    es = [T(1, 1), T(2, 2), T(3, 3), ev(9, "S", 4)]
+    got = ids("PATTERN SEQ(T+ t[], S s) WITHIN 10", es)
+    lists = {(1,), (2,), (3,), (1, 2), (1, 3), (2, 3), (1, 2, 3)}  # 2^3 - 1
+    assert got == {(("t", lst), ("s", 9)) for lst in lists}
+    # the window covers every element: with W = 2, lists starting at ts 1 need s by ts 3
+    got = ids("PATTERN SEQ(T+ t[], S s) WITHIN 2", es)
+    assert got == {(("t", lst), ("s", 9)) for lst in [(2,), (3,), (2, 3)]}
+
+
+def test_kleene_list_has_strictly_increasing_ts_and_seq_order_is_between_items():
+    es = [T(1, 5), T(2, 5), T(3, 6), ev(8, "A", 4), ev(9, "S", 6), ev(10, "S", 7)]
+    got = ids("PATTERN SEQ(A a, T+ t[], S s) WITHIN 10", es)
+    lists_before_7 = {(1,), (2,), (3,), (1, 3), (2, 3)}  # 1 and 2 share ts 5: never both
+    assert got == ({(("a", 8), ("t", lst), ("s", 10)) for lst in lists_before_7}
+                   | {(("a", 8), ("t", lst), ("s", 9)) for lst in [(1,), (2,)]})
+
+
+def test_kleene_element_conditions():
+    es = [T(1, 1, 10), T(2, 2, 20), T(3, 3, 15), T(4, 4, 30), ev(9, "S", 5)]
+    q = "PATTERN SEQ(T+ t[], S s) WHERE {} WITHIN 10"
+    lists = lambda text: {e[0][1] for e in ids(q.format(text), es)}
+    # each element, plain and with [i]
+    assert lists("t.value > 12") == lists("t[i].value > 12") == {
+        (2,), (3,), (4,), (2, 3), (2, 4), (3, 4), (2, 3, 4)}
+    # each element from the second on against the one before: true for one element
+    assert lists("t[i].value > t[i-1].value") == {
+        (1,), (2,), (3,), (4,), (1, 2), (1, 3), (1, 4), (2, 4), (3, 4), (1, 2, 4), (1, 3, 4)}
+    # v[1] beside v[i]: every element from the second on against the first
+    assert lists("t[i].value >= t[1].value + 10") == {
+        (1,), (2,), (3,), (4,), (1, 2), (1, 4), (1, 2, 4), (2, 4), (3, 4)}
+    # v[1] and v[last] alone: the first and the last element
+    assert lists("t[1].value = 20 AND t[last].value = 30") == {(2, 4), (2, 3, 4)}
+    # aggregates over the complete list (binary64; count a number)
+    assert lists("count(t) = 3 AND sum(t.value) = 60") == {(1, 2, 4)}
+    assert lists("avg(t.value) = 15 AND count(t) >= 2") == {(1, 2), (1, 2, 3)}
+    assert lists("min(t.value) = 15 AND max(t.value) = 30") == {(3, 4), (2, 3, 4)}
+
+
+def test_kleene_aggregate_over_a_missing_or_non_number_attribute_is_false():
+    es = [T(1, 1, 10), T(2, 2), T(3, 3, "x"), ev(9, "S", 5)]
+    lists = {e[0][1] for e in ids("PATTERN SEQ(T+ t[], S s) WHERE sum(t.value) >= 0 "
+                                  "WITHIN 10", es)}
+    assert lists == {(1,)}
+    # count needs no attribute
+    assert len(ids("PATTERN SEQ(T+ t[], S s) WHERE count(t) >= 1 WITHIN 10", es)) == 7
+
+
+def test_kleene_conditions_with_other_variables_hold_for_every_element_and_pair():
+    es = [ev(1, "A", 1, x=5), ev(2, "A", 2, x=1), ev(3, "B", 3, x=4), ev(4, "B", 4, x=9)]
+    got = ids("PATTERN SEQ(A+ a[], B+ b[]) WHERE a.x < b.x WITHIN 10", es)
+    # every (a element, b element) pair: a list holding 5 needs b elements above 5
+    assert got == {(("a", (1,)), ("b", (4,))), (("a", (2,)), ("b", (3,))),
+                   (("a", (2,)), ("b", (4,))), (("a", (2,)), ("b", (3, 4))),
+                   (("a", (1, 2)), ("b", (4,)))}
+
+
+def test_kleene_equivalence_covers_every_element():
+    es = [T(1, 1, room="r1"), T(2, 2, room="r2"), T(3, 3, room="r1"),
+          ev(9, "S", 4, room="r1")]
+    lists = {e[0][1] for e in ids("PATTERN SEQ(T+ t[], S s) WHERE [room] WITHIN 10", es)}
+    assert lists == {(1,), (3,), (1, 3)}
+
+
+def test_negation_conjunct_over_a_kleene_variable_blocks_when_it_holds_for_every_element():
+    es = [T(1, 1, room="r1"), T(2, 2, room="r2"), ev(5, "R", 3, room="r1"), ev(9, "S", 4)]
+    lists = {e[0][1] for e in ids("PATTERN SEQ(T+ t[], NOT R r, S s) WHERE r.room = t.room "
+                                  "WITHIN 10", es)}
+    # R (room r1) blocks (1,) and nothing holding t2 (r2): the conjunct fails for t2
+    assert lists == {(2,), (1, 2)}
+    # the negation interval starts at the end of the list
+    es = [T(1, 1, room="r1"), ev(5, "R", 2, room="r1"), T(2, 3, room="r1"), ev(9, "S", 4)]
+    lists = {e[0][1] for e in ids("PATTERN SEQ(T+ t[], NOT R r, S s) WHERE r.room = t.room "
+                                  "WITHIN 10", es)}
+    assert lists == {(2,), (1, 2)}
+
+
+def test_kleene_output_and_returns():
+    es = [T(1, 1, 10), T(2, 2, 20), ev(9, "S", 3, density=0.5)]
+    ms = ReferenceMatcher(parse(
+        "QUERY k PATTERN SEQ(T+ t[], S s) WHERE count(t) = 2 WITHIN 10 "
+        "RETURN t, count(t), sum(t.value), avg(t.value), min(t.value), max(t.gone), "
+        "s.density").queries).run(es)
+    (m,) = ms
+    assert m.to_json_obj(with_returns=True) == {
+        "query": "k", "detected_at": 3, "events": {"t": (1, 2), "s": 9},
+        "return": {"t": (1, 2), "count(t)": 2, "sum(t.value)": 30.0, "avg(t.value)": 15.0,
+                   "min(t.value)": 10.0, "max(t.gone)": None, "s.density": 0.5}}
+    assert isinstance(m.returns[1][1], int)
+
+
+# ---------------------------------------------- section 5: selection strategies
+
+
+def strategy_ids(pattern, where, strategy, events, w=10):
+    text = f"PATTERN {pattern} {'WHERE ' + where if where else ''} WITHIN {w} USING {strategy}"
+    return ids(text, events)
+
+
+def test_skip_till_next_match_skips_irrelevant_events_only():
+    es = [ev(1, "A", 1), ev(2, "X", 2), ev(3, "B", 3), ev(4, "B", 4), ev(5, "A", 5),
+          ev(6, "B", 6)]
+    assert strategy_ids("SEQ(A a, B b)", "", "skip-till-any-match", es) == {
+        (("a", 1), ("b", 3)), (("a", 1), ("b", 4)), (("a", 1), ("b", 6)), (("a", 5), ("b", 6))}
+    # the X between a1 and b3 is irrelevant; b3 fits the slot before b4 and b6
+    assert strategy_ids("SEQ(A a, B b)", "", "skip-till-next-match", es) == {
+        (("a", 1), ("b", 3)), (("a", 5), ("b", 6))}
+    # strict: nothing at all between; X stands between a1 and b3
+    assert strategy_ids("SEQ(A a, B b)", "", "strict-contiguity", es) == {(("a", 5), ("b", 6))}
+
+
+def test_skip_till_next_match_fits_use_the_conditions():
+    es = [ev(1, "A", 1, x=5), ev(2, "B", 2, x=1), ev(3, "B", 3, x=7), ev(4, "B", 4, x=8)]
+    # b2 does not fit (its x is below a's): skipped as irrelevant
+    assert strategy_ids("SEQ(A a, B b)", "b.x > a.x", "skip-till-next-match", es) == {
+        (("a", 1), ("b", 3))}
+    # the window is part of fitting: with W = 1 b2 is the only candidate
+    assert strategy_ids("SEQ(A a, B b)", "", "skip-till-next-match", es, w=1) == {
+        (("a", 1), ("b", 2))}
+
+
+def test_skip_till_next_match_kleene_takes_every_fitting_event_and_every_prefix():
+    es = [T(1, 1, 10), T(2, 2, 5), T(3, 3, 20), T(4, 4, 30)]
+    got = strategy_ids("T t", "", "skip-till-next-match", es)
+    assert got == {(("t", 1),), (("t", 2),), (("t", 3),), (("t", 4),)}
+    es2 = es + [ev(9, "S", 5)]
+    lists = {e[0][1] for e in strategy_ids("SEQ(T+ t[], S s)",
+                                            "t[i].value > t[i-1].value",
+                                            "skip-till-next-match", es2)}
+    # t2 (5) does not fit after t1 (10): skipped; a later start begins a match of its own
+    assert lists == {(1, 3, 4), (2, 3, 4), (3, 4), (4,)}
+    # a trailing Kleene item: one match per prefix of the list
+    es3 = [ev(8, "A", 0)] + es
+    lists = {e[1][1] for e in strategy_ids("SEQ(A a, T+ t[])", "t[i].value > t[i-1].value",
+                                            "skip-till-next-match", es3)}
+    assert lists == {(1,), (1, 3), (1, 3, 4)}
+
+
+def test_skip_till_next_match_a_later_slot_fitting_ends_the_list():
+    # after t1 both the Kleene slot and S are next: the S at ts 2 fits, so the list
+    # (1, 3) skipping it does not qualify
+    es = [T(1, 1), ev(7, "S", 2), T(3, 3), ev(9, "S", 4)]
+    got = strategy_ids("SEQ(T+ t[], S s)", "", "skip-till-next-match", es)
+    assert got == {(("t", (1,)), ("s", 7)), (("t", (3,)), ("s", 9))}
+
+
+def test_skip_till_next_match_with_equivalence_and_negation():
+    es = [ev(1, "A", 1, k=1), ev(2, "B", 2, k=2), ev(3, "N", 3, k=1), ev(4, "B", 4, k=1),
+          ev(5, "A", 5, k=2), ev(6, "B", 6, k=2)]
+    # b2 carries another k: it does not fit after a1
+    assert strategy_ids("SEQ(A a, B b)", "[k]", "skip-till-next-match", es) == {
+        (("a", 1), ("b", 4)), (("a", 5), ("b", 6))}
+    # negations are checked as before: N (k=1) between a1 and b4
+    assert strategy_ids("SEQ(A a, NOT N n, B b)", "[k] AND n.k = a.k",
+                        "skip-till-next-match", es) == {(("a", 5), ("b", 6))}
+
+
+def test_partition_contiguity_counts_only_the_matchs_partition():
+    es = [ev(1, "A", 1, k=1), ev(2, "X", 2, k=2), ev(3, "B", 3, k=1), ev(4, "X", 4, k=1),
+          ev(5, "B", 5, k=1), ev(6, "X", 6)]
+    assert strategy_ids("SEQ(A a, B b)", "[k]", "partition-contiguity", es) == {
+        (("a", 1), ("b", 3))}
+    assert strategy_ids("SEQ(A a, B b)", "[k]", "strict-contiguity", es) == set()
+    # with two top-level [attr]s, an event lies between only in both partitions
+    es = [ev(1, "A", 1, k=1, j=1), ev(2, "X", 2, k=1, j=2), ev(3, "B", 3, k=1, j=1)]
+    assert strategy_ids("SEQ(A a, B b)", "[k] AND [j]", "partition-contiguity", es) == {
+        (("a", 1), ("b", 3))}
+
+
+def test_strict_contiguity_orders_equal_ts_by_id():
+    es = [ev(1, "A", 1), ev(3, "X", 2), ev(4, "B", 2), ev(2, "B", 2)]
+    # stream order: a1, b2, x3, b4 (ts, then id)
+    assert strategy_ids("SEQ(A a, B b)", "", "strict-contiguity", es) == {(("a", 1), ("b", 2))}
+
+
+def test_every_strategy_is_a_subset_of_any_match():
+    es = [T(i, i, v, room=f"r{i % 2}") for i, v in enumerate([3, 1, 4, 1, 5, 9, 2, 6], 1)]
+    es += [ev(20, "S", 5, room="r1"), ev(21, "S", 9, room="r0")]
+    pattern, where = "SEQ(T+ t[], S s)", "[room] AND t[i].value >= t[i-1].value"
+    every = strategy_ids(pattern, where, "skip-till-any-match", es)
+    for strategy in ("skip-till-next-match", "strict-contiguity", "partition-contiguity"):
+        got = strategy_ids(pattern, where, strategy, es)
+        assert got and got <= every, strategy

@@ -57,7 +57,7 @@ class SaseQuery:
 
 
 def _unsupported(q: ast.Query, node, what: str, source: str) -> UserError:
-    pos = getattr(node, "pos", q.pos)
+    pos = node if isinstance(node, ast.Pos) else getattr(node, "pos", q.pos)
     return UserError(f"{source}:{pos.line}:{pos.col}: query {q.name!r}: the SASE baseline "
                      f"runs SEQ patterns of events with NOT of single event types; {what} "
                      f"is not supported (use --engine native)")
@@ -66,6 +66,8 @@ def _unsupported(q: ast.Query, node, what: str, source: str) -> UserError:
 def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
     """Compile one query, or raise UserError if it is outside the SASE subset."""
     pattern = q.pattern
+    if q.strategy != ast.ANY_MATCH:
+        raise _unsupported(q, q.strategy_pos, f"USING {q.strategy}", source)
     if isinstance(pattern, ast.EventPattern):
         items: tuple = (pattern,)
     elif pattern.op != ast.SEQ:
@@ -81,6 +83,8 @@ def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
             negations.append((item.pattern, len(positives)))
         elif isinstance(item, ast.Negation):
             raise _unsupported(q, item, "NOT (pattern)", source)
+        elif isinstance(item, ast.Kleene):
+            raise _unsupported(q, item, "Kleene closure (Type+ v[])", source)
         else:
             raise _unsupported(q, item, f"{item.op} inside SEQ", source)
     n = len(positives)

@@ -39,6 +39,16 @@ class EventPattern:
 
 
 @dataclass(frozen=True)
+class Kleene:
+    """``Type+ var[]`` (a SEQ item): binds a non-empty list of events of ``type`` with
+    strictly increasing ts to ``var`` (spec section 5.1)."""
+
+    type: str
+    var: str
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
 class Operator:
     """``SEQ|AND|OR(item, item, ...)``; items are patterns or negations."""
 
@@ -56,7 +66,8 @@ class Negation:
 
 
 Pattern = Union[EventPattern, Operator]
-Item = Union[EventPattern, Operator, Negation]
+Item = Union[EventPattern, Kleene, Operator, Negation]
+Leaf = Union[EventPattern, Kleene]
 
 SEQ, AND, OR = "SEQ", "AND", "OR"
 
@@ -64,12 +75,33 @@ SEQ, AND, OR = "SEQ", "AND", "OR"
 # ------------------------------------------------------------- expressions
 
 
+# Element references of a Kleene variable (spec 5.1): v[i].attr (each element, as plain
+# v.attr), v[i-1].attr (the element before it), v[1].attr (the first), v[last].attr
+INDEX_EACH, INDEX_PREVIOUS, INDEX_FIRST, INDEX_LAST = "i", "i-1", "1", "last"
+INDEXES = (INDEX_EACH, INDEX_PREVIOUS, INDEX_FIRST, INDEX_LAST)
+
+
 @dataclass(frozen=True)
 class AttrRef:
-    """``var.attr``; ``var.ts`` and ``var.id`` read the event's time and id."""
+    """``var.attr``; ``var.ts`` and ``var.id`` read the event's time and id.
+    ``index`` (one of INDEXES) is set for ``var[index].attr``."""
 
     var: str
     attr: str
+    pos: Pos = _pos()
+    index: str | None = None
+
+
+AGGREGATES = ("count", "sum", "avg", "min", "max")
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """``count(v)`` or ``sum|avg|min|max(v.attr)`` over a Kleene variable's whole list."""
+
+    func: str  # one of AGGREGATES
+    var: str
+    attr: str | None  # None for count(v)
     pos: Pos = _pos()
 
 
@@ -114,7 +146,7 @@ class Binary:
     pos: Pos = _pos()
 
 
-Expr = Union[AttrRef, Number, String, Boolean, Equivalence, Unary, Binary]
+Expr = Union[AttrRef, Aggregate, Number, String, Boolean, Equivalence, Unary, Binary]
 
 ARITHMETIC = ("+", "-", "*", "/")
 ORDERING = ("<", "<=", ">", ">=")
@@ -141,9 +173,24 @@ class Within:
 
 @dataclass(frozen=True)
 class ReturnItem:
+    """``v``, ``v.attr`` or, for a Kleene variable, ``count(v)`` / ``sum(v.attr)`` ..."""
+
     var: str
     attr: str | None
     pos: Pos = _pos()
+    func: str | None = None  # an aggregate (one of AGGREGATES)
+
+    @property
+    def label(self) -> str:
+        """The key of this value in a match's ``return`` object."""
+        ref = self.var + (f".{self.attr}" if self.attr else "")
+        return f"{self.func}({ref})" if self.func else ref
+
+
+# Selection strategies (spec 5.2); each is a filter on the skip-till-any-match result
+ANY_MATCH, NEXT_MATCH = "skip-till-any-match", "skip-till-next-match"
+STRICT, PARTITION = "strict-contiguity", "partition-contiguity"
+STRATEGIES = (ANY_MATCH, NEXT_MATCH, STRICT, PARTITION)
 
 
 @dataclass(frozen=True)
@@ -154,6 +201,8 @@ class Query:
     within: Within
     returns: tuple[ReturnItem, ...] = ()
     pos: Pos = _pos()
+    strategy: str = ANY_MATCH
+    strategy_pos: Pos = _pos()
 
 
 @dataclass(frozen=True)
@@ -175,9 +224,21 @@ def walk_patterns(node: Item, negated: bool = False) -> Iterator[tuple[Item, boo
             yield from walk_patterns(item, negated)
 
 
-def event_patterns(node: Item) -> list[tuple[EventPattern, bool]]:
-    """All ``Type var`` leaves in source order, each with whether it is negated."""
-    return [(n, neg) for n, neg in walk_patterns(node) if isinstance(n, EventPattern)]
+def event_patterns(node: Item) -> list[tuple[Leaf, bool]]:
+    """All ``Type var`` and ``Type+ var[]`` leaves in source order, each with whether it
+    is negated."""
+    return [(n, neg) for n, neg in walk_patterns(node) if isinstance(n, (EventPattern, Kleene))]
+
+
+def kleene_vars(node: Item) -> frozenset[str]:
+    """The variables of the pattern's Kleene items."""
+    return frozenset(n.var for n, _ in walk_patterns(node) if isinstance(n, Kleene))
+
+
+def uses_section5(q: "Query") -> bool:
+    """Does the query use Kleene closure, aggregates or a strategy other than the
+    default (spec section 5)?"""
+    return bool(kleene_vars(q.pattern)) or q.strategy != ANY_MATCH
 
 
 def positive_vars(node: Item) -> list[str]:
@@ -194,8 +255,9 @@ def walk_expr(expr: Expr) -> Iterator[Expr]:
 
 
 def expr_vars(expr: Expr) -> frozenset[str]:
-    """Variables a condition names (through ``var.attr``; ``[attr]`` names none)."""
-    return frozenset(e.var for e in walk_expr(expr) if isinstance(e, AttrRef))
+    """Variables a condition names (through ``var.attr`` and aggregates; ``[attr]``
+    names none)."""
+    return frozenset(e.var for e in walk_expr(expr) if isinstance(e, (AttrRef, Aggregate)))
 
 
 def has_equivalence(expr: Expr) -> bool:

@@ -1,4 +1,4 @@
-"""Semantic checks on a parsed query (spec section 2, "Errors").
+"""Semantic checks on a parsed query (spec section 2, "Errors", and section 5).
 
 Each check returns ``(message, pos)`` for the first problem, so the parser can
 attach the source line; a query that fails any check is never registered.
@@ -18,7 +18,9 @@ _ARTICLE = {NUM: "a number", STR: "a string", BOOL: "a boolean"}
 def check_query(q: ast.Query) -> Problem | None:
     return (_check_pattern(q.pattern)
             or _check_variables(q)
-            or (_check_condition(q.where) if q.where is not None else None))
+            or _check_kleene_refs(q)
+            or (_check_condition(q.where) if q.where is not None else None)
+            or _check_strategy(q))
 
 
 def _check_pattern(node: ast.Item, parent: ast.Operator | None = None,
@@ -28,7 +30,18 @@ def _check_pattern(node: ast.Item, parent: ast.Operator | None = None,
             return ("NOT is allowed only as an item of SEQ or AND, not of OR", node.pos)
         if in_negation:
             return ("NOT inside a negated pattern is not supported", node.pos)
+        if isinstance(node.pattern, ast.Kleene):
+            return ("a Kleene item (Type+ v[]) cannot be negated", node.pos)
         return _check_pattern(node.pattern, None, True)
+    if isinstance(node, ast.Kleene):
+        if in_negation:
+            return ("a Kleene item (Type+ v[]) cannot stand inside a negated pattern",
+                    node.pos)
+        if parent is None or parent.op != ast.SEQ:
+            where = "on its own" if parent is None else f"in {parent.op}"
+            return (f"a Kleene item (Type+ v[]) is allowed only as an item of SEQ, not "
+                    f"{where}", node.pos)
+        return None
     if isinstance(node, ast.Operator):
         if all(isinstance(i, ast.Negation) for i in node.items):
             return (f"{node.op} needs at least one item that is not negated", node.pos)
@@ -64,18 +77,84 @@ def _check_variables(q: ast.Query) -> Problem | None:
                         if e.attr != "type" else "[type]: an event's type is set by the "
                         "pattern, it is no attribute", e.pos)
     seen = set()
+    kleene = ast.kleene_vars(q.pattern)
     for r in q.returns:
         if r.var not in bound:
             return (f"unknown variable {r.var!r} in RETURN; the pattern binds {known}", r.pos)
+        if r.func is not None:
+            problem = _check_aggregate(r.func, r.var, r.attr, kleene, r.pos)
+            if problem:
+                return problem
+        elif r.var in kleene and r.attr is not None:
+            return (f"RETURN {r.var}.{r.attr}: {r.var} is a Kleene variable (a list of "
+                    f"events); return {r.var} (its ids) or an aggregate such as "
+                    f"avg({r.var}.{r.attr})", r.pos)
         if r.var in negated:
             return (f"RETURN cannot name {r.var!r}: it is negated, so it is never bound",
                     r.pos)
         if r.attr == "type":
             return (f"{r.var}.type: an event's type is set by the pattern, it is no "
                     "attribute", r.pos)
-        if (r.var, r.attr) in seen:
-            return (f"RETURN lists {r.var}{'.' + r.attr if r.attr else ''} twice", r.pos)
-        seen.add((r.var, r.attr))
+        if r.label in seen:
+            return (f"RETURN lists {r.label} twice", r.pos)
+        seen.add(r.label)
+    return None
+
+
+def _check_aggregate(func: str, var: str, attr: str | None, kleene: frozenset[str],
+                     pos: ast.Pos) -> Problem | None:
+    if var not in kleene:
+        return (f"{func}({var}{'.' + attr if attr else ''}): {var} is not a Kleene variable; "
+                f"aggregates range over a list bound by Type+ {var}[]", pos)
+    if func == "count" and attr is not None:
+        return (f"count takes the variable: count({var})", pos)
+    if func != "count" and attr is None:
+        return (f"{func} needs an attribute: {func}({var}.attr)", pos)
+    if attr == "type":
+        return (f"{var}.type: an event's type is set by the pattern, it is no attribute", pos)
+    return None
+
+
+def _check_kleene_refs(q: ast.Query) -> Problem | None:
+    """Indexes and aggregates name Kleene variables only (spec 5.1)."""
+    if q.where is None:
+        return None
+    kleene = ast.kleene_vars(q.pattern)
+    for e in ast.walk_expr(q.where):
+        if isinstance(e, ast.AttrRef) and e.index is not None and e.var not in kleene:
+            return (f"{e.var}[{e.index}].{e.attr}: {e.var} is not a Kleene variable "
+                    f"(Type+ {e.var}[]); write {e.var}.{e.attr}", e.pos)
+        if isinstance(e, ast.Aggregate):
+            problem = _check_aggregate(e.func, e.var, e.attr, kleene, e.pos)
+            if problem:
+                return problem
+    return None
+
+
+def _check_strategy(q: ast.Query) -> Problem | None:
+    """Strategies other than skip-till-any-match need one event or a flat SEQ (spec 5.2)."""
+    if q.strategy == ast.ANY_MATCH:
+        return None
+    using = f"USING {q.strategy}"
+    p = q.pattern
+    if isinstance(p, ast.Operator):
+        if p.op != ast.SEQ:
+            return (f"{using} needs a single event or a SEQ of events, Kleene items and "
+                    f"negations, not {p.op}", p.pos)
+        for item in p.items:
+            inner = item.pattern if isinstance(item, ast.Negation) else item
+            for node, _ in ast.walk_patterns(inner):
+                if isinstance(node, ast.Operator) and (node.op != ast.SEQ or inner is item):
+                    what = "a nested SEQ" if node.op == ast.SEQ else node.op
+                    return (f"{using} needs a single event or a SEQ of events, Kleene items "
+                            f"and negations: {what} is not allowed in it", node.pos)
+            if isinstance(item, ast.Negation) and q.strategy in (ast.STRICT, ast.PARTITION):
+                return (f"NOT is not allowed under {using}: under contiguity nothing can "
+                        "stand between a match's events", item.pos)
+    if q.strategy == ast.PARTITION and not any(
+            isinstance(c, ast.Equivalence) for c in ast.conjuncts(q.where)):
+        return (f"{using} needs a top-level [attr] in WHERE: the attribute whose equal "
+                "values form the partition", q.strategy_pos)
     return None
 
 
@@ -109,6 +188,8 @@ def _kind(e: ast.Expr) -> str:
         return BOOL
     if isinstance(e, ast.AttrRef):
         return NUM if e.attr in ("ts", "id") else ANY
+    if isinstance(e, ast.Aggregate):
+        return NUM
     if isinstance(e, ast.Unary):
         k = _kind(e.operand)
         if e.op == "-":

@@ -7,7 +7,9 @@ Query text is only ever tokenized and parsed, never evaluated.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,6 +33,9 @@ TERMINAL_NAMES = {
     "STRING": "a 'string'",
     "UNIT": "a time unit (ms, s, min, h)",
     "CMPOP": "a comparison (= != < <= > >=)",
+    "USING": "USING",
+    "STRATEGY": "a strategy (skip-till-any-match, skip-till-next-match, strict-contiguity, "
+                "partition-contiguity)",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
     "SEMI": "';'", "COMMA": "','", "DOT": "'.'",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
@@ -72,12 +77,41 @@ def _tokens(children, *types):
     return [c for c in children if isinstance(c, Token) and c.type in types]
 
 
+@dataclass(frozen=True)
+class _WithinClause:
+    """``WITHIN n unit [USING strategy]``: the window and the strategy, apart."""
+
+    within: ast.Within
+    strategy: str
+    strategy_pos: ast.Pos
+
+
 def _name(tok: Token) -> str:
     """A NAME token's text; keywords are reserved even where the lexer let them through."""
     text = str(tok)
     if text.upper() in KEYWORDS:
         raise _SemanticError(f"{text!r} is a reserved word and cannot be used as a name",
                              _pos(tok))
+    return text
+
+
+def _index(tree: Tree) -> str:
+    """``[i]``, ``[i-1]``, ``[1]`` or ``[last]`` of a Kleene variable (spec 5.1)."""
+    toks = tree.children
+    text = "".join(str(t) for t in toks).lower()  # like keywords: v[LAST] is v[last]
+    if text in (ast.INDEX_EACH, ast.INDEX_PREVIOUS, ast.INDEX_FIRST, ast.INDEX_LAST):
+        return text
+    raise _SemanticError(f"index [{text}] is not supported: a Kleene variable's elements "
+                         "are read as v[i] (each), v[i-1] (the one before), v[1] (the "
+                         "first) or v[last]", _pos(toks[0]))
+
+
+def _function(tok: Token) -> str:
+    """An aggregate function's name (case-insensitive, as keywords)."""
+    text = str(tok).lower()
+    if text not in ast.AGGREGATES:
+        raise _SemanticError(f"unknown function {str(tok)!r}; the aggregates are "
+                             + ", ".join(f"{f}()" for f in ast.AGGREGATES), _pos(tok))
     return text
 
 
@@ -103,10 +137,18 @@ class _ToAst(Transformer):
     def or_(self, meta, children):
         return self._operator(ast.OR, meta, children)
 
+    def kleene(self, meta, children):
+        type_, var = _tokens(children, "NAME")
+        return ast.Kleene(_name(type_), _name(var), _pos(meta))
+
     def not_event(self, meta, children):
         type_, var = _tokens(children, "NAME")
         return ast.Negation(ast.EventPattern(_name(type_), _name(var), _pos(type_)),
                             _pos(meta))
+
+    def not_kleene(self, meta, children):  # parsed to be refused with its position
+        type_, var = _tokens(children, "NAME")
+        return ast.Negation(ast.Kleene(_name(type_), _name(var), _pos(type_)), _pos(meta))
 
     def not_pattern(self, meta, children):
         (pattern,) = [c for c in children if not isinstance(c, Token)]
@@ -116,6 +158,16 @@ class _ToAst(Transformer):
     def attr(self, meta, children):
         var, attr = _tokens(children, "NAME")
         return ast.AttrRef(_name(var), _name(attr), _pos(meta))
+
+    def indexed_attr(self, meta, children):
+        var, attr = _tokens(children, "NAME")
+        (index,) = [c for c in children if isinstance(c, Tree)]
+        return ast.AttrRef(_name(var), _name(attr), _pos(meta), _index(index))
+
+    def aggregate(self, meta, children):
+        names = _tokens(children, "NAME")
+        return ast.Aggregate(_function(names[0]), _name(names[1]),
+                             _name(names[2]) if len(names) > 2 else None, _pos(meta))
 
     def number(self, meta, children):
         (tok,) = children
@@ -174,32 +226,41 @@ class _ToAst(Transformer):
         if w.ms > MAX_WINDOW_MS:
             raise _SemanticError(f"window of {amount} {w.unit} is too large "
                                  f"(at most {MAX_WINDOW_MS} ms)", _pos(amount))
-        return w
+        strategy = _tokens(children, "STRATEGY")
+        if not strategy:
+            return _WithinClause(w, ast.ANY_MATCH, ast.NOPOS)
+        return _WithinClause(w, str(strategy[0]).lower(), _pos(strategy[0]))
 
     def ret(self, meta, children):
         names = _tokens(children, "NAME")
         return ast.ReturnItem(_name(names[0]), _name(names[1]) if len(names) > 1 else None,
                               _pos(meta))
 
+    def ret_aggregate(self, meta, children):
+        names = _tokens(children, "NAME")
+        return ast.ReturnItem(_name(names[1]), _name(names[2]) if len(names) > 2 else None,
+                              _pos(meta), _function(names[0]))
+
     def returns(self, meta, children):
         return tuple(c for c in children if isinstance(c, ast.ReturnItem))
 
     def query(self, meta, children):
         name = None
-        pattern = where = within = None
+        pattern = where = clause = None
         returns: tuple = ()
         for i, c in enumerate(children):
             if isinstance(c, Token) and c.type == "QUERY":
                 name = _name(children[i + 1])
-            elif isinstance(c, (ast.EventPattern, ast.Operator)):
-                pattern = c
-            elif isinstance(c, ast.Within):
-                within = c
+            elif isinstance(c, (ast.EventPattern, ast.Kleene, ast.Operator)):
+                pattern = c  # a Kleene item alone is parsed to be refused by check
+            elif isinstance(c, _WithinClause):
+                clause = c
             elif isinstance(c, tuple):
                 returns = c
             elif not isinstance(c, Token):
                 where = c
-        return ast.Query(name or "", pattern, where, within, returns, _pos(meta))
+        return ast.Query(name or "", pattern, where, clause.within, returns, _pos(meta),
+                         clause.strategy, clause.strategy_pos)
 
     def start(self, meta, children):
         return [c for c in children if isinstance(c, ast.Query)]
@@ -286,7 +347,7 @@ def _too_deep_plan(pattern) -> ast.Pos | None:
     def depth(node) -> tuple[int, ast.Pos | None]:
         if isinstance(node, ast.Negation):
             return depth(node.pattern)
-        if isinstance(node, ast.EventPattern):
+        if isinstance(node, (ast.EventPattern, ast.Kleene)):
             return 0, None
         worst, where = 0, None
         for item in node.items:
@@ -340,7 +401,7 @@ def parse(text: str, source: str = "<query>") -> ast.QueryFile:
                              "and nested operators add up)", too_wide)
     for k, q in enumerate(queries, start=1):
         if not q.name:
-            q = ast.Query(f"q{k}", q.pattern, q.where, q.within, q.returns, q.pos)
+            q = dataclasses.replace(q, name=f"q{k}")
         if q.name in seen:
             first = seen[q.name]
             raise positioned(f"duplicate query name {q.name!r} (first used at line "

@@ -30,7 +30,9 @@ def format_number(value: int | float) -> str:
 
 def format_expr(e: ast.Expr) -> str:
     if isinstance(e, ast.AttrRef):
-        return f"{e.var}.{e.attr}"
+        return f"{e.var}[{e.index}].{e.attr}" if e.index else f"{e.var}.{e.attr}"
+    if isinstance(e, ast.Aggregate):
+        return f"{e.func}({e.var}{'.' + e.attr if e.attr else ''})"
     if isinstance(e, ast.Number):
         return format_number(e.value)
     if isinstance(e, ast.String):
@@ -59,8 +61,10 @@ def format_expr(e: ast.Expr) -> str:
 def format_pattern(p: ast.Item) -> str:
     if isinstance(p, ast.EventPattern):
         return f"{p.type} {p.var}"
+    if isinstance(p, ast.Kleene):
+        return f"{p.type}+ {p.var}[]"
     if isinstance(p, ast.Negation):
-        if isinstance(p.pattern, ast.EventPattern):
+        if isinstance(p.pattern, (ast.EventPattern, ast.Kleene)):
             return f"NOT {format_pattern(p.pattern)}"
         return f"NOT ({format_pattern(p.pattern)})"
     return f"{p.op}(" + ", ".join(format_pattern(i) for i in p.items) + ")"
@@ -70,10 +74,10 @@ def to_source(q: ast.Query) -> str:
     lines = [f"QUERY {q.name}", f"PATTERN {format_pattern(q.pattern)}"]
     if q.where is not None:
         lines.append(f"WHERE {format_expr(q.where)}")
-    lines.append(f"WITHIN {q.within.amount} {q.within.unit}")
+    within = f"WITHIN {q.within.amount} {q.within.unit}"
+    lines.append(within if q.strategy == ast.ANY_MATCH else f"{within} USING {q.strategy}")
     if q.returns:
-        lines.append("RETURN " + ", ".join(
-            r.var + (f".{r.attr}" if r.attr else "") for r in q.returns))
+        lines.append("RETURN " + ", ".join(r.label for r in q.returns))
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import MAX_AND_DP, CostModel, better
@@ -487,8 +488,22 @@ class _Interner:
         return v
 
 
+def _refuse_section5(q: ast.Query) -> None:
+    """Kleene closure and selection strategies (spec section 5) run on the reference
+    matcher only, until the native engine has them."""
+    if not ast.uses_section5(q):
+        return
+    kleene = [n for n, _ in ast.event_patterns(q.pattern) if isinstance(n, ast.Kleene)]
+    pos, what = ((kleene[0].pos, "Kleene closure (Type+ v[])") if kleene
+                 else (q.strategy_pos, f"USING {q.strategy}"))
+    raise UserError(f"{pos.line}:{pos.col}: query {q.name!r}: {what} is not supported by "
+                    f"the native engine yet; run it with --engine reference")
+
+
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None) -> Plan:
     """Plan every query of a file into one shared DAG."""
+    for q in queries:
+        _refuse_section5(q)
     cost = CostModel(dict(rates or {}))
     interner = _Interner()
     specs = []
