@@ -287,3 +287,88 @@ def sase_queries(draw, name="sase"):
     for p in parts:
         where = p if where is None else ast.Binary("AND", where, p)
     return ast.Query(name, pattern, where, draw(SMALL_WINDOWS), ())
+
+
+@st.composite
+def kleene_queries(draw, name="kleene", strategies=ast.STRATEGIES):
+    """Section 5 queries: a SEQ with 1-3 Kleene items among plain events (or one event
+    alone), iteration conditions (v[i] against v[i-1] or v[1], each element against a
+    constant or another variable), aggregates, v[last], [attr], NOT gaps where the
+    strategy allows them, and every strategy."""
+    strategy = draw(st.sampled_from(strategies))
+    counter = iter(range(100))
+    n_kleene = draw(st.sampled_from([1, 1, 2, 3]))
+    items: list[ast.Item] = [ast.Kleene(draw(SMALL_TYPES), f"k{next(counter)}")
+                             for _ in range(n_kleene)]
+    items += [ast.EventPattern(draw(SMALL_TYPES), f"x{next(counter)}")
+              for _ in range(draw(st.sampled_from([0, 1, 1, 2])))]
+    items = draw(st.permutations(items))
+    if strategy in (ast.ANY_MATCH, ast.NEXT_MATCH):
+        for _ in range(draw(st.integers(0, 1))):
+            negated = ast.EventPattern(draw(SMALL_TYPES), f"n{next(counter)}")
+            items.insert(draw(st.integers(0, len(items))), ast.Negation(negated))
+    pattern = ast.Operator(ast.SEQ, tuple(items)) if len(items) > 1 else items[0]
+    if isinstance(pattern, ast.Kleene):  # a Kleene item stands only in a SEQ
+        pattern = ast.Operator(ast.SEQ, (pattern, ast.EventPattern(draw(SMALL_TYPES), "x99")))
+    kleene = sorted(ast.kleene_vars(pattern))
+    plain = [e.var for e, neg in ast.event_patterns(pattern)
+             if not neg and isinstance(e, ast.EventPattern)]
+    negated = [e.var for e, neg in ast.event_patterns(pattern) if neg]
+    ops = st.sampled_from(ast.COMPARISONS)
+    parts: list[ast.Expr] = []
+    if strategy == ast.PARTITION or draw(st.booleans()):
+        parts.append(ast.Equivalence(draw(st.sampled_from(["room", "p"]))))
+    for _ in range(draw(st.integers(0, 3))):
+        k = draw(st.sampled_from(kleene))
+        attr = draw(SMALL_ATTRS)
+        kind = draw(st.integers(0, 6))
+        if kind == 0:  # each element against the one before
+            part = ast.Binary(draw(ops), ast.AttrRef(k, attr, index="i"),
+                              ast.AttrRef(k, attr, index="i-1"))
+        elif kind == 1:  # each element (plain or [i]) against a constant
+            part = ast.Binary(draw(ops), ast.AttrRef(k, attr, index=draw(
+                st.sampled_from([None, "i"]))), ast.Number(draw(st.integers(0, 3))))
+        elif kind == 2:  # against the first element
+            part = ast.Binary(draw(ops), ast.AttrRef(k, attr, index="i"),
+                              ast.AttrRef(k, attr, index="1"))
+        elif kind == 3:  # the whole list: an aggregate or the last element
+            func = draw(st.sampled_from(ast.AGGREGATES))
+            left: ast.Expr = (ast.AttrRef(k, attr, index="last") if draw(st.booleans())
+                              else ast.Aggregate(func, k, None if func == "count" else attr))
+            part = ast.Binary(draw(ops), left, ast.Number(draw(SMALL_NUMBERS)))
+        elif kind == 4 and (plain or len(kleene) > 1):  # every element against another var
+            other = draw(st.sampled_from(plain + [v for v in kleene if v != k]))
+            part = ast.Binary(draw(ops), ast.AttrRef(k, attr), ast.AttrRef(other, attr))
+        elif kind == 5 and negated:  # a negated event against each element
+            part = ast.Binary(draw(ops), ast.AttrRef(negated[0], attr), ast.AttrRef(k, attr))
+        else:
+            part = ast.Binary(draw(ops), ast.AttrRef(k, "ts", index="i"),
+                              ast.AttrRef(k, "ts", index="i-1") if draw(st.booleans())
+                              else ast.Number(draw(st.integers(0, 15))))
+        parts.append(part)
+    where = None
+    for p in draw(st.permutations(parts)):
+        where = p if where is None else ast.Binary("AND", where, p)
+    returns = [ast.ReturnItem(k, None) for k in kleene[:1]]
+    returns += [ast.ReturnItem(kleene[0], draw(SMALL_ATTRS) if f != "count" else None, func=f)
+                for f in draw(st.lists(st.sampled_from(ast.AGGREGATES), unique=True,
+                                       max_size=2))]
+    return ast.Query(name, pattern, where, draw(st.builds(ast.Within, st.integers(4, 12),
+                                                          st.just("ms"))),
+                     tuple(returns), strategy=strategy)
+
+
+@st.composite
+def kleene_event_streams(draw, max_events=14):
+    """Streams in which Kleene lists form: 6-14 events whose ts grow by 0-2 (bursts
+    of equal ts included), in stream order; small enough for any-match to stay
+    enumerable."""
+    n = draw(st.integers(6, max_events))
+    out, ts = [], draw(st.integers(0, 3))
+    for i in range(n):
+        ts += draw(st.sampled_from([1, 0, 1, 2, 1]))  # shrinks towards steps of 1
+        attrs = {a: draw(ATTR_VALUES) for a in ("p", "q") if draw(st.integers(0, 5))}
+        if draw(st.integers(0, 5)):
+            attrs["room"] = draw(st.sampled_from(["r1", "r2"]))
+        out.append(Event(i + 1, draw(SMALL_TYPES), ts, attrs))
+    return out

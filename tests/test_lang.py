@@ -9,7 +9,7 @@ from dqcep.lang import QueryError, file_to_source, parse, parse_file, to_source
 from dqcep.lang.ast import (Aggregate, AttrRef, Binary, Boolean, EventPattern, Equivalence,
                             Kleene, Negation, Number, Operator, String, Unary, conjuncts,
                             kleene_vars, positive_vars, walk_expr)
-from tests.strategies import queries, query_files
+from tests.strategies import kleene_queries, queries, query_files
 
 FIRE = """QUERY fire
 PATTERN SEQ(Temperature t, NOT Rain r, AND(Smoke s, OR(Alarm a, Door d)))
@@ -441,3 +441,10 @@ def hostile_texts(draw):
 @given(hostile_texts())
 def test_fuzz_wide_and_deep_queries_run_or_are_refused(text):
     planned_and_run_or_positioned_error(text)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kleene_queries())
+def test_round_trip_kleene_queries(q):
+    text = to_source(q)
+    assert one(text) == q, text

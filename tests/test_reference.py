@@ -1,10 +1,13 @@
-"""Reference matcher: hand-checked cases for every rule of spec sections 3 and 4."""
+"""Reference matcher: hand-checked cases for every rule of spec sections 3, 4 and 5."""
+import dataclasses
 import time
 
+from hypothesis import HealthCheck, given, settings
 
 from dqcep.events import Event
 from dqcep.lang import parse
 from dqcep.reference import ReferenceMatcher
+from tests.strategies import kleene_event_streams, kleene_queries
 
 
 def ev(id, type, ts, **attrs):
@@ -531,3 +534,19 @@ def test_every_strategy_is_a_subset_of_any_match():
     for strategy in ("skip-till-next-match", "strict-contiguity", "partition-contiguity"):
         got = strategy_ids(pattern, where, strategy, es)
         assert got and got <= every, strategy
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kleene_queries(), kleene_event_streams())
+def test_every_strategy_filters_the_any_match_result(q, events):
+    """A strategy keeps a subset of the skip-till-any-match matches of the same query,
+    and what it keeps is what its definition keeps (checked on the lists here)."""
+    chosen = ReferenceMatcher([q]).run(events)
+    every = ReferenceMatcher([dataclasses.replace(q, strategy="skip-till-any-match")]).run(
+        events)
+    assert {m.key for m in chosen} <= {m.key for m in every}
+    for m in chosen:
+        for var, value in m.events:
+            if isinstance(value, tuple):  # a Kleene list: ids in strictly increasing ts
+                ts = [next(e.ts for e in events if e.id == i) for i in value]
+                assert value and ts == sorted(set(ts))
