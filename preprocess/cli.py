@@ -42,11 +42,19 @@ def _executor_errors():
         raise
 
 
+def _native_queries(parsed) -> None:
+    """The queries the executors' engines will run, planned and checked on the driver."""
+    from dqcep.plan import build_plan
+    from dqcep.runtime.program import refuse_section5
+
+    refuse_section5(build_plan(parsed.queries))
+
+
 def cmd_spark_run(args) -> int:
     from dqcep.lang import parse_file
     from dqcep.spark.paths import check_batch_paths
 
-    parse_file(args.queries)  # positioned errors, missing inputs, a full output directory:
+    _native_queries(parse_file(args.queries))  # positioned errors, missing inputs, a full
     check_batch_paths(args.input, args.output, args.overwrite)  # all before Spark starts
     _require_spark()
     from dqcep.spark.batch import run_batch
@@ -77,7 +85,8 @@ def _summary(command: str, stats, output: str) -> None:
 def cmd_spark_stream(args) -> int:
     from dqcep.lang import parse_file
 
-    parse_file(args.queries)  # positioned errors and a missing journal before Spark starts
+    _native_queries(parse_file(args.queries))  # positioned errors and a missing journal
+    # before Spark starts
     if not Path(args.input).is_dir():
         raise UserError(f"no journal directory at {args.input}")
     _require_spark()

@@ -55,7 +55,7 @@ class Partitioning:
 
 def _maybe_unbound(node: ast.Item, under_or: bool = False) -> set[str]:
     """Positive variables that a match may leave unbound (inside an OR branch)."""
-    if isinstance(node, ast.EventPattern):
+    if isinstance(node, (ast.EventPattern, ast.Kleene)):
         return {node.var} if under_or else set()
     if isinstance(node, ast.Negation):
         return set()

@@ -9,7 +9,7 @@ from dqcep.lang import ast, parse
 from dqcep.plan import Kind, Port, build_plan
 from dqcep.plan.bytecode import compile_predicate, evaluate_on_events
 from dqcep.reference import holds
-from tests.strategies import queries, query_files
+from tests.strategies import kleene_queries, queries, query_files
 
 
 def plan_of(text, rates=None):
@@ -315,6 +315,27 @@ def test_bytecode_agrees_with_the_reference_evaluator(q, data):
             holds(c, events, vars_), pred.text
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kleene_queries(), st.data())
+def test_bytecode_over_kleene_lists_agrees_with_the_reference_evaluator(q, data):
+    """Lists, v[i-1] / v[1] / v[last] extra slots and aggregates, compiled as the planner
+    compiles them, against the reference matcher's reading of spec 5.1."""
+    kleene = ast.kleene_vars(q.pattern)
+    vars_ = [e.var for e, _ in ast.event_patterns(q.pattern)]
+    events, n = {}, iter(range(1000))
+    for var in vars_:
+        size = data.draw(st.integers(1, 3)) if var in kleene else 1
+        made = tuple(Event(next(n), "T", t, {a: data.draw(VALUES) for a in ("p", "q", "room")
+                                              if data.draw(st.integers(0, 3))})
+                     for t in range(size))
+        events[var] = made if var in kleene else made[0]
+    slot_of = {v: i for i, v in enumerate(vars_)}
+    for c in ast.conjuncts(q.where):
+        pred = compile_predicate(c, slot_of, len(vars_), frozenset(kleene), len(vars_))
+        got = evaluate_on_events(pred, [events[v] for v in vars_])
+        assert got == holds(c, events, vars_), pred.text
+
+
 def test_guard_conjunct_on_an_or_neighbour_is_kept():
     # Found by hypothesis: the gap's neighbour is an OR, the conjunct names one branch.
     # It applies whenever that branch is taken, so it must not be dropped.
@@ -339,3 +360,102 @@ def test_gap_guard_rises_to_where_a_same_type_variable_is_bound():
     p = plan_of("PATTERN AND(SEQ(A a, NOT N b, C c), A a0) WITHIN 2 s")
     (nv,) = vertices(p, Kind.NOT)
     assert shape(p, p.vertex(nv).parents[0]) == ("SEQ", "A", "C")
+
+
+# ------------------------------------------------- section 5: Kleene closure
+
+
+def test_kleene_item_is_a_unary_iteration_vertex_over_its_event_vertex():
+    p = plan_of("QUERY k PATTERN SEQ(A a, T+ t[], B b) WITHIN 10 USING skip-till-next-match")
+    (kv,) = vertices(p, Kind.KLEENE)
+    child = p.vertex(kv).lchild
+    assert p.kind(child) == Kind.EVENT and p.types[p.event_type[child]] == "T"
+    assert [int(p.graph.port[a]) for a in p.graph.in_arcs(kv)] == [Port.CHILD]
+    assert p.label(kv) == "KLEENE T+" and p.lists[kv] == (0,)
+    root = p.queries[0].root
+    assert p.slots[root] == ("a", "t", "b") and p.lists[root] == (1,)
+    spec = p.queries[0]
+    assert spec.strategy == "skip-till-next-match" and spec.lists == ("t",)
+    assert spec.section5 == (1, 26, "Kleene closure (Type+ v[])")
+
+
+def test_kleene_conditions_are_placed_by_what_they_read():
+    p = plan_of("PATTERN SEQ(T+ t[], S s) WHERE t.value > 20 AND t[i].value > t[i-1].value "
+                "AND t[1].value > 3 AND count(t) >= 3 AND t[last].x = 1 "
+                "AND t.value < s.d AND max(t.value) < s.d WITHIN 10")
+    (kv,) = vertices(p, Kind.KLEENE)
+    leaf = p.vertex(kv).lchild
+    # each element by itself: a filter of the events (pushed down as any filter)
+    assert [x.text for x in p.preds[leaf]] == ["t.value > 20"]
+    assert p.pushdown_filters()["T"][0].preds[0].text == "t.value > 20"
+    # an element against the one before or the first, and the whole list: at KLEENE
+    at_kleene = {x.text: x for x in p.preds[kv]}
+    assert set(at_kleene) == {"t[i].value > t[i-1].value", "t[1].value > 3", "count(t) >= 3",
+                              "t[last].x = 1"}
+    rising = at_kleene["t[i].value > t[i-1].value"]
+    assert rising.lists == ((0, 1),) and rising.extras == ((0, 0),) and not rising.whole_list
+    assert at_kleene["count(t) >= 3"].whole_list and at_kleene["t[last].x = 1"].whole_list
+    assert at_kleene["t[1].value > 3"].lists == () and not at_kleene["t[1].value > 3"].whole_list
+    # with another variable: where both are bound, for every element
+    (seq,) = vertices(p, Kind.SEQ)
+    joined = {x.text: x for x in p.preds[seq]}
+    assert joined["t.value < s.d"].lists == ((0, 0),)
+    assert joined["max(t.value) < s.d"].whole_list and joined["max(t.value) < s.d"].lists == ()
+
+
+def test_kleene_vertices_are_shared_like_any_other():
+    p = plan_of("QUERY a PATTERN SEQ(T+ t[], S s) WHERE [room] AND t[i].v > t[i-1].v WITHIN 10;"
+                "QUERY b PATTERN SEQ(T+ u[], S x) WHERE [room] AND u[i].v > u[i-1].v WITHIN 20;"
+                "QUERY c PATTERN SEQ(T+ w[], S y) WHERE [room] AND w[i].v < w[i-1].v WITHIN 10;"
+                "QUERY d PATTERN SEQ(T t, S s) WHERE [room] WITHIN 10")
+    kleene = vertices(p, Kind.KLEENE)
+    assert len(kleene) == 2  # a and b share theirs; c's condition differs
+    shared = [v for v in kleene if len(p.users[v]) > 1]
+    assert [sorted(p.users[v]) for v in shared] == [["a", "b"]]
+    assert int(p.window[shared[0]]) == 20  # a shared vertex prunes with its largest window
+    # the plain SEQ(T, S) of d shares the leaves, not the SEQ over a list
+    seqs = vertices(p, Kind.SEQ)
+    assert len(seqs) == 3
+
+
+def test_explain_shows_kleene_vertices_their_conditions_and_the_strategy():
+    from dqcep.plan.explain import explain_dot, explain_text
+    p = plan_of("QUERY k PATTERN SEQ(T+ t[], NOT R r, S s) WHERE [room] AND t.v > 1 "
+                "AND t[i].v > t[i-1].v AND t[1].v > 0 AND count(t) >= 2 AND r.v = t.v "
+                "WITHIN 1 s USING skip-till-next-match")
+    text = explain_text(p)
+    for line in ("KLEENE T+", "slots [t[]]", "slots [t[], s]",
+                 "each element after the first: t[i].v > t[i-1].v",
+                 "the first element: t[1].v > 0", "each list: count(t) >= 2",
+                 "filter: t.v > 1", "satisfying r.v = t.v",
+                 "k: OUTPUT v", "USING skip-till-next-match, lists: t"):
+        assert line in text, line
+    dot = explain_dot(p)
+    assert "shape=hexagon" in dot and "USING skip-till-next-match" in dot
+
+
+def test_native_engine_refuses_section5_queries_with_their_position():
+    import pytest
+
+    from dqcep.errors import UserError
+    from dqcep.runtime import Engine
+    for text, where in [("PATTERN SEQ(A a, T+ t[]) WITHIN 5", "1:18: query 'q1': Kleene"),
+                        ("PATTERN SEQ(A a, B b) WITHIN 5\n USING strict-contiguity",
+                         "2:8: query 'q1': USING strict-contiguity")]:
+        with pytest.raises(UserError, match=where):
+            Engine(plan_of(text))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kleene_queries())
+def test_invariants_on_random_kleene_queries(q):
+    p = build_plan([q])
+    p.graph.check_invariants()
+    for v in vertices(p, Kind.KLEENE):
+        assert p.kind(p.vertex(v).lchild) == Kind.EVENT and p.lists[v] == (0,)
+        for pred in p.preds[v]:  # only the list's own variable, never a filter alone
+            assert pred.slots == (0,) and (pred.lists or pred.extras or pred.whole_list)
+    spec = p.queries[0]
+    root = spec.root
+    assert {p.slots[root][i] for i in p.lists[root]} == set(spec.lists) == ast.kleene_vars(
+        q.pattern)

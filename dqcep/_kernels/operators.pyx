@@ -22,9 +22,9 @@ from dqcep._kernels._types cimport idx_t, ts_t
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue,
                                   RingBuffer, first_end_after, kq_at, kq_older, ring_push,
                                   ring_row)
-from dqcep._kernels.store cimport (ATTR_ID, KIND_BOOL, KIND_MISSING, MAX_STACK, OP_CONST,
-                                   OP_EQUIV, OP_LOAD, OP_NEG, OP_NOT, OP_OR, EventStore,
-                                   cell_hash, eval_pred)
+from dqcep._kernels.store cimport (ATTR_ID, KIND_BOOL, KIND_MISSING, MAX_STACK, OP_AGG_COUNT,
+                                   OP_AGG_MAX, OP_CONST, OP_EQUIV, OP_LOAD, OP_NEG, OP_NOT,
+                                   OP_OR, EventStore, cell_hash, eval_pred)
 
 ctypedef unsigned char[::1] uint8_t_view
 
@@ -106,6 +106,7 @@ cdef class PredicateSet:
         _check_offsets(self.pred_start, self.code.shape[0], "pred_start")
         _check_offsets(self.slot_start, self.slots.shape[0], "slot_start")
         self.max_slot, self.max_attr = -1, -1
+        self.n_aggs = 0
         for j in range(self.slots.shape[0]):
             if self.slots[j] < 0:
                 raise ValueError(f"slots[{j}] is {self.slots[j]}")
@@ -136,6 +137,15 @@ cdef class PredicateSet:
                                            f"slot {slot}, column {col}")
                 self.max_slot = max(self.max_slot, slot)
                 self.max_attr = max(self.max_attr, <int32_t>col)
+                depth += 1
+            elif OP_AGG_COUNT <= op <= OP_AGG_MAX:  # an aggregate of the list in slot a
+                if a < 0 or (op != OP_AGG_COUNT and b < ATTR_ID):
+                    raise BytecodeError(p, f"instruction {i - self.pred_start[p]} aggregates "
+                                           f"slot {a}, column {b}")
+                self.max_slot = max(self.max_slot, a)
+                if op != OP_AGG_COUNT:
+                    self.max_attr = max(self.max_attr, b)
+                self.n_aggs += 1
                 depth += 1
             elif op == OP_NEG or op == OP_NOT:
                 if depth < 1:

@@ -38,6 +38,12 @@ cdef enum:
     OP_GE = 14
     OP_AND = 15
     OP_OR = 16
+    # aggregates over the Kleene list in slot a (attribute column b; count reads none)
+    OP_AGG_COUNT = 17
+    OP_AGG_SUM = 18
+    OP_AGG_AVG = 19
+    OP_AGG_MIN = 20
+    OP_AGG_MAX = 21
 
 
 cdef class EventStore:
@@ -58,4 +64,9 @@ cdef class EventStore:
 
 cdef bint eval_pred(EventStore st, const int32_t* code, idx_t n_ins, const double* cval,
                     const int8_t* ckind, const int64_t* slots) noexcept nogil
+# The same with aggregates: the j-th AGG instruction pushes aggv[j] (a number), or
+# fails when aggk[j] is KIND_MISSING (the caller computed them from the lists).
+cdef bint eval_pred_aggs(EventStore st, const int32_t* code, idx_t n_ins,
+                         const double* cval, const int8_t* ckind, const int64_t* slots,
+                         const double* aggv, const int8_t* aggk) noexcept nogil
 cdef uint64_t cell_hash(int8_t kind, double v) noexcept nogil

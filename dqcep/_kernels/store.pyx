@@ -29,7 +29,8 @@ from dqcep._kernels._types cimport idx_t, ts_t
 OPCODES = {"CONST": OP_CONST, "LOAD": OP_LOAD, "EQUIV": OP_EQUIV, "NEG": OP_NEG,
            "NOT": OP_NOT, "ADD": OP_ADD, "SUB": OP_SUB, "MUL": OP_MUL, "DIV": OP_DIV,
            "EQ": OP_EQ, "NE": OP_NE, "LT": OP_LT, "LE": OP_LE, "GT": OP_GT, "GE": OP_GE,
-           "AND": OP_AND, "OR": OP_OR}
+           "AND": OP_AND, "OR": OP_OR, "AGG_COUNT": OP_AGG_COUNT, "AGG_SUM": OP_AGG_SUM,
+           "AGG_AVG": OP_AGG_AVG, "AGG_MIN": OP_AGG_MIN, "AGG_MAX": OP_AGG_MAX}
 KINDS = {"MISSING": KIND_MISSING, "NUM": KIND_NUM, "STR": KIND_STR, "BOOL": KIND_BOOL,
          "ATTR_TS": ATTR_TS, "ATTR_ID": ATTR_ID, "MAX_STACK": MAX_STACK}
 
@@ -233,16 +234,30 @@ cdef inline bint _load(EventStore st, int64_t seq, int32_t attr, int8_t* k, doub
 cdef bint eval_pred(EventStore st, const int32_t* code, idx_t n_ins, const double* cval,
                     const int8_t* ckind, const int64_t* slots) noexcept nogil:
     """Evaluate one compiled conjunct over a record's events (slots -> seq numbers)."""
+    return eval_pred_aggs(st, code, n_ins, cval, ckind, slots, NULL, NULL)
+
+
+cdef bint eval_pred_aggs(EventStore st, const int32_t* code, idx_t n_ins,
+                         const double* cval, const int8_t* ckind, const int64_t* slots,
+                         const double* aggv, const int8_t* aggk) noexcept nogil:
+    """``eval_pred`` with the values of its aggregate instructions given, in order."""
     cdef int8_t sk[MAX_STACK]
     cdef double sv[MAX_STACK]
-    cdef idx_t sp = 0, i, s
+    cdef idx_t sp = 0, i, s, n_agg = 0
     cdef int32_t op, a, b
     cdef int8_t k0, k1
     cdef double v0, v1
     cdef bint first, equal
     for i in range(n_ins):
         op, a, b = code[3 * i], code[3 * i + 1], code[3 * i + 2]
-        if op == OP_CONST:
+        if op >= OP_AGG_COUNT:
+            if aggk == NULL or aggk[n_agg] != KIND_NUM:
+                return False
+            sk[sp] = KIND_NUM
+            sv[sp] = aggv[n_agg]
+            n_agg += 1
+            sp += 1
+        elif op == OP_CONST:
             sk[sp] = ckind[a]
             sv[sp] = cval[a]
             sp += 1

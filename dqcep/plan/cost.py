@@ -76,6 +76,12 @@ class CostModel:
         return n
 
     @staticmethod
+    def lists(elements: float) -> float:
+        """Lists a Kleene item makes from ``elements`` events per window under
+        skip-till-any-match: every non-empty subset in ts order, 2^n - 1 (capped)."""
+        return 2.0 ** min(elements, 60.0) - 1.0
+
+    @staticmethod
     def combine(op: str, parts: list[float], conjuncts: list[ast.Expr], keyed: bool) -> float:
         if op == ast.OR:
             return sum(parts)

@@ -36,6 +36,26 @@ def _guard_text(plan: Plan, v: int) -> str:
     return text
 
 
+def _slot_labels(plan: Plan, v: int) -> list[str]:
+    """A vertex's slots; a slot that holds a Kleene list is written ``v[]``."""
+    return [f"{name}[]" if i in plan.lists[v] else name
+            for i, name in enumerate(plan.slots[v])]
+
+
+def _pred_role(kind: Kind, p) -> str:
+    """How a condition is checked where it is placed (spec 5.1 for lists)."""
+    if kind == Kind.EVENT:
+        return "filter"
+    if kind == Kind.KLEENE:
+        if p.whole_list:
+            return "each list"
+        if not p.lists:
+            return "the first element"
+        return "each element after the first" if any(m for _, m in p.lists) else \
+            "each appended element"
+    return "where (every element)" if p.lists else "where"
+
+
 def explain_text(plan: Plan) -> str:
     g = plan.graph
     shared = set(plan.shared_vertices())
@@ -52,9 +72,9 @@ def explain_text(plan: Plan) -> str:
         head = f"  v{v:<3} {plan.label(v):<22}"
         if k in (Kind.SEQ, Kind.AND, Kind.OR):
             head += f" (v{view.lchild} | v{view.rchild})"
-        elif k == Kind.NOT:
+        elif k in (Kind.NOT, Kind.KLEENE):
             head += f" (v{view.lchild})"
-        head += f"  slots [{', '.join(plan.slots[v])}]"
+        head += f"  slots [{', '.join(_slot_labels(plan, v))}]"
         if k != Kind.NOT:
             head += f"  window {format_window(int(plan.window[v]))}"
         if plan.key_attrs[v]:
@@ -68,12 +88,16 @@ def explain_text(plan: Plan) -> str:
         if k == Kind.NOT:
             lines.append(f"        guard: {_guard_text(plan, v)}")
         for p in plan.preds[v]:
-            lines.append(f"        {'filter' if k == Kind.EVENT else 'where'}: {p.text}")
+            lines.append(f"        {_pred_role(k, p)}: {p.text}")
         for gv in view.guards:
             lines.append(f"        checks NOT v{gv}")
     lines += ["", "queries:"]
     for q in plan.queries:
         head = f"  {q.name}: OUTPUT v{q.output} <- v{q.root}, window {format_window(q.window_ms)}"
+        if q.strategy != "skip-till-any-match":
+            head += f", USING {q.strategy}"
+        if q.lists:
+            head += f", lists: {', '.join(q.lists)}"
         if q.never:
             head += "  (a constant condition is false: never matches)"
         lines.append(head)
@@ -106,12 +130,15 @@ def explain_dot(plan: Plan) -> str:
         label = plan.label(v)
         if k == Kind.NOT:
             label = f"NOT {plan.guard[v].mode}"
-        details = [p.text for p in plan.preds[v]]
+        details = [f"{_pred_role(k, p)}: {p.text}" if k == Kind.KLEENE else p.text
+                   for p in plan.preds[v]]
+        details += [f"USING {q.strategy}" for q in plan.queries
+                    if q.output == v and q.strategy != "skip-till-any-match"]
         if plan.key_attrs[v]:
             details.append("key [" + ", ".join(plan.key_attrs[v]) + "]")
         text = f"v{v}: {label}" + "".join(f"\\n{_dot_escape(d)}" for d in details)
-        shape = {Kind.EVENT: "box", Kind.OUTPUT: "doubleoctagon", Kind.NOT: "diamond"}.get(
-            k, "ellipse")
+        shape = {Kind.EVENT: "box", Kind.OUTPUT: "doubleoctagon", Kind.NOT: "diamond",
+                 Kind.KLEENE: "hexagon"}.get(k, "ellipse")
         style = ', peripheries=2, color="firebrick"' if v in shared else ""
         out.append(f'  v{v} [label="{text}", shape={shape}{style}];')
     for a in range(g.n_arcs):

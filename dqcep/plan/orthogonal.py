@@ -28,13 +28,14 @@ class Kind(IntEnum):
     OR = 3
     NOT = 4     # unary guard: its child is the negated pattern
     OUTPUT = 5  # one per query: emits the root's results as complex events
+    KLEENE = 6  # unary iteration: the lists of its child's events (Type+ v[], spec 5.1)
 
 
 class Port(IntEnum):
     LEFT = 0    # the tail's results go to the head's left input queue
     RIGHT = 1   # ... right input queue
     GUARD = 2   # the tail is a NOT guard checked at the head
-    CHILD = 3   # the single input of a NOT or OUTPUT vertex
+    CHILD = 3   # the single input of a NOT, KLEENE or OUTPUT vertex
 
 
 NIL = -1

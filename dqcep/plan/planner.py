@@ -18,6 +18,16 @@ Planning a file of queries takes two steps per query, then one for the file:
    vertex prunes with the largest window among its users; each parent and the
    OUTPUT re-check their own.
 
+A Kleene item ``Type+ v[]`` (spec 5.1) is a KLEENE vertex of its own, a unary
+iteration operator over the EVENT vertex of its type: its records are lists (one
+slot holding a list). Its conditions are placed by what they read: a condition
+on each element alone (``v.value > 20``) filters the EVENT vertex; one on an
+element and the one before or the first (``v[i].value > v[i-1].value``) is checked
+at the KLEENE vertex as each element is appended; one on the whole list
+(aggregates, ``v[last]``) at the KLEENE vertex on every list it makes; one with
+other variables where they are all bound, for every element. A query's selection
+strategy travels on its ``QuerySpec``.
+
 The result (``Plan``) is plain data: numpy arrays, tuples and small frozen
 records. It pickles small and carries no parser objects or closures.
 """
@@ -29,7 +39,6 @@ from typing import Sequence
 
 import numpy as np
 
-from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import MAX_AND_DP, CostModel, better
@@ -62,11 +71,12 @@ class GuardSpec:
     preds: tuple[Predicate, ...]
     window_ms: int
     holds_back: bool  # TRAILING / AND: detected at start + W, after the watermark
+    host_lists: tuple[int, ...] = ()  # host slots that hold Kleene lists (first..last ts)
 
     @property
     def signature(self) -> tuple:
         return (self.mode, self.n_host, self.left_slots, self.right_slots, self.active_slots,
-                tuple(p.signature for p in self.preds), self.window_ms)
+                tuple(p.signature for p in self.preds), self.window_ms, self.host_lists)
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,10 @@ class QuerySpec:
     never: bool                    # a constant conjunct is false: no match at all
     returns: tuple[tuple[str, str | None], ...]
     dropped: tuple[str, ...]       # conjuncts that can never apply (explain says why)
+    strategy: str = ast.ANY_MATCH  # selection strategy (spec 5.2)
+    lists: tuple[str, ...] = ()    # the variables bound to lists (Kleene items)
+    # (line, column, what) of the first construct of spec section 5 the query uses
+    section5: tuple[int, int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,7 @@ class Plan:
     slots: tuple[tuple[str, ...], ...]         # per vertex: slot labels of its records
     preds: tuple[tuple[Predicate, ...], ...]   # per vertex: conjuncts checked there
     key_attrs: tuple[tuple[str, ...], ...]     # per vertex: [attr] partition key
+    lists: tuple[tuple[int, ...], ...]         # per vertex: slots that hold Kleene lists
     guard: tuple[GuardSpec | None, ...]        # per NOT vertex
     users: tuple[tuple[str, ...], ...]         # per vertex: queries that use it
     queries: tuple[QuerySpec, ...]
@@ -117,6 +132,8 @@ class Plan:
         k = self.kind(v)
         if k == Kind.EVENT:
             return f"EVENT {self.types[self.event_type[v]]}"
+        if k == Kind.KLEENE:
+            return f"KLEENE {self.types[self.event_type[v]]}+"
         if k == Kind.OUTPUT:
             return f"OUTPUT {', '.join(self.users[v])}"
         return k.name
@@ -124,7 +141,7 @@ class Plan:
     def vertex(self, v: int) -> VertexView:
         g = self.graph
         k = self.kind(v)
-        left_port = Port.CHILD if k in (Kind.NOT, Kind.OUTPUT) else Port.LEFT
+        left_port = Port.CHILD if k in (Kind.NOT, Kind.OUTPUT, Kind.KLEENE) else Port.LEFT
         lchild, rchild = g.child(v, left_port), g.child(v, Port.RIGHT)
         return VertexView(
             node=v, data=self.label(v),
@@ -195,6 +212,8 @@ class _QueryPlanner:
         self.cost = cost
         self.w = q.within.ms
         self.negated = {e.var for e, neg in ast.event_patterns(q.pattern) if neg}
+        self.kleene = ast.kleene_vars(q.pattern)
+        self.kleene_nodes: dict[str, _Node] = {}
         parts = ast.conjuncts(q.where)
         self.constant = [c for c in parts if not ast.expr_vars(c) and not ast.has_equivalence(c)]
         rest = [c for c in parts if c not in self.constant]
@@ -213,6 +232,15 @@ class _QueryPlanner:
             filters = [c for c in conjuncts if ast.expr_vars(c) == {node.var}]
             return _Node(Kind.EVENT, (node.var,), etype=node.type,
                          estimate=self.cost.leaf(node.type, self.w, filters))
+        if isinstance(node, ast.Kleene):
+            filters = [c for c in conjuncts if ast.expr_vars(c) == {node.var}
+                       and element_filter(c, node.var)]
+            leaf = _Node(Kind.EVENT, (node.var,), etype=node.type,
+                         estimate=self.cost.leaf(node.type, self.w, filters))
+            kleene = _Node(Kind.KLEENE, (node.var,), etype=node.type, left=leaf,
+                           estimate=self.cost.lists(leaf.estimate))
+            self.kleene_nodes[node.var] = kleene
+            return kleene
         items = [self.tree(i, conjuncts, keyed) for i in node.items
                  if not isinstance(i, ast.Negation)]
         return self._combine(node.op, items, conjuncts, keyed)
@@ -284,18 +312,19 @@ class _QueryPlanner:
     @staticmethod
     def lca(root: _Node, vars_: set[str]) -> _Node:
         node = root
-        while True:
+        while node.kind != Kind.KLEENE:  # a list's variable is bound at its KLEENE vertex
             for child in (node.left, node.right):
                 if child is not None and vars_ <= set(child.vars):
                     node = child
                     break
             else:
                 return node
+        return node
 
     @staticmethod
     def co_bindable(node: _Node, vars_: set[str]) -> bool:
         """Can all of ``vars_`` be bound in one match (no OR splits them)?"""
-        if node.left is None:
+        if node.left is None or node.kind == Kind.KLEENE:
             return True
         sides = [vars_ & set(child.vars) for child in (node.left, node.right)]
         if node.kind == Kind.OR and all(sides):
@@ -305,7 +334,15 @@ class _QueryPlanner:
 
     def _place(self, root: _Node, conjuncts: list[ast.Expr]) -> None:
         for c in conjuncts:
-            host = self.lca(root, set(ast.expr_vars(c)))
+            vars_ = set(ast.expr_vars(c))
+            (only,) = vars_ if len(vars_) == 1 else (None,)
+            if only in self.kleene_nodes:
+                # each element alone: filter the events; an iteration or whole-list
+                # condition: at the KLEENE vertex itself
+                node = self.kleene_nodes[only]
+                (node.left if element_filter(c, only) else node).preds.append(c)
+                continue
+            host = self.lca(root, vars_)
             if host.kind == Kind.OR:
                 self.dropped.append(f"{_text(c)}: its variables lie in different OR branches, "
                                     "so they are never bound together")
@@ -389,6 +426,14 @@ class _QueryPlanner:
             self.lca(root, anchor).guards.append(guard)
 
 
+def element_filter(c: ast.Expr, var: str) -> bool:
+    """Is a conjunct over the Kleene variable ``var`` alone a condition on each element
+    by itself (``v.attr`` / ``v[i].attr`` only), so that it can filter the events?"""
+    return not any(isinstance(x, ast.Aggregate) or (isinstance(x, ast.AttrRef)
+                   and x.var == var and x.index not in (None, ast.INDEX_EACH))
+                   for x in ast.walk_expr(c))
+
+
 def _text(e: ast.Expr) -> str:
     from dqcep.lang.printer import format_expr
     return format_expr(e)
@@ -410,11 +455,21 @@ class _Interner:
         self.slots: list[tuple[str, ...]] = []
         self.preds: list[tuple[Predicate, ...]] = []
         self.key_attrs: list[tuple[str, ...]] = []
+        self.lists: list[tuple[int, ...]] = []
         self.guard: list[GuardSpec | None] = []
         self.users: list[list[str]] = []
+        self.kleene: frozenset[str] = frozenset()  # the current query's list variables
+
+    def _lists(self, vars_: Sequence[str]) -> tuple[int, ...]:
+        return tuple(i for i, var in enumerate(vars_) if var in self.kleene)
+
+    def _compile(self, c: ast.Expr, vars_: Sequence[str], slot_of: dict[str, int],
+                 equiv_slots: int) -> Predicate:
+        return compile_predicate(c, slot_of, equiv_slots, self.kleene, len(slot_of))
 
     def _new(self, kind: Kind, sig: tuple, *, slots=(), preds=(), key=(), etype=-1,
-             guard=None, estimate=0.0, window: int, user: str) -> tuple[int, bool]:
+             guard=None, estimate=0.0, window: int, user: str,
+             lists: tuple[int, ...] = ()) -> tuple[int, bool]:
         if sig in self.ids:
             v = self.ids[sig]
             if self.window[v] != UNBOUNDED:
@@ -430,23 +485,37 @@ class _Interner:
         self.slots.append(tuple(slots))
         self.preds.append(tuple(preds))
         self.key_attrs.append(tuple(key))
+        self.lists.append(tuple(lists))
         self.guard.append(guard)
         self.users.append([user])
         return v, True
 
     def node(self, t: _Node, key: tuple[str, ...], window: int, user: str, w_query: int) -> int:
         slot_of = {var: i for i, var in enumerate(t.vars)}
-        preds = tuple(sorted((compile_predicate(c, slot_of, len(t.vars)) for c in t.preds),
-                             key=lambda p: p.signature))
+        if t.kind == Kind.EVENT:  # its slot is one event, an element of a list or not
+            preds = tuple(sorted((compile_predicate(c, slot_of, len(t.vars)) for c in t.preds),
+                                 key=lambda p: p.signature))
+        else:
+            preds = tuple(sorted((self._compile(c, t.vars, slot_of, len(t.vars))
+                                  for c in t.preds), key=lambda p: p.signature))
         guards = [self.not_vertex(g, t.vars, user, w_query) for g in t.guards]
+        lists = () if t.kind == Kind.EVENT else self._lists(t.vars)
         common = dict(slots=t.vars, preds=preds, key=key, estimate=t.estimate,
-                      window=window, user=user)
-        if t.kind == Kind.EVENT:
+                      window=window, user=user, lists=lists)
+        if t.kind in (Kind.EVENT, Kind.KLEENE):
             if t.etype not in self.types:
                 self.types.append(t.etype)
             etype = self.types.index(t.etype)
+        if t.kind == Kind.EVENT:
             sig = (Kind.EVENT, etype, tuple(p.signature for p in preds), key)
             v, _ = self._new(Kind.EVENT, sig, etype=etype, **common)
+            return v
+        if t.kind == Kind.KLEENE:
+            child = self.node(t.left, key, window, user, w_query)
+            sig = (Kind.KLEENE, child, tuple(p.signature for p in preds), key)
+            v, created = self._new(Kind.KLEENE, sig, etype=etype, **common)
+            if created:
+                self.graph.add_arc(child, v, Port.CHILD)
             return v
         left = self.node(t.left, key, window, user, w_query)
         right = self.node(t.right, key, window, user, w_query)
@@ -463,14 +532,15 @@ class _Interner:
         child = self.node(g.tree, (), UNBOUNDED, user, w_query)
         slot_of = {var: i for i, var in enumerate(host_vars)}
         slot_of.update({var: len(host_vars) + i for i, var in enumerate(g.tree.vars)})
-        preds = tuple(sorted((compile_predicate(c, slot_of, len(host_vars)) for c in g.preds),
-                             key=lambda p: p.signature))
+        preds = tuple(sorted((self._compile(c, host_vars, slot_of, len(host_vars))
+                              for c in g.preds), key=lambda p: p.signature))
         spec = GuardSpec(
             mode=g.mode, n_host=len(host_vars),
             left_slots=tuple(slot_of[x] for x in g.left_vars if x in slot_of),
             right_slots=tuple(slot_of[x] for x in g.right_vars if x in slot_of),
             active_slots=tuple(slot_of[x] for x in g.active_vars if x in slot_of),
-            preds=preds, window_ms=w_query, holds_back=g.mode in ("TRAILING", "AND"))
+            preds=preds, window_ms=w_query, holds_back=g.mode in ("TRAILING", "AND"),
+            host_lists=self._lists(host_vars))
         sig = (Kind.NOT, child, spec.signature)
         v, created = self._new(Kind.NOT, sig, slots=g.tree.vars, guard=spec,
                                estimate=g.tree.estimate, window=UNBOUNDED, user=user)
@@ -481,40 +551,38 @@ class _Interner:
     def output(self, name: str, root: int, root_vars, preds, guards: list[int],
                window: int) -> int:
         v, _ = self._new(Kind.OUTPUT, (Kind.OUTPUT, name), slots=root_vars, preds=preds,
-                         window=window, user=name)
+                         window=window, user=name, lists=self._lists(root_vars))
         self.graph.add_arc(root, v, Port.CHILD)
         for gv in guards:
             self.graph.add_arc(gv, v, Port.GUARD)
         return v
 
 
-def _refuse_section5(q: ast.Query) -> None:
-    """Kleene closure and selection strategies (spec section 5) run on the reference
-    matcher only, until the native engine has them."""
+def _section5(q: ast.Query) -> tuple[int, int, str] | None:
+    """Where the query first uses spec section 5 (a Kleene item, else the strategy)."""
     if not ast.uses_section5(q):
-        return
+        return None
     kleene = [n for n, _ in ast.event_patterns(q.pattern) if isinstance(n, ast.Kleene)]
     pos, what = ((kleene[0].pos, "Kleene closure (Type+ v[])") if kleene
                  else (q.strategy_pos, f"USING {q.strategy}"))
-    raise UserError(f"{pos.line}:{pos.col}: query {q.name!r}: {what} is not supported by "
-                    f"the native engine yet; run it with --engine reference")
+    return pos.line, pos.col, what
 
 
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None) -> Plan:
     """Plan every query of a file into one shared DAG."""
-    for q in queries:
-        _refuse_section5(q)
     cost = CostModel(dict(rates or {}))
     interner = _Interner()
     specs = []
     for q in queries:
         qp = _QueryPlanner(q, cost)
+        interner.kleene = qp.kleene
         root_tree, output_guards = qp.plan()
         w = q.within.ms
         root = interner.node(root_tree, qp.key_attrs, w, q.name, w)
         root_vars = root_tree.vars
         slot_of = {var: i for i, var in enumerate(root_vars)}
-        final = tuple(compile_predicate(c, slot_of, len(root_vars)) for c in qp.final)
+        final = tuple(interner._compile(c, root_vars, slot_of, len(root_vars))
+                      for c in qp.final)
         guards = [interner.not_vertex(g, root_vars, q.name, w) for g in output_guards]
         out = interner.output(q.name, root, root_vars, final, guards, w)
         never = not all(evaluate(compile_predicate(c, {}), lambda s, a: None)
@@ -522,7 +590,8 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
         specs.append(QuerySpec(
             name=q.name, output=out, root=root, variables=tuple(ast.positive_vars(q.pattern)),
             slot_of=tuple(slot_of.items()), window_ms=w, preds=final, never=never,
-            returns=tuple((r.var, r.attr) for r in q.returns), dropped=tuple(qp.dropped)))
+            returns=tuple((r.var, r.attr) for r in q.returns), dropped=tuple(qp.dropped),
+            strategy=q.strategy, lists=tuple(sorted(qp.kleene)), section5=_section5(q)))
     g = interner.graph
     g.freeze()
     plan = Plan(
@@ -531,7 +600,8 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
         window=_frozen(np.asarray(interner.window, dtype=np.int64)),
         estimate=_frozen(np.asarray(interner.estimate, dtype=np.float64)),
         slots=tuple(interner.slots), preds=tuple(interner.preds),
-        key_attrs=tuple(interner.key_attrs), guard=tuple(interner.guard),
+        key_attrs=tuple(interner.key_attrs), lists=tuple(interner.lists),
+        guard=tuple(interner.guard),
         users=tuple(tuple(u) for u in interner.users), queries=tuple(specs))
     return plan
 

@@ -9,13 +9,14 @@ pairs inside the join loop, where a numpy call per pair is out of the question.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
 
 from dqcep.errors import UserError
 from dqcep.plan import Kind, Plan, Port
-from dqcep.plan.bytecode import Op, Predicate
+from dqcep.plan.bytecode import FIRST, LAST, PREVIOUS, Op, Predicate
 from dqcep.plan.planner import UNBOUNDED
 from dqcep._kernels.operators import BytecodeError, PredicateSet
 from dqcep._kernels.store import KINDS
@@ -106,6 +107,17 @@ def plan_attributes(plan: Plan) -> list[str]:
     return attributes_read(preds, [k for keys in plan.key_attrs for k in keys])
 
 
+def kleene_layout(p: Predicate) -> Predicate:
+    """A condition of a KLEENE vertex on the record its kernel builds: [element,
+    element before, first element] (``dqcep._kernels.lists.kleene_step``); a
+    whole-list condition sees the last element in slot 0."""
+    fixed = {PREVIOUS: 1, FIRST: 2, LAST: 0}
+    code = tuple((op, fixed[p.extras[a - p.width][0]], b)
+                 if op == Op.LOAD and p.extras and a >= p.width else (op, a, b)
+                 for op, a, b in p.code)
+    return dataclasses.replace(p, code=code, lists=(), extras=(), width=0)
+
+
 def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],
                   dictionary: StringDictionary) -> PredicateSet:
     code, pred_start, slots, slot_start = [], [0], [], [0]
@@ -134,6 +146,12 @@ def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],
                 name = p.attrs[a]
                 col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
                 code.append((op, col, b))
+            elif op == Op.AGG_COUNT:
+                code.append((op, a, 0))
+            elif op >= Op.AGG_SUM:  # the list in slot a, the store column of attrs[b]
+                name = p.attrs[b]
+                col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
+                code.append((op, a, col))
             else:
                 code.append((op, 0, 0))
         pred_start.append(len(code))

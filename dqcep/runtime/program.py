@@ -18,6 +18,7 @@ import numpy as np
 
 from dqcep._kernels.operators import GUARD_MODES, Guard, JoinSpec, PredicateSet, leaf_keys
 from dqcep._kernels.store import EventStore
+from dqcep.errors import UserError
 from dqcep.plan import Kind, Op, Plan, Port
 from dqcep.runtime.compile import (StringDictionary, effective_windows, guard_hosts,
                                    plan_attributes, predicate_set)
@@ -48,6 +49,7 @@ class Program:
     """
 
     def __init__(self, plan: Plan):
+        refuse_section5(plan)
         self.plan = plan
         self.types = list(plan.types)
         self.attrs = plan_attributes(plan)
@@ -190,6 +192,16 @@ class Program:
                 rows = rows[self.preds[v].mask(store, seqs[rows].reshape(-1, 1))]
             keep[rows] = True
         return keep
+
+
+def refuse_section5(plan: Plan) -> None:
+    """Kleene closure and selection strategies (spec section 5) are planned but not yet
+    run by the native engine: a query using them is refused with its position."""
+    for q in plan.queries:
+        if q.section5 is not None:
+            line, col, what = q.section5
+            raise UserError(f"{line}:{col}: query {q.name!r}: {what} is not supported by "
+                            f"the native engine yet; run it with --engine reference")
 
 
 @lru_cache(maxsize=16)
