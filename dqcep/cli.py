@@ -86,7 +86,7 @@ class _RunView:
             self.bar.set_postfix_str(f"{rate:,.0f} events/s", refresh=False)
 
     def count(self, batch) -> None:
-        for q, detected, _ in batch.parts:
+        for q, detected, _, _ in batch.parts:
             name = batch.queries[q][0]
             self.matches[name] = self.matches.get(name, 0) + len(detected)
 

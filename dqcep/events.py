@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 Value = int | float | str | bool
 
@@ -123,6 +123,29 @@ def batch_items(obj: Any) -> list | None:
             raise EventError("'events' of a batch must be a list")
         return obj["events"]
     return None
+
+
+def list_aggregate(func: str, attr: str | None, events: Sequence["Event"]) -> Value | None:
+    """An aggregate over a Kleene list (spec 5.1), in ts order: ``count`` an integer;
+    ``sum``, ``avg``, ``min``, ``max`` binary64 (summed left to right); None when an
+    element lacks ``attr`` or holds no number there."""
+    if func == "count":
+        return len(events)
+    values = []
+    for ev in events:
+        try:
+            v = ev.value(attr)
+        except KeyError:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        values.append(float(v))
+    if func in ("sum", "avg"):
+        total = 0.0
+        for v in values:
+            total += v
+        return total if func == "sum" else total / len(values)
+    return min(values) if func == "min" else max(values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
-from dqcep.events import Event, Match, Value
+from dqcep.events import Event, Match, Value, list_aggregate
 from dqcep.lang import ast
 
 INF = math.inf
@@ -94,22 +94,13 @@ def _element(e: ast.AttrRef, bound: dict[str, Binding],
 
 
 def aggregate(e: ast.Aggregate, events: Sequence[Event]) -> float:
-    """count / sum / avg / min / max over a complete list, in ts order; an element
-    without the attribute or with a non-number there fails."""
-    if e.func == "count":
-        return float(len(events))
-    values = []
-    for ev in events:
-        try:
-            values.append(_number(ev.value(e.attr)))
-        except KeyError:
-            raise _Fail from None
-    if e.func in ("sum", "avg"):
-        total = 0.0
-        for v in values:  # left to right: the order every engine sums in
-            total += v
-        return total if e.func == "sum" else total / len(values)
-    return min(values) if e.func == "min" else max(values)
+    """count / sum / avg / min / max over a complete list, in ts order
+    (``dqcep.events.list_aggregate``); an element without the attribute or with a
+    non-number there fails."""
+    value = list_aggregate(e.func, e.attr, events)
+    if value is None:
+        raise _Fail
+    return float(value)
 
 
 def evaluate(e: ast.Expr, bound: dict[str, Binding], positives: Sequence[str],
@@ -496,7 +487,7 @@ class _QueryMatcher:
             if ev is None:
                 out.append((r.label, None))
             elif r.func is not None:
-                out.append((r.label, _returned_aggregate(r, ev)))
+                out.append((r.label, list_aggregate(r.func, r.attr, ev)))
             elif r.attr is None:
                 out.append((r.label, _ids(ev)))
             else:
@@ -508,17 +499,6 @@ class _QueryMatcher:
 def _ids(value: Binding) -> int | tuple[int, ...]:
     """A binding in a match's output: an event id, or a Kleene list's ids in ts order."""
     return tuple(e.id for e in value) if isinstance(value, tuple) else value.id
-
-
-def _returned_aggregate(r: ast.ReturnItem, events: tuple) -> Value | None:
-    """``RETURN count(v)`` is an integer; sum, avg, min and max are binary64, null when
-    an element lacks the attribute or holds no number there."""
-    if r.func == "count":
-        return len(events)
-    try:
-        return aggregate(ast.Aggregate(r.func, r.var, r.attr), events)
-    except _Fail:
-        return None
 
 
 # ---------------------------------------------------------------- strategies

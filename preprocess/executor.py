@@ -288,7 +288,8 @@ class PartRunner:
 
     def _owned(self, mb) -> bytes | None:
         out = []
-        for q, detected, ids in mb.parts:
+        for q, detected, ids, lists in mb.parts:
+            assert lists is None, "the Spark jobs refuse Kleene queries"
             if not len(detected):
                 continue
             name, variables = mb.queries[q]
@@ -306,7 +307,7 @@ class PartRunner:
                 ts = np.where(bound.ravel(), ts, np.iinfo(np.int64).max).reshape(ids.shape)
                 keep = np.floor_divide(ts.min(axis=1), self.spec.slice_ms) == self.part
             if keep.any():
-                out.append((q, detected[keep], ids[keep]))
+                out.append((q, detected[keep], ids[keep], None))
         if not out:
             return None
         mb.parts = out

@@ -174,6 +174,27 @@ def test_explain_dot_and_rates(tmp_path):
     assert r.returncode == 2 and "rates must be a JSON object" in r.stderr
 
 
+def test_kleene_queries_explain_and_strategies_run_on_the_reference_only(tmp_path):
+    kleene = EXAMPLES / "iot-kleene.cep"
+    r = dqcep("explain", kleene)
+    assert r.returncode == 0, r.stderr
+    assert "KLEENE Door+" in r.stdout and "each list: count(f) >= 3" in r.stdout
+    assert "forced_door: OUTPUT" in r.stdout and "USING skip-till-next-match" in r.stdout
+    events = tmp_path / "e.jsonl"
+    events.write_text("".join(
+        f'{{"id": {i}, "type": "Door", "ts": {i * 1000}, "room": "r1", "open": {o}}}\n'
+        for i, o in enumerate(["false", "false", "false", "true"], 1)))
+    r = dqcep("run", kleene, "--input", events)
+    assert r.returncode == 2
+    assert "7:13: query 'forced_door': Kleene closure (Type+ v[]) is not supported by the " \
+           "native engine yet (USING skip-till-next-match); run it with --engine reference" \
+        in r.stderr
+    r = dqcep("run", kleene, "--input", events, "--engine", "reference")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        '{"query": "forced_door", "detected_at": 4000, "events": {"f": [1, 2, 3], "o": 4}}']
+
+
 def test_explain_bad_query_exit_2(tmp_path):
     q = tmp_path / "bad.cep"
     q.write_text("PATTERN OR(A a, NOT B b)\nWITHIN 1 s")

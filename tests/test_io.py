@@ -133,7 +133,7 @@ def test_match_lines_writes_what_match_line_writes(parts):
     queries = (("q", ("a", "b", "c")), ('quoted "q" ü', ("x", "é", "z_1")), ("r", ("u", "v", "w")))
     batch = MatchBatch(queries, [
         (q, np.array([d for d, _ in rows], np.int64),
-         np.array([ids for _, ids in rows], np.int64).reshape(len(rows), 3))
+         np.array([ids for _, ids in rows], np.int64).reshape(len(rows), 3), None)
         for q, rows in parts])
     assert match_lines(batch).decode() == "".join(match_line(m) + "\n"
                                                   for m in batch.to_matches())

@@ -443,7 +443,7 @@ def test_fuzz_wide_and_deep_queries_run_or_are_refused(text):
     planned_and_run_or_positioned_error(text)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kleene_queries())
 def test_round_trip_kleene_queries(q):
     text = to_source(q)

@@ -1,5 +1,5 @@
-"""Kleene lists (dqcep/_kernels/lists.pyx): the list store and the iteration kernel of
-a KLEENE vertex, against a model written from spec 5.1."""
+"""Kleene lists: the list store (dqcep/_kernels/store.pyx) and the iteration kernel of
+a KLEENE vertex (dqcep/_kernels/lists.pyx), against a model written from spec 5.1."""
 import itertools
 
 import numpy as np
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dqcep._kernels.lists import ListStore, kleene_step
+from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
-from dqcep._kernels.store import EventStore
+from dqcep._kernels.store import EventStore, ListStore
 from dqcep.lang import ast, parse
 from dqcep.plan.bytecode import compile_predicate
 from dqcep.runtime.compile import StringDictionary, kleene_layout, predicate_set
@@ -57,6 +57,31 @@ def test_list_store_evicts_the_oldest_and_keeps_handles():
     with pytest.raises(IndexError, match="not kept"):
         ls.info(0)
     assert ls.high_water < 64  # eviction keeps the arrays small
+
+
+def test_list_store_dump_and_load_give_the_same_lists_and_go_on():
+    rows = [(t, 100 + t, float(t) if t % 3 else None) for t in range(40)]
+    st_ = store_of(rows)
+    ls = ListStore([0])
+    handles, h = [], -1
+    for t in range(40):
+        h = ls.py_append(st_, h if t % 7 else -1, t)
+        handles.append(h)
+        ls.py_evict_end_before(t - 12)
+    other = ListStore([0])
+    other.load(*ls.dump())
+    assert (other.evicted, other.size) == (ls.evicted, ls.size)
+    # lists none of whose nodes were evicted (a run's nodes are consecutive here)
+    whole = [h for h in handles[-ls.size:] if h - ls.info(h)["count"] + 1 >= ls.evicted]
+    assert len(whole) > 5
+    with pytest.raises(IndexError, match="no longer kept"):
+        ls.elements(handles[-ls.size])  # its run began before the oldest node kept
+    for h in whole:
+        assert list(other.elements(h)) == list(ls.elements(h))
+        assert other.info(h) == ls.info(h)
+        assert [other.aggregate(h, 0, f) for f in ("sum", "min", "max", "count")] == [
+            ls.aggregate(h, 0, f) for f in ("sum", "min", "max", "count")]
+    assert other.py_append(st_, handles[-1], 39) == ls.py_append(st_, handles[-1], 39)
 
 
 def kernel_preds(text):

@@ -19,8 +19,8 @@ from dqcep.lang import ast, file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import run_events
-from tests.strategies import (ATTR_VALUES, SMALL_TYPES, negation_queries, small_event_streams,
-                              small_query_files)
+from tests.strategies import (ATTR_VALUES, SMALL_TYPES, kleene_event_streams, kleene_queries,
+                              negation_queries, small_event_streams, small_query_files)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,6 +143,50 @@ REGRESSIONS = [
     ("PATTERN SEQ(OR(A a, B b), NOT C c, OR(A d, B e)) WHERE c.q = a.q WITHIN 6",
      [(1, "A", 0, {"q": 1}), (2, "C", 1, {"q": 2}), (3, "B", 2, {}), (4, "C", 3, {})]),
 ]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kleene_queries(native=True), kleene_event_streams(), CUTS, st.none() | st.integers(0, 9))
+def test_native_matches_reference_on_kleene_items(q, events, cuts, shuffle):
+    """Kleene items under skip-till-any-match (spec 5.1): every list, with iteration,
+    first, last and aggregate conditions, [attr], random batch cuts and in-batch
+    shuffles within the lateness."""
+    check([q], events, cuts, shuffle)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kleene_queries(native=True), kleene_event_streams(), st.integers(0, 20))
+def test_snapshot_inside_kleene_runs_restores_every_list(q, events, cut):
+    """Snapshot after a cut (lists open inside the Kleene item), restore into a fresh
+    engine of the same plan, go on: the reference's matches, each once."""
+    from dqcep.runtime import Engine, MatchBatch
+    expected = as_set(ReferenceMatcher([q]).run(events))
+    ordered = sorted(events, key=lambda e: (e.ts, e.id))
+    plan = build_plan([q])
+    first = Engine(plan)
+    got = MatchBatch(first.match_queries)
+    got += first.process(ordered[:cut])
+    second = Engine(first.program)
+    second.restore(first.snapshot())
+    got += second.process(ordered[cut:])
+    got += second.flush()
+    assert as_set(got.to_matches()) == expected
+
+
+def test_kleene_state_stays_bounded_over_a_long_stream():
+    """Lists, their queue and the event store are bounded by the window, not the stream."""
+    from dqcep.runtime import Engine
+    q = parse("PATTERN SEQ(T+ t[], S s) WHERE [room] AND t[i].v > t[i-1].v AND count(t) >= 2 "
+              "WITHIN 5").queries
+    engine = Engine(build_plan(q))
+    peak = []
+    for b in range(60):
+        batch = [Event(b * 100 + i, "T" if i % 7 else "S", b * 50 + i,
+                       {"room": f"r{i % 2}", "v": (i * 7) % 11}) for i in range(50)]
+        engine.process(batch)
+        peak.append(engine.state_bytes())
+    assert max(peak[30:]) <= 1.5 * max(peak[10:30])
+    assert engine.state.lists.size < 2000
 
 
 @pytest.mark.parametrize("text,rows", REGRESSIONS, ids=[r[0][:48] for r in REGRESSIONS])

@@ -13,7 +13,7 @@ appended in end-ts order, so a probe walks one key's chain from the newest
 record back and stops at the first record ending more than W before the
 probing record ends.
 """
-from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
@@ -24,7 +24,7 @@ from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQue
                                   ring_row)
 from dqcep._kernels.store cimport (ATTR_ID, KIND_BOOL, KIND_MISSING, MAX_STACK, OP_AGG_COUNT,
                                    OP_AGG_MAX, OP_CONST, OP_EQUIV, OP_LOAD, OP_NEG, OP_NOT,
-                                   OP_OR, EventStore, cell_hash, eval_pred)
+                                   OP_OR, EventStore, ListStore, cell_hash, eval_pred, ls_row)
 
 ctypedef unsigned char[::1] uint8_t_view
 
@@ -236,19 +236,26 @@ def leaf_keys(EventStore st, const int64_t[::1] seqs, const int32_t[::1] key_att
     return ok, keys
 
 
-cdef inline bint _same_key(EventStore st, const int32_t[::1] key_attrs, const int64_t* l,
-                           idx_t nl, const int64_t* r, idx_t nr) noexcept nogil:
+cdef inline int64_t _event_of(const int64_t* rec, idx_t n, const uint8_t* is_list,
+                              ListStore lists) noexcept nogil:
+    """The first bound event of a record: a slot's event, or a list's last element
+    (every element of a keyed list carries the key)."""
+    cdef idx_t i
+    for i in range(n):
+        if rec[i] >= 0:
+            if is_list[i]:
+                return lists.seq[ls_row(lists, rec[i])]
+            return rec[i]
+    return -1
+
+
+cdef inline bint _same_key(JoinSpec v, EventStore st, ListStore lists, const int64_t* l,
+                           const int64_t* r) noexcept nogil:
     """Do the first bound events of the two records agree on every key attribute?"""
-    cdef idx_t i, a, na = st.n_attrs, rl, rr
-    cdef int64_t sl = -1, sr = -1
-    for i in range(nl):
-        if l[i] >= 0:
-            sl = l[i]
-            break
-    for i in range(nr):
-        if r[i] >= 0:
-            sr = r[i]
-            break
+    cdef idx_t a, na = st.n_attrs, rl, rr
+    cdef const int32_t[::1] key_attrs = v.key_attrs
+    cdef int64_t sl = _event_of(l, v.n_left, &v.list_slots[0], lists)
+    cdef int64_t sr = _event_of(r, v.n_right, &v.list_slots[v.n_left], lists)
     rl = <idx_t>(sl & st.mask)
     rr = <idx_t>(sr & st.mask)
     for a in range(key_attrs.shape[0]):
@@ -267,12 +274,18 @@ cdef class JoinSpec:
     cdef readonly PredicateSet preds
     cdef readonly bint keyed              # key_attrs is not empty
     cdef readonly bint has_preds          # preds is not empty
+    cdef readonly uint8_t[::1] list_slots  # per slot of a pair: it holds a Kleene list
+    cdef readonly bint has_lists
 
     def __init__(self, int op, int64_t window, idx_t n_left, idx_t n_right, key_attrs,
-                 PredicateSet preds):
+                 PredicateSet preds, list_slots=()):
         if op not in (OP_SEQ, OP_AND):
             raise ValueError(f"join op must be SEQ (1) or AND (2), got {op}")
         self.op, self.window, self.n_left, self.n_right = op, window, n_left, n_right
+        mask = np.zeros(n_left + n_right + 1, dtype=np.uint8)
+        mask[list(list_slots)] = 1
+        self.list_slots = mask
+        self.has_lists = bool(mask.any())
         self.key_attrs = np.ascontiguousarray(key_attrs, dtype=np.int32)
         self.preds = preds
         self.keyed = self.key_attrs.shape[0] > 0
@@ -282,8 +295,8 @@ cdef class JoinSpec:
                              f"{n_left + n_right}")
 
 
-cdef inline int _try_pair(JoinSpec v, EventStore st, const int64_t* l, const int64_t* r,
-                          int64_t* scratch, RingBuffer out) except -1 nogil:
+cdef inline int _try_pair(JoinSpec v, EventStore st, ListStore lists, const int64_t* l,
+                          const int64_t* r, int64_t* scratch, RingBuffer out) except -1 nogil:
     """Emit the pair (l, r) if it satisfies the operator, window, key and predicates."""
     cdef ts_t ls = l[COL_START], le = l[COL_END], rs = r[COL_START], re = r[COL_END]
     cdef ts_t start = ls if ls < rs else rs
@@ -296,7 +309,7 @@ cdef inline int _try_pair(JoinSpec v, EventStore st, const int64_t* l, const int
     if v.window >= 0 and end - start > v.window:
         return 0
     if v.keyed and (l[COL_KEY] != r[COL_KEY] or not _same_key(
-            st, v.key_attrs, l + COL_IDS, nl, r + COL_IDS, nr)):
+            v, st, lists, l + COL_IDS, r + COL_IDS)):
         return 0
     if v.op == OP_AND:
         for i in range(nl):
@@ -321,8 +334,9 @@ cdef inline int _try_pair(JoinSpec v, EventStore st, const int64_t* l, const int
     return 1
 
 
-cdef inline int _probe(JoinSpec v, EventStore st, KeyedQueue q, const int64_t* x,
-                       bint x_is_left, int64_t* scratch, RingBuffer out) except -1 nogil:
+cdef inline int _probe(JoinSpec v, EventStore st, ListStore lists, KeyedQueue q,
+                       const int64_t* x, bint x_is_left, int64_t* scratch,
+                       RingBuffer out) except -1 nogil:
     """Pair record x with every live record of its key in q (newest first)."""
     cdef int64_t pos = q.newest_with_key(x[COL_KEY])
     cdef int64_t* c
@@ -332,9 +346,9 @@ cdef inline int _probe(JoinSpec v, EventStore st, KeyedQueue q, const int64_t* x
         if v.window >= 0 and c[COL_END] < horizon:
             break  # this and every older record ends too early for the window
         if x_is_left:
-            _try_pair(v, st, x, c, scratch, out)
+            _try_pair(v, st, lists, x, c, scratch, out)
         else:
-            _try_pair(v, st, c, x, scratch, out)
+            _try_pair(v, st, lists, c, x, scratch, out)
         pos = kq_older(q, pos)
     return 0
 
@@ -352,7 +366,7 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
                const int64_t[::1] l_start, const int64_t[::1] l_end, const int64_t[::1] l_key,
                const int64_t[:, ::1] l_ids, const int64_t[::1] r_start,
                const int64_t[::1] r_end, const int64_t[::1] r_key, const int64_t[:, ::1] r_ids,
-               RingBuffer out):
+               RingBuffer out, ListStore lists=None):
     """Join this batch's new records (left and right deltas) with each other and the stored ones.
 
     Each delta must be in end-ts order. They are taken merged in that order
@@ -370,6 +384,8 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
                          f"expects {v.n_left} and {v.n_right}")
     if v.op == OP_AND and right is None:
         raise ValueError("an AND join needs a right queue")
+    if v.has_lists and lists is None:
+        raise ValueError("a join over Kleene lists needs the engine's ListStore")
     if left.n_ids != v.n_left or (right is not None and right.n_ids != v.n_right):
         raise ValueError("the queues' record widths differ from the join's")
     v.preds.check_inputs(st, v.n_left + v.n_right)
@@ -385,12 +401,12 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
                 if take_left:
                     _record(x, v.n_left, l_start, l_end, l_key, l_ids, i)
                     if v.op == OP_AND:
-                        _probe(v, st, right, x, True, scratch, out)
+                        _probe(v, st, lists, right, x, True, scratch, out)
                     left.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
                     i += 1
                 else:
                     _record(x, v.n_right, r_start, r_end, r_key, r_ids, j)
-                    _probe(v, st, left, x, False, scratch, out)
+                    _probe(v, st, lists, left, x, False, scratch, out)
                     if v.op == OP_AND:
                         right.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
                     j += 1

@@ -16,13 +16,17 @@ attribute, mismatched kinds, division by zero, a non-boolean result — makes th
 predicate false.
 """
 from libc.math cimport isnan
-from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memmove
 
 import numpy as np
 
+from dqcep._kernels._alloc cimport grow
 from dqcep._kernels._types cimport idx_t, ts_t
+
+cdef enum:
+    MIN_NODES = 64  # nodes a ListStore allocates first
 
 # The opcodes and cell kinds for Python (declared once, in store.pxd): the planner's
 # bytecode (dqcep.plan.bytecode.Op) and the runtime's compiler import them from here.
@@ -348,3 +352,238 @@ def py_eval(EventStore st, const int32_t[:, ::1] code, const double[::1] cval,
     return bool(eval_pred(st, &code[0, 0], code.shape[0],
                           &cval[0] if cval.shape[0] else NULL,
                           &ckind[0] if ckind.shape[0] else NULL, &slots[0]))
+
+
+# ------------------------------------------------------------- Kleene lists
+# Lists are stored once, beside the events (spec 5.1; dqcep._kernels.lists runs them).
+
+cdef inline bint _number(EventStore st, int64_t seq, int32_t col, double* out) noexcept nogil:
+    """The element's value in an aggregated column, if it is a number."""
+    cdef idx_t r = st.row(seq)
+    if col == ATTR_TS:
+        out[0] = <double>st.ts[r]
+        return True
+    if col == ATTR_ID:
+        out[0] = <double>st.ids[r]
+        return True
+    if st.kind[r * st.n_attrs + col] != KIND_NUM:
+        return False
+    out[0] = st.val[r * st.n_attrs + col]
+    return True
+
+
+cdef class ListStore:
+    """ListStore(agg_attrs=())
+
+    Lists as nodes (see the module docstring); ``agg_attrs``: the store columns
+    whose sum, min and max each node keeps.
+    """
+
+    def __cinit__(self, agg_attrs=()):
+        self.seq = self.parent = self.count = self.first = self.start = self.end = NULL
+        self.agg = NULL
+        self.ok = NULL
+        self.agg_attr = NULL
+        cols = np.ascontiguousarray(agg_attrs, dtype=np.int32)
+        self.n_aggs = cols.shape[0]
+        self.agg_attr = <int32_t*>grow(NULL, max(self.n_aggs, 1) * sizeof(int32_t))
+        cdef idx_t k
+        for k in range(self.n_aggs):
+            self.agg_attr[k] = cols[k]
+        self.evicted = self.offset = 0
+        self.size = self.cap = self.high_water = 0
+        self._reserve(MIN_NODES)
+
+    def __dealloc__(self):
+        free(self.seq)
+        free(self.parent)
+        free(self.count)
+        free(self.first)
+        free(self.start)
+        free(self.end)
+        free(self.agg)
+        free(self.ok)
+        free(self.agg_attr)
+
+    cdef int _reserve(self, idx_t extra) except -1 nogil:
+        """Room for ``extra`` more nodes: the evicted rows at the front are dropped
+        first (a move), the arrays grow only when the kept nodes need it."""
+        cdef idx_t dead = <idx_t>(self.evicted - self.offset), cap, k, w = self.n_aggs
+        if (self.evicted - self.offset) + self.size + extra <= self.cap:
+            return 0
+        if dead:
+            memmove(self.seq, self.seq + dead, self.size * sizeof(int64_t))
+            memmove(self.parent, self.parent + dead, self.size * sizeof(int64_t))
+            memmove(self.count, self.count + dead, self.size * sizeof(int64_t))
+            memmove(self.first, self.first + dead, self.size * sizeof(int64_t))
+            memmove(self.start, self.start + dead, self.size * sizeof(int64_t))
+            memmove(self.end, self.end + dead, self.size * sizeof(int64_t))
+            if w:
+                memmove(self.agg, self.agg + 3 * w * dead, 3 * w * self.size * sizeof(double))
+                memmove(self.ok, self.ok + w * dead, w * self.size * sizeof(uint8_t))
+            self.offset = self.evicted
+        if self.size + extra <= self.cap:
+            return 0
+        cap = self.cap if self.cap else MIN_NODES
+        while cap < self.size + extra:
+            cap *= 2
+        self.seq = <int64_t*>grow(self.seq, cap * sizeof(int64_t))
+        self.parent = <int64_t*>grow(self.parent, cap * sizeof(int64_t))
+        self.count = <int64_t*>grow(self.count, cap * sizeof(int64_t))
+        self.first = <int64_t*>grow(self.first, cap * sizeof(int64_t))
+        self.start = <int64_t*>grow(self.start, cap * sizeof(int64_t))
+        self.end = <int64_t*>grow(self.end, cap * sizeof(int64_t))
+        self.agg = <double*>grow(self.agg, max(3 * w * cap, 1) * sizeof(double))
+        self.ok = <uint8_t*>grow(self.ok, max(w * cap, 1) * sizeof(uint8_t))
+        self.cap = cap
+        return 0
+
+    cdef int64_t append(self, EventStore st, int64_t parent, int64_t seq) except -1 nogil:
+        """The list ``parent`` (-1: none) with event ``seq`` appended; its handle."""
+        cdef idx_t r, p = 0, k, w = self.n_aggs
+        cdef double v = 0.0
+        cdef bint has
+        self._reserve(1)
+        r = <idx_t>(self.evicted - self.offset) + self.size
+        self.seq[r] = seq
+        self.parent[r] = parent
+        self.end[r] = st.ts[st.row(seq)]
+        if parent < 0:
+            self.count[r] = 1
+            self.first[r] = seq
+            self.start[r] = self.end[r]
+        else:
+            p = ls_row(self, parent)
+            self.count[r] = self.count[p] + 1
+            self.first[r] = self.first[p]
+            self.start[r] = self.start[p]
+        for k in range(w):
+            has = _number(st, seq, self.agg_attr[k], &v)
+            if parent < 0:
+                self.ok[r * w + k] = has
+                self.agg[3 * (r * w + k)] = v if has else 0.0
+                self.agg[3 * (r * w + k) + 1] = v if has else 0.0
+                self.agg[3 * (r * w + k) + 2] = v if has else 0.0
+            else:
+                self.ok[r * w + k] = has and self.ok[p * w + k]
+                if self.ok[r * w + k]:  # in ts order, as every engine sums
+                    self.agg[3 * (r * w + k)] = self.agg[3 * (p * w + k)] + v
+                    self.agg[3 * (r * w + k) + 1] = min(self.agg[3 * (p * w + k) + 1], v)
+                    self.agg[3 * (r * w + k) + 2] = max(self.agg[3 * (p * w + k) + 2], v)
+        self.size += 1
+        if self.size > self.high_water:
+            self.high_water = self.size
+        return self.evicted + self.size - 1
+
+    cdef idx_t evict_end_before(self, ts_t cutoff) noexcept nogil:
+        """Drop the oldest nodes while their list ends before ``cutoff``."""
+        cdef idx_t n = 0
+        while self.size and self.end[ls_row(self, self.evicted)] < cutoff:
+            self.evicted += 1
+            self.size -= 1
+            n += 1
+        return n
+
+    # ------------------------------------------------------------ Python API
+
+    def py_append(self, EventStore st, int64_t parent, int64_t seq) -> int:
+        self._check(parent, True)
+        return self.append(st, parent, seq)
+
+    def py_evict_end_before(self, ts_t cutoff) -> int:
+        return self.evict_end_before(cutoff)
+
+    def _check(self, int64_t handle, bint allow_none=False):
+        if allow_none and handle == -1:
+            return
+        if not self.evicted <= handle < self.evicted + self.size:
+            raise IndexError(f"list {handle} is not kept (kept: {self.evicted}.."
+                             f"{self.evicted + self.size - 1})")
+
+    def info(self, int64_t handle) -> dict:
+        """count, first (seq), start, end of a list."""
+        self._check(handle)
+        cdef idx_t r = ls_row(self, handle)
+        return {"count": self.count[r], "first": self.first[r], "start": self.start[r],
+                "end": self.end[r], "last": self.seq[r], "parent": self.parent[r]}
+
+    def elements(self, int64_t handle) -> np.ndarray:
+        """The list's event sequence numbers, in ts order."""
+        self._check(handle)
+        cdef idx_t r = ls_row(self, handle), n = self.count[r], i
+        out = np.empty(n, np.int64)
+        cdef int64_t[::1] o = out
+        cdef int64_t h = handle
+        for i in range(n - 1, -1, -1):
+            if h < self.evicted:
+                raise IndexError(f"list {handle} reaches node {h}, which is no longer kept")
+            o[i] = self.seq[ls_row(self, h)]
+            h = self.parent[ls_row(self, h)]
+        return out
+
+    def aggregate(self, int64_t handle, idx_t k, str func):
+        """count / sum / avg / min / max of aggregated column k; None when an element
+        lacks a number there."""
+        self._check(handle)
+        cdef idx_t r = ls_row(self, handle), w = self.n_aggs
+        if func == "count":
+            return int(self.count[r])
+        if not 0 <= k < w:
+            raise IndexError(f"aggregate column {k} of {w}")
+        if not self.ok[r * w + k]:
+            return None
+        total = self.agg[3 * (r * w + k)]
+        return {"sum": total, "avg": total / self.count[r], "min": self.agg[3 * (r * w + k) + 1],
+                "max": self.agg[3 * (r * w + k) + 2]}[func]
+
+    def dump(self):
+        """The kept nodes as arrays (a snapshot): (evicted, seq, parent, count, first,
+        start, end, agg [n, 3 * n_aggs], ok [n, n_aggs]); ``load`` takes them back."""
+        cdef idx_t lo = <idx_t>(self.evicted - self.offset), n = self.size, w = self.n_aggs
+        cols = [np.empty(n, np.int64) for _ in range(6)]
+        cdef int64_t[::1] c0 = cols[0], c1 = cols[1], c2 = cols[2], c3 = cols[3]
+        cdef int64_t[::1] c4 = cols[4], c5 = cols[5]
+        agg = np.empty((n, 3 * w), np.float64)
+        ok = np.empty((n, w), np.uint8)
+        cdef double[:, ::1] ag = agg
+        cdef uint8_t[:, ::1] okv = ok
+        cdef idx_t i, k
+        for i in range(n):
+            c0[i], c1[i], c2[i] = self.seq[lo + i], self.parent[lo + i], self.count[lo + i]
+            c3[i], c4[i], c5[i] = self.first[lo + i], self.start[lo + i], self.end[lo + i]
+            for k in range(3 * w):
+                ag[i, k] = self.agg[3 * w * (lo + i) + k]
+            for k in range(w):
+                okv[i, k] = self.ok[w * (lo + i) + k]
+        return (int(self.evicted), *cols, agg, ok)
+
+    def load(self, int64_t evicted, seq, parent, count, first, start, end, agg, ok):
+        """Replace the nodes with a ``dump``: handles go on from where they stood."""
+        cdef const int64_t[::1] c0 = np.ascontiguousarray(seq, np.int64)
+        cdef const int64_t[::1] c1 = np.ascontiguousarray(parent, np.int64)
+        cdef const int64_t[::1] c2 = np.ascontiguousarray(count, np.int64)
+        cdef const int64_t[::1] c3 = np.ascontiguousarray(first, np.int64)
+        cdef const int64_t[::1] c4 = np.ascontiguousarray(start, np.int64)
+        cdef const int64_t[::1] c5 = np.ascontiguousarray(end, np.int64)
+        cdef idx_t n = c0.shape[0], w = self.n_aggs, i, k
+        cdef const double[:, ::1] ag = np.ascontiguousarray(agg, np.float64).reshape(n, 3 * w)
+        cdef const uint8_t[:, ::1] okv = np.ascontiguousarray(ok, np.uint8).reshape(n, w)
+        if not (c1.shape[0] == c2.shape[0] == c3.shape[0] == c4.shape[0] == c5.shape[0] == n):
+            raise ValueError("list store columns disagree in length")
+        self.evicted = self.offset = evicted
+        self.size = 0
+        self._reserve(n)
+        for i in range(n):
+            self.seq[i], self.parent[i], self.count[i] = c0[i], c1[i], c2[i]
+            self.first[i], self.start[i], self.end[i] = c3[i], c4[i], c5[i]
+            for k in range(3 * w):
+                self.agg[3 * w * i + k] = ag[i, k]
+            for k in range(w):
+                self.ok[w * i + k] = okv[i, k]
+        self.size = n
+        self.high_water = max(self.high_water, n)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the kept nodes."""
+        return self.size * (6 * 8 + self.n_aggs * (3 * 8 + 1))

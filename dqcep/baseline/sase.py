@@ -216,7 +216,7 @@ class SaseEngine(EventTimeEngine):
                 continue
             detected, ids = nfa.take()
             if len(detected):
-                out.parts.append((i, detected, ids))
+                out.parts.append((i, detected, ids, None))
                 self.matches_out[i] += len(detected)
 
     # --------------------------------------------------------- introspection

@@ -117,7 +117,7 @@ def _latency(kind: str, workload, queries, events: int, seed: int, chunk: int) -
     arrival_a, max_ts_a = np.array(arrival), np.maximum.accumulate(np.array(max_ts))
     lat = []
     for when, mb in emitted:
-        for q, detected, _ in mb.parts:
+        for q, detected, _, _ in mb.parts:
             needed = detected + (1 if held[q] else 0)
             first = np.searchsorted(max_ts_a, needed, side="left")
             first = np.minimum(first, len(arrival_a) - 1)

@@ -47,7 +47,12 @@ def match_lines(batch) -> bytes:
     match: what keeps output cheap when queries match often.
     """
     out = []
-    for q, detected, ids in batch.parts:
+    for part in batch.parts:
+        q, detected, ids, lists = part
+        if lists is not None:  # Kleene lists: one Match each (the kernel writes ids only)
+            one = type(batch)(batch.queries, [part])
+            out.append("".join(match_line(m) + "\n" for m in one.to_matches()).encode())
+            continue
         name, variables = batch.queries[q]
         head = f'{{"query": {json.dumps(name, ensure_ascii=False)}, "detected_at": '
         keys = [(json.dumps(v, ensure_ascii=False) + ": ").encode() for v in variables]

@@ -16,7 +16,7 @@ import numpy as np
 
 from dqcep.errors import UserError
 from dqcep.plan import Kind, Plan, Port
-from dqcep.plan.bytecode import FIRST, LAST, PREVIOUS, Op, Predicate
+from dqcep.plan.bytecode import FIRST, LAST, PAIRS, PREVIOUS, Op, Predicate
 from dqcep.plan.planner import UNBOUNDED
 from dqcep._kernels.operators import BytecodeError, PredicateSet
 from dqcep._kernels.store import KINDS
@@ -81,7 +81,8 @@ class StringDictionary:
 
 def attributes_read(preds: Sequence[Predicate], keys: Sequence[str] = ()) -> list[str]:
     """The attribute columns an engine stores: every attribute the predicates read
-    (LOAD, EQUIV) and the partition keys, in first-use order; ts and id are not columns."""
+    (LOAD, EQUIV, aggregates) and the partition keys, in first-use order; ts and id are
+    not columns."""
     names: list[str] = []
 
     def add(name):
@@ -90,7 +91,7 @@ def attributes_read(preds: Sequence[Predicate], keys: Sequence[str] = ()) -> lis
 
     for p in preds:
         for op, a, b in p.code:
-            if op == Op.LOAD:
+            if op == Op.LOAD or op >= Op.AGG_SUM:
                 add(p.attrs[b])
             elif op == Op.EQUIV:
                 add(p.attrs[a])
@@ -116,6 +117,35 @@ def kleene_layout(p: Predicate) -> Predicate:
                  if op == Op.LOAD and p.extras and a >= p.width else (op, a, b)
                  for op, a, b in p.code)
     return dataclasses.replace(p, code=code, lists=(), extras=(), width=0)
+
+
+def kleene_sets(preds: Sequence[Predicate], attr_index: dict[str, int],
+                dictionary: "StringDictionary") -> tuple[PredicateSet, ...]:
+    """A KLEENE vertex's conditions as ``dqcep._kernels.lists.kleene_step`` takes them:
+    (pairs, first, whole, whole_each, whole_pairs), each on the kernel's record."""
+    groups: dict[str, list[Predicate]] = {k: [] for k in
+                                          ("pairs", "first", "whole", "whole_each", "whole_pairs")}
+    for p in preds:
+        modes = {m for _, m in p.lists}
+        if p.whole_list:
+            name = "whole_pairs" if PAIRS in modes else "whole_each" if modes else "whole"
+        else:
+            name = "pairs" if p.lists else "first"
+        groups[name].append(kleene_layout(p))
+    return tuple(predicate_set(g, attr_index, dictionary) for g in groups.values())
+
+
+def aggregated_columns(preds: Sequence[Predicate], attr_index: dict[str, int]) -> list[int]:
+    """The store columns some aggregate instruction reads (a ListStore keeps them)."""
+    cols = []
+    for p in preds:
+        for op, _, b in p.code:
+            if op >= Op.AGG_SUM:
+                name = p.attrs[b]
+                col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
+                if col not in cols:
+                    cols.append(col)
+    return cols
 
 
 def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],

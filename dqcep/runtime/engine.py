@@ -34,10 +34,11 @@ from typing import Iterable
 
 import numpy as np
 
+from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.operators import join_delta, leaf_keys
 from dqcep._kernels.ring import RingBuffer
 from dqcep.plan import Kind, Plan
-from dqcep.runtime.eventtime import EventColumns, EventTimeEngine, MatchBatch
+from dqcep.runtime.eventtime import LIST_ID, EventColumns, EventTimeEngine, MatchBatch, MatchLists
 from dqcep.runtime.program import Program, QueryProgram
 from dqcep.runtime.state import EngineState, Records, VertexStats
 
@@ -127,6 +128,8 @@ class Engine(EventTimeEngine):
                 stats[v].inputs += len(left) + len(right)
             elif k in (Kind.SEQ, Kind.AND):
                 recs = self._join(v, delta)
+            elif k == Kind.KLEENE:
+                recs = self._lists(v, delta[prog.kleene[v].child])
             elif k == Kind.NOT:
                 child = delta[prog.children[v][2]]
                 if len(child):
@@ -142,6 +145,21 @@ class Engine(EventTimeEngine):
             out += self._output(q, delta[q.spec.root])
         self._measure_state()
         return out
+
+    def _lists(self, v: int, elements: Records) -> Records:
+        """A KLEENE vertex: the new lists its events make (one slot: the list handle)."""
+        state, spec = self.state, self.program.kleene[v]
+        state.stats[v].inputs += len(elements)
+        if not len(elements):
+            return Records.empty(1)
+        out_ring = self._out_rings.get(v)
+        if out_ring is None:  # scratch, reused every batch: neither program nor state
+            out_ring = self._out_rings[v] = RingBuffer(1, 1024)
+        out_ring.reset()
+        kleene_step(state.lists, state.store, state.growing[v], spec.window,
+                    np.ascontiguousarray(elements.slots[:, 0]), elements.end, elements.key,
+                    *spec.sets, out_ring)
+        return Records.from_ring(out_ring)  # in the end-ts order the events came in
 
     def _keep(self, guard_vertex: int, recs: Records) -> Records:
         """The records the NOT at ``guard_vertex`` does not forbid."""
@@ -167,7 +185,8 @@ class Engine(EventTimeEngine):
         out_ring.reset()
         join_delta(prog.joins[v], state.store, state.left_q[v], state.right_q.get(v),
                    dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
-                   dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots), out_ring)
+                   dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots), out_ring,
+                   state.lists)
         recs = Records.from_ring(out_ring)  # the join emits in end-ts order
         for gv in prog.host_guards[v]:
             recs = self._keep(gv, recs)
@@ -201,9 +220,26 @@ class Engine(EventTimeEngine):
     def _emit(self, out: MatchBatch, q: QueryProgram, detected: np.ndarray, slots: np.ndarray):
         if len(detected):
             picked = slots if q.identity_slots else slots[:, q.var_slots]
+            lists = None
+            if q.list_columns:  # list handles: their elements' ids, apart
+                handles = picked[:, list(q.list_columns)]
+                picked = picked.copy()
+                picked[:, list(q.list_columns)] = -1
+                lists = self._list_ids(q.list_columns, handles)
             ids = self.store.ids_of(np.ascontiguousarray(picked))
-            out.parts.append((q.index, detected.astype(np.int64), ids))
+            if lists is not None:
+                ids[:, list(q.list_columns)] = LIST_ID
+            out.parts.append((q.index, detected.astype(np.int64), ids, lists))
             self.state.stats[q.spec.output].outputs += len(detected)
+
+    def _list_ids(self, columns: tuple[int, ...], handles: np.ndarray) -> MatchLists:
+        """The event ids of each list, in ts order, row by row."""
+        seqs = [self.state.lists.elements(int(h)) for h in handles.ravel()]
+        offsets = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum([len(x) for x in seqs], out=offsets[1:])
+        flat = np.concatenate(seqs) if seqs else np.empty(0, np.int64)
+        values = self.store.ids_of(np.ascontiguousarray(flat.reshape(-1, 1)))[:, 0]
+        return MatchLists(tuple(columns), offsets, values)
 
     def _release_held(self, q: QueryProgram, wm: int | None) -> MatchBatch:
         """Held matches whose start + W is behind the watermark (all when wm is None)."""
@@ -235,8 +271,12 @@ class Engine(EventTimeEngine):
         for v, store in state.not_store.items():
             state.stats[v].evictions += store.evict_before(
                 wm - 2 * self.plan.guard[v].window_ms - 1)
+        for v, growing in state.growing.items():  # no list ending before can grow
+            state.stats[v].evictions += growing.py_evict_end_before(wm - prog.kleene[v].window)
         held_start = min((int(p.start.min()) for p in state.pending if len(p)), default=wm)
         state.store.evict_before(min(wm - prog.store_retention, held_start))
+        if state.lists is not None:  # a list in a queue or held starts after this
+            state.lists.py_evict_end_before(min(wm - prog.store_retention, held_start))
         return out
 
     # ---------------------------------------------------------- introspection

@@ -65,16 +65,37 @@ class EventColumns(NamedTuple):
         return EventColumns(*(c[index] for c in self))
 
 
+LIST_ID = -3  # in a match's ids: the variable is bound to a Kleene list (MatchLists)
+
+
+@dataclass(frozen=True)
+class MatchLists:
+    """The Kleene lists of a part's matches: for row r and list variable c (the
+    variables ``columns[c]``), the ids ``values[offsets[r * k + c]:offsets[r * k + c + 1]]``
+    in ts order, k = len(columns)."""
+
+    columns: tuple[int, ...]
+    offsets: np.ndarray   # int64[n * k + 1]
+    values: np.ndarray    # int64
+
+    def of(self, row: int, c: int) -> tuple[int, ...]:
+        k = len(self.columns)
+        return tuple(self.values[self.offsets[row * k + c]:self.offsets[row * k + c + 1]]
+                     .tolist())
+
+
 @dataclass
 class MatchBatch:
     """Matches, column by column, per query."""
 
     queries: tuple[tuple[str, tuple[str, ...]], ...]    # (name, variables) per query
-    parts: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
-    # (query index, detected_at int64[n], event ids int64[n, n_vars] with -1 = unbound)
+    parts: list[tuple[int, np.ndarray, np.ndarray, MatchLists | None]] = field(
+        default_factory=list)
+    # (query index, detected_at int64[n], event ids int64[n, n_vars] with -1 = unbound and
+    # LIST_ID = a Kleene list, the lists or None)
 
     def __len__(self) -> int:
-        return sum(len(d) for _, d, _ in self.parts)
+        return sum(len(d) for _, d, _, _ in self.parts)
 
     def __iadd__(self, other: "MatchBatch") -> "MatchBatch":
         self.parts.extend(other.parts)
@@ -82,11 +103,13 @@ class MatchBatch:
 
     def to_matches(self) -> list[Match]:
         out = []
-        for q, detected, ids in self.parts:
+        for q, detected, ids, lists in self.parts:
             name, variables = self.queries[q]
-            for d, row in zip(detected.tolist(), ids.tolist()):
-                out.append(Match(name, d, tuple((v, i) for v, i in zip(variables, row)
-                                                if i >= 0)))
+            where = {col: c for c, col in enumerate(lists.columns)} if lists else {}
+            for r, (d, row) in enumerate(zip(detected.tolist(), ids.tolist())):
+                out.append(Match(name, d, tuple(
+                    (v, lists.of(r, where[j]) if i == LIST_ID else i)
+                    for j, (v, i) in enumerate(zip(variables, row)) if i >= 0 or i == LIST_ID)))
         return out
 
 

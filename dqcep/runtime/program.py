@@ -20,8 +20,8 @@ from dqcep._kernels.operators import GUARD_MODES, Guard, JoinSpec, PredicateSet,
 from dqcep._kernels.store import EventStore
 from dqcep.errors import UserError
 from dqcep.plan import Kind, Op, Plan, Port
-from dqcep.runtime.compile import (StringDictionary, effective_windows, guard_hosts,
-                                   plan_attributes, predicate_set)
+from dqcep.runtime.compile import (StringDictionary, aggregated_columns, effective_windows,
+                                   guard_hosts, kleene_sets, plan_attributes, predicate_set)
 
 
 class QueryProgram(NamedTuple):
@@ -39,6 +39,15 @@ class QueryProgram(NamedTuple):
     held_guards: tuple[int, ...]  # NOT vertices that hold the match until start + W
     held_active: tuple[np.ndarray, ...]  # per held guard: the slots that make it apply
     n_slots: int
+    list_columns: tuple[int, ...] = ()  # the variables (by position) bound to Kleene lists
+
+
+class KleeneProgram(NamedTuple):
+    """What a KLEENE vertex runs (``dqcep._kernels.lists.kleene_step``)."""
+
+    child: int                   # its EVENT vertex
+    window: int
+    sets: tuple                  # (pairs, first, whole, whole_each, whole_pairs) PredicateSets
 
 
 class Program:
@@ -49,7 +58,7 @@ class Program:
     """
 
     def __init__(self, plan: Plan):
-        refuse_section5(plan)
+        refuse_section5(plan, native=True)
         self.plan = plan
         self.types = list(plan.types)
         self.attrs = plan_attributes(plan)
@@ -71,8 +80,13 @@ class Program:
         self.joins: dict[int, JoinSpec] = {}
         self.guards: dict[int, Guard] = {}
         self.host_guards: dict[int, list[int]] = {}
+        self.kleene: dict[int, KleeneProgram] = {}
         for v in self.topo:
             k = self.kind[v]
+            if k == Kind.KLEENE:
+                self.kleene[v] = KleeneProgram(
+                    self.children[v][2], int(self.eff_window[v]),
+                    kleene_sets(plan.preds[v], self.attr_index, constants))
             if k in (Kind.EVENT, Kind.SEQ, Kind.AND):
                 self.preds[v] = predicate_set(plan.preds[v], self.attr_index, constants)
                 self.keys[v] = np.array([self.attr_index[a] for a in plan.key_attrs[v]],
@@ -81,7 +95,7 @@ class Program:
                 left, right = self.children[v][:2]
                 self.joins[v] = JoinSpec(1 if k == Kind.SEQ else 2, int(self.eff_window[v]),
                                          self.n_slots[left], self.n_slots[right],
-                                         self.keys[v], self.preds[v])
+                                         self.keys[v], self.preds[v], list(plan.lists[v]))
                 self.host_guards[v] = hosts[v]
             elif k == Kind.NOT:
                 spec = plan.guard[v]
@@ -89,6 +103,9 @@ class Program:
                     GUARD_MODES[spec.mode], spec.n_host, spec.left_slots, spec.right_slots,
                     spec.active_slots, predicate_set(spec.preds, self.attr_index, constants),
                     spec.window_ms)
+        # the columns whose sum, min and max every list keeps (its aggregates)
+        self.list_aggs = aggregated_columns(
+            [p for v in self.kleene for p in plan.preds[v]], self.attr_index)
         self.left_vertices = [v for v in self.topo if v in self.joins]
         self.and_vertices = [v for v in self.left_vertices if self.kind[v] == Kind.AND]
         self.not_vertices = [v for v in self.topo if v in self.guards]
@@ -113,7 +130,8 @@ class Program:
             predicate_set(spec.preds, self.attr_index, constants),
             tuple(g for g in guards if not plan.guard[g].holds_back), tuple(held),
             tuple(np.array(plan.guard[g].active_slots, dtype=np.int64) for g in held),
-            len(spec.slot_of))
+            len(spec.slot_of),
+            tuple(j for j, var in enumerate(spec.variables) if var in spec.lists))
 
     def _equality_indexes(self) -> dict[int, tuple[int, int, int, int]]:
         """Join keys from equality conjuncts: vertex -> (left slot, attr, right slot, attr).
@@ -128,14 +146,14 @@ class Program:
         for v in self.topo:
             k = self.kind[v]
             left, right, child = self.children[v]
-            if k == Kind.EVENT:
+            if k in (Kind.EVENT, Kind.KLEENE):
                 maybe_unbound[v] = [False]
             elif k == Kind.OR:
                 maybe_unbound[v] = [True] * self.n_slots[v]
             elif k in (Kind.SEQ, Kind.AND):
                 maybe_unbound[v] = maybe_unbound[left] + maybe_unbound[right]
-            if k not in (Kind.SEQ, Kind.AND) or plan.key_attrs[v]:
-                continue
+            if k not in (Kind.SEQ, Kind.AND) or plan.key_attrs[v] or plan.lists[v]:
+                continue  # (an equality over a list holds for every element: no index)
             nl = self.n_slots[left]
             for p in plan.preds[v]:
                 code = p.code
@@ -194,14 +212,37 @@ class Program:
         return keep
 
 
-def refuse_section5(plan: Plan) -> None:
-    """Kleene closure and selection strategies (spec section 5) are planned but not yet
-    run by the native engine: a query using them is refused with its position."""
+def refuse_section5(plan: Plan, native: bool = False) -> None:
+    """Refuse, with the query's position, what of spec section 5 an engine does not run
+    yet. The native engine (``native``) runs Kleene items under skip-till-any-match
+    whose conditions read the list alone (each element, the one before, the first,
+    the whole list), with no NOT beside the list; other engines none of section 5."""
     for q in plan.queries:
-        if q.section5 is not None:
-            line, col, what = q.section5
+        if q.section5 is None:
+            continue
+        line, col, what = q.section5
+        why = _native_gap(plan, q) if native else ""
+        if why is not None:
             raise UserError(f"{line}:{col}: query {q.name!r}: {what} is not supported by "
-                            f"the native engine yet; run it with --engine reference")
+                            f"the native engine yet{why}; run it with --engine reference")
+
+
+def _native_gap(plan: Plan, q) -> str | None:
+    """Why the native engine cannot run query ``q`` yet (None: it can)."""
+    if q.strategy != "skip-till-any-match":
+        return f" (USING {q.strategy})"
+    mine = [v for v in range(plan.n_vertices) if q.name in plan.users[v]]
+    for v in mine:
+        if plan.kind(v) == Kind.KLEENE:
+            continue
+        preds = list(plan.preds[v]) + (list(q.preds) if v == q.output else [])
+        for p in preds:
+            if p.lists or p.extras or p.whole_list:
+                return f" (a condition on a list with other variables: {p.text})"
+        g = plan.guard[v]
+        if g is not None and (g.host_lists or any(p.lists or p.whole_list for p in g.preds)):
+            return " (a NOT beside a Kleene item)"
+    return None
 
 
 @lru_cache(maxsize=16)

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Sequence
 
-from dqcep.events import Event, Match
+from dqcep.events import Event, Match, list_aggregate
 
 
 class ReturnValues:
@@ -39,13 +39,23 @@ class ReturnValues:
                 self.events.pop(self.order.popleft()[1], None)
 
     def fill(self, m: Match) -> Match:
-        """The match with its query's RETURN values: a variable gives its event's id,
-        ``var.attr`` the attribute; an unbound variable or a missing attribute None."""
+        """The match with its query's RETURN values: a variable gives its event's id (a
+        Kleene variable its list of ids), ``var.attr`` the attribute, an aggregate its
+        value over the list; an unbound variable or a missing attribute None."""
         bound = dict(m.events)
         values = []
         for r in self.specs[m.query]:
-            label = r.var if r.attr is None else f"{r.var}.{r.attr}"
-            ev = self.events.get(bound.get(r.var, -1))
+            label = r.label
+            value = bound.get(r.var, -1)
+            if isinstance(value, tuple):  # a Kleene list
+                if r.func is None:
+                    values.append((label, value))
+                    continue
+                events = [self.events.get(i) for i in value]
+                values.append((label, None if None in events
+                               else list_aggregate(r.func, r.attr, events)))
+                continue
+            ev = self.events.get(value)
             if ev is None:
                 values.append((label, None))
             elif r.attr is None:

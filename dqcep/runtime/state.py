@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
+from dqcep._kernels.store import ListStore
 from dqcep.errors import UserError
 from dqcep.runtime.compile import StringDictionary
 from dqcep.runtime.eventtime import TimeState
@@ -77,6 +78,8 @@ class EngineState(TimeState):
     not_store: dict[int, RingBuffer] = field(default_factory=dict)  # NOT: negated matches
     pending: list[Records] = field(default_factory=list)  # per query: held matches
     stats: dict[int, VertexStats] = field(default_factory=dict)
+    lists: ListStore | None = None    # every Kleene list (plans with KLEENE vertices)
+    growing: dict[int, KeyedQueue] = field(default_factory=dict)  # KLEENE: lists that may grow
 
     @classmethod
     def fresh(cls, program, lateness: int = 0) -> "EngineState":
@@ -91,6 +94,9 @@ class EngineState(TimeState):
         for v in program.not_vertices:
             state.not_store[v] = RingBuffer(n_slots[children[v][2]])
         state.pending = [Records.empty(q.n_slots) for q in program.queries]
+        if program.kleene:
+            state.lists = ListStore(program.list_aggs)
+            state.growing = {v: KeyedQueue(1) for v in program.kleene}
         state.stats = {v: VertexStats() for v in range(program.plan.n_vertices)}
         return state
 
@@ -101,6 +107,8 @@ class EngineState(TimeState):
         total += sum(q.nbytes for q in self.right_q.values())
         total += sum(s.nbytes for s in self.not_store.values())
         total += sum(p.slots.nbytes + 24 * len(p) for p in self.pending)
+        if self.lists is not None:
+            total += self.lists.nbytes + sum(q.nbytes for q in self.growing.values())
         return total
 
     # ------------------------------------------------------------ bytes
@@ -130,6 +138,9 @@ class EngineState(TimeState):
             "pending": [recs(p) for p in self.pending],
             "stats": {str(v): [s.inputs, s.outputs, s.evictions] for v, s in self.stats.items()},
             "counters": [self.events_in, self.late],
+            "lists": ([int(d) if not isinstance(d, np.ndarray) else arr(d)
+                       for d in self.lists.dump()] if self.lists is not None else None),
+            "growing": {str(v): queue(q) for v, q in self.growing.items()},
         }
         return SNAPSHOT_MAGIC + struct.pack("<I", SNAPSHOT_VERSION) + \
             msgpack.packb(body, use_bin_type=True)
@@ -171,4 +182,10 @@ class EngineState(TimeState):
         for v_str, (i, o, e) in body["stats"].items():
             state.stats[int(v_str)] = VertexStats(i, o, e)
         state.events_in, state.late = body["counters"]
+        if body.get("lists") is not None:
+            evicted, *columns = body["lists"]
+            state.lists.load(evicted, *(view(c) for c in columns))
+            for v_str, (evicted, s, e, k, ids_) in body["growing"].items():
+                state.growing[int(v_str)].load(evicted, view(s), view(e), view(k),
+                                               np.ascontiguousarray(view(ids_), np.int64))
         return state
