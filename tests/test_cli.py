@@ -189,6 +189,9 @@ def test_kleene_queries_explain_and_strategies_run_on_the_reference_only(tmp_pat
     assert "7:13: query 'forced_door': Kleene closure (Type+ v[]) is not supported by the " \
            "native engine yet (USING skip-till-next-match); run it with --engine reference" \
         in r.stderr
+    r = dqcep("spark", "run", kleene, "--input", events, "--output", tmp_path / "out")
+    assert r.returncode == 2 and "7:13: query 'forced_door': Kleene closure" in r.stderr
+    assert not (tmp_path / "out").exists()  # refused on the driver, before Spark starts
     r = dqcep("run", kleene, "--input", events, "--engine", "reference")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [

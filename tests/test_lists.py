@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.store import EventStore, ListStore
-from dqcep.lang import ast, parse
-from dqcep.plan.bytecode import compile_predicate
-from dqcep.runtime.compile import StringDictionary, kleene_layout, predicate_set
+from dqcep.lang import parse
+from dqcep.runtime.compile import StringDictionary, kleene_sets
 
 NUM, MISSING = 1, 0
 
@@ -76,8 +75,12 @@ def test_list_store_dump_and_load_give_the_same_lists_and_go_on():
     assert len(whole) > 5
     with pytest.raises(IndexError, match="no longer kept"):
         ls.elements(handles[-ls.size])  # its run began before the oldest node kept
-    for h in whole:
+    with pytest.raises(IndexError, match="no longer kept"):
+        ls.elements_of(np.array([handles[-ls.size]], np.int64))
+    offsets, seqs = other.elements_of(np.array(whole, np.int64))  # all at once
+    for i, h in enumerate(whole):
         assert list(other.elements(h)) == list(ls.elements(h))
+        assert list(seqs[offsets[i]:offsets[i + 1]]) == list(ls.elements(h))
         assert other.info(h) == ls.info(h)
         assert [other.aggregate(h, 0, f) for f in ("sum", "min", "max", "count")] == [
             ls.aggregate(h, 0, f) for f in ("sum", "min", "max", "count")]
@@ -85,21 +88,12 @@ def test_list_store_dump_and_load_give_the_same_lists_and_go_on():
 
 
 def kernel_preds(text):
-    """Step, first and whole-list PredicateSets of the KLEENE vertex of a one-query file."""
+    """The PredicateSets kleene_step takes for the KLEENE vertex of a one-query file."""
     from dqcep.plan import Kind, build_plan
     plan = build_plan(parse(text).queries)
     (kv,) = [v for v in range(plan.n_vertices) if plan.kind(v) == Kind.KLEENE]
-    preds = [kleene_layout(p) for p in plan.preds[kv]]
-    original = plan.preds[kv]
-    groups = {"pairs": [], "first": [], "whole": [], "whole_each": [], "whole_pairs": []}
-    for p, o in zip(preds, original):
-        modes = {m for _, m in o.lists}
-        if o.whole_list:
-            groups["whole_pairs" if 1 in modes else "whole_each" if modes else "whole"].append(p)
-        else:
-            groups["pairs" if o.lists else "first"].append(p)
-    d = StringDictionary()
-    return {k: predicate_set(v, {"x": 0}, d) for k, v in groups.items()}, plan.preds[kv]
+    names = ("pairs", "first", "whole", "whole_each", "whole_pairs")
+    return dict(zip(names, kleene_sets(plan.preds[kv], {"x": 0}, StringDictionary())))
 
 
 def model(rows, keys, window, pair_ok, first_ok, whole_ok):
@@ -135,7 +129,7 @@ def test_kleene_step_makes_every_list_of_spec_5_1(steps, window, cut, conditions
              "sum": "WHERE sum(v.x) >= 3 AND v[last].x > 0",
              "each": "WHERE v.x >= avg(v.x) - 1 AND v[i].x + count(v) > v[i-1].x + 2"}[
                  conditions]
-    sets, _ = kernel_preds(f"PATTERN SEQ(T+ v[], U u) {where} WITHIN {window}")
+    sets = kernel_preds(f"PATTERN SEQ(T+ v[], U u) {where} WITHIN {window}")
     has = lambda r: r[2] is not None  # noqa: E731
     pair_ok = {"none": lambda c, p, f: True,
                "rising": lambda c, p, f: has(c) and has(p) and c[2] > p[2],

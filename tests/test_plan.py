@@ -447,6 +447,8 @@ def test_native_engine_refuses_what_of_section5_it_does_not_run_yet():
              r"engine yet \(USING skip-till-next-match\)"),
             ("PATTERN SEQ(A a, T+ t[]) WHERE t.x > a.x WITHIN 5",
              r"1:18: .* yet \(a condition on a list with other variables: t.x > a.x\)"),
+            ("PATTERN SEQ(T+ t[], B b) WHERE [room] OR b.x = 1 WITHIN 5",  # [room] nested
+             r"1:13: .* yet \(a condition on a list with other variables: \[room\] OR"),
             ("PATTERN SEQ(T+ t[], NOT N n, B b) WITHIN 5",
              r"1:13: .* yet \(a NOT beside a Kleene item\); run it with --engine reference")]:
         with pytest.raises(UserError, match=where):

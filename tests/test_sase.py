@@ -165,3 +165,19 @@ def test_cli_engine_sase_agrees_with_native(tmp_path):
                           "--engine", "sase"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert "query 'stuffy'" in bad.stderr and "AND is not supported" in bad.stderr
+
+
+@pytest.mark.parametrize("text, what", [
+    ("PATTERN SEQ(A a, T+ t[], B b) WITHIN 5", "1:18: query 'q1': the SASE baseline runs SEQ "
+     "patterns of events with NOT of single event types; Kleene closure (Type+ v[]) is not "
+     "supported"),
+    ("PATTERN SEQ(A a, B b) WITHIN 5 USING skip-till-next-match",
+     "1:38: query 'q1': the SASE baseline runs SEQ patterns of events with NOT of single "
+     "event types; USING skip-till-next-match is not supported"),
+])
+def test_sase_refuses_section5_with_the_position(text, what):
+    import re
+
+    from dqcep.lang import parse
+    with pytest.raises(UserError, match=re.escape(what)):
+        SaseEngine(parse(text).queries)

@@ -24,7 +24,7 @@ from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.operators cimport PredicateSet
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue, RingBuffer,
                                   kq_at, kq_older, ring_push)
-from dqcep._kernels.store cimport (KIND_MISSING, KIND_NUM, OP_AGG_AVG, OP_AGG_COUNT,
+from dqcep._kernels.store cimport (KIND_MISSING, KIND_NUM, MAX_AGGS, OP_AGG_AVG, OP_AGG_COUNT,
                                    OP_AGG_MIN, OP_AGG_SUM, EventStore, ListStore, eval_pred_aggs,
                                    ls_row)
 
@@ -32,11 +32,12 @@ from dqcep._kernels.store cimport (KIND_MISSING, KIND_NUM, OP_AGG_AVG, OP_AGG_CO
 cdef bint holds_with_lists(PredicateSet ps, EventStore st, const int64_t* rec,
                            ListStore ls, const int64_t* list_of_slot) noexcept nogil:
     """``ps.holds(st, rec)`` where aggregate instructions read the lists: the list in
-    slot s of the record is ``list_of_slot[s]`` (a handle; -1: not a list)."""
+    slot s of the record is ``list_of_slot[s]`` (a handle; -1: not a list). A
+    PredicateSet holds at most MAX_AGGS aggregates per predicate (checked when built)."""
     cdef idx_t p, i, j, k, r, w = ls.n_aggs, n
     cdef int32_t op, a, b
-    cdef double aggv[64]
-    cdef int8_t aggk[64]
+    cdef double aggv[MAX_AGGS]
+    cdef int8_t aggk[MAX_AGGS]
     cdef bint bound
     for p in range(ps.n):
         bound = True
@@ -51,8 +52,6 @@ cdef bint holds_with_lists(PredicateSet ps, EventStore st, const int64_t* rec,
             op, a, b = ps.code[i, 0], ps.code[i, 1], ps.code[i, 2]
             if op < OP_AGG_COUNT:
                 continue
-            if n == 64:
-                return False  # more aggregates than one condition can hold: refused at build
             aggk[n] = KIND_MISSING
             if list_of_slot[a] >= 0:
                 r = ls_row(ls, list_of_slot[a])

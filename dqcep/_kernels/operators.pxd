@@ -15,7 +15,6 @@ cdef class PredicateSet:
     cdef readonly idx_t n
     cdef readonly int64_t max_slot   # largest record slot any instruction reads, -1: none
     cdef readonly int32_t max_attr   # largest store column any instruction reads, -1: none
-    cdef readonly idx_t n_aggs       # aggregate instructions (lists.holds_with_lists fills them)
 
     # Predicates first..last-1 whose slots are all bound (>= 0) in rec hold.
     cdef bint holds_range(self, EventStore st, const int64_t* rec, idx_t first,

@@ -22,7 +22,8 @@ from dqcep._kernels._types cimport idx_t, ts_t
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue,
                                   RingBuffer, first_end_after, kq_at, kq_older, ring_push,
                                   ring_row)
-from dqcep._kernels.store cimport (ATTR_ID, KIND_BOOL, KIND_MISSING, MAX_STACK, OP_AGG_COUNT,
+from dqcep._kernels.store cimport (ATTR_ID, KIND_BOOL, KIND_MISSING, MAX_AGGS, MAX_STACK,
+                                   OP_AGG_COUNT,
                                    OP_AGG_MAX, OP_CONST, OP_EQUIV, OP_LOAD, OP_NEG, OP_NOT,
                                    OP_OR, EventStore, ListStore, cell_hash, eval_pred, ls_row)
 
@@ -106,7 +107,6 @@ cdef class PredicateSet:
         _check_offsets(self.pred_start, self.code.shape[0], "pred_start")
         _check_offsets(self.slot_start, self.slots.shape[0], "slot_start")
         self.max_slot, self.max_attr = -1, -1
-        self.n_aggs = 0
         for j in range(self.slots.shape[0]):
             if self.slots[j] < 0:
                 raise ValueError(f"slots[{j}] is {self.slots[j]}")
@@ -115,7 +115,7 @@ cdef class PredicateSet:
             self._check_predicate(p)
 
     cdef _check_predicate(self, idx_t p):
-        cdef idx_t i, depth = 0
+        cdef idx_t i, depth = 0, aggs = 0
         cdef int32_t op, a, b
         cdef int64_t slot, col
         if self.pred_start[p + 1] == self.pred_start[p]:
@@ -145,7 +145,9 @@ cdef class PredicateSet:
                 self.max_slot = max(self.max_slot, a)
                 if op != OP_AGG_COUNT:
                     self.max_attr = max(self.max_attr, b)
-                self.n_aggs += 1
+                aggs += 1
+                if aggs > MAX_AGGS:
+                    raise BytecodeError(p, f"more than {MAX_AGGS} aggregates")
                 depth += 1
             elif op == OP_NEG or op == OP_NOT:
                 if depth < 1:

@@ -17,6 +17,7 @@ cdef enum:
 
 cdef enum:
     MAX_STACK = 128
+    MAX_AGGS = 64    # aggregate instructions in one predicate (lists.holds_with_lists)
 
 # Predicate bytecode opcodes (dqcep/plan/bytecode.py builds its Op enum from
 # store.OPCODES, so they are written here only).

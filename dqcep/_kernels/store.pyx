@@ -521,6 +521,31 @@ cdef class ListStore:
             h = self.parent[ls_row(self, h)]
         return out
 
+    def elements_of(self, const int64_t[::1] handles):
+        """Every list's elements at once: (offsets int64[n + 1], seqs), list i's event
+        sequence numbers in ts order at ``seqs[offsets[i]:offsets[i + 1]]``."""
+        cdef idx_t n = handles.shape[0], i, k
+        cdef int64_t h, lost = -1
+        offsets = np.zeros(n + 1, np.int64)
+        cdef int64_t[::1] o = offsets
+        for i in range(n):
+            self._check(handles[i])
+            o[i + 1] = o[i] + self.count[ls_row(self, handles[i])]
+        seqs = np.empty(o[n], np.int64)
+        cdef int64_t[::1] out = seqs
+        with nogil:
+            for i in range(n):
+                h = handles[i]
+                for k in range(o[i + 1] - 1, o[i] - 1, -1):  # from the last element back
+                    if h < self.evicted:
+                        lost = handles[i]
+                        break
+                    out[k] = self.seq[ls_row(self, h)]
+                    h = self.parent[ls_row(self, h)]
+        if lost >= 0:
+            raise IndexError(f"list {lost} reaches a node that is no longer kept")
+        return offsets, seqs
+
     def aggregate(self, int64_t handle, idx_t k, str func):
         """count / sum / avg / min / max of aggregated column k; None when an element
         lacks a number there."""

@@ -29,6 +29,7 @@ short-circuit. The native runtime evaluates the same code in Cython.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable, Sequence
@@ -257,8 +258,6 @@ def evaluate_on_events(p: Predicate, events: Sequence) -> bool:
     """Evaluate over a record given as a list of Event objects (None = unbound slot; a
     tuple of events: a Kleene list). Over lists the predicate must hold for every
     element (from the second on for PAIRS), for every pair of two lists' elements."""
-    import itertools
-
     def value(ev, attr: str):
         try:
             return ev.value(attr)

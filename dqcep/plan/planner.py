@@ -463,9 +463,13 @@ class _Interner:
     def _lists(self, vars_: Sequence[str]) -> tuple[int, ...]:
         return tuple(i for i, var in enumerate(vars_) if var in self.kleene)
 
-    def _compile(self, c: ast.Expr, vars_: Sequence[str], slot_of: dict[str, int],
-                 equiv_slots: int) -> Predicate:
-        return compile_predicate(c, slot_of, equiv_slots, self.kleene, len(slot_of))
+    def _compile(self, c: ast.Expr, slot_of: dict[str, int], equiv_slots: int,
+                 lists: bool = True) -> Predicate:
+        """A conjunct on records laid out by ``slot_of``; with ``lists`` the current
+        query's Kleene variables hold lists there (not at an EVENT vertex, whose one
+        slot is an event, an element of a list or not)."""
+        return compile_predicate(c, slot_of, equiv_slots, self.kleene if lists else frozenset(),
+                                 len(slot_of))
 
     def _new(self, kind: Kind, sig: tuple, *, slots=(), preds=(), key=(), etype=-1,
              guard=None, estimate=0.0, window: int, user: str,
@@ -492,12 +496,8 @@ class _Interner:
 
     def node(self, t: _Node, key: tuple[str, ...], window: int, user: str, w_query: int) -> int:
         slot_of = {var: i for i, var in enumerate(t.vars)}
-        if t.kind == Kind.EVENT:  # its slot is one event, an element of a list or not
-            preds = tuple(sorted((compile_predicate(c, slot_of, len(t.vars)) for c in t.preds),
-                                 key=lambda p: p.signature))
-        else:
-            preds = tuple(sorted((self._compile(c, t.vars, slot_of, len(t.vars))
-                                  for c in t.preds), key=lambda p: p.signature))
+        preds = tuple(sorted((self._compile(c, slot_of, len(t.vars), t.kind != Kind.EVENT)
+                              for c in t.preds), key=lambda p: p.signature))
         guards = [self.not_vertex(g, t.vars, user, w_query) for g in t.guards]
         lists = () if t.kind == Kind.EVENT else self._lists(t.vars)
         common = dict(slots=t.vars, preds=preds, key=key, estimate=t.estimate,
@@ -532,8 +532,8 @@ class _Interner:
         child = self.node(g.tree, (), UNBOUNDED, user, w_query)
         slot_of = {var: i for i, var in enumerate(host_vars)}
         slot_of.update({var: len(host_vars) + i for i, var in enumerate(g.tree.vars)})
-        preds = tuple(sorted((self._compile(c, host_vars, slot_of, len(host_vars))
-                              for c in g.preds), key=lambda p: p.signature))
+        preds = tuple(sorted((self._compile(c, slot_of, len(host_vars)) for c in g.preds),
+                             key=lambda p: p.signature))
         spec = GuardSpec(
             mode=g.mode, n_host=len(host_vars),
             left_slots=tuple(slot_of[x] for x in g.left_vars if x in slot_of),
@@ -581,8 +581,7 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
         root = interner.node(root_tree, qp.key_attrs, w, q.name, w)
         root_vars = root_tree.vars
         slot_of = {var: i for i, var in enumerate(root_vars)}
-        final = tuple(interner._compile(c, root_vars, slot_of, len(root_vars))
-                      for c in qp.final)
+        final = tuple(interner._compile(c, slot_of, len(root_vars)) for c in qp.final)
         guards = [interner.not_vertex(g, root_vars, q.name, w) for g in output_guards]
         out = interner.output(q.name, root, root_vars, final, guards, w)
         never = not all(evaluate(compile_predicate(c, {}), lambda s, a: None)

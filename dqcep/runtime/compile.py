@@ -108,6 +108,11 @@ def plan_attributes(plan: Plan) -> list[str]:
     return attributes_read(preds, [k for keys in plan.key_attrs for k in keys])
 
 
+def column(name: str, attr_index: dict[str, int]) -> int:
+    """The store column a predicate reads for an attribute: ts and id are the event's."""
+    return ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
+
+
 def kleene_layout(p: Predicate) -> Predicate:
     """A condition of a KLEENE vertex on the record its kernel builds: [element,
     element before, first element] (``dqcep._kernels.lists.kleene_step``); a
@@ -141,8 +146,7 @@ def aggregated_columns(preds: Sequence[Predicate], attr_index: dict[str, int]) -
     for p in preds:
         for op, _, b in p.code:
             if op >= Op.AGG_SUM:
-                name = p.attrs[b]
-                col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
+                col = column(p.attrs[b], attr_index)
                 if col not in cols:
                     cols.append(col)
     return cols
@@ -169,19 +173,13 @@ def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],
             if op == Op.CONST:
                 code.append((op, base + a, 0))
             elif op == Op.LOAD:
-                name = p.attrs[b]
-                col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
-                code.append((op, a, col))
+                code.append((op, a, column(p.attrs[b], attr_index)))
             elif op == Op.EQUIV:
-                name = p.attrs[a]
-                col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
-                code.append((op, col, b))
+                code.append((op, column(p.attrs[a], attr_index), b))
             elif op == Op.AGG_COUNT:
                 code.append((op, a, 0))
             elif op >= Op.AGG_SUM:  # the list in slot a, the store column of attrs[b]
-                name = p.attrs[b]
-                col = ATTR_TS if name == "ts" else ATTR_ID if name == "id" else attr_index[name]
-                code.append((op, a, col))
+                code.append((op, a, column(p.attrs[b], attr_index)))
             else:
                 code.append((op, 0, 0))
         pred_start.append(len(code))

@@ -234,11 +234,8 @@ class Engine(EventTimeEngine):
 
     def _list_ids(self, columns: tuple[int, ...], handles: np.ndarray) -> MatchLists:
         """The event ids of each list, in ts order, row by row."""
-        seqs = [self.state.lists.elements(int(h)) for h in handles.ravel()]
-        offsets = np.zeros(len(seqs) + 1, np.int64)
-        np.cumsum([len(x) for x in seqs], out=offsets[1:])
-        flat = np.concatenate(seqs) if seqs else np.empty(0, np.int64)
-        values = self.store.ids_of(np.ascontiguousarray(flat.reshape(-1, 1)))[:, 0]
+        offsets, seqs = self.state.lists.elements_of(np.ascontiguousarray(handles.ravel()))
+        values = self.store.ids_of(seqs.reshape(-1, 1))[:, 0]
         return MatchLists(tuple(columns), offsets, values)
 
     def _release_held(self, q: QueryProgram, wm: int | None) -> MatchBatch:

@@ -237,7 +237,7 @@ def _native_gap(plan: Plan, q) -> str | None:
             continue
         preds = list(plan.preds[v]) + (list(q.preds) if v == q.output else [])
         for p in preds:
-            if p.lists or p.extras or p.whole_list:
+            if p.lists or p.extras or p.whole_list or (p.has_equivalence and plan.lists[v]):
                 return f" (a condition on a list with other variables: {p.text})"
         g = plan.guard[v]
         if g is not None and (g.host_lists or any(p.lists or p.whole_list for p in g.preds)):

@@ -62,6 +62,14 @@ class Records:
         return Records(s, e, k, ids)
 
 
+def _dumped(lists: ListStore | None, arr) -> list | None:
+    """A ListStore's ``dump`` for a snapshot: its evicted count, then its arrays."""
+    if lists is None:
+        return None
+    evicted, *columns = lists.dump()
+    return [evicted, *map(arr, columns)]
+
+
 @dataclass
 class VertexStats:
     inputs: int = 0
@@ -138,8 +146,7 @@ class EngineState(TimeState):
             "pending": [recs(p) for p in self.pending],
             "stats": {str(v): [s.inputs, s.outputs, s.evictions] for v, s in self.stats.items()},
             "counters": [self.events_in, self.late],
-            "lists": ([int(d) if not isinstance(d, np.ndarray) else arr(d)
-                       for d in self.lists.dump()] if self.lists is not None else None),
+            "lists": _dumped(self.lists, arr),
             "growing": {str(v): queue(q) for v, q in self.growing.items()},
         }
         return SNAPSHOT_MAGIC + struct.pack("<I", SNAPSHOT_VERSION) + \
