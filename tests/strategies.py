@@ -295,8 +295,9 @@ def kleene_queries(draw, name="kleene", strategies=ast.STRATEGIES, native=False)
     alone), iteration conditions (v[i] against v[i-1] or v[1], each element against a
     constant or another variable), aggregates, v[last], [attr], NOT gaps where the
     strategy allows them, and every strategy. ``native``: what the native engine runs
-    today (skip-till-any-match, conditions on one list or on plain events, no NOT)."""
-    strategy = draw(st.sampled_from(strategies if not native else (ast.ANY_MATCH,)))
+    today (no NOT beside a Kleene item; under skip-till-any-match, conditions on one
+    list or on plain events only)."""
+    strategy = draw(st.sampled_from(strategies))
     counter = iter(range(100))
     n_kleene = draw(st.sampled_from([1, 1, 2, 3]))
     items: list[ast.Item] = [ast.Kleene(draw(SMALL_TYPES), f"k{next(counter)}")
@@ -322,7 +323,8 @@ def kleene_queries(draw, name="kleene", strategies=ast.STRATEGIES, native=False)
     for _ in range(draw(st.integers(0, 3))):
         k = draw(st.sampled_from(kleene))
         attr = draw(SMALL_ATTRS)
-        kind = draw(st.sampled_from([0, 1, 2, 3, 6, 7] if native else range(8)))
+        kind = draw(st.sampled_from([0, 1, 2, 3, 6, 7] if native and strategy == ast.ANY_MATCH
+                                    else range(8)))
         if kind == 0:  # each element against the one before
             part = ast.Binary(draw(ops), ast.AttrRef(k, attr, index="i"),
                               ast.AttrRef(k, attr, index="i-1"))
@@ -376,4 +378,61 @@ def kleene_event_streams(draw, max_events=14):
         if draw(st.integers(0, 5)):
             attrs["room"] = draw(st.sampled_from(["r1", "r2"]))
         out.append(Event(i + 1, draw(SMALL_TYPES), ts, attrs))
+    return out
+
+
+@st.composite
+def strategy_queries(draw, name="run"):
+    """Spec 5.2 queries that match often: a flat SEQ of 1-3 items over A and B (at most
+    one a Kleene item), each non-default strategy, [room] sometimes (always under
+    partition-contiguity), at most two simple conditions, a NOT between plain items
+    under skip-till-next-match."""
+    strategy = draw(st.sampled_from([ast.NEXT_MATCH, ast.STRICT, ast.PARTITION]))
+    n = draw(st.integers(1, 3))
+    kleene_at = draw(st.none() | st.integers(0, n - 1)) if n > 1 else None
+    items: list[ast.Item] = [
+        ast.Kleene(draw(st.sampled_from("AB")), f"v{i}") if i == kleene_at
+        else ast.EventPattern(draw(st.sampled_from("AB")), f"v{i}") for i in range(n)]
+    if strategy == ast.NEXT_MATCH and kleene_at is None and n > 1 and draw(st.booleans()):
+        items.insert(draw(st.integers(1, n - 1)), ast.Negation(
+            ast.EventPattern(draw(st.sampled_from("ABZ")), "neg")))
+    pattern = ast.Operator(ast.SEQ, tuple(items)) if len(items) > 1 else items[0]
+    variables = [f"v{i}" for i in range(n)]
+    parts: list[ast.Expr] = []
+    if strategy == ast.PARTITION or draw(st.booleans()):
+        parts.append(ast.Equivalence("room"))
+    for _ in range(draw(st.integers(0, 2))):
+        a, b = draw(st.sampled_from(variables)), draw(st.sampled_from(variables))
+        choice = draw(st.integers(0, 3))
+        if choice == 0 and kleene_at is not None:
+            k = f"v{kleene_at}"
+            parts.append(ast.Binary(draw(st.sampled_from(["<", ">", "<="])),
+                                    ast.AttrRef(k, "p", index="i"),
+                                    ast.AttrRef(k, "p", index="i-1")))
+        elif choice == 1 and kleene_at is not None:
+            parts.append(ast.Binary(">=", ast.Aggregate("count", f"v{kleene_at}", None),
+                                    ast.Number(draw(st.integers(1, 3)))))
+        elif choice == 2 and a != b:
+            parts.append(ast.Binary(draw(st.sampled_from(["<", ">", "!="])),
+                                    ast.AttrRef(a, "p"), ast.AttrRef(b, "p")))
+        else:
+            parts.append(ast.Binary("<=", ast.AttrRef(a, "p"), ast.Number(draw(st.integers(1, 3)))))
+    where = None
+    for p in parts:
+        where = p if where is None else ast.Binary("AND", where, p)
+    return ast.Query(name, pattern, where, ast.Within(draw(st.integers(3, 10)), "ms"), (),
+                     strategy=strategy)
+
+
+@st.composite
+def strategy_event_streams(draw, max_events=18):
+    """6-18 events of A, B and Z (a type no query names), ts growing by 0-2, in two
+    rooms, most with a small number p."""
+    out, ts = [], 0
+    for i in range(draw(st.integers(6, max_events))):
+        ts += draw(st.sampled_from([1, 0, 1, 2]))
+        attrs = {"p": draw(st.integers(0, 3))} if draw(st.integers(0, 6)) else {}
+        if draw(st.integers(0, 6)):
+            attrs["room"] = draw(st.sampled_from(["r1", "r2"]))
+        out.append(Event(i + 1, draw(st.sampled_from("AAABBZ")), ts, attrs))
     return out

@@ -174,28 +174,26 @@ def test_explain_dot_and_rates(tmp_path):
     assert r.returncode == 2 and "rates must be a JSON object" in r.stderr
 
 
-def test_kleene_queries_explain_and_strategies_run_on_the_reference_only(tmp_path):
+def test_kleene_queries_explain_and_run_natively_spark_refuses(tmp_path):
     kleene = EXAMPLES / "iot-kleene.cep"
     r = dqcep("explain", kleene)
     assert r.returncode == 0, r.stderr
-    assert "KLEENE Door+" in r.stdout and "each list: count(f) >= 3" in r.stdout
+    assert "RUN SEQ(Door+, Door) USING skip-till-next-match" in r.stdout
+    assert "on each match (whole lists): count(f) >= 3" in r.stdout
     assert "forced_door: OUTPUT" in r.stdout and "USING skip-till-next-match" in r.stdout
     events = tmp_path / "e.jsonl"
     events.write_text("".join(
         f'{{"id": {i}, "type": "Door", "ts": {i * 1000}, "room": "r1", "open": {o}}}\n'
         for i, o in enumerate(["false", "false", "false", "true"], 1)))
-    r = dqcep("run", kleene, "--input", events)
-    assert r.returncode == 2
-    assert "7:13: query 'forced_door': Kleene closure (Type+ v[]) is not supported by the " \
-           "native engine yet (USING skip-till-next-match); run it with --engine reference" \
-        in r.stderr
     r = dqcep("spark", "run", kleene, "--input", events, "--output", tmp_path / "out")
     assert r.returncode == 2 and "7:13: query 'forced_door': Kleene closure" in r.stderr
     assert not (tmp_path / "out").exists()  # refused on the driver, before Spark starts
-    r = dqcep("run", kleene, "--input", events, "--engine", "reference")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [
+    expected = [
         '{"query": "forced_door", "detected_at": 4000, "events": {"f": [1, 2, 3], "o": 4}}']
+    for engine in ("native", "reference"):
+        r = dqcep("run", kleene, "--input", events, "--engine", engine)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == expected, engine
 
 
 def test_explain_bad_query_exit_2(tmp_path):

@@ -20,7 +20,8 @@ from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import run_events
 from tests.strategies import (ATTR_VALUES, SMALL_TYPES, kleene_event_streams, kleene_queries,
-                              negation_queries, small_event_streams, small_query_files)
+                              negation_queries, small_event_streams, small_query_files,
+                              strategy_event_streams, strategy_queries)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -171,6 +172,55 @@ def test_snapshot_inside_kleene_runs_restores_every_list(q, events, cut):
     got += second.process(ordered[cut:])
     got += second.flush()
     assert as_set(got.to_matches()) == expected
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@given(strategy_queries(), strategy_event_streams(), CUTS, st.none() | st.integers(0, 9))
+def test_native_runs_match_reference_under_every_strategy(q, events, cuts, shuffle):
+    """Spec 5.2 on the RUN vertex: skip-till-next-match, strict- and partition-
+    contiguity (events of a type no query names lie between too), with Kleene items,
+    [attr], NOT gaps, random batch cuts and in-batch shuffles within the lateness."""
+    check([q], events, cuts, shuffle)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(strategy_queries(), strategy_event_streams(), st.integers(0, 20), st.integers(0, 2))
+def test_snapshot_inside_runs_restores_them(q, events, cut, lateness):
+    """Snapshot with runs open and events of the newest ts still waiting, restore into a
+    fresh engine of the same program, go on: the reference's matches, each once."""
+    from dqcep.runtime import Engine, MatchBatch
+    expected = as_set(ReferenceMatcher([q]).run(events))
+    ordered = sorted(events, key=lambda e: (e.ts, e.id))
+    first = Engine(build_plan([q]), lateness)
+    got = MatchBatch(first.match_queries)
+    got += first.process(ordered[:cut])
+    second = Engine(first.program)
+    second.restore(first.snapshot())
+    got += second.process(ordered[cut:])
+    got += second.flush()
+    assert as_set(got.to_matches()) == expected
+
+
+@pytest.mark.parametrize("strategy", ["skip-till-next-match", "strict-contiguity",
+                                      "partition-contiguity"])
+def test_run_state_stays_bounded_over_a_long_stream(strategy):
+    """Runs, their lists and the event store are bounded by the window, not the stream,
+    under every strategy (runs of keys that no event comes for are swept too)."""
+    from dqcep.runtime import Engine
+    q = parse("PATTERN SEQ(T+ t[], S s) WHERE [room] AND t[i].v > t[i-1].v WITHIN 5 "
+              f"USING {strategy}").queries
+    engine = Engine(build_plan(q))
+    peak, runs = [], []
+    for b in range(60):
+        batch = [Event(b * 100 + i, "T" if i % 7 else "S", b * 50 + i,
+                       {"room": f"r{b * 50 + i}" if i % 3 == 0 else f"r{i % 2}",
+                        "v": (i * 7) % 11}) for i in range(50)]
+        engine.process(batch)
+        peak.append(engine.state_bytes())
+        runs.append(engine.state.runs[engine.plan.queries[0].root].live)
+    assert max(peak[30:]) <= 1.5 * max(peak[10:30])
+    assert max(runs[30:]) <= 1.5 * max(runs[10:30]) and max(runs) < 200
+    assert engine.state.lists.size < 2000
 
 
 def test_kleene_state_stays_bounded_over_a_long_stream():

@@ -366,7 +366,7 @@ def test_gap_guard_rises_to_where_a_same_type_variable_is_bound():
 
 
 def test_kleene_item_is_a_unary_iteration_vertex_over_its_event_vertex():
-    p = plan_of("QUERY k PATTERN SEQ(A a, T+ t[], B b) WITHIN 10 USING skip-till-next-match")
+    p = plan_of("QUERY k PATTERN SEQ(A a, T+ t[], B b) WITHIN 10")
     (kv,) = vertices(p, Kind.KLEENE)
     child = p.vertex(kv).lchild
     assert p.kind(child) == Kind.EVENT and p.types[p.event_type[child]] == "T"
@@ -375,8 +375,35 @@ def test_kleene_item_is_a_unary_iteration_vertex_over_its_event_vertex():
     root = p.queries[0].root
     assert p.slots[root] == ("a", "t", "b") and p.lists[root] == (1,)
     spec = p.queries[0]
-    assert spec.strategy == "skip-till-next-match" and spec.lists == ("t",)
+    assert spec.strategy == "skip-till-any-match" and spec.lists == ("t",)
     assert spec.section5 == (1, 26, "Kleene closure (Type+ v[])")
+
+
+def test_a_query_under_a_strategy_is_one_run_vertex():
+    """Spec 5.2: a strategy reads the events after a match's prefix in stream order, so
+    the flat SEQ is one RUN vertex (no joins), every positive condition on its record,
+    [attr] as its key, negations at the OUTPUT; equal RUN vertices are shared."""
+    p = plan_of("QUERY k PATTERN SEQ(A a, T+ t[], NOT N n, B b) WHERE [room] AND a.v > 1 "
+                "AND t[i].v > t[i-1].v AND b.v > t.v AND count(t) >= 2 WITHIN 10 "
+                "USING skip-till-next-match;"
+                "QUERY j PATTERN SEQ(A x, T+ y[], NOT N m, B z) WHERE [room] AND x.v > 1 "
+                "AND y[i].v > y[i-1].v AND z.v > y.v AND count(y) >= 2 WITHIN 20 "
+                "USING skip-till-next-match;"
+                "QUERY s PATTERN SEQ(A a, B b) WITHIN 10 USING strict-contiguity")
+    runs = vertices(p, Kind.RUN)
+    assert len(runs) == 2 and not vertices(p, Kind.KLEENE) and not vertices(p, Kind.SEQ)
+    k, j, s = p.queries
+    assert k.root == j.root and sorted(p.users[k.root]) == ["j", "k"]
+    assert int(p.window[k.root]) == 20
+    assert p.label(k.root) == "RUN SEQ(A, T+, B) USING skip-till-next-match"
+    assert p.run[k.root].kleene == (False, True, False) and not p.run[k.root].contiguity
+    assert p.slots[k.root] == ("a", "t", "b") and p.lists[k.root] == (1,)
+    assert p.key_attrs[k.root] == ("room",) and k.preds == ()
+    assert {x.text for x in p.preds[k.root]} == {"a.v > 1", "t[i].v > t[i-1].v", "b.v > t.v",
+                                                 "count(t) >= 2"}
+    nots = vertices(p, Kind.NOT)  # one per query: their windows differ
+    assert sorted(v for nv in nots for v in p.vertex(nv).parents) == sorted([k.output, j.output])
+    assert p.run[s.root].contiguity and p.label(s.root) == "RUN SEQ(A, B) USING strict-contiguity"
 
 
 def test_kleene_conditions_are_placed_by_what_they_read():
@@ -420,18 +447,26 @@ def test_kleene_vertices_are_shared_like_any_other():
 
 def test_explain_shows_kleene_vertices_their_conditions_and_the_strategy():
     from dqcep.plan.explain import explain_dot, explain_text
-    p = plan_of("QUERY k PATTERN SEQ(T+ t[], NOT R r, S s) WHERE [room] AND t.v > 1 "
-                "AND t[i].v > t[i-1].v AND t[1].v > 0 AND count(t) >= 2 AND r.v = t.v "
-                "WITHIN 1 s USING skip-till-next-match")
+    query = ("PATTERN SEQ(T+ t[], NOT R r, S s) WHERE [room] AND t.v > 1 "
+             "AND t[i].v > t[i-1].v AND t[1].v > 0 AND count(t) >= 2 AND r.v = t.v "
+             "WITHIN 1 s")
+    p = plan_of(f"QUERY k {query}; QUERY n {query} USING skip-till-next-match")
     text = explain_text(p)
     for line in ("KLEENE T+", "slots [t[]]", "slots [t[], s]",
                  "each element after the first: t[i].v > t[i-1].v",
                  "the first element: t[1].v > 0", "each list: count(t) >= 2",
                  "filter: t.v > 1", "satisfying r.v = t.v",
-                 "k: OUTPUT v", "USING skip-till-next-match, lists: t"):
+                 "k: OUTPUT v", "USING skip-till-next-match, lists: t",
+                 # under a strategy: one RUN vertex, each condition where it is checked
+                 "RUN SEQ(T+, S) USING skip-till-next-match",
+                 "as each t[] element comes: t[i].v > t[i-1].v",
+                 "as each t[] element comes: t.v > 1", "on each match (whole lists): count(t) >= 2"):
         assert line in text, line
     dot = explain_dot(p)
     assert "shape=hexagon" in dot and "USING skip-till-next-match" in dot
+    assert "shape=octagon" in dot
+    strict = explain_text(plan_of("PATTERN SEQ(A a, B b) WITHIN 5 USING strict-contiguity"))
+    assert "every event, of any type" in strict
 
 
 def test_native_engine_refuses_what_of_section5_it_does_not_run_yet():
@@ -440,11 +475,12 @@ def test_native_engine_refuses_what_of_section5_it_does_not_run_yet():
     from dqcep.errors import UserError
     from dqcep.runtime import Engine
     for text, where in [
-            ("PATTERN SEQ(A a, B b) WITHIN 5\n USING strict-contiguity",
-             r"2:8: query 'q1': USING strict-contiguity is not supported by the native engine"),
-            ("PATTERN SEQ(A a, T+ t[]) WITHIN 5 USING skip-till-next-match",
+            ("PATTERN SEQ(A a, B b) WHERE [room] OR a.x = 1 WITHIN 5\n USING strict-contiguity",
+             r"2:8: query 'q1': USING strict-contiguity is not supported by the native engine "
+             r"yet \(a condition mixing \[attr\] with other terms: \[room\] OR a.x = 1\)"),
+            ("PATTERN SEQ(A a, T+ t[], NOT N n, B b) WITHIN 5 USING skip-till-next-match",
              r"1:18: query 'q1': Kleene closure \(Type\+ v\[\]\) is not supported by the native "
-             r"engine yet \(USING skip-till-next-match\)"),
+             r"engine yet \(a NOT beside a Kleene item\)"),
             ("PATTERN SEQ(A a, T+ t[]) WHERE t.x > a.x WITHIN 5",
              r"1:18: .* yet \(a condition on a list with other variables: t.x > a.x\)"),
             ("PATTERN SEQ(T+ t[], B b) WHERE [room] OR b.x = 1 WITHIN 5",  # [room] nested
@@ -455,6 +491,11 @@ def test_native_engine_refuses_what_of_section5_it_does_not_run_yet():
             Engine(plan_of(text))
     Engine(plan_of("PATTERN SEQ(A a, T+ t[]) WHERE t[i].x > t[i-1].x AND count(t) > 2 "
                    "AND a.x > 1 WITHIN 5"))  # conditions on the list alone: it runs
+    for strategy in ("skip-till-next-match", "strict-contiguity", "partition-contiguity"):
+        # under a strategy (a RUN vertex) conditions may also read a list with others
+        Engine(plan_of("PATTERN SEQ(A a, T+ t[], B b) WHERE [room] AND t.x > a.x "
+                       f"AND b.x > max(t.x) WITHIN 5 USING {strategy}"))
+    Engine(plan_of("PATTERN SEQ(A a, NOT N n, B b) WITHIN 5 USING skip-till-next-match"))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -42,8 +42,16 @@ def _slot_labels(plan: Plan, v: int) -> list[str]:
             for i, name in enumerate(plan.slots[v])]
 
 
-def _pred_role(kind: Kind, p) -> str:
-    """How a condition is checked where it is placed (spec 5.1 for lists)."""
+def _pred_role(plan: Plan, v: int, p) -> str:
+    """How a condition is checked where it is placed (spec 5.1 for lists, 5.2 for runs)."""
+    kind = plan.kind(v)
+    if kind == Kind.RUN:
+        if p.whole_list:
+            return "on each match (whole lists)"
+        slot = max(p.slots)
+        var = plan.slots[v][slot]
+        return f"as each {var}[] element comes" if slot in plan.lists[v] else \
+            f"as {var} is placed"
     if kind == Kind.EVENT:
         return "filter"
     if kind == Kind.KLEENE:
@@ -88,7 +96,7 @@ def explain_text(plan: Plan) -> str:
         if k == Kind.NOT:
             lines.append(f"        guard: {_guard_text(plan, v)}")
         for p in plan.preds[v]:
-            lines.append(f"        {_pred_role(k, p)}: {p.text}")
+            lines.append(f"        {_pred_role(plan, v, p)}: {p.text}")
         for gv in view.guards:
             lines.append(f"        checks NOT v{gv}")
     lines += ["", "queries:"]
@@ -108,6 +116,8 @@ def explain_text(plan: Plan) -> str:
         for d in q.dropped:
             lines.append(f"        ignored: {d}")
     lines += ["", "pushdown filters (an event is kept if one alternative accepts it):"]
+    if plan.every_event:
+        lines.append("  every event, of any type: under a contiguity strategy each one counts")
     for etype, alts in plan.pushdown_filters().items():
         texts = []
         for f in alts:
@@ -130,7 +140,8 @@ def explain_dot(plan: Plan) -> str:
         label = plan.label(v)
         if k == Kind.NOT:
             label = f"NOT {plan.guard[v].mode}"
-        details = [f"{_pred_role(k, p)}: {p.text}" if k == Kind.KLEENE else p.text
+        details = [f"{_pred_role(plan, v, p)}: {p.text}" if k in (Kind.KLEENE, Kind.RUN)
+                   else p.text
                    for p in plan.preds[v]]
         details += [f"USING {q.strategy}" for q in plan.queries
                     if q.output == v and q.strategy != "skip-till-any-match"]
@@ -138,7 +149,7 @@ def explain_dot(plan: Plan) -> str:
             details.append("key [" + ", ".join(plan.key_attrs[v]) + "]")
         text = f"v{v}: {label}" + "".join(f"\\n{_dot_escape(d)}" for d in details)
         shape = {Kind.EVENT: "box", Kind.OUTPUT: "doubleoctagon", Kind.NOT: "diamond",
-                 Kind.KLEENE: "hexagon"}.get(k, "ellipse")
+                 Kind.KLEENE: "hexagon", Kind.RUN: "octagon"}.get(k, "ellipse")
         style = ', peripheries=2, color="firebrick"' if v in shared else ""
         out.append(f'  v{v} [label="{text}", shape={shape}{style}];')
     for a in range(g.n_arcs):

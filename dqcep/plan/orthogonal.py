@@ -29,6 +29,7 @@ class Kind(IntEnum):
     NOT = 4     # unary guard: its child is the negated pattern
     OUTPUT = 5  # one per query: emits the root's results as complex events
     KLEENE = 6  # unary iteration: the lists of its child's events (Type+ v[], spec 5.1)
+    RUN = 7     # a flat SEQ under a selection strategy, as runs over the stream (spec 5.2)
 
 
 class Port(IntEnum):

@@ -25,8 +25,17 @@ on each element alone (``v.value > 20``) filters the EVENT vertex; one on an
 element and the one before or the first (``v[i].value > v[i-1].value``) is checked
 at the KLEENE vertex as each element is appended; one on the whole list
 (aggregates, ``v[last]``) at the KLEENE vertex on every list it makes; one with
-other variables where they are all bound, for every element. A query's selection
-strategy travels on its ``QuerySpec``.
+other variables where they are all bound, for every element.
+
+A query with a selection strategy other than skip-till-any-match (spec 5.2) is
+one RUN vertex: the strategy decides a match by the events that come after its
+prefix in stream order, which a join of sub-queries cannot see, so its flat SEQ
+runs as an automaton over the stream (``RunItems``: the slots' types and which
+are Kleene items). Every positive condition is compiled on the RUN record (one
+slot per positive item, Kleene slots holding lists); the runtime checks each
+where its last variable is placed, the whole-list ones on the complete match.
+Its negations are decided at the OUTPUT. A RUN vertex is shared by queries with
+the same items, strategy, conditions and key.
 
 The result (``Plan``) is plain data: numpy arrays, tuples and small frozen
 records. It pickles small and carries no parser objects or closures.
@@ -80,6 +89,20 @@ class GuardSpec:
 
 
 @dataclass(frozen=True)
+class RunItems:
+    """What a RUN vertex runs: a flat SEQ under a selection strategy (spec 5.2)."""
+
+    strategy: str                  # skip-till-next-match | strict- | partition-contiguity
+    types: tuple[int, ...]         # per slot (positive item, in SEQ order): its type index
+    kleene: tuple[bool, ...]       # per slot: a Kleene item (the slot holds a list)
+
+    @property
+    def contiguity(self) -> bool:
+        """Does every event count (not only those of the items' types)?"""
+        return self.strategy in (ast.STRICT, ast.PARTITION)
+
+
+@dataclass(frozen=True)
 class QuerySpec:
     name: str
     output: int                    # the OUTPUT vertex
@@ -117,6 +140,7 @@ class Plan:
     key_attrs: tuple[tuple[str, ...], ...]     # per vertex: [attr] partition key
     lists: tuple[tuple[int, ...], ...]         # per vertex: slots that hold Kleene lists
     guard: tuple[GuardSpec | None, ...]        # per NOT vertex
+    run: tuple[RunItems | None, ...]           # per RUN vertex
     users: tuple[tuple[str, ...], ...]         # per vertex: queries that use it
     queries: tuple[QuerySpec, ...]
 
@@ -134,6 +158,11 @@ class Plan:
             return f"EVENT {self.types[self.event_type[v]]}"
         if k == Kind.KLEENE:
             return f"KLEENE {self.types[self.event_type[v]]}+"
+        if k == Kind.RUN:
+            run = self.run[v]
+            items = ", ".join(self.types[t] + ("+" if kl else "")
+                              for t, kl in zip(run.types, run.kleene))
+            return f"RUN SEQ({items}) USING {run.strategy}"
         if k == Kind.OUTPUT:
             return f"OUTPUT {', '.join(self.users[v])}"
         return k.name
@@ -164,12 +193,22 @@ class Plan:
         """
         out: dict[str, list[LeafFilter]] = {}
         for v in range(self.n_vertices):
+            if self.kind(v) == Kind.RUN:  # an event of a slot's type may fit it
+                for t in self.run[v].types:
+                    f = LeafFilter(self.key_attrs[v], ())
+                    if f not in out.setdefault(self.types[t], []):
+                        out[self.types[t]].append(f)
             if self.kind(v) == Kind.EVENT:
                 etype = self.types[self.event_type[v]]
                 f = LeafFilter(self.key_attrs[v], self.preds[v])
                 if f not in out.setdefault(etype, []):
                     out[etype].append(f)
         return {t: tuple(fs) for t, fs in sorted(out.items())}
+
+    @property
+    def every_event(self) -> bool:
+        """Does a contiguity strategy need every event, of any type (no pushdown)?"""
+        return any(r is not None and r.contiguity for r in self.run)
 
     @property
     def total_cost(self) -> float:
@@ -191,6 +230,7 @@ class _Node:
     preds: list[ast.Expr] = field(default_factory=list)
     guards: list["_Guard"] = field(default_factory=list)
     estimate: float = 0.0
+    items: tuple[tuple[str, bool], ...] = ()  # RUN: per slot its type, Kleene or not
 
 
 @dataclass(eq=False)
@@ -351,11 +391,30 @@ class _QueryPlanner:
 
     def plan(self) -> tuple[_Node, list[_Guard]]:
         q = self.q
+        if q.strategy != ast.ANY_MATCH:
+            return self._run()
         root = self.tree(q.pattern, self.positive, bool(self.key_attrs))
         for c in self.positive:
             if ast.has_equivalence(c):
                 self.final.append(c)
         self._place(root, [c for c in self.positive if not ast.has_equivalence(c)])
+        self._negations(q.pattern, root)
+        return root, self.output_guards
+
+    def _run(self) -> tuple[_Node, list[_Guard]]:
+        """A query under a selection strategy: one RUN vertex over its flat SEQ, every
+        positive condition on it, a top-level [attr] as its key (which the runtime
+        checks exactly, element by element), the negations at the OUTPUT."""
+        q = self.q
+        items = q.pattern.items if isinstance(q.pattern, ast.Operator) else (q.pattern,)
+        slots = [i for i in items if not isinstance(i, ast.Negation)]
+        first = slots[0]
+        root = _Node(Kind.RUN, tuple(i.var for i in slots),
+                     items=tuple((i.type, isinstance(i, ast.Kleene)) for i in slots),
+                     estimate=self.cost.leaf(first.type, self.w, []))
+        root.preds = [c for c in self.positive if not ast.has_equivalence(c)]
+        self.final = [c for c in self.positive
+                      if ast.has_equivalence(c) and not isinstance(c, ast.Equivalence)]
         self._negations(q.pattern, root)
         return root, self.output_guards
 
@@ -419,7 +478,8 @@ class _QueryPlanner:
             if not negated and ev.type in neg_types and ev.var not in anchor and \
                     any(self.co_bindable(root, {ev.var, a}) for a in active):
                 anchor.add(ev.var)
-        at_output = mode != "GAP" or any(ast.has_equivalence(c) for c in guard.preds)
+        at_output = mode != "GAP" or root.kind == Kind.RUN or \
+            any(ast.has_equivalence(c) for c in guard.preds)
         if at_output:
             self.output_guards.append(guard)
         else:
@@ -457,8 +517,10 @@ class _Interner:
         self.key_attrs: list[tuple[str, ...]] = []
         self.lists: list[tuple[int, ...]] = []
         self.guard: list[GuardSpec | None] = []
+        self.run: list[RunItems | None] = []
         self.users: list[list[str]] = []
         self.kleene: frozenset[str] = frozenset()  # the current query's list variables
+        self.strategy: str = ast.ANY_MATCH             # the current query's strategy
 
     def _lists(self, vars_: Sequence[str]) -> tuple[int, ...]:
         return tuple(i for i, var in enumerate(vars_) if var in self.kleene)
@@ -473,7 +535,7 @@ class _Interner:
 
     def _new(self, kind: Kind, sig: tuple, *, slots=(), preds=(), key=(), etype=-1,
              guard=None, estimate=0.0, window: int, user: str,
-             lists: tuple[int, ...] = ()) -> tuple[int, bool]:
+             lists: tuple[int, ...] = (), run: RunItems | None = None) -> tuple[int, bool]:
         if sig in self.ids:
             v = self.ids[sig]
             if self.window[v] != UNBOUNDED:
@@ -491,8 +553,14 @@ class _Interner:
         self.key_attrs.append(tuple(key))
         self.lists.append(tuple(lists))
         self.guard.append(guard)
+        self.run.append(run)
         self.users.append([user])
         return v, True
+
+    def _type(self, name: str) -> int:
+        if name not in self.types:
+            self.types.append(name)
+        return self.types.index(name)
 
     def node(self, t: _Node, key: tuple[str, ...], window: int, user: str, w_query: int) -> int:
         slot_of = {var: i for i, var in enumerate(t.vars)}
@@ -503,9 +571,13 @@ class _Interner:
         common = dict(slots=t.vars, preds=preds, key=key, estimate=t.estimate,
                       window=window, user=user, lists=lists)
         if t.kind in (Kind.EVENT, Kind.KLEENE):
-            if t.etype not in self.types:
-                self.types.append(t.etype)
-            etype = self.types.index(t.etype)
+            etype = self._type(t.etype)
+        if t.kind == Kind.RUN:
+            run = RunItems(self.strategy, tuple(self._type(name) for name, _ in t.items),
+                           tuple(kleene for _, kleene in t.items))
+            sig = (Kind.RUN, run, tuple(p.signature for p in preds), key)
+            v, _ = self._new(Kind.RUN, sig, run=run, **common)
+            return v
         if t.kind == Kind.EVENT:
             sig = (Kind.EVENT, etype, tuple(p.signature for p in preds), key)
             v, _ = self._new(Kind.EVENT, sig, etype=etype, **common)
@@ -575,7 +647,7 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
     specs = []
     for q in queries:
         qp = _QueryPlanner(q, cost)
-        interner.kleene = qp.kleene
+        interner.kleene, interner.strategy = qp.kleene, q.strategy
         root_tree, output_guards = qp.plan()
         w = q.within.ms
         root = interner.node(root_tree, qp.key_attrs, w, q.name, w)
@@ -600,7 +672,7 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
         estimate=_frozen(np.asarray(interner.estimate, dtype=np.float64)),
         slots=tuple(interner.slots), preds=tuple(interner.preds),
         key_attrs=tuple(interner.key_attrs), lists=tuple(interner.lists),
-        guard=tuple(interner.guard),
+        guard=tuple(interner.guard), run=tuple(interner.run),
         users=tuple(tuple(u) for u in interner.users), queries=tuple(specs))
     return plan
 

@@ -15,10 +15,12 @@ from typing import Sequence
 import numpy as np
 
 from dqcep.errors import UserError
+from dqcep.lang import ast
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.bytecode import FIRST, LAST, PAIRS, PREVIOUS, Op, Predicate
-from dqcep.plan.planner import UNBOUNDED
+from dqcep.plan.planner import UNBOUNDED, RunItems
 from dqcep._kernels.operators import BytecodeError, PredicateSet
+from dqcep._kernels.runs import NEXT_MATCH, PARTITION, STRICT, RunSpec
 from dqcep._kernels.store import KINDS
 
 # Cell kinds and LOAD's pseudo-columns, as the kernels define them (store.pxd).
@@ -225,3 +227,36 @@ def guard_hosts(plan: Plan) -> dict[int, list[int]]:
     g = plan.graph
     return {v: [int(g.tail[a]) for a in g.in_arcs(v) if g.port[a] == Port.GUARD]
             for v in range(plan.n_vertices)}
+
+
+STRATEGY_CODES = {ast.NEXT_MATCH: NEXT_MATCH, ast.STRICT: STRICT, ast.PARTITION: PARTITION}
+
+
+def run_spec(items: RunItems, preds: Sequence[Predicate], key_attrs: Sequence[str],
+             window: int, attr_index: dict[str, int],
+             dictionary: "StringDictionary") -> RunSpec:
+    """A RUN vertex for ``dqcep._kernels.runs.run_step``: each condition that does not
+    read a whole list is checked when an event is placed in the last slot it names
+    (the slots of a SEQ fill in order), the whole-list ones (aggregates, v[last]) on
+    the complete match; per condition the lists it ranges over and its extra slots."""
+    k = len(items.types)
+    by_slot: list[list[Predicate]] = [[] for _ in range(k)]
+    whole = []
+    for p in preds:
+        if p.whole_list:
+            whole.append(p)
+        else:
+            by_slot[max(p.slots)].append(p)
+    ordered = [p for group in by_slot for p in group] + whole
+    slot_first = np.cumsum([0] + [len(g) for g in by_slot])
+    rng_start, ext_start = np.cumsum([0] + [len(p.lists) for p in ordered]), \
+        np.cumsum([0] + [len(p.extras) for p in ordered])
+    return RunSpec(
+        STRATEGY_CODES[items.strategy], window, np.array(items.types, np.int32),
+        np.array(items.kleene, np.uint8), predicate_set(ordered, attr_index, dictionary),
+        slot_first, rng_start,
+        np.array([s for p in ordered for s, _ in p.lists], np.int32),
+        np.array([m for p in ordered for _, m in p.lists], np.int32), ext_start,
+        np.array([kind for p in ordered for kind, _ in p.extras], np.int32),
+        np.array([s for p in ordered for _, s in p.extras], np.int32),
+        np.array([attr_index[a] for a in key_attrs], np.int32))

@@ -37,6 +37,7 @@ import numpy as np
 from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.operators import join_delta, leaf_keys
 from dqcep._kernels.ring import RingBuffer
+from dqcep._kernels.runs import run_step
 from dqcep.plan import Kind, Plan
 from dqcep.runtime.eventtime import LIST_ID, EventColumns, EventTimeEngine, MatchBatch, MatchLists
 from dqcep.runtime.program import Program, QueryProgram
@@ -59,7 +60,9 @@ class Engine(EventTimeEngine):
         self.program = program
         self.plan = program.plan
         self.store_retention = program.store_retention
+        self.every_event = program.every_event
         self._out_rings: dict[int, RingBuffer] = {}
+        self._swept_at: dict[int, int] = {}  # RUN: the watermark of its last sweep
 
     stats = property(lambda self: self.state.stats, doc="``self.state.stats``")
 
@@ -84,7 +87,7 @@ class Engine(EventTimeEngine):
         return self.program.needed(cols.ts, cols.id, cols.type, cols.val, cols.kind)
 
     def _flush_held(self) -> MatchBatch:
-        out = MatchBatch(self.match_queries)
+        out = self._step_runs(None)
         for q in self.program.queries:
             out += self._release_held(q, None)
         return out
@@ -130,6 +133,8 @@ class Engine(EventTimeEngine):
                 recs = self._join(v, delta)
             elif k == Kind.KLEENE:
                 recs = self._lists(v, delta[prog.kleene[v].child])
+            elif k == Kind.RUN:
+                continue  # its events wait in run_pending (see _step_runs)
             elif k == Kind.NOT:
                 child = delta[prog.children[v][2]]
                 if len(child):
@@ -141,9 +146,44 @@ class Engine(EventTimeEngine):
                 continue
             delta[v] = recs
             stats[v].outputs += len(recs)
+        if prog.runs:
+            state.run_pending = tuple(np.concatenate([a, b]) for a, b in zip(
+                state.run_pending, (seqs, ts, state.store.ids_of(seqs.reshape(-1, 1))[:, 0],
+                                    types)))
         for q in prog.queries:
-            out += self._output(q, delta[q.spec.root])
+            if q.spec.root in delta:
+                out += self._output(q, delta[q.spec.root])
         self._measure_state()
+        return out
+
+    def _step_runs(self, limit: int | None) -> MatchBatch:
+        """RUN vertices take the waiting events with ts < ``limit`` (all when None):
+        no event can still come before them in stream order (ts, id), which the
+        strategies read."""
+        out = MatchBatch(self.match_queries)
+        prog, state = self.program, self.state
+        if not prog.runs or not len(state.run_pending[0]):
+            return out
+        seqs, ts, ids, types = state.run_pending
+        ready = ts < limit if limit is not None else np.ones(len(ts), bool)
+        if not ready.any():
+            return out
+        state.run_pending = tuple(a[~ready] for a in state.run_pending)
+        order = np.lexsort((ids[ready], ts[ready]))
+        seqs, ts, types = seqs[ready][order], ts[ready][order], types[ready][order]
+        for v, run in prog.runs.items():
+            ring = self._out_rings.get(v)
+            if ring is None:  # scratch, reused every batch: neither program nor state
+                ring = self._out_rings[v] = RingBuffer(prog.n_slots[v], 1024)
+            ring.reset()
+            ok, keys = leaf_keys(state.store, seqs, run.key)
+            run_step(run.spec, state.runs[v], state.store, state.lists, seqs, ts, types, keys,
+                     ok.view(np.uint8), ring)
+            recs = Records.from_ring(ring)
+            state.stats[v].inputs += len(seqs)
+            state.stats[v].outputs += len(recs)
+            for qi in run.queries:
+                out += self._output(prog.queries[qi], recs)
         return out
 
     def _lists(self, v: int, elements: Records) -> Records:
@@ -255,8 +295,12 @@ class Engine(EventTimeEngine):
 
     def _after_watermark(self) -> MatchBatch:
         """Release held matches that are due, then evict what the watermark made useless."""
-        out = MatchBatch(self.match_queries)
         prog, state, wm = self.program, self.state, self.wm
+        out = self._step_runs(wm)
+        for v, run in prog.runs.items():  # runs of keys no event came for
+            if wm - self._swept_at.setdefault(v, wm) >= run.window:
+                state.stats[v].evictions += state.runs[v].evict_start_before(wm - run.window)
+                self._swept_at[v] = wm
         for q in prog.queries:
             out += self._release_held(q, wm)
         for v, queue in state.left_q.items():

@@ -171,6 +171,7 @@ class EventTimeEngine:
         self.match_queries = match_queries
         self.state = state if state is not None else \
             TimeState.fresh(len(self.types), len(self.attrs), lateness)
+        self.every_event = False  # store events of types no query names too
 
     # Everything an engine holds lives in ``self.state``; these read and write it.
     lateness = _state_field("lateness")
@@ -374,7 +375,9 @@ class EventTimeEngine:
         if cut == 0:
             return out
         ts, ids, types, val, kind = (c[:cut] for c in cols)
-        used = types >= 0  # events of types no query uses only move event time
+        # events of types no query uses only move event time (unless a contiguity
+        # strategy needs to see every event)
+        used = types >= 0 if not self.every_event else np.ones(len(types), bool)
         if used.any():
             first = self.store.append(ts[used], ids[used], np.ascontiguousarray(val[used]),
                                       np.ascontiguousarray(kind[used]))

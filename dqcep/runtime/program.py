@@ -21,7 +21,8 @@ from dqcep._kernels.store import EventStore
 from dqcep.errors import UserError
 from dqcep.plan import Kind, Op, Plan, Port
 from dqcep.runtime.compile import (StringDictionary, aggregated_columns, effective_windows,
-                                   guard_hosts, kleene_sets, plan_attributes, predicate_set)
+                                   guard_hosts, kleene_sets, plan_attributes, predicate_set,
+                                   run_spec)
 
 
 class QueryProgram(NamedTuple):
@@ -48,6 +49,17 @@ class KleeneProgram(NamedTuple):
     child: int                   # its EVENT vertex
     window: int
     sets: tuple                  # (pairs, first, whole, whole_each, whole_pairs) PredicateSets
+
+
+class RunProgram(NamedTuple):
+    """What a RUN vertex runs (``dqcep._kernels.runs.run_step``)."""
+
+    spec: object                 # the kernel's RunSpec
+    window: int
+    key: np.ndarray              # int32 store columns of its [attr]s
+    by_key: bool                 # its runs are chained by the [attr] hash
+    contiguity: bool             # every event counts, of any type
+    queries: tuple[int, ...]     # the queries whose matches it makes
 
 
 class Program:
@@ -81,8 +93,19 @@ class Program:
         self.guards: dict[int, Guard] = {}
         self.host_guards: dict[int, list[int]] = {}
         self.kleene: dict[int, KleeneProgram] = {}
+        self.runs: dict[int, RunProgram] = {}
         for v in self.topo:
             k = self.kind[v]
+            if k == Kind.RUN:
+                items = plan.run[v]
+                self.runs[v] = RunProgram(
+                    run_spec(items, plan.preds[v], plan.key_attrs[v], int(self.eff_window[v]),
+                             self.attr_index, constants),
+                    int(self.eff_window[v]),
+                    np.array([self.attr_index[a] for a in plan.key_attrs[v]], np.int32),
+                    bool(plan.key_attrs[v]) and items.strategy != "strict-contiguity",
+                    items.contiguity,
+                    tuple(i for i, q in enumerate(plan.queries) if q.root == v))
             if k == Kind.KLEENE:
                 self.kleene[v] = KleeneProgram(
                     self.children[v][2], int(self.eff_window[v]),
@@ -105,7 +128,9 @@ class Program:
                     spec.window_ms)
         # the columns whose sum, min and max every list keeps (its aggregates)
         self.list_aggs = aggregated_columns(
-            [p for v in self.kleene for p in plan.preds[v]], self.attr_index)
+            [p for v in [*self.kleene, *self.runs] for p in plan.preds[v]], self.attr_index)
+        # a contiguity strategy sees every event, of any type: the engine stores them all
+        self.every_event = any(r.contiguity for r in self.runs.values())
         self.left_vertices = [v for v in self.topo if v in self.joins]
         self.and_vertices = [v for v in self.left_vertices if self.kind[v] == Kind.AND]
         self.not_vertices = [v for v in self.topo if v in self.guards]
@@ -200,6 +225,15 @@ class Program:
         first = store.append(np.ascontiguousarray(ts), np.ascontiguousarray(ids),
                              np.ascontiguousarray(val), np.ascontiguousarray(kind))
         seqs = np.arange(first, first + n, dtype=np.int64)
+        if self.every_event:
+            keep[:] = True  # any event may lie between a contiguous match's events
+            return keep
+        for v, run in self.runs.items():
+            for t in self.plan.run[v].types:
+                rows = np.flatnonzero(types == t)
+                if len(run.key):
+                    rows = rows[leaf_keys(store, seqs[rows], run.key)[0]]
+                keep[rows] = True
         for v in self.topo:
             if self.kind[v] != Kind.EVENT:
                 continue
@@ -216,7 +250,9 @@ def refuse_section5(plan: Plan, native: bool = False) -> None:
     """Refuse, with the query's position, what of spec section 5 an engine does not run
     yet. The native engine (``native``) runs Kleene items under skip-till-any-match
     whose conditions read the list alone (each element, the one before, the first,
-    the whole list), with no NOT beside the list; other engines none of section 5."""
+    the whole list), and every strategy other than that (RUN vertices), with any
+    conditions but one that mixes [attr] with other terms; never a NOT beside a
+    Kleene item. Other engines run none of section 5."""
     for q in plan.queries:
         if q.section5 is None:
             continue
@@ -229,11 +265,13 @@ def refuse_section5(plan: Plan, native: bool = False) -> None:
 
 def _native_gap(plan: Plan, q) -> str | None:
     """Why the native engine cannot run query ``q`` yet (None: it can)."""
-    if q.strategy != "skip-till-any-match":
-        return f" (USING {q.strategy})"
     mine = [v for v in range(plan.n_vertices) if q.name in plan.users[v]]
     for v in mine:
         if plan.kind(v) == Kind.KLEENE:
+            continue
+        if plan.kind(v) == Kind.RUN:
+            if q.preds:
+                return f" (a condition mixing [attr] with other terms: {q.preds[0].text})"
             continue
         preds = list(plan.preds[v]) + (list(q.preds) if v == q.output else [])
         for p in preds:

@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
+from dqcep._kernels.runs import RunTable
 from dqcep._kernels.store import ListStore
 from dqcep.errors import UserError
 from dqcep.runtime.compile import StringDictionary
@@ -88,6 +89,10 @@ class EngineState(TimeState):
     stats: dict[int, VertexStats] = field(default_factory=dict)
     lists: ListStore | None = None    # every Kleene list (plans with KLEENE vertices)
     growing: dict[int, KeyedQueue] = field(default_factory=dict)  # KLEENE: lists that may grow
+    runs: dict[int, RunTable] = field(default_factory=dict)  # RUN: its runs
+    # RUN: released events not yet stepped (seq, ts, id, type): the events of the newest
+    # ts may still be joined by others of that ts, and runs take events in (ts, id) order
+    run_pending: tuple = (_EMPTY_I64, _EMPTY_I64, _EMPTY_I64, np.empty(0, np.int32))
 
     @classmethod
     def fresh(cls, program, lateness: int = 0) -> "EngineState":
@@ -102,9 +107,10 @@ class EngineState(TimeState):
         for v in program.not_vertices:
             state.not_store[v] = RingBuffer(n_slots[children[v][2]])
         state.pending = [Records.empty(q.n_slots) for q in program.queries]
-        if program.kleene:
+        if program.kleene or program.runs:
             state.lists = ListStore(program.list_aggs)
             state.growing = {v: KeyedQueue(1) for v in program.kleene}
+        state.runs = {v: RunTable(len(program.plan.run[v].types)) for v in program.runs}
         state.stats = {v: VertexStats() for v in range(program.plan.n_vertices)}
         return state
 
@@ -117,6 +123,8 @@ class EngineState(TimeState):
         total += sum(p.slots.nbytes + 24 * len(p) for p in self.pending)
         if self.lists is not None:
             total += self.lists.nbytes + sum(q.nbytes for q in self.growing.values())
+        total += sum(r.nbytes() for r in self.runs.values())
+        total += sum(a.nbytes for a in self.run_pending)
         return total
 
     # ------------------------------------------------------------ bytes
@@ -148,6 +156,8 @@ class EngineState(TimeState):
             "counters": [self.events_in, self.late],
             "lists": _dumped(self.lists, arr),
             "growing": {str(v): queue(q) for v, q in self.growing.items()},
+            "runs": {str(v): arr(r.dump()) for v, r in self.runs.items()},
+            "run_pending": [arr(a) for a in self.run_pending],
         }
         return SNAPSHOT_MAGIC + struct.pack("<I", SNAPSHOT_VERSION) + \
             msgpack.packb(body, use_bin_type=True)
@@ -195,4 +205,8 @@ class EngineState(TimeState):
             for v_str, (evicted, s, e, k, ids_) in body["growing"].items():
                 state.growing[int(v_str)].load(evicted, view(s), view(e), view(k),
                                                np.ascontiguousarray(view(ids_), np.int64))
+        for v_str, rows in body.get("runs", {}).items():
+            state.runs[int(v_str)].load(np.ascontiguousarray(view(rows)))
+        if "run_pending" in body:
+            state.run_pending = tuple(arr(a) for a in body["run_pending"])
         return state
