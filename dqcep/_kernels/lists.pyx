@@ -24,43 +24,8 @@ from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.operators cimport PredicateSet
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue, RingBuffer,
                                   kq_at, kq_older, ring_push)
-from dqcep._kernels.store cimport (KIND_MISSING, KIND_NUM, MAX_AGGS, OP_AGG_AVG, OP_AGG_COUNT,
-                                   OP_AGG_MIN, OP_AGG_SUM, EventStore, ListStore, eval_pred_aggs,
+from dqcep._kernels.store cimport (MAX_AGGS, EventStore, ListStore, eval_pred_aggs,
                                    ls_row)
-
-
-cdef idx_t list_aggs(PredicateSet ps, idx_t p, ListStore ls, const int64_t* list_of_slot,
-                     double* aggv, int8_t* aggk) noexcept nogil:
-    """The values of predicate p's aggregate instructions, in order, as
-    ``eval_pred_aggs`` takes them: from the list in slot s, ``list_of_slot[s]`` (a
-    handle; -1: not a list, and the aggregate fails). Returns how many."""
-    cdef idx_t i, k, r, w = ls.n_aggs, n = 0
-    cdef int32_t op, a, b
-    for i in range(ps.pred_start[p], ps.pred_start[p + 1]):
-        op, a, b = ps.code[i, 0], ps.code[i, 1], ps.code[i, 2]
-        if op < OP_AGG_COUNT:
-            continue
-        aggk[n] = KIND_MISSING
-        if list_of_slot[a] >= 0:
-            r = ls_row(ls, list_of_slot[a])
-            if op == OP_AGG_COUNT:
-                aggk[n], aggv[n] = KIND_NUM, <double>ls.count[r]
-            else:
-                for k in range(w):
-                    if ls.agg_attr[k] == b:
-                        if ls.ok[r * w + k]:
-                            aggk[n] = KIND_NUM
-                            if op == OP_AGG_SUM:
-                                aggv[n] = ls.agg[3 * (r * w + k)]
-                            elif op == OP_AGG_AVG:
-                                aggv[n] = ls.agg[3 * (r * w + k)] / ls.count[r]
-                            elif op == OP_AGG_MIN:
-                                aggv[n] = ls.agg[3 * (r * w + k) + 1]
-                            else:
-                                aggv[n] = ls.agg[3 * (r * w + k) + 2]
-                        break
-        n += 1
-    return n
 
 
 cdef bint holds_with_lists(PredicateSet ps, EventStore st, const int64_t* rec,
@@ -80,7 +45,7 @@ cdef bint holds_with_lists(PredicateSet ps, EventStore st, const int64_t* rec,
                 break
         if not bound:
             continue
-        list_aggs(ps, p, ls, list_of_slot, aggv, aggk)
+        ps.agg_values(p, ls, list_of_slot, aggv, aggk)
         if not eval_pred_aggs(st, &ps.code[ps.pred_start[p], 0],
                               ps.pred_start[p + 1] - ps.pred_start[p],
                               &ps.cval[0] if ps.cval.shape[0] else NULL,

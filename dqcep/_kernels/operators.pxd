@@ -1,8 +1,13 @@
 # Operator processors' shared pieces: compiled predicate sets.
-from libc.stdint cimport int8_t, int32_t, int64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
 from dqcep._kernels._types cimport idx_t
-from dqcep._kernels.store cimport EventStore
+from dqcep._kernels.store cimport EventStore, ListStore
+
+cdef enum:
+    MAX_LIST_RECORD = 128  # slots of a record whose predicates read Kleene lists
+    MAX_EXTRAS = 16        # v[i-1] / v[1] / v[last] references in one predicate
+    MAX_RANGED = 8         # lists one predicate ranges over
 
 
 cdef class PredicateSet:
@@ -15,11 +20,34 @@ cdef class PredicateSet:
     cdef readonly idx_t n
     cdef readonly int64_t max_slot   # largest record slot any instruction reads, -1: none
     cdef readonly int32_t max_attr   # largest store column any instruction reads, -1: none
+    # Kleene lists (spec 5.1; dqcep/plan/bytecode.py): per predicate the list slots it
+    # ranges over (slot, EACH 0 | PAIRS 1) and its extra slots (PREVIOUS 0 | FIRST 1 |
+    # LAST 2, list slot), extra slot j read as slot width + j of the record
+    cdef readonly int64_t[::1] rng_start
+    cdef int32_t[::1] rng_slot
+    cdef int32_t[::1] rng_mode
+    cdef readonly int64_t[::1] ext_start
+    cdef int32_t[::1] ext_kind
+    cdef int32_t[::1] ext_slot
+    cdef readonly bint reads_lists   # some predicate ranges, reads a list position or aggregates
 
     # Predicates first..last-1 whose slots are all bound (>= 0) in rec hold.
     cdef bint holds_range(self, EventStore st, const int64_t* rec, idx_t first,
                           idx_t last) noexcept nogil
     cdef bint holds(self, EventStore st, const int64_t* rec) noexcept nogil
+    # The values of predicate p's aggregate instructions, from the list handles per slot.
+    cdef idx_t agg_values(self, idx_t p, ListStore ls, const int64_t* list_of_slot,
+                          double* aggv, int8_t* aggk) noexcept nogil
+    # Predicate p on a record of ``width`` slots where ``is_list`` slots hold list handles;
+    # fixed_slot >= 0: that list is given the element fixed_seq, checked for it alone.
+    cdef bint holds_one(self, idx_t p, EventStore st, ListStore ls, const int64_t* rec,
+                        const uint8_t* is_list, idx_t width, int64_t fixed_slot,
+                        int64_t fixed_seq, int64_t fixed_prev,
+                        int64_t fixed_first) noexcept nogil
+    # Predicates first..last-1 whose slots are bound hold, lists ranged over whole.
+    cdef bint holds_lists(self, EventStore st, ListStore ls, const int64_t* rec,
+                          const uint8_t* is_list, idx_t width, idx_t first,
+                          idx_t last) noexcept nogil
     cdef _check_predicate(self, idx_t p)
     # ValueError unless records of ``width`` slots and the store hold what the code reads
     cdef int check_inputs(self, EventStore st, idx_t width) except -1

@@ -3,7 +3,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
-from dqcep._kernels.store import EventStore
+from dqcep._kernels.store import EventStore, ListStore
 
 GUARD_MODES: dict[str, int]  # the planner's guard modes ("GAP", ...) as kernel codes
 
@@ -21,9 +21,18 @@ class PredicateSet:
         slot_start: "npt.ArrayLike",        # int64_t[::1], n + 1 offsets into slots
         cval: "npt.NDArray[np.float64]",    # double[::1]: constants
         ckind: "npt.NDArray[np.int8]",      # int8_t[::1]: their kinds
+        ranges: tuple | None = None,        # Kleene lists: (rng_start, rng_slot, rng_mode,
+                                            #   ext_start, ext_kind, ext_slot)
     ) -> None: ...  # BytecodeError when the code is not well formed
+    reads_lists: bool   # some predicate ranges over a list, reads a list position or aggregates
     def mask(self, st: EventStore,
              recs: "npt.NDArray[np.int64]") -> "npt.NDArray[np.bool_]": ...  # [n, width]
+    def mask_lists(self, st: EventStore, ls: ListStore | None,
+                   recs: "npt.NDArray[np.int64]",       # [n, width]: events or list handles
+                   is_list: "npt.ArrayLike",            # uint8 per slot
+                   ) -> "npt.NDArray[np.bool_]": ...
+    def check_slots(self, width: int) -> None: ...                      # ValueError
+    def check_lists_inputs(self, st: EventStore, width: int) -> None: ...  # ValueError
 
 def leaf_keys(
     st: EventStore,

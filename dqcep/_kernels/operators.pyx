@@ -22,9 +22,9 @@ from dqcep._kernels._types cimport idx_t, ts_t
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue,
                                   RingBuffer, first_end_after, kq_at, kq_older, ring_push,
                                   ring_row)
-from dqcep._kernels.store cimport (ATTR_ID, KIND_BOOL, KIND_MISSING, MAX_AGGS, MAX_STACK,
-                                   OP_AGG_COUNT,
-                                   OP_AGG_MAX, OP_CONST, OP_EQUIV, OP_LOAD, OP_NEG, OP_NOT,
+from dqcep._kernels.store cimport (ATTR_ID, KIND_BOOL, KIND_MISSING, KIND_NUM, MAX_AGGS,
+                                   MAX_STACK, OP_AGG_AVG, OP_AGG_COUNT, OP_AGG_MIN, OP_AGG_SUM,
+                                   OP_AGG_MAX, eval_pred_aggs, OP_CONST, OP_EQUIV, OP_LOAD, OP_NEG, OP_NOT,
                                    OP_OR, EventStore, ListStore, cell_hash, eval_pred, ls_row)
 
 ctypedef unsigned char[::1] uint8_t_view
@@ -82,6 +82,11 @@ cdef class PredicateSet:
     slots it reads in ``slots[slot_start[p]:slot_start[p+1]]`` (it is required
     only when all are bound); a shared constant pool.
 
+    ``ranges`` (for predicates over Kleene lists): (rng_start, rng_slot, rng_mode,
+    ext_start, ext_kind, ext_slot), see operators.pxd; ``holds_one`` and
+    ``holds_lists`` evaluate them (spec 5.1: every element, every element from
+    the second on with the one before, every combination over several lists).
+
     The bytecode is checked here, where the kernel takes it, so that evaluation
     (nogil, unchecked) cannot read outside its stack, constants or record:
     known opcodes, constant indexes in the pool, each predicate leaving exactly
@@ -89,7 +94,7 @@ cdef class PredicateSet:
     columns are checked where records and a store come in (``mask``, the join,
     the guard) against ``max_slot`` and ``max_attr``.
     """
-    def __init__(self, code, pred_start, slots, slot_start, cval, ckind):
+    def __init__(self, code, pred_start, slots, slot_start, cval, ckind, ranges=None):
         self.code = np.ascontiguousarray(code, dtype=np.int32).reshape(-1, 3)
         self.pred_start = np.ascontiguousarray(pred_start, dtype=np.int64)
         self.slots = np.ascontiguousarray(slots, dtype=np.int64)
@@ -113,6 +118,217 @@ cdef class PredicateSet:
             self.max_slot = max(self.max_slot, self.slots[j])
         for p in range(self.n):
             self._check_predicate(p)
+        if ranges is None:
+            zeros = np.zeros(self.n + 1, dtype=np.int64)
+            none = np.zeros(0, dtype=np.int32)
+            ranges = (zeros, none, none, zeros, none, none)
+        self.rng_start = np.ascontiguousarray(ranges[0], dtype=np.int64)
+        self.rng_slot = np.ascontiguousarray(ranges[1], dtype=np.int32)
+        self.rng_mode = np.ascontiguousarray(ranges[2], dtype=np.int32)
+        self.ext_start = np.ascontiguousarray(ranges[3], dtype=np.int64)
+        self.ext_kind = np.ascontiguousarray(ranges[4], dtype=np.int32)
+        self.ext_slot = np.ascontiguousarray(ranges[5], dtype=np.int32)
+        if self.rng_start.shape[0] != self.n + 1 or self.ext_start.shape[0] != self.n + 1:
+            raise ValueError("rng_start and ext_start need one offset per predicate, and one")
+        _check_offsets(self.rng_start, self.rng_slot.shape[0], "rng_start")
+        _check_offsets(self.ext_start, self.ext_slot.shape[0], "ext_start")
+        if self.rng_mode.shape[0] != self.rng_slot.shape[0] or \
+                self.ext_kind.shape[0] != self.ext_slot.shape[0]:
+            raise ValueError("rng_mode / ext_kind must have one entry per rng_slot / ext_slot")
+        self.reads_lists = self.rng_slot.shape[0] > 0 or self.ext_slot.shape[0] > 0
+        for p in range(self.n):
+            if self.rng_start[p + 1] - self.rng_start[p] > MAX_RANGED or \
+                    self.ext_start[p + 1] - self.ext_start[p] > MAX_EXTRAS:
+                raise BytecodeError(p, f"ranges over more than {MAX_RANGED} lists or reads "
+                                       f"more than {MAX_EXTRAS} list positions")
+        for j in range(self.rng_slot.shape[0]):
+            if not 0 <= self.rng_slot[j] < MAX_LIST_RECORD or not 0 <= self.rng_mode[j] <= 1:
+                raise ValueError(f"rng_slot/rng_mode {j} out of range")
+        for j in range(self.ext_slot.shape[0]):
+            if not 0 <= self.ext_slot[j] < MAX_LIST_RECORD or not 0 <= self.ext_kind[j] <= 2:
+                raise ValueError(f"ext_slot/ext_kind {j} out of range")
+        for i in range(self.code.shape[0]):
+            if self.code[i, 0] >= OP_AGG_COUNT:
+                self.reads_lists = True
+
+    cdef idx_t agg_values(self, idx_t p, ListStore ls, const int64_t* list_of_slot,
+                          double* aggv, int8_t* aggk) noexcept nogil:
+        """The values of predicate p's aggregate instructions, in order, as
+        ``eval_pred_aggs`` takes them: from the list in slot s, ``list_of_slot[s]`` (a
+        handle; -1: not a list, and the aggregate fails). Returns how many."""
+        cdef idx_t i, k, r, w = ls.n_aggs if ls is not None else 0, n = 0
+        cdef int32_t op, a, b
+        for i in range(self.pred_start[p], self.pred_start[p + 1]):
+            op, a, b = self.code[i, 0], self.code[i, 1], self.code[i, 2]
+            if op < OP_AGG_COUNT:
+                continue
+            aggk[n] = KIND_MISSING
+            if list_of_slot[a] >= 0:
+                r = ls_row(ls, list_of_slot[a])
+                if op == OP_AGG_COUNT:
+                    aggk[n], aggv[n] = KIND_NUM, <double>ls.count[r]
+                else:
+                    for k in range(w):
+                        if ls.agg_attr[k] == b:
+                            if ls.ok[r * w + k]:
+                                aggk[n] = KIND_NUM
+                                if op == OP_AGG_SUM:
+                                    aggv[n] = ls.agg[3 * (r * w + k)]
+                                elif op == OP_AGG_AVG:
+                                    aggv[n] = ls.agg[3 * (r * w + k)] / ls.count[r]
+                                elif op == OP_AGG_MIN:
+                                    aggv[n] = ls.agg[3 * (r * w + k) + 1]
+                                else:
+                                    aggv[n] = ls.agg[3 * (r * w + k) + 2]
+                            break
+            n += 1
+        return n
+
+    cdef bint holds_one(self, idx_t p, EventStore st, ListStore ls, const int64_t* rec,
+                        const uint8_t* is_list, idx_t width, int64_t fixed_slot,
+                        int64_t fixed_seq, int64_t fixed_prev,
+                        int64_t fixed_first) noexcept nogil:
+        """Predicate p on a record of ``width`` (<= MAX_LIST_RECORD) slots: ``rec[s]``
+        an event, or a list handle where ``is_list[s]``; the caller checked that the
+        slots p reads are bound.
+
+        ``fixed_slot`` >= 0: that list slot is being given the element ``fixed_seq``
+        (the one before it ``fixed_prev``, -1: none; the list's first ``fixed_first``;
+        ``rec[fixed_slot]`` is the list before it, or -1), and p is checked for that
+        element only (the earlier ones were checked as they came). Every other list
+        p ranges over is ranged over whole: EACH every element, PAIRS every element
+        from the second on with the one before; over several lists every
+        combination. Extra slots (v[i-1], v[1], v[last]) follow the record."""
+        cdef int64_t ev[MAX_LIST_RECORD + MAX_EXTRAS]
+        cdef int64_t handles[MAX_LIST_RECORD]
+        cdef int64_t prev[MAX_LIST_RECORD]
+        cdef int64_t cur[MAX_RANGED]
+        cdef double aggv[MAX_AGGS]
+        cdef int8_t aggk[MAX_AGGS]
+        cdef idx_t i, j, r0 = self.rng_start[p], e0 = self.ext_start[p]
+        cdef idx_t nr = self.rng_start[p + 1] - r0, ne = self.ext_start[p + 1] - e0
+        cdef int64_t s, node, parent, v
+        cdef bint skip
+        for i in range(width):
+            if is_list[i]:
+                handles[i] = rec[i] if i != fixed_slot else -1
+                ev[i] = -1
+            else:
+                handles[i] = -1
+                ev[i] = rec[i]
+            prev[i] = -1
+        for j in range(ne):
+            ev[width + j] = -1
+        self.agg_values(p, ls, handles, aggv, aggk)
+        for i in range(nr):
+            s = self.rng_slot[r0 + i]
+            cur[i] = -2 if s == fixed_slot else rec[s]   # -2: the fixed element alone
+        while True:
+            skip = False
+            for i in range(nr):
+                s = self.rng_slot[r0 + i]
+                if cur[i] == -2:
+                    ev[s], prev[s] = fixed_seq, fixed_prev
+                elif cur[i] < 0:
+                    ev[s], prev[s] = -1, -1
+                else:
+                    node = ls_row(ls, cur[i])
+                    ev[s] = ls.seq[node]
+                    parent = ls.parent[node]
+                    prev[s] = ls.seq[ls_row(ls, parent)] if parent >= 0 else -1
+                if self.rng_mode[r0 + i] == 1 and prev[s] < 0:
+                    skip = True   # a first element: a PAIRS condition starts at the second
+            if not skip:
+                for j in range(ne):
+                    s = self.ext_slot[e0 + j]
+                    if self.ext_kind[e0 + j] == 0:
+                        v = prev[s]
+                    elif s == fixed_slot:
+                        v = fixed_first if self.ext_kind[e0 + j] == 1 else fixed_seq
+                    elif rec[s] < 0:
+                        v = -1
+                    elif self.ext_kind[e0 + j] == 1:
+                        v = ls.first[ls_row(ls, rec[s])]
+                    else:
+                        v = ls.seq[ls_row(ls, rec[s])]
+                    ev[width + j] = v
+                if not eval_pred_aggs(st, &self.code[self.pred_start[p], 0],
+                                      self.pred_start[p + 1] - self.pred_start[p],
+                                      &self.cval[0] if self.cval.shape[0] else NULL,
+                                      &self.ckind[0] if self.ckind.shape[0] else NULL,
+                                      ev, aggv, aggk):
+                    return False
+            i = nr - 1   # the next combination, the last list fastest
+            while i >= 0:
+                if cur[i] >= 0:
+                    parent = ls.parent[ls_row(ls, cur[i])]
+                    if parent >= 0:
+                        cur[i] = parent
+                        break
+                    cur[i] = rec[self.rng_slot[r0 + i]]
+                i -= 1
+            if i < 0:
+                return True
+
+    cdef bint holds_lists(self, EventStore st, ListStore ls, const int64_t* rec,
+                          const uint8_t* is_list, idx_t width, idx_t first,
+                          idx_t last) noexcept nogil:
+        cdef idx_t p, j
+        cdef bint bound
+        for p in range(first, last):
+            bound = True
+            for j in range(self.slot_start[p], self.slot_start[p + 1]):
+                if self.slots[j] < width and rec[self.slots[j]] < 0:
+                    bound = False
+                    break
+            if bound and not self.holds_one(p, st, ls, rec, is_list, width, -1, -1, -1, -1):
+                return False
+        return True
+
+    def mask_lists(self, EventStore st, ListStore ls, const int64_t[:, ::1] recs, is_list):
+        """``mask`` for records whose ``is_list`` slots hold Kleene lists."""
+        n = recs.shape[0]
+        out = np.ones(n, dtype=bool)
+        cdef uint8_t_view o = out.view(np.uint8)
+        cdef const uint8_t[::1] lists = np.ascontiguousarray(is_list, dtype=np.uint8)
+        cdef idx_t i, width = recs.shape[1]
+        if self.n == 0 or n == 0:
+            return out
+        if lists.shape[0] != width or width > MAX_LIST_RECORD:
+            raise ValueError(f"is_list must name each of the {width} slots (at most "
+                             f"{MAX_LIST_RECORD})")
+        if self.reads_lists and ls is None:
+            raise ValueError("predicates over lists need the engine's ListStore")
+        self.check_lists_inputs(st, width)
+        with nogil:
+            for i in range(n):
+                o[i] = self.holds_lists(st, ls, &recs[i, 0], &lists[0], width, 0, self.n)
+        return out
+
+    def check_slots(self, idx_t width):
+        """ValueError unless records of ``width`` slots (extra slots after them) hold
+        every slot the predicates read, range over or read a list position of."""
+        cdef idx_t j
+        if width > MAX_LIST_RECORD and self.reads_lists:
+            raise ValueError(f"records over lists have at most {MAX_LIST_RECORD} slots")
+        for j in range(self.rng_slot.shape[0]):
+            if self.rng_slot[j] >= width:
+                raise ValueError(f"a predicate ranges over slot {self.rng_slot[j]}, records "
+                                 f"have {width}")
+        for j in range(self.ext_slot.shape[0]):
+            if self.ext_slot[j] >= width:
+                raise ValueError(f"a predicate reads a list position of slot "
+                                 f"{self.ext_slot[j]}, records have {width}")
+        if self.max_slot >= width + MAX_EXTRAS:
+            raise ValueError(f"the predicates read slot {self.max_slot}, records have "
+                             f"{width}")
+
+    def check_lists_inputs(self, EventStore st, idx_t width):
+        """``check_inputs`` where extra slots (up to MAX_EXTRAS) follow the record."""
+        self.check_slots(width)
+        if self.max_attr >= st.n_attrs:
+            raise ValueError(f"the predicates read column {self.max_attr}, the store has "
+                             f"{st.n_attrs}")
 
     cdef _check_predicate(self, idx_t p):
         cdef idx_t i, depth = 0, aggs = 0
@@ -267,6 +483,22 @@ cdef inline bint _same_key(JoinSpec v, EventStore st, ListStore lists, const int
     return True
 
 
+cdef bint _share_event(ListStore lists, int64_t a, bint a_list, int64_t b,
+                       bint b_list) noexcept nogil:
+    """Do two bindings (an event, or a list's handle) hold a common event?"""
+    cdef int64_t x, y
+    x = a
+    while x >= 0:
+        y = b
+        while y >= 0:
+            if (lists.seq[ls_row(lists, x)] if a_list else x) == \
+                    (lists.seq[ls_row(lists, y)] if b_list else y):
+                return True
+            y = lists.parent[ls_row(lists, y)] if b_list else -1
+        x = lists.parent[ls_row(lists, x)] if a_list else -1
+    return False
+
+
 cdef class JoinSpec:
     """JoinSpec(op, window, n_left, n_right, key_attrs, preds)"""
     cdef readonly int op                  # 1 SEQ, 2 AND
@@ -292,9 +524,11 @@ cdef class JoinSpec:
         self.preds = preds
         self.keyed = self.key_attrs.shape[0] > 0
         self.has_preds = preds.n > 0
-        if preds.max_slot >= n_left + n_right:
-            raise ValueError(f"the join's predicates read slot {preds.max_slot}, a pair has "
-                             f"{n_left + n_right}")
+        if self.has_lists:
+            preds.check_slots(n_left + n_right)
+        elif preds.max_slot >= n_left + n_right or preds.reads_lists:
+            raise ValueError(f"the join's predicates read slot {preds.max_slot} or a list, a "
+                             f"pair has {n_left + n_right} slots and no list")
 
 
 cdef inline int _try_pair(JoinSpec v, EventStore st, ListStore lists, const int64_t* l,
@@ -318,14 +552,24 @@ cdef inline int _try_pair(JoinSpec v, EventStore st, ListStore lists, const int6
             if l[COL_IDS + i] < 0:
                 continue
             for j in range(nr):
-                if l[COL_IDS + i] == r[COL_IDS + j]:
+                if r[COL_IDS + j] < 0:
+                    continue
+                if v.has_lists and (v.list_slots[i] or v.list_slots[nl + j]):
+                    if _share_event(lists, l[COL_IDS + i], v.list_slots[i], r[COL_IDS + j],
+                                    v.list_slots[nl + j]):
+                        return 0
+                elif l[COL_IDS + i] == r[COL_IDS + j]:
                     return 0
     if v.has_preds:
         for i in range(nl):
             scratch[i] = l[COL_IDS + i]
         for j in range(nr):
             scratch[nl + j] = r[COL_IDS + j]
-        if not v.preds.holds(st, scratch):
+        if v.has_lists:
+            if not v.preds.holds_lists(st, lists, scratch, &v.list_slots[0], nl + nr, 0,
+                                       v.preds.n):
+                return 0
+        elif not v.preds.holds(st, scratch):
             return 0
     row = ring_push(out)
     row[COL_START], row[COL_END], row[COL_KEY] = start, end, l[COL_KEY]
@@ -390,7 +634,10 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
         raise ValueError("a join over Kleene lists needs the engine's ListStore")
     if left.n_ids != v.n_left or (right is not None and right.n_ids != v.n_right):
         raise ValueError("the queues' record widths differ from the join's")
-    v.preds.check_inputs(st, v.n_left + v.n_right)
+    if v.has_lists:
+        v.preds.check_lists_inputs(st, v.n_left + v.n_right)
+    else:
+        v.preds.check_inputs(st, v.n_left + v.n_right)
     _check_columns(st, v.key_attrs)
     cdef int64_t* scratch = <int64_t*>malloc((v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
     cdef int64_t* x = scratch + v.n_left + v.n_right + 3

@@ -22,13 +22,7 @@ class RunSpec:
         slot_type: "npt.ArrayLike",     # int32 per slot
         slot_kleene: "npt.ArrayLike",   # uint8 per slot
         conds: PredicateSet,
-        slot_first: "npt.ArrayLike",    # int64 [k + 1]
-        rng_start: "npt.ArrayLike",     # int64 [conds.n + 1]
-        rng_slot: "npt.ArrayLike",      # int32
-        rng_mode: "npt.ArrayLike",      # int32: EACH 0, PAIRS 1
-        ext_start: "npt.ArrayLike",     # int64 [conds.n + 1]
-        ext_kind: "npt.ArrayLike",      # int32: PREVIOUS 0, FIRST 1, LAST 2
-        ext_slot: "npt.ArrayLike",      # int32
+        slot_first: "npt.ArrayLike",    # int64 [k + 1]: conditions per slot, then whole-match
         key_cols: "npt.ArrayLike",      # int32 store columns of [attr]
     ) -> None: ...
 

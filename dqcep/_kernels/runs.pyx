@@ -33,11 +33,9 @@ from dqcep._kernels._alloc cimport grow
 from dqcep._kernels._table cimport (Int64Table, table_free, table_get, table_init, table_remove,
                                     table_set)
 from dqcep._kernels._types cimport idx_t
-from dqcep._kernels.lists cimport list_aggs
 from dqcep._kernels.operators cimport PredicateSet
 from dqcep._kernels.ring cimport COL_END, COL_IDS, COL_KEY, COL_START, RingBuffer, ring_push
-from dqcep._kernels.store cimport (KIND_MISSING, MAX_AGGS, EventStore, ListStore, eval_pred_aggs,
-                                   ls_row)
+from dqcep._kernels.store cimport KIND_MISSING, EventStore, ListStore, ls_row
 
 # strategies (the names are the language's: dqcep.lang.ast)
 NEXT_MATCH, STRICT, PARTITION = 1, 2, 3
@@ -46,14 +44,6 @@ cdef enum:
     S_STRICT = 2
     S_PARTITION = 3
     MAX_RUN_SLOTS = 32     # positive items of one SEQ
-    MAX_EXTRAS = 16        # v[i-1] / v[1] / v[last] references in one condition
-    MAX_RANGED = 8         # lists one condition ranges over
-    # modes of a ranged list and kinds of extra slots (dqcep.plan.bytecode)
-    M_EACH = 0
-    M_PAIRS = 1
-    X_PREVIOUS = 0
-    X_FIRST = 1
-    X_LAST = 2
     # words of a run row
     R_START = 0            # ts of its first event
     R_LAST = 1             # ts of its last event
@@ -66,11 +56,9 @@ cdef enum:
 
 cdef class RunSpec:
     """A run operator, compiled (never changed): the slots' types and whether they
-    are Kleene items, the conditions (``conds``: those checked when an event is
-    placed in slot s are ``slot_first[s]..slot_first[s+1]``, the whole-match ones
-    ``slot_first[k]..conds.n``), per condition the lists it ranges over (slot, EACH
-    | PAIRS) and its extra slots (PREVIOUS | FIRST | LAST, list slot), placed after
-    the k slots of the record, and the [attr] store columns."""
+    are Kleene items, the conditions (``conds``, with their list ranges: those
+    checked when an event is placed in slot s are ``slot_first[s]..slot_first[s+1]``,
+    the whole-match ones ``slot_first[k]..conds.n``) and the [attr] store columns."""
     cdef readonly int strategy
     cdef readonly int64_t window
     cdef readonly idx_t k
@@ -78,137 +66,48 @@ cdef class RunSpec:
     cdef uint8_t[::1] slot_kleene
     cdef readonly PredicateSet conds
     cdef int64_t[::1] slot_first
-    cdef int64_t[::1] rng_start
-    cdef int32_t[::1] rng_slot
-    cdef int32_t[::1] rng_mode
-    cdef int64_t[::1] ext_start
-    cdef int32_t[::1] ext_kind
-    cdef int32_t[::1] ext_slot
     cdef int32_t[::1] key_cols
 
     def __init__(self, int strategy, int64_t window, slot_type, slot_kleene, PredicateSet conds,
-                 slot_first, rng_start, rng_slot, rng_mode, ext_start, ext_kind, ext_slot,
-                 key_cols):
-        cdef idx_t p, i
+                 slot_first, key_cols):
+        cdef idx_t j
         self.strategy, self.window = strategy, window
         self.slot_type = np.ascontiguousarray(slot_type, dtype=np.int32)
         self.slot_kleene = np.ascontiguousarray(slot_kleene, dtype=np.uint8)
         self.k = self.slot_type.shape[0]
         self.conds = conds
         self.slot_first = np.ascontiguousarray(slot_first, dtype=np.int64)
-        self.rng_start = np.ascontiguousarray(rng_start, dtype=np.int64)
-        self.rng_slot = np.ascontiguousarray(rng_slot, dtype=np.int32)
-        self.rng_mode = np.ascontiguousarray(rng_mode, dtype=np.int32)
-        self.ext_start = np.ascontiguousarray(ext_start, dtype=np.int64)
-        self.ext_kind = np.ascontiguousarray(ext_kind, dtype=np.int32)
-        self.ext_slot = np.ascontiguousarray(ext_slot, dtype=np.int32)
         self.key_cols = np.ascontiguousarray(key_cols, dtype=np.int32)
         if strategy not in (S_NEXT, S_STRICT, S_PARTITION):
             raise ValueError(f"unknown strategy {strategy}")
         if not 1 <= self.k <= MAX_RUN_SLOTS or self.slot_kleene.shape[0] != self.k:
             raise ValueError(f"a run has 1..{MAX_RUN_SLOTS} slots, one kind per slot")
-        if self.slot_first.shape[0] != self.k + 1 or self.slot_first[self.k] > conds.n \
-                or self.rng_start.shape[0] != conds.n + 1 or self.ext_start.shape[0] != conds.n + 1:
-            raise ValueError("slot_first, rng_start and ext_start must index the conditions")
-        for p in range(conds.n):
-            if self.rng_start[p + 1] - self.rng_start[p] > MAX_RANGED or \
-                    self.ext_start[p + 1] - self.ext_start[p] > MAX_EXTRAS:
-                raise ValueError(f"condition {p} ranges over more than {MAX_RANGED} lists "
-                                 f"or reads more than {MAX_EXTRAS} list positions")
-            for i in range(self.rng_start[p], self.rng_start[p + 1]):
-                if not self.slot_kleene[self.rng_slot[i]]:
-                    raise ValueError(f"condition {p} ranges over slot {self.rng_slot[i]}, "
-                                     "which holds no list")
-            for i in range(self.ext_start[p], self.ext_start[p + 1]):
-                if not self.slot_kleene[self.ext_slot[i]]:
-                    raise ValueError(f"condition {p} reads a list position of slot "
-                                     f"{self.ext_slot[i]}, which holds no list")
-        if conds.max_slot >= self.k + MAX_EXTRAS:
-            raise ValueError("a condition reads a slot beyond the run's record")
+        if self.slot_first.shape[0] != self.k + 1 or self.slot_first[self.k] > conds.n:
+            raise ValueError("slot_first must index the conditions")
+        for j in range(self.k):
+            if self.slot_first[j] > self.slot_first[j + 1]:
+                raise ValueError("slot_first must not decrease")
+        for j in range(conds.rng_slot.shape[0]):
+            if not 0 <= conds.rng_slot[j] < self.k or not self.slot_kleene[conds.rng_slot[j]]:
+                raise ValueError(f"a condition ranges over slot {conds.rng_slot[j]}, which "
+                                 "holds no list")
+        for j in range(conds.ext_slot.shape[0]):
+            if not 0 <= conds.ext_slot[j] < self.k or not self.slot_kleene[conds.ext_slot[j]]:
+                raise ValueError(f"a condition reads a list position of slot "
+                                 f"{conds.ext_slot[j]}, which holds no list")
+        conds.check_slots(self.k)
 
 
-cdef bint _holds(RunSpec sp, PredicateSet ps, idx_t p, EventStore st, ListStore ls, const int64_t* slots,
-                 int64_t fixed_slot, int64_t fixed_seq, int64_t fixed_prev,
-                 int64_t fixed_first) noexcept nogil:
-    """Condition p on a run whose slot s holds ``slots[s]`` (an event, or a list
-    handle in a Kleene slot; -1: not yet filled, and then p does not apply).
-
-    ``fixed_slot`` >= 0: that Kleene slot is being given the element ``fixed_seq``
-    (the one before it ``fixed_prev``, -1: none; the list's first ``fixed_first``),
-    and p is checked for that element only: the earlier ones were checked when they
-    came. Every other list p ranges over is ranged over whole: EACH for every
-    element, PAIRS for every element from the second on with the one before; over
-    several lists, every combination (spec 5.1)."""
-    cdef idx_t k = sp.k, i, j, nr, ne, r0, e0
-    cdef int64_t rec[MAX_RUN_SLOTS + MAX_EXTRAS]
-    cdef int64_t handles[MAX_RUN_SLOTS]
-    cdef int64_t cur[MAX_RANGED]
-    cdef int64_t prev[MAX_RUN_SLOTS]
-    cdef double aggv[MAX_AGGS]
-    cdef int8_t aggk[MAX_AGGS]
-    cdef int64_t s, node, parent, v
-    cdef bint skip
+cdef inline bint _bound(PredicateSet ps, idx_t p, const int64_t* slots,
+                        int64_t fixed_slot) noexcept nogil:
+    """Are the slots condition p reads filled (the list being given an element is)?"""
+    cdef idx_t j
+    cdef int64_t s
     for j in range(ps.slot_start[p], ps.slot_start[p + 1]):
         s = ps.slots[j]
-        if s < k and s != fixed_slot and slots[s] < 0:
-            return True
-    for i in range(k):
-        if sp.slot_kleene[i]:
-            handles[i] = slots[i] if i != fixed_slot else -1
-            rec[i] = -1
-        else:
-            handles[i] = -1
-            rec[i] = slots[i]
-        prev[i] = -1
-    list_aggs(ps, p, ls, handles, aggv, aggk)
-    r0, e0 = sp.rng_start[p], sp.ext_start[p]
-    nr, ne = sp.rng_start[p + 1] - r0, sp.ext_start[p + 1] - e0
-    for i in range(nr):
-        s = sp.rng_slot[r0 + i]
-        cur[i] = -2 if s == fixed_slot else slots[s]   # -2: the fixed element
-    while True:
-        skip = False
-        for i in range(nr):
-            s = sp.rng_slot[r0 + i]
-            if cur[i] == -2:
-                rec[s], prev[s] = fixed_seq, fixed_prev
-            else:
-                node = ls_row(ls, cur[i])
-                rec[s] = ls.seq[node]
-                parent = ls.parent[node]
-                prev[s] = ls.seq[ls_row(ls, parent)] if parent >= 0 else -1
-            if sp.rng_mode[r0 + i] == M_PAIRS and prev[s] < 0:
-                skip = True   # a first element: a PAIRS condition starts at the second
-        if not skip:
-            for j in range(ne):
-                s = sp.ext_slot[e0 + j]
-                if sp.ext_kind[e0 + j] == X_PREVIOUS:
-                    v = prev[s]
-                elif s == fixed_slot:
-                    v = fixed_first if sp.ext_kind[e0 + j] == X_FIRST else fixed_seq
-                elif slots[s] < 0:
-                    v = -1
-                elif sp.ext_kind[e0 + j] == X_FIRST:
-                    v = ls.first[ls_row(ls, slots[s])]
-                else:
-                    v = ls.seq[ls_row(ls, slots[s])]
-                rec[k + j] = v
-            if not eval_pred_aggs(st, &ps.code[ps.pred_start[p], 0],
-                                  ps.pred_start[p + 1] - ps.pred_start[p],
-                                  &ps.cval[0] if ps.cval.shape[0] else NULL,
-                                  &ps.ckind[0] if ps.ckind.shape[0] else NULL, rec, aggv, aggk):
-                return False
-        i = nr - 1   # the next combination, the last list fastest
-        while i >= 0:
-            if cur[i] != -2:
-                parent = ls.parent[ls_row(ls, cur[i])]
-                if parent >= 0:
-                    cur[i] = parent
-                    break
-                cur[i] = slots[sp.rng_slot[r0 + i]]
-            i -= 1
-        if i < 0:
-            return True
+        if s != fixed_slot and slots[s] < 0:
+            return False
+    return True
 
 
 cdef inline bint _same_cells(EventStore st, const int32_t[::1] cols, int64_t a,
@@ -348,9 +247,9 @@ cdef int _emit(RunSpec sp, PredicateSet ps, EventStore st, ListStore ls, const i
     """A run with every slot filled: a match if the whole-match conditions hold."""
     cdef idx_t p
     cdef int64_t* o
-    for p in range(sp.slot_first[sp.k], ps.n):
-        if not _holds(sp, ps, p, st, ls, row + R_SLOTS, -1, -1, -1, -1):
-            return 0
+    if not ps.holds_lists(st, ls, row + R_SLOTS, &sp.slot_kleene[0], sp.k,
+                          sp.slot_first[sp.k], ps.n):
+        return 0
     o = ring_push(out)
     o[COL_START] = row[R_START]
     o[COL_END] = row[R_LAST]
@@ -374,14 +273,13 @@ cdef bint _fits(RunSpec sp, PredicateSet ps, EventStore st, ListStore ls, const 
         if h >= 0:
             fixed_prev, fixed_first = ls.seq[ls_row(ls, h)], ls.first[ls_row(ls, h)]
         for p in range(sp.slot_first[s], sp.slot_first[s + 1]):
-            if not _holds(sp, ps, p, st, ls, slots, s, seq, fixed_prev, fixed_first):
+            if _bound(ps, p, slots, s) and not ps.holds_one(
+                    p, st, ls, slots, &sp.slot_kleene[0], sp.k, s, seq, fixed_prev, fixed_first):
                 return False
         return True
     slots[s] = seq
-    for p in range(sp.slot_first[s], sp.slot_first[s + 1]):
-        if not _holds(sp, ps, p, st, ls, slots, -1, -1, -1, -1):
-            return False
-    return True
+    return ps.holds_lists(st, ls, slots, &sp.slot_kleene[0], sp.k, sp.slot_first[s],
+                          sp.slot_first[s + 1])
 
 
 cdef int _take(RunSpec sp, EventStore st, ListStore ls, int64_t* row, idx_t s, int64_t seq,
@@ -417,6 +315,7 @@ def run_step(RunSpec sp, RunTable runs, EventStore st, ListStore ls,
         raise ValueError("seqs, ts, types, keys and keyed must have one entry per event")
     if runs.k != k or out.n_ids != k:
         raise ValueError(f"a run operator of {k} slots needs runs and records of {k} ids")
+    ps.check_lists_inputs(st, k)
     if sp.key_cols.shape[0]:
         for t in range(sp.key_cols.shape[0]):
             if not 0 <= sp.key_cols[t] < st.n_attrs:

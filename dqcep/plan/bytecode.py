@@ -155,7 +155,12 @@ def compile_predicate(expr: ast.Expr, slot_of: dict[str, int], equiv_slots: int 
 
     emit(expr)
     slots = tuple(sorted({slot_of[v] for v in ast.expr_vars(expr)}))
-    lists = tuple(sorted((slot_of[v], mode) for v, mode in list_modes(expr, kleene).items()))
+    modes = list_modes(expr, kleene)
+    if any(op == Op.EQUIV for op, _, _ in code):  # [attr] covers every element of a list
+        for v in kleene:
+            if v in slot_of and slot_of[v] < equiv_slots:
+                modes.setdefault(v, EACH)
+    lists = tuple(sorted((slot_of[v], mode) for v, mode in modes.items()))
     return Predicate(tuple(code), tuple(consts), slots, tuple(attrs), format_expr(expr),
                      lists, tuple(extras), width if extras else 0)
 

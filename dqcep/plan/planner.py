@@ -412,9 +412,9 @@ class _QueryPlanner:
         root = _Node(Kind.RUN, tuple(i.var for i in slots),
                      items=tuple((i.type, isinstance(i, ast.Kleene)) for i in slots),
                      estimate=self.cost.leaf(first.type, self.w, []))
-        root.preds = [c for c in self.positive if not ast.has_equivalence(c)]
-        self.final = [c for c in self.positive
-                      if ast.has_equivalence(c) and not isinstance(c, ast.Equivalence)]
+        # a nested [attr] ([room] OR a.x = 1) is checked too as events are placed: it
+        # covers the events bound so far (spec 5.2)
+        root.preds = [c for c in self.positive if not isinstance(c, ast.Equivalence)]
         self._negations(q.pattern, root)
         return root, self.output_guards
 

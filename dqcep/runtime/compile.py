@@ -187,10 +187,16 @@ def predicate_set(preds: Sequence[Predicate], attr_index: dict[str, int],
         pred_start.append(len(code))
         slots.extend(p.slots)
         slot_start.append(len(slots))
+    ranges = (np.cumsum([0] + [len(p.lists) for p in preds]),
+              np.array([s for p in preds for s, _ in p.lists], np.int32),
+              np.array([m for p in preds for _, m in p.lists], np.int32),
+              np.cumsum([0] + [len(p.extras) for p in preds]),
+              np.array([kind for p in preds for kind, _ in p.extras], np.int32),
+              np.array([s for p in preds for _, s in p.extras], np.int32))
     try:  # the kernel checks the bytecode where it takes it
         return PredicateSet(np.array(code, dtype=np.int32).reshape(-1, 3), pred_start, slots,
                             slot_start, np.array(cval, dtype=np.float64),
-                            np.array(ckind, dtype=np.int8))
+                            np.array(ckind, dtype=np.int8), ranges)
     except BytecodeError as err:
         text = preds[err.predicate].text
         if err.too_deep:
@@ -235,28 +241,24 @@ STRATEGY_CODES = {ast.NEXT_MATCH: NEXT_MATCH, ast.STRICT: STRICT, ast.PARTITION:
 def run_spec(items: RunItems, preds: Sequence[Predicate], key_attrs: Sequence[str],
              window: int, attr_index: dict[str, int],
              dictionary: "StringDictionary") -> RunSpec:
-    """A RUN vertex for ``dqcep._kernels.runs.run_step``: each condition that does not
-    read a whole list is checked when an event is placed in the last slot it names
-    (the slots of a SEQ fill in order), the whole-list ones (aggregates, v[last]) on
-    the complete match; per condition the lists it ranges over and its extra slots."""
+    """A RUN vertex for ``dqcep._kernels.runs.run_step``. A condition that reads no
+    whole list is checked when an event is placed in the last slot it names (the
+    slots of a SEQ fill in order), one with a nested [attr] at every placement from
+    then on (its [attr] covers the events bound so far, spec 5.2); whole-list ones
+    (aggregates, v[last]) on the complete match."""
     k = len(items.types)
     by_slot: list[list[Predicate]] = [[] for _ in range(k)]
     whole = []
     for p in preds:
         if p.whole_list:
             whole.append(p)
-        else:
-            by_slot[max(p.slots)].append(p)
+            continue
+        first = max(p.slots, default=0)
+        for s in range(first, k if p.has_equivalence else first + 1):
+            by_slot[s].append(p)
     ordered = [p for group in by_slot for p in group] + whole
-    slot_first = np.cumsum([0] + [len(g) for g in by_slot])
-    rng_start, ext_start = np.cumsum([0] + [len(p.lists) for p in ordered]), \
-        np.cumsum([0] + [len(p.extras) for p in ordered])
     return RunSpec(
         STRATEGY_CODES[items.strategy], window, np.array(items.types, np.int32),
         np.array(items.kleene, np.uint8), predicate_set(ordered, attr_index, dictionary),
-        slot_first, rng_start,
-        np.array([s for p in ordered for s, _ in p.lists], np.int32),
-        np.array([m for p in ordered for _, m in p.lists], np.int32), ext_start,
-        np.array([kind for p in ordered for kind, _ in p.extras], np.int32),
-        np.array([s for p in ordered for _, s in p.extras], np.int32),
+        np.cumsum([0] + [len(g) for g in by_slot]),
         np.array([attr_index[a] for a in key_attrs], np.int32))

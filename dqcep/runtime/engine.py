@@ -240,7 +240,9 @@ class Engine(EventTimeEngine):
         if not inside.all():
             recs = recs.take(inside)
         if len(recs) and q.preds.n:
-            recs = recs.take(q.preds.mask(self.store, np.ascontiguousarray(recs.slots)))
+            slots = np.ascontiguousarray(recs.slots)
+            recs = recs.take(q.preds.mask_lists(self.store, self.state.lists, slots, q.list_mask)
+                             if q.list_mask is not None else q.preds.mask(self.store, slots))
         for gv in q.now_guards:
             recs = self._keep(gv, recs)
         if not len(recs):

@@ -41,6 +41,7 @@ class QueryProgram(NamedTuple):
     held_active: tuple[np.ndarray, ...]  # per held guard: the slots that make it apply
     n_slots: int
     list_columns: tuple[int, ...] = ()  # the variables (by position) bound to Kleene lists
+    list_mask: np.ndarray | None = None  # per root slot: it holds a list (None: none does)
 
 
 class KleeneProgram(NamedTuple):
@@ -128,7 +129,8 @@ class Program:
                     spec.window_ms)
         # the columns whose sum, min and max every list keeps (its aggregates)
         self.list_aggs = aggregated_columns(
-            [p for v in [*self.kleene, *self.runs] for p in plan.preds[v]], self.attr_index)
+            [p for ps in plan.preds for p in ps] + [p for q in plan.queries for p in q.preds],
+            self.attr_index)
         # a contiguity strategy sees every event, of any type: the engine stores them all
         self.every_event = any(r.contiguity for r in self.runs.values())
         self.left_vertices = [v for v in self.topo if v in self.joins]
@@ -156,7 +158,16 @@ class Program:
             tuple(g for g in guards if not plan.guard[g].holds_back), tuple(held),
             tuple(np.array(plan.guard[g].active_slots, dtype=np.int64) for g in held),
             len(spec.slot_of),
-            tuple(j for j, var in enumerate(spec.variables) if var in spec.lists))
+            tuple(j for j, var in enumerate(spec.variables) if var in spec.lists),
+            self._list_mask(spec))
+
+    def _list_mask(self, spec) -> np.ndarray | None:
+        root_lists = self.plan.lists[spec.root] if self.kind[spec.root] != Kind.EVENT else ()
+        if not root_lists:
+            return None
+        mask = np.zeros(len(spec.slot_of), np.uint8)
+        mask[list(root_lists)] = 1
+        return mask
 
     def _equality_indexes(self) -> dict[int, tuple[int, int, int, int]]:
         """Join keys from equality conjuncts: vertex -> (left slot, attr, right slot, attr).
@@ -269,14 +280,6 @@ def _native_gap(plan: Plan, q) -> str | None:
     for v in mine:
         if plan.kind(v) == Kind.KLEENE:
             continue
-        if plan.kind(v) == Kind.RUN:
-            if q.preds:
-                return f" (a condition mixing [attr] with other terms: {q.preds[0].text})"
-            continue
-        preds = list(plan.preds[v]) + (list(q.preds) if v == q.output else [])
-        for p in preds:
-            if p.lists or p.extras or p.whole_list or (p.has_equivalence and plan.lists[v]):
-                return f" (a condition on a list with other variables: {p.text})"
         g = plan.guard[v]
         if g is not None and (g.host_lists or any(p.lists or p.whole_list for p in g.preds)):
             return " (a NOT beside a Kleene item)"
