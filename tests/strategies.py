@@ -290,13 +290,12 @@ def sase_queries(draw, name="sase"):
 
 
 @st.composite
-def kleene_queries(draw, name="kleene", strategies=ast.STRATEGIES, native=False):
+def kleene_queries(draw, name="kleene", strategies=ast.STRATEGIES):
     """Section 5 queries: a SEQ with 1-3 Kleene items among plain events (or one event
     alone), iteration conditions (v[i] against v[i-1] or v[1], each element against a
     constant or another variable), aggregates, v[last], [attr], NOT gaps where the
-    strategy allows them, and every strategy. ``native``: what the native engine runs
-    today (no NOT beside a Kleene item). Under skip-till-any-match the SEQ is sometimes
-    an operand of AND beside one more event."""
+    strategy allows them, and every strategy. Under skip-till-any-match the SEQ is
+    sometimes an operand of AND beside one more event."""
     strategy = draw(st.sampled_from(strategies))
     counter = iter(range(100))
     n_kleene = draw(st.sampled_from([1, 1, 2, 3]))
@@ -305,7 +304,7 @@ def kleene_queries(draw, name="kleene", strategies=ast.STRATEGIES, native=False)
     items += [ast.EventPattern(draw(SMALL_TYPES), f"x{next(counter)}")
               for _ in range(draw(st.sampled_from([0, 1, 1, 2])))]
     items = draw(st.permutations(items))
-    if strategy in (ast.ANY_MATCH, ast.NEXT_MATCH) and not native:
+    if strategy in (ast.ANY_MATCH, ast.NEXT_MATCH):
         for _ in range(draw(st.integers(0, 1))):
             negated = ast.EventPattern(draw(SMALL_TYPES), f"n{next(counter)}")
             items.insert(draw(st.integers(0, len(items))), ast.Negation(negated))

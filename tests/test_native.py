@@ -147,7 +147,7 @@ REGRESSIONS = [
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-@given(kleene_queries(native=True), kleene_event_streams(), CUTS, st.none() | st.integers(0, 9))
+@given(kleene_queries(), kleene_event_streams(), CUTS, st.none() | st.integers(0, 9))
 def test_native_matches_reference_on_kleene_items(q, events, cuts, shuffle):
     """Kleene items under skip-till-any-match (spec 5.1): every list, with iteration,
     first, last and aggregate conditions, [attr], random batch cuts and in-batch
@@ -156,7 +156,7 @@ def test_native_matches_reference_on_kleene_items(q, events, cuts, shuffle):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
-@given(kleene_queries(native=True), kleene_event_streams(), st.integers(0, 20))
+@given(kleene_queries(), kleene_event_streams(), st.integers(0, 20))
 def test_snapshot_inside_kleene_runs_restores_every_list(q, events, cut):
     """Snapshot after a cut (lists open inside the Kleene item), restore into a fresh
     engine of the same plan, go on: the reference's matches, each once."""

@@ -664,7 +664,8 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
 
 
 cdef class Guard:
-    """Guard(mode, n_host, left_slots, right_slots, active_slots, preds, window)
+    """Guard(mode, n_host, left_slots, right_slots, active_slots, preds, window,
+             host_lists=(), n_negated=0)
 
     A NOT, compiled: no record of the negated store (the negated pattern's
     matches, in end-ts order; engine state, passed to ``keep``) may lie inside
@@ -675,9 +676,11 @@ cdef class Guard:
     cdef readonly int64_t[::1] left_slots, right_slots, active_slots
     cdef readonly PredicateSet preds
     cdef readonly int64_t window
+    cdef readonly uint8_t[::1] host_lists   # per host slot: it holds a Kleene list
+    cdef readonly bint has_lists
 
     def __init__(self, int mode, idx_t n_host, left_slots, right_slots, active_slots,
-                 PredicateSet preds, int64_t window):
+                 PredicateSet preds, int64_t window, host_lists=(), idx_t n_negated=0):
         if mode < GUARD_GAP or mode > GUARD_AND:
             raise ValueError(f"guard mode {mode} is not one of 0..3")
         self.mode, self.n_host, self.window = mode, n_host, window
@@ -685,9 +688,28 @@ cdef class Guard:
         self.right_slots = np.ascontiguousarray(right_slots, dtype=np.int64)
         self.active_slots = np.ascontiguousarray(active_slots, dtype=np.int64)
         self.preds = preds
+        mask = np.zeros(n_host + n_negated + 1, dtype=np.uint8)  # host, then negated slots
+        mask[list(host_lists)] = 1
+        self.host_lists = mask
+        self.has_lists = bool(mask.any())
 
-    cdef bint violated(self, EventStore st, RingBuffer negated, const int64_t* host,
-                       ts_t start, ts_t end, int64_t* scratch) noexcept nogil:
+    cdef inline ts_t _end_of(self, EventStore st, ListStore lists, idx_t slot,
+                             int64_t s) noexcept nogil:
+        """When host slot ``slot`` (an event, or a list) ends: its last event's ts."""
+        if self.host_lists[slot]:
+            return lists.end[ls_row(lists, s)]
+        return st.ts[s & st.mask]
+
+    cdef inline ts_t _start_of(self, EventStore st, ListStore lists, idx_t slot,
+                               int64_t s) noexcept nogil:
+        """When host slot ``slot`` (an event, or a list) starts: its first event's ts."""
+        if self.host_lists[slot]:
+            return lists.start[ls_row(lists, s)]
+        return st.ts[s & st.mask]
+
+    cdef bint violated(self, EventStore st, ListStore lists, RingBuffer negated,
+                       const int64_t* host, ts_t start, ts_t end,
+                       int64_t* scratch) noexcept nogil:
         cdef idx_t i, j, k, nc = negated.n_ids
         cdef bint active = False, lo_open, hi_open, shared
         cdef ts_t lo = 0, hi = 0, t
@@ -704,7 +726,7 @@ cdef class Guard:
             for i in range(self.left_slots.shape[0]):
                 s = host[self.left_slots[i]]
                 if s >= 0:
-                    t = st.ts[s & st.mask]
+                    t = self._end_of(st, lists, self.left_slots[i], s)
                     if t > lo:
                         lo = t
         else:
@@ -714,7 +736,7 @@ cdef class Guard:
             for i in range(self.right_slots.shape[0]):
                 s = host[self.right_slots[i]]
                 if s >= 0:
-                    t = st.ts[s & st.mask]
+                    t = self._start_of(st, lists, self.right_slots[i], s)
                     if t < hi:
                         hi = t
         else:
@@ -730,7 +752,12 @@ cdef class Guard:
             shared = False  # the negated event is never one of the match's own
             for j in range(nc):
                 for k in range(self.n_host):
-                    if r[COL_IDS + j] >= 0 and r[COL_IDS + j] == host[k]:
+                    if r[COL_IDS + j] < 0 or host[k] < 0:
+                        continue
+                    if self.host_lists[k]:
+                        if _share_event(lists, host[k], True, r[COL_IDS + j], False):
+                            shared = True
+                    elif r[COL_IDS + j] == host[k]:
                         shared = True
             if shared:
                 continue
@@ -738,17 +765,32 @@ cdef class Guard:
                 scratch[k] = host[k]
             for j in range(nc):
                 scratch[self.n_host + j] = r[COL_IDS + j]
-            if self.preds.holds(st, scratch):
+            if self.has_lists:  # it blocks when the conditions hold for every element
+                if self.preds.holds_lists(st, lists, scratch, &self.host_lists[0],
+                                          self.n_host + nc, 0, self.preds.n):
+                    return True
+            elif self.preds.holds(st, scratch):
                 return True
         return False
 
     def keep(self, EventStore st, RingBuffer negated, const int64_t[::1] starts,
-             const int64_t[::1] ends, const int64_t[:, ::1] recs):
-        """Mask of the host records this NOT does not forbid, given the negated store."""
+             const int64_t[::1] ends, const int64_t[:, ::1] recs, ListStore lists=None):
+        """Mask of the host records this NOT does not forbid, given the negated store
+        (and the engine's ListStore where host slots hold Kleene lists)."""
         if recs.shape[0] and recs.shape[1] < self.n_host:
             raise ValueError(f"host records have {recs.shape[1]} slots, the guard reads "
                              f"{self.n_host}")
-        self.preds.check_inputs(st, self.n_host + negated.n_ids)
+        if self.has_lists:
+            if lists is None:
+                raise ValueError("a guard over Kleene lists needs the engine's ListStore")
+            if self.host_lists.shape[0] <= self.n_host + negated.n_ids or \
+                    self.n_host + negated.n_ids > MAX_LIST_RECORD:
+                raise ValueError(f"the guard was built for {self.host_lists.shape[0] - 1} "
+                                 f"slots (at most {MAX_LIST_RECORD}), the negated store has "
+                                 f"{negated.n_ids} after {self.n_host}")
+            self.preds.check_lists_inputs(st, self.n_host + negated.n_ids)
+        else:
+            self.preds.check_inputs(st, self.n_host + negated.n_ids)
         n = recs.shape[0]
         out = np.ones(n, dtype=bool)
         cdef uint8_t_view o = out.view(np.uint8)
@@ -760,8 +802,8 @@ cdef class Guard:
         try:
             with nogil:
                 for i in range(n):
-                    o[i] = not self.violated(st, negated, &recs[i, 0], starts[i], ends[i],
-                                             scratch)
+                    o[i] = not self.violated(st, lists, negated, &recs[i, 0], starts[i],
+                                             ends[i], scratch)
         finally:
             free(scratch)
         return out

@@ -207,7 +207,7 @@ class Engine(EventTimeEngine):
             return recs
         keep = self.program.guards[guard_vertex].keep(
             self.store, self.state.not_store[guard_vertex], recs.start, recs.end,
-            np.ascontiguousarray(recs.slots))
+            np.ascontiguousarray(recs.slots), self.state.lists)
         return recs.take(keep)
 
     def _join(self, v: int, delta: dict[int, Records]) -> Records:

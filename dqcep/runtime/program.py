@@ -71,7 +71,6 @@ class Program:
     """
 
     def __init__(self, plan: Plan):
-        refuse_section5(plan, native=True)
         self.plan = plan
         self.types = list(plan.types)
         self.attrs = plan_attributes(plan)
@@ -126,11 +125,11 @@ class Program:
                 self.guards[v] = Guard(
                     GUARD_MODES[spec.mode], spec.n_host, spec.left_slots, spec.right_slots,
                     spec.active_slots, predicate_set(spec.preds, self.attr_index, constants),
-                    spec.window_ms)
+                    spec.window_ms, spec.host_lists, self.n_slots[self.children[v][2]])
         # the columns whose sum, min and max every list keeps (its aggregates)
         self.list_aggs = aggregated_columns(
-            [p for ps in plan.preds for p in ps] + [p for q in plan.queries for p in q.preds],
-            self.attr_index)
+            [p for ps in plan.preds for p in ps] + [p for q in plan.queries for p in q.preds]
+            + [p for g in plan.guard if g is not None for p in g.preds], self.attr_index)
         # a contiguity strategy sees every event, of any type: the engine stores them all
         self.every_event = any(r.contiguity for r in self.runs.values())
         self.left_vertices = [v for v in self.topo if v in self.joins]
@@ -257,33 +256,14 @@ class Program:
         return keep
 
 
-def refuse_section5(plan: Plan, native: bool = False) -> None:
-    """Refuse, with the query's position, what of spec section 5 an engine does not run
-    yet. The native engine (``native``) runs Kleene items under skip-till-any-match
-    whose conditions read the list alone (each element, the one before, the first,
-    the whole list), and every strategy other than that (RUN vertices), with any
-    conditions but one that mixes [attr] with other terms; never a NOT beside a
-    Kleene item. Other engines run none of section 5."""
+def refuse_section5(plan: Plan) -> None:
+    """Refuse, with the query's position, what of spec section 5 an engine that does not
+    run it is given (the native engine runs all of it; the Spark jobs none yet)."""
     for q in plan.queries:
-        if q.section5 is None:
-            continue
-        line, col, what = q.section5
-        why = _native_gap(plan, q) if native else ""
-        if why is not None:
+        if q.section5 is not None:
+            line, col, what = q.section5
             raise UserError(f"{line}:{col}: query {q.name!r}: {what} is not supported by "
-                            f"the native engine yet{why}; run it with --engine reference")
-
-
-def _native_gap(plan: Plan, q) -> str | None:
-    """Why the native engine cannot run query ``q`` yet (None: it can)."""
-    mine = [v for v in range(plan.n_vertices) if q.name in plan.users[v]]
-    for v in mine:
-        if plan.kind(v) == Kind.KLEENE:
-            continue
-        g = plan.guard[v]
-        if g is not None and (g.host_lists or any(p.lists or p.whole_list for p in g.preds)):
-            return " (a NOT beside a Kleene item)"
-    return None
+                            f"the Spark jobs yet; run it with dqcep run")
 
 
 @lru_cache(maxsize=16)
