@@ -43,11 +43,12 @@ def _executor_errors():
 
 
 def _native_queries(parsed) -> None:
-    """The queries the executors' engines will run, planned and checked on the driver."""
+    """The queries the executors' engines will run, planned and compiled on the driver
+    (a query the native engine cannot run fails here, with its position)."""
     from dqcep.plan import build_plan
-    from dqcep.runtime.program import refuse_section5
+    from dqcep.runtime.program import Program
 
-    refuse_section5(build_plan(parsed.queries))
+    Program(build_plan(parsed.queries))
 
 
 def cmd_spark_run(args) -> int:

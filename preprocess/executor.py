@@ -103,11 +103,12 @@ class JobSpec:
     partitions: int         # keyed: number of key partitions
     slice_ms: int = 0       # time slices: length L
 
-    def engine(self, names=None) -> Engine:
+    def engine(self, names=None, lateness: int = 0) -> Engine:
         """A fresh engine for the queries named (all when None). Its program is
         compiled once per worker process (``program_for``), however many engines
         are made (one per part and micro-batch in the streaming job)."""
-        return Engine(program_for(self.queries_text, None if names is None else tuple(names)))
+        return Engine(program_for(self.queries_text, None if names is None else tuple(names)),
+                      lateness)
 
 
 # ------------------------------------------------------------------ the rules
@@ -164,9 +165,18 @@ class Assigner:
                     r, t = np.unique(np.stack([r, t]), axis=1)
                 rows.append(r)
                 parts.append(t)
+            for attr in p.every_type_attrs:  # partition-contiguity: every type counts
+                present, part = key_parts(engine, cols, attr, spec.partitions)
+                rows.append(np.flatnonzero(present))
+                parts.append(part[present])
+            if p.every_type_attrs:  # one copy per (event, partition)
+                r, t = np.unique(np.stack([np.concatenate(rows), np.concatenate(parts)]),
+                                 axis=1) if rows else (np.zeros(0, np.int64),) * 2
+                rows, parts = [r], [t]
             groups.append(np.full(sum(len(r) for r in rows), GROUP_KEYED))
         if p.sliced:
-            use = np.flatnonzero(np.isin(cols.type, self.sliced_types))
+            use = np.flatnonzero(np.isin(cols.type, self.sliced_types)) \
+                if not p.sliced_every_type else np.arange(len(cols.ts))
             first, last = slices_of(cols.ts[use], spec.slice_ms, p.slice_window)
             count = last - first + 1
             r = np.repeat(use, count)
@@ -248,11 +258,15 @@ class PartRunner:
     events' ts and key partitions) between micro-batches of a streaming job.
     """
 
-    def __init__(self, spec: JobSpec, group: int, part: int):
+    def __init__(self, spec: JobSpec, group: int, part: int, lateness: int = 0):
+        """``lateness``: how far behind the part's latest event one may still come (the
+        batch job feeds a part in ts order: 0; the streaming job one micro-batch at a
+        time, each in ts order, and the journal's next batch may go back by the job's
+        lateness, which the engine must hold for)."""
         p = spec.partitioning
         self.spec, self.group, self.part = spec, group, part
         names = [k.name for k in p.keyed] if group == GROUP_KEYED else list(p.sliced)
-        self.engine = spec.engine(names)
+        self.engine = spec.engine(names, lateness)
         self.keyed = {k.name: k for k in p.keyed}
         self.owner_attrs = sorted({a for k in p.keyed for _, a in k.keys}) \
             if group == GROUP_KEYED else []
@@ -289,13 +303,18 @@ class PartRunner:
     def _owned(self, mb) -> bytes | None:
         out = []
         for q, detected, ids, lists in mb.parts:
-            assert lists is None, "the Spark jobs refuse Kleene queries"
             if not len(detected):
                 continue
             name, variables = mb.queries[q]
-            bound = ids >= 0
-            some = ids[bound][0]  # stands in for unbound slots in lookups
-            ts, parts = self.lookup.find(np.where(bound, ids, some).ravel())
+            all_ids = ids
+            if lists is not None:  # a list stands for its first element: its key, its start
+                all_ids = ids.copy()
+                for c, col in enumerate(lists.columns):
+                    all_ids[:, col] = lists.first(c)
+            ids_for_owner = all_ids
+            bound = ids_for_owner >= 0
+            some = ids_for_owner[bound][0]  # stands in for unbound slots in lookups
+            ts, parts = self.lookup.find(np.where(bound, ids_for_owner, some).ravel())
             if self.group == GROUP_KEYED:  # the key partition of the first bound variable
                 owner = np.full(len(ids), -1, dtype=np.int64)
                 for var, attr in self.keyed[name].keys:
@@ -307,7 +326,8 @@ class PartRunner:
                 ts = np.where(bound.ravel(), ts, np.iinfo(np.int64).max).reshape(ids.shape)
                 keep = np.floor_divide(ts.min(axis=1), self.spec.slice_ms) == self.part
             if keep.any():
-                out.append((q, detected[keep], ids[keep], None))
+                out.append((q, detected[keep], ids[keep],
+                            lists.take(keep) if lists is not None else None))
         if not out:
             return None
         mb.parts = out

@@ -19,6 +19,16 @@ Either way a partition may see a match that belongs to another one (a
 broadcast event, an overlap); each match has exactly one **owner** — the
 partition of its first variable's key value, or the slice holding its start —
 and only the owner emits it.
+
+Selection strategies (spec 5.2) decide a match by the events between its events,
+so a partition must see every event that can lie between them:
+skip-till-next-match reads only events that could fit a slot (the query's types,
+with its key), so it is partitioned as above; partition-contiguity counts every
+event, of any type, that carries the [attr] value, so it is keyed by that [attr]
+and every event carrying it goes to its key's partition (``every_type``);
+strict-contiguity counts every event, so it is always time-sliced, and its
+slices take events of every type. A Kleene item is one more positive variable:
+its elements carry the key, and a match's owner reads its first element.
 """
 from __future__ import annotations
 
@@ -35,6 +45,8 @@ class KeyedQuery:
     keys: tuple[tuple[str, str], ...]   # (positive variable, its key attribute), in order
     roles: tuple[tuple[str, str], ...]  # (event type, key attribute or BROADCAST)
     # the owner of a match: the partition of the key value of its first bound variable
+    every_type: str | None = None       # partition-contiguity: events of every type
+                                        # carrying this attribute go to its partition
 
 
 @dataclass(frozen=True)
@@ -43,11 +55,17 @@ class Partitioning:
     sliced: tuple[str, ...] = ()          # names of the time-sliced queries
     slice_window: int = 0                 # W: the largest window of the sliced queries
     roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # keyed: type -> attrs
+    every_type_attrs: tuple[str, ...] = ()  # keyed: events of any type with one go by it
+    sliced_every_type: bool = False       # the slices take events of every type
 
     def describe(self) -> dict:
         """Per query, how it is partitioned: ``{"keyed": {type: attribute or null (to
-        every partition)}}`` or ``{"time slices": {"overlap_ms": W}}``."""
+        every partition); "*": attribute, where events of every type carrying it go by
+        it}}`` or ``{"time slices": {"overlap_ms": W}}``."""
         out: dict = {k.name: {"keyed": {t: a for t, a in k.roles}} for k in self.keyed}
+        for k in self.keyed:
+            if k.every_type:  # partition-contiguity: any other type carrying the attribute
+                out[k.name]["keyed"]["*"] = k.every_type
         for name in self.sliced:
             out[name] = {"time slices": {"overlap_ms": self.slice_window}}
         return out
@@ -91,6 +109,12 @@ def query_key(q: ast.Query) -> KeyedQuery | None:
     leaves = ast.event_patterns(q.pattern)
     types = {e.var: e.type for e, _ in leaves}
     positive = [e.var for e, neg in leaves if not neg]
+    if q.strategy == ast.STRICT:
+        return None  # every event may lie between: time slices of every type
+    if q.strategy == ast.PARTITION:  # the partition is its first top-level [attr]
+        attr = next(c.attr for c in ast.conjuncts(q.where) if isinstance(c, ast.Equivalence))
+        roles = tuple(dict.fromkeys((types[v], attr) for v in positive))
+        return KeyedQuery(q.name, tuple((v, attr) for v in positive), roles, every_type=attr)
     negated = [e.var for e, neg in leaves if neg]
     unbound = _maybe_unbound(q.pattern)
     uf = _UnionFind()
@@ -143,12 +167,13 @@ def plan_partitioning(queries, strategy: str = "auto") -> Partitioning:
     ``strategy="time"`` slices every query (for tests and comparisons)."""
     if strategy not in ("auto", "time"):
         raise ValueError(f"unknown partitioning strategy {strategy!r}")
-    keyed, sliced, window = [], [], 0
+    keyed, sliced, window, every_type = [], [], 0, False
     for q in queries:
         k = query_key(q) if strategy == "auto" else None
         if k is None:
             sliced.append(q.name)
             window = max(window, q.within.ms)
+            every_type |= q.strategy in (ast.STRICT, ast.PARTITION)
         else:
             keyed.append(k)
     roles: dict[str, list[str]] = {}
@@ -156,5 +181,6 @@ def plan_partitioning(queries, strategy: str = "auto") -> Partitioning:
         for t, a in k.roles:
             if a not in roles.setdefault(t, []):
                 roles[t].append(a)
+    every_type_attrs = tuple(dict.fromkeys(k.every_type for k in keyed if k.every_type))
     return Partitioning(tuple(keyed), tuple(sliced), window,
-                        {t: tuple(a) for t, a in roles.items()})
+                        {t: tuple(a) for t, a in roles.items()}, every_type_attrs, every_type)

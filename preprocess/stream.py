@@ -104,7 +104,7 @@ def processor_class(spec: JobSpec, lateness: int):
 
         def _load(self, group: int, part: int):
             from dqcep.runtime.duplicates import recent_ids
-            runner, recent = PartRunner(spec, group, part), recent_ids()
+            runner, recent = PartRunner(spec, group, part, lateness), recent_ids()
             self.stored = None
             if self.state.exists():
                 blob, ids = self.state.get()

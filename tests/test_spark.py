@@ -734,3 +734,58 @@ def test_event_log_gives_the_jobs_stages_and_the_model_its_figures(tmp_path):
                + [{"id": 10**6, "task_ms": 5}]}
     assert bench_spark.marginal_stages(summary, tripled) == {
         s["id"]: 2 * s["task_ms"] for s in summary["stages"]}
+
+
+SECTION5 = """
+QUERY rising PATTERN SEQ(Temperature+ t[], Smoke s)
+WHERE [room] AND t[i].value > t[i-1].value AND count(t) >= 2 WITHIN 3 s
+RETURN t, max(t.value);
+QUERY forced_door PATTERN SEQ(Door+ f[], Door o)
+WHERE [room] AND f.open = false AND o.open = true WITHIN 2 min USING skip-till-next-match;
+QUERY smoke_after_door PATTERN SEQ(Door d, NOT Motion m, Smoke s)
+WHERE [room] WITHIN 20 s USING skip-till-next-match;
+QUERY next_unkeyed PATTERN SEQ(Motion m, Door+ d[]) WITHIN 4 s USING skip-till-next-match;
+QUERY strict PATTERN SEQ(Temperature a, Humidity+ b[]) WHERE [room] WITHIN 2 s
+USING strict-contiguity;
+QUERY by_room PATTERN SEQ(Motion m, Light l) WHERE [room] WITHIN 10 s
+USING partition-contiguity;
+-- sliced, section 4: the streaming job's parts once dropped an event that came a
+-- micro-batch after a later one of its part, within the lateness (motion 1127)
+QUERY unkeyed_any PATTERN SEQ(Motion m, Door d) WITHIN 4 s
+"""
+
+
+@pytest.mark.parametrize("strategy,partitions", [("auto", 3), ("time", 2)])
+def test_batch_job_runs_kleene_items_and_strategies(spark, tmp_path, strategy, partitions):
+    """Spec section 5 on the batch job (windows small enough for the reference to
+    enumerate every list): Kleene lists (owned by their first element's key
+    or start), skip-till-next-match keyed and sliced, strict-contiguity (always sliced,
+    slices of every type) and partition-contiguity (keyed; every type carrying the key
+    goes to its partition): exactly the reference's matches."""
+    from dqcep.spark.batch import run_batch
+    events = generate(tmp_path / "events.jsonl", 4000, *CLEAN)
+    want, _, _ = expected([events], text=SECTION5)
+    stats = run_batch(spark, SECTION5, [str(events)], str(tmp_path / "out"),
+                      partitions=partitions, lateness=LATENESS, strategy=strategy)
+    got = job_lines(tmp_path / "out")
+    assert len(got) == len(set(got)), "a match was written twice"
+    assert set(got) == want
+    names = {json.loads(x)["query"] for x in want}
+    assert len(want) > 20 and {"rising", "forced_door", "smoke_after_door", "next_unkeyed",
+                               "strict", "by_room"} <= names
+    how = stats.partitioning
+    assert "time slices" in how["strict"]
+    if strategy == "auto":
+        assert how["by_room"]["keyed"]["*"] == "room" and "keyed" in how["rising"]
+
+
+def test_stream_job_runs_kleene_items_and_strategies(spark, tmp_path):
+    from dqcep.spark.stream import run_stream
+    events = generate(tmp_path / "events.msgpack", 3000, *STREAM_IMPERFECT)
+    want, _, _ = expected([events], text=SECTION5)
+    journal = journal_of(events, tmp_path)
+    run_stream(spark, SECTION5, str(journal), str(tmp_path / "out"), str(tmp_path / "ck"),
+               partitions=2, lateness=LATENESS, until_idle=True, trigger_seconds=0.5,
+               slice_ms=90_000)
+    got = stream_lines(tmp_path / "out")
+    assert len(got) == len(set(got)) and set(got) == want and len(want) > 20

@@ -235,12 +235,6 @@ def kleene_vars(node: Item) -> frozenset[str]:
     return frozenset(n.var for n, _ in walk_patterns(node) if isinstance(n, Kleene))
 
 
-def uses_section5(q: "Query") -> bool:
-    """Does the query use Kleene closure, aggregates or a strategy other than the
-    default (spec section 5)?"""
-    return bool(kleene_vars(q.pattern)) or q.strategy != ANY_MATCH
-
-
 def positive_vars(node: Item) -> list[str]:
     return [e.var for e, neg in event_patterns(node) if not neg]
 

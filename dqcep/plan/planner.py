@@ -116,8 +116,6 @@ class QuerySpec:
     dropped: tuple[str, ...]       # conjuncts that can never apply (explain says why)
     strategy: str = ast.ANY_MATCH  # selection strategy (spec 5.2)
     lists: tuple[str, ...] = ()    # the variables bound to lists (Kleene items)
-    # (line, column, what) of the first construct of spec section 5 the query uses
-    section5: tuple[int, int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -630,16 +628,6 @@ class _Interner:
         return v
 
 
-def _section5(q: ast.Query) -> tuple[int, int, str] | None:
-    """Where the query first uses spec section 5 (a Kleene item, else the strategy)."""
-    if not ast.uses_section5(q):
-        return None
-    kleene = [n for n, _ in ast.event_patterns(q.pattern) if isinstance(n, ast.Kleene)]
-    pos, what = ((kleene[0].pos, "Kleene closure (Type+ v[])") if kleene
-                 else (q.strategy_pos, f"USING {q.strategy}"))
-    return pos.line, pos.col, what
-
-
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None) -> Plan:
     """Plan every query of a file into one shared DAG."""
     cost = CostModel(dict(rates or {}))
@@ -662,7 +650,7 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
             name=q.name, output=out, root=root, variables=tuple(ast.positive_vars(q.pattern)),
             slot_of=tuple(slot_of.items()), window_ms=w, preds=final, never=never,
             returns=tuple((r.var, r.attr) for r in q.returns), dropped=tuple(qp.dropped),
-            strategy=q.strategy, lists=tuple(sorted(qp.kleene)), section5=_section5(q)))
+            strategy=q.strategy, lists=tuple(sorted(qp.kleene))))
     g = interner.graph
     g.freeze()
     plan = Plan(

@@ -83,6 +83,22 @@ class MatchLists:
         return tuple(self.values[self.offsets[row * k + c]:self.offsets[row * k + c + 1]]
                      .tolist())
 
+    def first(self, c: int) -> np.ndarray:
+        """Per row, the first id of list variable c (every list has one)."""
+        return self.values[self.offsets[c:-1:len(self.columns)]]
+
+    def take(self, rows: np.ndarray) -> "MatchLists":
+        """The lists of the rows ``rows`` (a boolean mask or indexes), in that order."""
+        k = len(self.columns)
+        index = np.arange((len(self.offsets) - 1) // k)[rows]
+        cells = (index[:, None] * k + np.arange(k)).ravel()
+        lengths = self.offsets[cells + 1] - self.offsets[cells]
+        offsets = np.zeros(len(cells) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        starts = np.repeat(self.offsets[cells], lengths)
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+        return MatchLists(self.columns, offsets, self.values[starts + within])
+
 
 @dataclass
 class MatchBatch:

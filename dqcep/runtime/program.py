@@ -256,16 +256,6 @@ class Program:
         return keep
 
 
-def refuse_section5(plan: Plan) -> None:
-    """Refuse, with the query's position, what of spec section 5 an engine that does not
-    run it is given (the native engine runs all of it; the Spark jobs none yet)."""
-    for q in plan.queries:
-        if q.section5 is not None:
-            line, col, what = q.section5
-            raise UserError(f"{line}:{col}: query {q.name!r}: {what} is not supported by "
-                            f"the Spark jobs yet; run it with dqcep run")
-
-
 @lru_cache(maxsize=16)
 def program_for(queries_text: str, names: tuple[str, ...] | None = None) -> Program:
     """The program of a query file (its queries named in ``names``; all when None),
