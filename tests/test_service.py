@@ -534,3 +534,46 @@ def test_an_unreachable_broker_or_a_stateless_mqtt_output_is_one_line(tmp_path):
                         f"mqtt://127.0.0.1:{port}/t", "--output", f"mqtt://127.0.0.1:{port}/o"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--state DIR" in r.stderr
+
+
+SECTION5 = """
+QUERY rising PATTERN SEQ(Temperature+ t[], Smoke s)
+WHERE [room] AND t[i].value > t[i-1].value AND count(t) >= 2 WITHIN 3 s;
+QUERY forced_door PATTERN SEQ(Door+ f[], Door o)
+WHERE [room] AND f.open = false AND o.open = true WITHIN 2 min USING skip-till-next-match;
+QUERY smoke_after_door PATTERN SEQ(Door d, NOT Motion m, Smoke s)
+WHERE [room] WITHIN 20 s USING skip-till-next-match;
+QUERY strict PATTERN SEQ(Temperature a, Humidity+ b[]) WHERE [room] WITHIN 2 s
+USING strict-contiguity;
+QUERY by_room PATTERN SEQ(Motion m, Light l) WHERE [room] WITHIN 10 s
+USING partition-contiguity
+"""
+
+
+def test_kleene_items_and_strategies_survive_sigkill(mosquitto, tmp_path):
+    """Spec section 5 through the service: lists and runs open in the checkpoint when
+    the service is killed, restored on restart; exactly the reference's matches."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/section5"
+    queries = tmp_path / "section5.cep"
+    queries.write_text(SECTION5)
+    stream = tmp_path / "stream.msgpack"
+    subprocess.run(gen_args(12_000, str(stream)), check=True)
+    events = [event_from_mapping(e) for p in msgpack.Unpacker(open(stream, "rb"), raw=False)
+              for e in p["events"]]
+    want = {json.dumps(m.to_json_obj())
+            for m in ReferenceMatcher(parse_file(queries).queries).run(events)}
+    svc = Service(tmp_path, url, queries)
+    svc.start()
+    pub = subprocess.Popen(gen_args(12_000, url, ("--rate", "6000")))
+    svc.wait_for(3_000)
+    svc.proc.kill()                         # SIGKILL mid-stream
+    svc.proc.wait()
+    time.sleep(0.5)
+    svc.start()
+    assert pub.wait(60) == 0
+    svc.wait_for(len(events))
+    svc.finish()
+    got = svc.output()
+    assert got == want
+    assert {json.loads(x)["query"] for x in want} >= {"rising", "forced_door", "by_room"}
