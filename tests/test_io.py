@@ -229,3 +229,29 @@ def test_background_sink_keeps_the_order_and_raises_a_failed_write():
         finally:
             sink.close()
     assert inner.got == [[0], [1], [2]] and inner.closed and not sink.thread.is_alive()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(
+    st.integers(-2**63, 2**63 - 1), st.lists(st.integers(-1, 2**63 - 1), min_size=2, max_size=2),
+    st.lists(st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=5), min_size=2,
+             max_size=2)), max_size=5), max_size=3))
+def test_match_lines_writes_kleene_lists_as_match_line_does(parts):
+    """Kleene lists (spec 5.1): the kernel writes each list as a JSON array of its ids,
+    byte for byte what the per-Match formatter writes, beside plain and unbound ids."""
+    from dqcep.io.sinks import match_line, match_lines
+    from dqcep.runtime import MatchBatch
+    from dqcep.runtime.eventtime import LIST_ID, MatchLists
+    queries = (("k", ("a", "t[]x", "b", "u")),)
+    built = []
+    for rows in parts:
+        ids = np.array([[plain[0], LIST_ID, plain[1], LIST_ID] for _, plain, _ in rows],
+                       np.int64).reshape(len(rows), 4)
+        cells = [lst for _, _, lists in rows for lst in lists]
+        offsets = np.cumsum([0] + [len(c) for c in cells]).astype(np.int64)
+        values = np.array([x for c in cells for x in c], np.int64)
+        built.append((0, np.array([d for d, _, _ in rows], np.int64), ids,
+                      MatchLists((1, 3), offsets, values)))
+    batch = MatchBatch(queries, built)
+    assert match_lines(batch).decode() == "".join(match_line(m) + "\n"
+                                                  for m in batch.to_matches())

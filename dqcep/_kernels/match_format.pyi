@@ -7,4 +7,7 @@ def format_matches(
     keys: list[bytes],                 # per variable: b'<variable>: ' (JSON)
     detected: "npt.NDArray[np.int64]",  # const int64_t[::1]
     ids: "npt.NDArray[np.int64]",       # const int64_t[:, ::1]; -1: unbound, left out
+    list_of: "npt.ArrayLike | None" = None,  # int64 per variable: its list column, -1 none
+    offsets: "npt.ArrayLike | None" = None,  # int64 [rows * list columns + 1]
+    values: "npt.ArrayLike | None" = None,   # int64: the lists' ids, in ts order
 ) -> bytes: ...  # one JSON line per match

@@ -12,6 +12,8 @@ from libc.string cimport memcpy
 
 from dqcep._kernels._types cimport idx_t
 
+import numpy as np
+
 
 cdef inline idx_t put_decimal(uint8_t* out, int64_t v) noexcept nogil:
     cdef uint8_t digits[20]
@@ -35,26 +37,48 @@ cdef inline idx_t put_decimal(uint8_t* out, int64_t v) noexcept nogil:
 
 
 def format_matches(bytes head, list keys, const int64_t[::1] detected,
-                   const int64_t[:, ::1] ids) -> bytes:
+                   const int64_t[:, ::1] ids, list_of=None, offsets=None,
+                   values=None) -> bytes:
     """One line per row: head + detected + ', "events": {' + bound keys/ids + '}}\\n'.
 
     ``head`` is ``{"query": <name>, "detected_at": ``; ``keys[j]`` is
     ``<variable j>: `` (both JSON); ids below 0 (unbound variables) are left out.
+    Kleene lists (``dqcep.runtime.MatchLists``): ``list_of[j]`` is the list column of
+    variable j (-1: not a list), whose ids for row i are
+    ``values[offsets[i * c + list_of[j]]:offsets[i * c + list_of[j] + 1]]`` (c list
+    columns), written as a JSON array.
     """
     cdef bytes mid = b', "events": {'
-    cdef idx_t n = detected.shape[0], k = ids.shape[1], i, j, pos = 0
+    cdef idx_t n = detected.shape[0], k = ids.shape[1], i, j, pos = 0, e, c = 0
+    cdef const int64_t[::1] lof, off, val
     if len(keys) != k or ids.shape[0] != n:
         raise ValueError("keys and ids columns disagree")
     if not all(isinstance(x, bytes) for x in keys):
         raise TypeError("keys must be bytes")
+    if list_of is None:
+        lof = np.full(k, -1, dtype=np.int64)
+        off = np.zeros(1, dtype=np.int64)
+        val = np.zeros(0, dtype=np.int64)
+    else:
+        lof = np.ascontiguousarray(list_of, dtype=np.int64)
+        off = np.ascontiguousarray(offsets, dtype=np.int64)
+        val = np.ascontiguousarray(values, dtype=np.int64)
+        c = int(np.asarray(lof).max()) + 1 if k else 0
+        if lof.shape[0] != k or off.shape[0] != n * c + 1 or \
+                (n * c and not 0 <= off[0] <= off[n * c] <= val.shape[0]):
+            raise ValueError("list_of, offsets and values disagree with the ids")
+        for i in range(n * c):
+            if off[i] > off[i + 1]:
+                raise ValueError("offsets must not decrease")
     cdef idx_t key_total = sum(len(x) for x in keys)
-    cdef idx_t per_row = len(head) + 20 + len(mid) + key_total + k * 22 + 3
+    cdef idx_t per_row = len(head) + 20 + len(mid) + key_total + k * 24 + 3
+    cdef idx_t listed = val.shape[0] * 22
     cdef const uint8_t* h = head
     cdef const uint8_t* m = mid
     cdef idx_t hn = len(head), mn = len(mid)
     cdef const uint8_t** kp = <const uint8_t**>malloc(max(k, 1) * sizeof(uint8_t*))
     cdef idx_t* kn = <idx_t*>malloc(max(k, 1) * sizeof(idx_t))
-    cdef uint8_t* out = <uint8_t*>malloc(max(n * per_row, 1))
+    cdef uint8_t* out = <uint8_t*>malloc(max(n * per_row + listed, 1))
     cdef bint first
     if kp == NULL or kn == NULL or out == NULL:
         free(kp)
@@ -74,7 +98,7 @@ def format_matches(bytes head, list keys, const int64_t[::1] detected,
                 pos += mn
                 first = True
                 for j in range(k):
-                    if ids[i, j] < 0:
+                    if lof[j] < 0 and ids[i, j] < 0:
                         continue
                     if not first:
                         out[pos] = 44  # ','
@@ -83,7 +107,19 @@ def format_matches(bytes head, list keys, const int64_t[::1] detected,
                     first = False
                     memcpy(out + pos, kp[j], kn[j])
                     pos += kn[j]
-                    pos += put_decimal(out + pos, ids[i, j])
+                    if lof[j] < 0:
+                        pos += put_decimal(out + pos, ids[i, j])
+                        continue
+                    out[pos] = 91  # '['
+                    pos += 1
+                    for e in range(off[i * c + lof[j]], off[i * c + lof[j] + 1]):
+                        if e > off[i * c + lof[j]]:
+                            out[pos] = 44
+                            out[pos + 1] = 32
+                            pos += 2
+                        pos += put_decimal(out + pos, val[e])
+                    out[pos] = 93  # ']'
+                    pos += 1
                 out[pos] = 125  # '}'
                 out[pos + 1] = 125
                 out[pos + 2] = 10  # '\n'

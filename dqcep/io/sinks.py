@@ -47,17 +47,17 @@ def match_lines(batch) -> bytes:
     match: what keeps output cheap when queries match often.
     """
     out = []
-    for part in batch.parts:
-        q, detected, ids, lists = part
-        if lists is not None:  # Kleene lists: one Match each (the kernel writes ids only)
-            one = type(batch)(batch.queries, [part])
-            out.append("".join(match_line(m) + "\n" for m in one.to_matches()).encode())
-            continue
+    for q, detected, ids, lists in batch.parts:
         name, variables = batch.queries[q]
         head = f'{{"query": {json.dumps(name, ensure_ascii=False)}, "detected_at": '
         keys = [(json.dumps(v, ensure_ascii=False) + ": ").encode() for v in variables]
+        list_args = ()
+        if lists is not None:  # Kleene lists: their ids as JSON arrays
+            list_of = np.full(len(variables), -1, np.int64)
+            list_of[list(lists.columns)] = np.arange(len(lists.columns))
+            list_args = (list_of, lists.offsets, lists.values)
         out.append(format_matches(head.encode(), keys, np.ascontiguousarray(detected),
-                                  np.ascontiguousarray(ids)))
+                                  np.ascontiguousarray(ids), *list_args))
     return b"".join(out)
 
 
