@@ -160,18 +160,22 @@ def test_native_matches_reference_on_kleene_items(q, events, cuts, shuffle):
 def test_snapshot_inside_kleene_runs_restores_every_list(q, events, cut):
     """Snapshot after a cut (lists open inside the Kleene item), restore into a fresh
     engine of the same plan, go on: the reference's matches, each once."""
+    assert snapshot_at(q, events, cut) == as_set(ReferenceMatcher([q]).run(events))
+
+
+def snapshot_at(q, events, cut, lateness=0):
+    """The matches of an engine snapshotted after ``cut`` events (in stream order) and
+    restored into a fresh engine of the same program, which goes on to the end."""
     from dqcep.runtime import Engine, MatchBatch
-    expected = as_set(ReferenceMatcher([q]).run(events))
     ordered = sorted(events, key=lambda e: (e.ts, e.id))
-    plan = build_plan([q])
-    first = Engine(plan)
+    first = Engine(build_plan([q]), lateness)
     got = MatchBatch(first.match_queries)
     got += first.process(ordered[:cut])
     second = Engine(first.program)
     second.restore(first.snapshot())
     got += second.process(ordered[cut:])
     got += second.flush()
-    assert as_set(got.to_matches()) == expected
+    return as_set(got.to_matches())
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
@@ -188,17 +192,7 @@ def test_native_runs_match_reference_under_every_strategy(q, events, cuts, shuff
 def test_snapshot_inside_runs_restores_them(q, events, cut, lateness):
     """Snapshot with runs open and events of the newest ts still waiting, restore into a
     fresh engine of the same program, go on: the reference's matches, each once."""
-    from dqcep.runtime import Engine, MatchBatch
-    expected = as_set(ReferenceMatcher([q]).run(events))
-    ordered = sorted(events, key=lambda e: (e.ts, e.id))
-    first = Engine(build_plan([q]), lateness)
-    got = MatchBatch(first.match_queries)
-    got += first.process(ordered[:cut])
-    second = Engine(first.program)
-    second.restore(first.snapshot())
-    got += second.process(ordered[cut:])
-    got += second.flush()
-    assert as_set(got.to_matches()) == expected
+    assert snapshot_at(q, events, cut, lateness) == as_set(ReferenceMatcher([q]).run(events))
 
 
 @pytest.mark.parametrize("strategy", ["skip-till-next-match", "strict-contiguity",

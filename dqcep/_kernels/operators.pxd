@@ -35,6 +35,9 @@ cdef class PredicateSet:
     cdef bint holds_range(self, EventStore st, const int64_t* rec, idx_t first,
                           idx_t last) noexcept nogil
     cdef bint holds(self, EventStore st, const int64_t* rec) noexcept nogil
+    # The slots predicate p reads are bound (slots >= width and fixed_slot count as bound).
+    cdef bint bound(self, idx_t p, const int64_t* rec, idx_t width,
+                    int64_t fixed_slot) noexcept nogil
     # The values of predicate p's aggregate instructions, from the list handles per slot.
     cdef idx_t agg_values(self, idx_t p, ListStore ls, const int64_t* list_of_slot,
                           double* aggv, int8_t* aggk) noexcept nogil

@@ -273,15 +273,10 @@ cdef class PredicateSet:
     cdef bint holds_lists(self, EventStore st, ListStore ls, const int64_t* rec,
                           const uint8_t* is_list, idx_t width, idx_t first,
                           idx_t last) noexcept nogil:
-        cdef idx_t p, j
-        cdef bint bound
+        cdef idx_t p
         for p in range(first, last):
-            bound = True
-            for j in range(self.slot_start[p], self.slot_start[p + 1]):
-                if self.slots[j] < width and rec[self.slots[j]] < 0:
-                    bound = False
-                    break
-            if bound and not self.holds_one(p, st, ls, rec, is_list, width, -1, -1, -1, -1):
+            if self.bound(p, rec, width, -1) and not self.holds_one(
+                    p, st, ls, rec, is_list, width, -1, -1, -1, -1):
                 return False
         return True
 
@@ -394,17 +389,24 @@ cdef class PredicateSet:
     cdef bint holds(self, EventStore st, const int64_t* rec) noexcept nogil:
         return self.holds_range(st, rec, 0, self.n)
 
+    cdef bint bound(self, idx_t p, const int64_t* rec, idx_t width,
+                    int64_t fixed_slot) noexcept nogil:
+        """Are the record slots predicate p reads bound (>= 0)? Slots at or past
+        ``width`` (extra slots) and ``fixed_slot`` (a list being given an element)
+        count as bound."""
+        cdef idx_t j
+        cdef int64_t s
+        for j in range(self.slot_start[p], self.slot_start[p + 1]):
+            s = self.slots[j]
+            if s < width and s != fixed_slot and rec[s] < 0:
+                return False
+        return True
+
     cdef bint holds_range(self, EventStore st, const int64_t* rec, idx_t first,
                           idx_t last) noexcept nogil:
-        cdef idx_t p, j
-        cdef bint bound
+        cdef idx_t p
         for p in range(first, last):
-            bound = True
-            for j in range(self.slot_start[p], self.slot_start[p + 1]):
-                if rec[self.slots[j]] < 0:
-                    bound = False
-                    break
-            if bound and not eval_pred(
+            if self.bound(p, rec, self.max_slot + 1, -1) and not eval_pred(
                     st, &self.code[self.pred_start[p], 0],
                     self.pred_start[p + 1] - self.pred_start[p],
                     &self.cval[0] if self.cval.shape[0] else NULL,

@@ -98,18 +98,6 @@ cdef class RunSpec:
         conds.check_slots(self.k)
 
 
-cdef inline bint _bound(PredicateSet ps, idx_t p, const int64_t* slots,
-                        int64_t fixed_slot) noexcept nogil:
-    """Are the slots condition p reads filled (the list being given an element is)?"""
-    cdef idx_t j
-    cdef int64_t s
-    for j in range(ps.slot_start[p], ps.slot_start[p + 1]):
-        s = ps.slots[j]
-        if s != fixed_slot and slots[s] < 0:
-            return False
-    return True
-
-
 cdef inline bint _same_cells(EventStore st, const int32_t[::1] cols, int64_t a,
                              int64_t b) noexcept nogil:
     """Do events a and b carry every column of ``cols`` with equal values ([attr])?"""
@@ -273,7 +261,7 @@ cdef bint _fits(RunSpec sp, PredicateSet ps, EventStore st, ListStore ls, const 
         if h >= 0:
             fixed_prev, fixed_first = ls.seq[ls_row(ls, h)], ls.first[ls_row(ls, h)]
         for p in range(sp.slot_first[s], sp.slot_first[s + 1]):
-            if _bound(ps, p, slots, s) and not ps.holds_one(
+            if ps.bound(p, slots, sp.k, s) and not ps.holds_one(
                     p, st, ls, slots, &sp.slot_kleene[0], sp.k, s, seq, fixed_prev, fixed_first):
                 return False
         return True
