@@ -18,8 +18,10 @@ earlier; later events are counted as late and left out, never silently: see
 vertices in topological order: EVENT vertices filter and key their type's
 events, SEQ/AND vertices delta-join their inputs' new records with each other
 and with their queues, OR vertices merge, NOT vertices collect their child's
-records for the guards, and every new record goes to each parent that reads it
-(a shared vertex's records feed all its parents), (4) at each query's OUTPUT
+records for the guards, KLEENE vertices grow lists, and every new record goes
+to each parent that reads it (a shared vertex's records feed all its parents);
+a RUN vertex (a query under a selection strategy) takes the events in stream
+order once no event of their ts can still come (``_step_runs``), (4) at each query's OUTPUT
 checks the exact window, the whole-match conditions and the guards, emits the
 matches or holds those that wait on a trailing or AND negation, and (5)
 advances the watermark: evicts what no future match can use and releases held
