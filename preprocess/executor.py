@@ -170,8 +170,7 @@ class Assigner:
                 rows.append(np.flatnonzero(present))
                 parts.append(part[present])
             if p.every_type_attrs:  # one copy per (event, partition)
-                r, t = np.unique(np.stack([np.concatenate(rows), np.concatenate(parts)]),
-                                 axis=1) if rows else (np.zeros(0, np.int64),) * 2
+                r, t = np.unique(np.stack([np.concatenate(rows), np.concatenate(parts)]), axis=1)
                 rows, parts = [r], [t]
             groups.append(np.full(sum(len(r) for r in rows), GROUP_KEYED))
         if p.sliced:
@@ -306,12 +305,11 @@ class PartRunner:
             if not len(detected):
                 continue
             name, variables = mb.queries[q]
-            all_ids = ids
+            ids_for_owner = ids
             if lists is not None:  # a list stands for its first element: its key, its start
-                all_ids = ids.copy()
+                ids_for_owner = ids.copy()
                 for c, col in enumerate(lists.columns):
-                    all_ids[:, col] = lists.first(c)
-            ids_for_owner = all_ids
+                    ids_for_owner[:, col] = lists.first(c)
             bound = ids_for_owner >= 0
             some = ids_for_owner[bound][0]  # stands in for unbound slots in lookups
             ts, parts = self.lookup.find(np.where(bound, ids_for_owner, some).ravel())

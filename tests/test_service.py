@@ -15,6 +15,7 @@ from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
 from tests.conftest import free_port, start_mosquitto, stop_mosquitto, subscribed
 from tests.test_service_faults import rejected_events
+from tests.test_spark import SECTION5
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
@@ -535,19 +536,6 @@ def test_an_unreachable_broker_or_a_stateless_mqtt_output_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--state DIR" in r.stderr
 
-
-SECTION5 = """
-QUERY rising PATTERN SEQ(Temperature+ t[], Smoke s)
-WHERE [room] AND t[i].value > t[i-1].value AND count(t) >= 2 WITHIN 3 s;
-QUERY forced_door PATTERN SEQ(Door+ f[], Door o)
-WHERE [room] AND f.open = false AND o.open = true WITHIN 2 min USING skip-till-next-match;
-QUERY smoke_after_door PATTERN SEQ(Door d, NOT Motion m, Smoke s)
-WHERE [room] WITHIN 20 s USING skip-till-next-match;
-QUERY strict PATTERN SEQ(Temperature a, Humidity+ b[]) WHERE [room] WITHIN 2 s
-USING strict-contiguity;
-QUERY by_room PATTERN SEQ(Motion m, Light l) WHERE [room] WITHIN 10 s
-USING partition-contiguity
-"""
 
 
 def test_kleene_items_and_strategies_survive_sigkill(mosquitto, tmp_path):

@@ -33,17 +33,11 @@ cdef bint holds_with_lists(PredicateSet ps, EventStore st, const int64_t* rec,
     """``ps.holds(st, rec)`` where aggregate instructions read the lists: the list in
     slot s of the record is ``list_of_slot[s]`` (a handle; -1: not a list). A
     PredicateSet holds at most MAX_AGGS aggregates per predicate (checked when built)."""
-    cdef idx_t p, j
+    cdef idx_t p
     cdef double aggv[MAX_AGGS]
     cdef int8_t aggk[MAX_AGGS]
-    cdef bint bound
     for p in range(ps.n):
-        bound = True
-        for j in range(ps.slot_start[p], ps.slot_start[p + 1]):
-            if rec[ps.slots[j]] < 0:
-                bound = False
-                break
-        if not bound:
+        if not ps.bound(p, rec, ps.max_slot + 1, -1):
             continue
         ps.agg_values(p, ls, list_of_slot, aggv, aggk)
         if not eval_pred_aggs(st, &ps.code[ps.pred_start[p], 0],

@@ -168,7 +168,9 @@ cdef class RunTable:
             table_remove(&self.heads, key)
         return 0
 
+    @property
     def nbytes(self) -> int:
+        """Bytes held: the row block and the key table."""
         return self.cap * self.width * 8 + (self.heads.mask + 1) * 16
 
     def evict_start_before(self, int64_t cutoff) -> int:

@@ -58,8 +58,6 @@ class RunProgram(NamedTuple):
     spec: object                 # the kernel's RunSpec
     window: int
     key: np.ndarray              # int32 store columns of its [attr]s
-    by_key: bool                 # its runs are chained by the [attr] hash
-    contiguity: bool             # every event counts, of any type
     queries: tuple[int, ...]     # the queries whose matches it makes
 
 
@@ -103,8 +101,6 @@ class Program:
                              self.attr_index, constants),
                     int(self.eff_window[v]),
                     np.array([self.attr_index[a] for a in plan.key_attrs[v]], np.int32),
-                    bool(plan.key_attrs[v]) and items.strategy != "strict-contiguity",
-                    items.contiguity,
                     tuple(i for i, q in enumerate(plan.queries) if q.root == v))
             if k == Kind.KLEENE:
                 self.kleene[v] = KleeneProgram(
@@ -131,7 +127,7 @@ class Program:
             [p for ps in plan.preds for p in ps] + [p for q in plan.queries for p in q.preds]
             + [p for g in plan.guard if g is not None for p in g.preds], self.attr_index)
         # a contiguity strategy sees every event, of any type: the engine stores them all
-        self.every_event = any(r.contiguity for r in self.runs.values())
+        self.every_event = plan.every_event
         self.left_vertices = [v for v in self.topo if v in self.joins]
         self.and_vertices = [v for v in self.left_vertices if self.kind[v] == Kind.AND]
         self.not_vertices = [v for v in self.topo if v in self.guards]
@@ -161,7 +157,7 @@ class Program:
             self._list_mask(spec))
 
     def _list_mask(self, spec) -> np.ndarray | None:
-        root_lists = self.plan.lists[spec.root] if self.kind[spec.root] != Kind.EVENT else ()
+        root_lists = self.plan.lists[spec.root]
         if not root_lists:
             return None
         mask = np.zeros(len(spec.slot_of), np.uint8)

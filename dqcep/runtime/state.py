@@ -123,7 +123,7 @@ class EngineState(TimeState):
         total += sum(p.slots.nbytes + 24 * len(p) for p in self.pending)
         if self.lists is not None:
             total += self.lists.nbytes + sum(q.nbytes for q in self.growing.values())
-        total += sum(r.nbytes() for r in self.runs.values())
+        total += sum(r.nbytes for r in self.runs.values())
         total += sum(a.nbytes for a in self.run_pending)
         return total
 
