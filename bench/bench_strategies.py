@@ -1,8 +1,10 @@
-"""Selection strategies and Kleene runs on the native engine (issue 18: K1, K2, S1).
+"""Selection strategies and Kleene runs: the native engine against the SASE baseline
+(issue 18: K1, K2, S1).
 
-Only the engine's work is timed (``Engine.process`` over the generator's columnar
-batches, then ``flush``), not generating the events: "engine alone". Every point
-runs in this one process with a fresh engine, so compare ratios, not absolutes.
+Only the engine's work is timed (``process`` over the generator's columnar batches,
+then ``flush``), not generating the events: "engine alone". Every point runs in
+this one process with a fresh engine, so compare ratios, not absolutes: each
+point prints native / SASE for events/s and peak state.
 
   K1  SEQ(Temperature+ t[], Smoke s) WHERE [room] AND t[i].value > t[i-1].value
       WITHIN 1 min USING skip-till-next-match                 (iot profile, seed 3)
@@ -10,13 +12,14 @@ runs in this one process with a fresh engine, so compare ratios, not absolutes.
   S1  SEQ(T0 a, T1 b, T2 c) WHERE [key] WITHIN 1 s under each of the four
       strategies (uniform profile: 3 types, 100 keys, 1000 events/s of event time)
 
-For each point: events/s, matches, the engine's peak state bytes and the runs
-held at the end. ``--format N``: K1's matches over N events written as JSON lines
-by the match formatter kernel against one Match object at a time (the same bytes). The SASE baseline does not run section 5 yet (it refuses it), so
-there is no baseline column.
+For each point and engine: events/s, matches, the engine's peak state bytes and
+the runs held at the end (SASE under skip-till-any-match without Kleene items: its
+stack instances). ``--format N``: K1's matches over N events written as JSON lines
+by the match formatter kernel against one Match object at a time (the same bytes).
 
     python3 bench/bench_strategies.py                    # 10^6 events per point
     python3 bench/bench_strategies.py --sizes 1000000,10000000 --only K1,K2
+    python3 bench/bench_strategies.py --engines native      # without the baseline
 """
 from __future__ import annotations
 
@@ -45,11 +48,13 @@ def stream(profile: str, events: int):
     return generate(cfg, CHUNK)
 
 
-def point(name: str, text: str, profile: str, events: int) -> dict:
+def point(name: str, text: str, profile: str, events: int, engine_name: str) -> dict:
+    from dqcep.baseline import SaseEngine
     from dqcep.lang import parse
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine
-    engine = Engine(build_plan(parse(text).queries))
+    queries = parse(text).queries
+    engine = Engine(build_plan(queries)) if engine_name == "native" else SaseEngine(queries)
     busy, matches = 0.0, 0
     for batch in stream(profile, events):
         started = time.perf_counter()
@@ -58,9 +63,13 @@ def point(name: str, text: str, profile: str, events: int) -> dict:
     started = time.perf_counter()
     matches += len(engine.flush())
     busy += time.perf_counter() - started
-    runs = sum(r.live for r in engine.state.runs.values())
-    return {"name": name, "events": events, "seconds": busy, "events_per_s": events / busy,
-            "matches": matches, "peak_state": engine.peak_state_bytes, "runs": runs}
+    if engine_name == "native":
+        runs = sum(r.live for r in engine.state.runs.values())
+    else:
+        runs = sum(n.runs if hasattr(n, "runs") else n.instances for n in engine.nfas if n)
+    return {"name": name, "engine": engine_name, "events": events, "seconds": busy,
+            "events_per_s": events / busy, "matches": matches,
+            "peak_state": engine.peak_state_bytes, "runs": runs}
 
 
 def format_point(events: int) -> None:
@@ -89,6 +98,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000000", help="events per point, comma-separated")
     ap.add_argument("--only", default="K1,K2,S1", help="which of K1, K2, S1")
+    ap.add_argument("--engines", default="native,sase",
+                    help="native, sase or both (comma-separated)")
     ap.add_argument("--format", type=int, default=0, metavar="N",
                     help="only time K1's output formatting over N events")
     args = ap.parse_args(argv)
@@ -104,23 +115,34 @@ def main(argv=None) -> None:
         points.append(("K2 next-match", K2, "iot"))
     if "S1" in only:
         points += [(f"S1 {s}", S1.format(strategy=s), "uniform") for s in STRATEGIES]
-    print(f"{'point':<28} {'events':>11} {'seconds':>8} {'events/s':>12} {'matches':>11} "
-          f"{'peak state':>11} {'runs held':>9}")
+    engines = args.engines.split(",")
+    print(f"{'point':<24} {'engine':<7} {'events':>11} {'seconds':>8} {'events/s':>12} "
+          f"{'matches':>11} {'peak state':>11} {'runs held':>9}")
     rows = []
     for events in sizes:
         for name, text, profile in points:
-            r = point(name, text, profile, events)
-            rows.append(r)
-            print(f"{name:<28} {events:>11,} {r['seconds']:>8.2f} {r['events_per_s']:>12,.0f} "
-                  f"{r['matches']:>11,} {r['peak_state'] / 1e6:>9.2f} MB {r['runs']:>9,}",
-                  flush=True)
+            for engine in engines:
+                r = point(name, text, profile, events, engine)
+                rows.append(r)
+                print(f"{name:<24} {engine:<7} {events:>11,} {r['seconds']:>8.2f} "
+                      f"{r['events_per_s']:>12,.0f} {r['matches']:>11,} "
+                      f"{r['peak_state'] / 1e6:>9.2f} MB {r['runs']:>9,}", flush=True)
+            if len(engines) == 2:
+                a, b = rows[-2:]
+                same = "same matches" if a["matches"] == b["matches"] else "MATCHES DIFFER"
+                print(f"{name:<24} {a['engine']} / {b['engine']}: events/s "
+                      f"{a['events_per_s'] / b['events_per_s']:.2f}x, peak state "
+                      f"{a['peak_state'] / b['peak_state']:.2f}x ({same})", flush=True)
     if len(sizes) > 1:
         lo, hi = sizes[0], sizes[-1]
         for name, _, _ in points:
-            a = next(r for r in rows if r["name"] == name and r["events"] == lo)
-            b = next(r for r in rows if r["name"] == name and r["events"] == hi)
-            print(f"{name}: peak state {hi:,} / {lo:,} events = "
-                  f"{b['peak_state'] / a['peak_state']:.2f}x")
+            for engine in engines:
+                a = next(r for r in rows if (r["name"], r["engine"], r["events"]) ==
+                         (name, engine, lo))
+                b = next(r for r in rows if (r["name"], r["engine"], r["events"]) ==
+                         (name, engine, hi))
+                print(f"{name} ({engine}): peak state {hi:,} / {lo:,} events = "
+                      f"{b['peak_state'] / a['peak_state']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -436,3 +436,19 @@ def strategy_event_streams(draw, max_events=18):
             attrs["room"] = draw(st.sampled_from(["r1", "r2"]))
         out.append(Event(i + 1, draw(st.sampled_from("AAABBZ")), ts, attrs))
     return out
+
+
+def outside_sase(q: ast.Query) -> str | None:
+    """What the SASE baseline must reject in q (None: it is inside the SASE subset:
+    an event, or a SEQ of events and Kleene items with NOTs of single events)."""
+    p = q.pattern
+    if isinstance(p, (ast.EventPattern, ast.Kleene)):
+        return None
+    if p.op != ast.SEQ:
+        return p.op
+    for item in p.items:
+        if isinstance(item, ast.Negation) and not isinstance(item.pattern, ast.EventPattern):
+            return "NOT (pattern)"
+        if isinstance(item, ast.Operator):
+            return item.op
+    return None

@@ -3,7 +3,9 @@
 Hypothesis draws query files (every operator, nesting, NOT in every position,
 predicates, [attr], queries sharing sub-patterns) and event streams (equal
 timestamps, bursts, gaps), and feeds the stream to the native engine in random
-batches. Both must return the same matches, detected_at included.
+batches. Both must return the same matches, detected_at included. On section 5
+(Kleene items, strategies) the SASE baseline is a third leg where the query is in
+its subset.
 """
 import json
 import random
@@ -14,14 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dqcep.baseline import SaseEngine
 from dqcep.events import Event, event_from_mapping
 from dqcep.lang import ast, file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import run_events
 from tests.strategies import (ATTR_VALUES, SMALL_TYPES, kleene_event_streams, kleene_queries,
-                              negation_queries, small_event_streams, small_query_files,
-                              strategy_event_streams, strategy_queries)
+                              negation_queries, outside_sase, small_event_streams,
+                              small_query_files, strategy_event_streams, strategy_queries)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +52,18 @@ def split(events, cuts, shuffle_seed=None):
     return batches
 
 
-def check(queries, events, cuts=(), shuffle_seed=None):
+def sase(queries, batches, lateness=0):
+    engine = SaseEngine(queries, lateness)
+    out = engine.process([])
+    for b in batches:
+        out += engine.process(b)
+    out += engine.flush()
+    return as_set(out.to_matches())
+
+
+def check(queries, events, cuts=(), shuffle_seed=None, baseline=False):
+    """Native (and with ``baseline`` the SASE baseline, for queries in its subset) ==
+    reference, on the stream cut at ``cuts``, each batch shuffled by ``shuffle_seed``."""
     expected = as_set(ReferenceMatcher(queries).run(events))
     batches = split(events, cuts, shuffle_seed)
     # a shuffled batch is out of order by up to its ts span: a lateness covering it
@@ -57,6 +71,8 @@ def check(queries, events, cuts=(), shuffle_seed=None):
                    default=0) if shuffle_seed is not None else 0
     got = native(queries, batches, lateness)
     assert got == expected
+    if baseline and not any(map(outside_sase, queries)):
+        assert sase(queries, batches, lateness) == expected
 
 
 @st.composite
@@ -149,10 +165,10 @@ REGRESSIONS = [
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(kleene_queries(), kleene_event_streams(), CUTS, st.none() | st.integers(0, 9))
 def test_native_matches_reference_on_kleene_items(q, events, cuts, shuffle):
-    """Kleene items under skip-till-any-match (spec 5.1): every list, with iteration,
-    first, last and aggregate conditions, [attr], random batch cuts and in-batch
-    shuffles within the lateness."""
-    check([q], events, cuts, shuffle)
+    """Kleene items under every strategy (spec 5.1): every list, with iteration,
+    first, last and aggregate conditions, [attr], NOT, random batch cuts and in-batch
+    shuffles within the lateness; the SASE baseline too (its runs)."""
+    check([q], events, cuts, shuffle, baseline=True)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
@@ -183,8 +199,9 @@ def snapshot_at(q, events, cut, lateness=0):
 def test_native_runs_match_reference_under_every_strategy(q, events, cuts, shuffle):
     """Spec 5.2 on the RUN vertex: skip-till-next-match, strict- and partition-
     contiguity (events of a type no query names lie between too), with Kleene items,
-    [attr], NOT gaps, random batch cuts and in-batch shuffles within the lateness."""
-    check([q], events, cuts, shuffle)
+    [attr], NOT gaps, random batch cuts and in-batch shuffles within the lateness; the
+    SASE baseline too (its runs)."""
+    check([q], events, cuts, shuffle, baseline=True)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))

@@ -16,19 +16,11 @@ from dqcep.errors import UserError
 from dqcep.events import Event
 from dqcep.lang import ast, file_to_source, parse
 from dqcep.reference import ReferenceMatcher
-from tests.strategies import sase_queries, small_event_streams, small_query_files
-from tests.test_native import CUTS, as_set, bursty_streams, split
+from tests.strategies import (kleene_event_streams, kleene_queries, outside_sase, sase_queries,
+                              small_event_streams, small_query_files)
+from tests.test_native import CUTS, as_set, bursty_streams, sase, split
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def sase(queries, batches, lateness=0):
-    engine = SaseEngine(queries, lateness)
-    out = engine.process([])
-    for b in batches:
-        out += engine.process(b)
-    out += engine.flush()
-    return as_set(out.to_matches())
 
 
 def one(q: ast.Query):
@@ -64,26 +56,11 @@ def test_sase_reorders_like_the_native_engine(qs, events, rnd):
     assert sase(queries, batches, lateness=100) == as_set(ReferenceMatcher(queries).run(events))
 
 
-def _outside_sase(q: ast.Query) -> str | None:
-    """What the baseline must reject in q (None: it is inside the SASE subset)."""
-    p = q.pattern
-    if isinstance(p, ast.EventPattern):
-        return None
-    if p.op != ast.SEQ:
-        return p.op
-    for item in p.items:
-        if isinstance(item, ast.Negation) and not isinstance(item.pattern, ast.EventPattern):
-            return "NOT (pattern)"
-        if isinstance(item, ast.Operator):
-            return item.op
-    return None
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), small_event_streams())
 def test_sase_runs_what_it_supports_and_rejects_the_rest(f, events):
     queries = parse(file_to_source(f)).queries
-    outside = [w for w in map(_outside_sase, queries) if w]
+    outside = [w for w in map(outside_sase, queries) if w]
     if outside:
         with pytest.raises(UserError, match=f"{outside[0].split()[0]}.*not supported"):
             SaseEngine(queries)
@@ -167,17 +144,52 @@ def test_cli_engine_sase_agrees_with_native(tmp_path):
     assert "query 'stuffy'" in bad.stderr and "AND is not supported" in bad.stderr
 
 
-@pytest.mark.parametrize("text, what", [
-    ("PATTERN SEQ(A a, T+ t[], B b) WITHIN 5", "1:18: query 'q1': the SASE baseline runs SEQ "
-     "patterns of events with NOT of single event types; Kleene closure (Type+ v[]) is not "
-     "supported"),
-    ("PATTERN SEQ(A a, B b) WITHIN 5 USING skip-till-next-match",
-     "1:38: query 'q1': the SASE baseline runs SEQ patterns of events with NOT of single "
-     "event types; USING skip-till-next-match is not supported"),
+@pytest.mark.parametrize("strategy, lists", [
+    # A0 T1 T2 B3: every non-empty list of the Ts (2^2 - 1) ...
+    ("skip-till-any-match", {(1,), (2,), (1, 2)}),
+    # ... a run must take each T it fits
+    ("skip-till-next-match", {(1, 2)}),
+    ("strict-contiguity", {(1, 2)}),
+    ("partition-contiguity", {(1, 2)}),
 ])
-def test_sase_refuses_section5_with_the_position(text, what):
-    import re
+def test_sase_runs_kleene_items_under_each_strategy(strategy, lists):
+    q = parse(f"PATTERN SEQ(A a, T+ t[], B b) WHERE [room] WITHIN 5 USING {strategy}").queries
+    events = [Event(0, "A", 0, {"room": 1}), Event(1, "T", 1, {"room": 1}),
+              Event(2, "T", 2, {"room": 1}), Event(3, "B", 3, {"room": 1})]
+    got = sase(q, [events])
+    assert {dict(m[1])["t"] for m in got} == lists
+    assert got == as_set(ReferenceMatcher(q).run(events))
+    # an event between: contiguity ends the run (partition-contiguity: in the room only)
+    for room, ended in ((1, strategy in ("strict-contiguity", "partition-contiguity")),
+                        (2, strategy == "strict-contiguity")):
+        between = events[:2] + [Event(9, "Z", 1, {"room": room})] + events[2:]
+        got = sase(q, [between])
+        assert got == as_set(ReferenceMatcher(q).run(between))
+        assert (got == set()) == ended
 
-    from dqcep.lang import parse
-    with pytest.raises(UserError, match=re.escape(what)):
-        SaseEngine(parse(text).queries)
+
+def test_sase_rejects_section5_outside_its_subset_with_the_position():
+    with pytest.raises(UserError, match="1:9: query 'q1'.*AND is not supported"):
+        SaseEngine(parse("PATTERN AND(SEQ(A a, T+ t[]), B b) WITHIN 5").queries)
+    with pytest.raises(UserError, match="NOT \\(pattern\\) is not supported"):
+        SaseEngine(parse("PATTERN SEQ(T+ t[], NOT (SEQ(B b, C c)), A d) WITHIN 5 "
+                         "USING skip-till-next-match").queries)
+
+
+@pytest.mark.parametrize("strategy", ["skip-till-any-match", "skip-till-next-match",
+                                      "strict-contiguity", "partition-contiguity"])
+def test_sase_runs_stay_bounded_over_a_long_stream(strategy):
+    """Runs, their lists and the events waiting for them follow the window, not the
+    stream, under every strategy (10x the events: about the same peak)."""
+    q = parse("PATTERN SEQ(T+ t[], S s) WHERE [room] AND t[i].v > t[i-1].v WITHIN 5 "
+              f"USING {strategy}").queries
+    peaks = []
+    for n in (20, 200):
+        engine = SaseEngine(q)
+        for b in range(n):
+            engine.process([Event(b * 100 + i, "T" if i % 7 else "S", b * 50 + i,
+                                  {"room": f"r{i % 3}", "v": (i * 7) % 11})
+                            for i in range(50)])
+        peaks.append(engine.peak_state_bytes)
+        assert engine.nfas[0].runs <= 3 * 6  # per room, at most the runs of one window
+    assert peaks[1] <= 1.5 * peaks[0]

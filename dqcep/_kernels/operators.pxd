@@ -51,6 +51,12 @@ cdef class PredicateSet:
     cdef bint holds_lists(self, EventStore st, ListStore ls, const int64_t* rec,
                           const uint8_t* is_list, idx_t width, idx_t first,
                           idx_t last) noexcept nogil
+    # Predicates first..last-1 hold once event seq is placed in slot s of rec (spec 5.2
+    # "fits"): a plain slot is bound to it; a list slot (``handle``: the list it grows,
+    # -1: a new one) is checked for the new element alone. rec is left as it was.
+    cdef bint holds_placed(self, EventStore st, ListStore ls, int64_t* rec,
+                           const uint8_t* is_list, idx_t width, idx_t s, int64_t handle,
+                           int64_t seq, idx_t first, idx_t last) noexcept nogil
     cdef _check_predicate(self, idx_t p)
     # ValueError unless records of ``width`` slots and the store hold what the code reads
     cdef int check_inputs(self, EventStore st, idx_t width) except -1

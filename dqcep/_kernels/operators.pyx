@@ -280,6 +280,27 @@ cdef class PredicateSet:
                 return False
         return True
 
+    cdef bint holds_placed(self, EventStore st, ListStore ls, int64_t* rec,
+                           const uint8_t* is_list, idx_t width, idx_t s, int64_t handle,
+                           int64_t seq, idx_t first, idx_t last) noexcept nogil:
+        cdef idx_t p
+        cdef int64_t kept = rec[s], prev = -1, first_seq = seq
+        cdef bint ok = True
+        if is_list[s]:
+            if handle >= 0:
+                prev, first_seq = ls.seq[ls_row(ls, handle)], ls.first[ls_row(ls, handle)]
+            rec[s] = handle
+            for p in range(first, last):
+                if self.bound(p, rec, width, s) and not self.holds_one(
+                        p, st, ls, rec, is_list, width, s, seq, prev, first_seq):
+                    ok = False
+                    break
+        else:
+            rec[s] = seq
+            ok = self.holds_lists(st, ls, rec, is_list, width, first, last)
+        rec[s] = kept
+        return ok
+
     def mask_lists(self, EventStore st, ListStore ls, const int64_t[:, ::1] recs, is_list):
         """``mask`` for records whose ``is_list`` slots hold Kleene lists."""
         n = recs.shape[0]

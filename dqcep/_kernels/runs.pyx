@@ -35,7 +35,7 @@ from dqcep._kernels._table cimport (Int64Table, table_free, table_get, table_ini
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.operators cimport PredicateSet
 from dqcep._kernels.ring cimport COL_END, COL_IDS, COL_KEY, COL_START, RingBuffer, ring_push
-from dqcep._kernels.store cimport KIND_MISSING, EventStore, ListStore, ls_row
+from dqcep._kernels.store cimport EventStore, ListStore, ls_row, same_cells
 
 # strategies (the names are the language's: dqcep.lang.ast)
 NEXT_MATCH, STRICT, PARTITION = 1, 2, 3
@@ -96,19 +96,6 @@ cdef class RunSpec:
                 raise ValueError(f"a condition reads a list position of slot "
                                  f"{conds.ext_slot[j]}, which holds no list")
         conds.check_slots(self.k)
-
-
-cdef inline bint _same_cells(EventStore st, const int32_t[::1] cols, int64_t a,
-                             int64_t b) noexcept nogil:
-    """Do events a and b carry every column of ``cols`` with equal values ([attr])?"""
-    cdef idx_t c, ra = st.row(a), rb = st.row(b), na = st.n_attrs
-    cdef int8_t ka
-    for c in range(cols.shape[0]):
-        ka = st.kind[ra * na + cols[c]]
-        if ka == KIND_MISSING or ka != st.kind[rb * na + cols[c]] or \
-                st.val[ra * na + cols[c]] != st.val[rb * na + cols[c]]:
-            return False
-    return True
 
 
 cdef class RunTable:
@@ -252,24 +239,13 @@ cdef bint _fits(RunSpec sp, PredicateSet ps, EventStore st, ListStore ls, const 
                 int64_t seq, int64_t ts, int32_t etype) noexcept nogil:
     """Does event seq fit slot s of the run (its type, after the run's last event,
     within the window, every condition of slot s); the [attr] check is the caller's."""
-    cdef idx_t p
     cdef int64_t slots[MAX_RUN_SLOTS]
-    cdef int64_t h, fixed_prev = -1, fixed_first = seq
     if etype != sp.slot_type[s] or ts <= row[R_LAST] or ts - row[R_START] > sp.window:
         return False
     memcpy(slots, row + R_SLOTS, sp.k * sizeof(int64_t))
-    if sp.slot_kleene[s]:
-        h = slots[s] if s == row[R_POS] else -1
-        if h >= 0:
-            fixed_prev, fixed_first = ls.seq[ls_row(ls, h)], ls.first[ls_row(ls, h)]
-        for p in range(sp.slot_first[s], sp.slot_first[s + 1]):
-            if ps.bound(p, slots, sp.k, s) and not ps.holds_one(
-                    p, st, ls, slots, &sp.slot_kleene[0], sp.k, s, seq, fixed_prev, fixed_first):
-                return False
-        return True
-    slots[s] = seq
-    return ps.holds_lists(st, ls, slots, &sp.slot_kleene[0], sp.k, sp.slot_first[s],
-                          sp.slot_first[s + 1])
+    return ps.holds_placed(st, ls, slots, &sp.slot_kleene[0], sp.k, s,
+                           slots[s] if s == row[R_POS] else -1, seq,
+                           sp.slot_first[s], sp.slot_first[s + 1])
 
 
 cdef int _take(RunSpec sp, EventStore st, ListStore ls, int64_t* row, idx_t s, int64_t seq,
@@ -331,7 +307,7 @@ def run_step(RunSpec sp, RunTable runs, EventStore st, ListStore ls,
                 if ts[j] - row[R_START] > sp.window:
                     chained = False   # nothing it could still take can come
                 else:
-                    key_ok = sp.key_cols.shape[0] == 0 or _same_cells(st, sp.key_cols,
+                    key_ok = sp.key_cols.shape[0] == 0 or same_cells(st, sp.key_cols,
                                                                        row[R_FIRST], seqs[j])
                     if sp.strategy == S_PARTITION and not key_ok:
                         prev, r = r, nxt   # another partition (a hash collision)

@@ -3,33 +3,54 @@ import numpy as np
 import numpy.typing as npt
 
 from dqcep._kernels.operators import PredicateSet
-from dqcep._kernels.store import EventStore
+from dqcep._kernels.store import EventStore, ListStore
 
 NEG_MODES: dict[str, int]
+STRATEGIES: dict[str, int]   # the language's strategy names -> SaseRunNFA codes
 
-class SaseNFA:
-    n: int            # idx_t: positive states
+class SaseAutomaton:
+    n: int            # idx_t: positive states (a Kleene item is one)
     m: int            # idx_t: negated event types
     window: int       # int64_t ms
+    pruned: int       # instances / runs dropped by the window
+    live_peak: int    # most alive at once
+    lists: ListStore | None  # the Kleene states' lists (SaseRunNFA)
+    def release(self, st: EventStore, wm: int | None, everything: bool = False) -> None: ...  # take() them
+    def held_min_start(self, st: EventStore) -> int | None: ...
+    def take(self) -> tuple["npt.NDArray[np.int64]", "npt.NDArray[np.int64]"]: ...
+    @property
+    def partitions(self) -> int: ...
+    @property
+    def held_count(self) -> int: ...
+
+class SaseNFA(SaseAutomaton):
     pushed: int       # instances pushed onto the stacks
-    pruned: int       # instances dropped by window pruning
     constructed: int  # sequences built (before negation checks)
-    live_peak: int    # most instances alive at once
     def __init__(self, window: int, state_types: "npt.ArrayLike", neg_types: "npt.ArrayLike",
                  neg_modes: "npt.ArrayLike", neg_after: "npt.ArrayLike",
                  key_attrs: "npt.ArrayLike", scan_preds: PredicateSet,
                  build_preds: PredicateSet, ranges: "npt.ArrayLike") -> None: ...
     def scan(self, st: EventStore, seqs: "npt.NDArray[np.int64]",
              types: "npt.NDArray[np.int32]") -> None: ...
-    def release(self, st: EventStore, wm: int | None, everything: bool = False) -> None: ...  # take() them
     def prune(self, cutoff: int, neg_cutoff: int) -> None: ...
-    def held_min_start(self, st: EventStore) -> int | None: ...
-    def take(self) -> tuple["npt.NDArray[np.int64]", "npt.NDArray[np.int64]"]: ...
     @property
     def nbytes(self) -> int: ...
     @property
     def instances(self) -> int: ...
+
+class SaseRunNFA(SaseAutomaton):
+    strategy: int     # STRATEGIES
+    started: int      # runs begun
+    forked: int       # runs cloned (a non-deterministic edge)
+    def __init__(self, strategy: int, window: int, state_types: "npt.ArrayLike",
+                 state_lists: "npt.ArrayLike", neg_types: "npt.ArrayLike",
+                 neg_modes: "npt.ArrayLike", neg_after: "npt.ArrayLike",
+                 key_attrs: "npt.ArrayLike", scan_preds: PredicateSet, conds: PredicateSet,
+                 ranges: "npt.ArrayLike", list_aggs: "npt.ArrayLike") -> None: ...
+    def scan(self, st: EventStore, seqs: "npt.NDArray[np.int64]",
+             types: "npt.NDArray[np.int32]") -> None: ...  # in stream order (ts, id)
+    def prune(self, cutoff: int, neg_cutoff: int, list_cutoff: int) -> None: ...
     @property
-    def partitions(self) -> int: ...
+    def nbytes(self) -> int: ...
     @property
-    def held_count(self) -> int: ...
+    def runs(self) -> int: ...

@@ -99,3 +99,17 @@ cdef class ListStore:
 
 cdef inline idx_t ls_row(ListStore ls, int64_t handle) noexcept nogil:
     return <idx_t>(handle - ls.offset)
+
+
+cdef inline bint same_cells(EventStore st, const int32_t[::1] cols, int64_t a,
+                            int64_t b) noexcept nogil:
+    """Do events a and b (sequence numbers) carry every column of ``cols``, with
+    equal values ([attr])? a == b: does a carry them all?"""
+    cdef idx_t c, ra = st.row(a), rb = st.row(b), na = st.n_attrs
+    cdef int8_t ka
+    for c in range(cols.shape[0]):
+        ka = st.kind[ra * na + cols[c]]
+        if ka == KIND_MISSING or ka != st.kind[rb * na + cols[c]] or \
+                st.val[ra * na + cols[c]] != st.val[rb * na + cols[c]]:
+            return False
+    return True

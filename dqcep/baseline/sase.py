@@ -3,15 +3,22 @@
 SASE (Wu, Diao, Rizzi, SIGMOD 2006) evaluates ``SEQ`` patterns with an NFA
 whose states each keep an active instance stack; sequences are built by
 walking each new last-state instance's pointers back through the stacks
-(``dqcep/_kernels/sase.pyx`` has the algorithm). This module compiles a query
-into that NFA and runs it behind the same input path as the native engine
-(``EventTimeEngine``: K-slack reordering, late events, watermark), so the two
-differ only in how they match.
+(``SaseNFA`` in ``dqcep/_kernels/sase.pyx``). Kleene closure and the selection
+strategies are SASE+'s (Agrawal et al., SIGMOD 2008): an NFA^b whose *runs*
+take, begin, proceed or ignore each event, cloned where the strategy leaves a
+choice (``SaseRunNFA``). This module compiles a query into one of the two and
+runs it behind the same input path as the native engine (``EventTimeEngine``:
+K-slack reordering, late events, watermark), so the engines differ only in how
+they match.
 
 The SASE subset of the language: a single event pattern or ``SEQ`` of event
-patterns, ``NOT Type var`` between, before or after them, any ``WHERE``
-(``[attr]`` partitions the stacks), ``WITHIN``, skip-till-any-match. ``AND``,
-``OR`` and ``NOT (pattern)`` are rejected with the query's position.
+patterns and Kleene items ``Type+ v[]``, ``NOT Type var`` between, before or
+after them, any ``WHERE`` (``[attr]`` partitions the stacks or runs),
+``WITHIN``, every selection strategy. ``AND``, ``OR`` and ``NOT (pattern)`` are
+rejected with the query's position. A query without Kleene items under
+skip-till-any-match runs on the stacks, every other one on runs; runs see the
+events in stream order (ts, id), so they wait until no event of their ts can
+still come.
 
 Where each conjunct is evaluated:
 
@@ -33,12 +40,13 @@ from typing import Sequence
 
 import numpy as np
 
-from dqcep._kernels.sase import NEG_MODES, SaseNFA
+from dqcep._kernels.sase import NEG_MODES, STRATEGIES, SaseNFA, SaseRunNFA
 from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate_on_events
-from dqcep.runtime.compile import attributes_read, predicate_set
-from dqcep.runtime.eventtime import EventTimeEngine, MatchBatch
+from dqcep.runtime.compile import (aggregated_columns, attributes_read, predicate_set,
+                                   run_placement)
+from dqcep.runtime.eventtime import LIST_ID, EventTimeEngine, MatchBatch, MatchLists
 
 
 @dataclass(frozen=True)
@@ -54,37 +62,43 @@ class SaseQuery:
     scan: tuple[Predicate, ...]
     groups: tuple[tuple[Predicate, ...], ...]  # depth 0..n-1, final, negation 0..m-1
     never: bool                        # a constant conjunct is false
+    # SASE+ runs (Kleene items or a selection strategy); their groups are: placed at
+    # state 0..n-1 (run_placement), whole match, negation 0..m-1
+    strategy: str = ast.ANY_MATCH
+    lists: tuple[bool, ...] = ()       # per positive state: a Kleene item
+    runs: bool = False
+
+    @property
+    def every_event(self) -> bool:
+        """Does every event matter, of any type (a contiguity strategy)?"""
+        return self.strategy in (ast.STRICT, ast.PARTITION)
 
 
 def _unsupported(q: ast.Query, node, what: str, source: str) -> UserError:
     pos = node if isinstance(node, ast.Pos) else getattr(node, "pos", q.pos)
     return UserError(f"{source}:{pos.line}:{pos.col}: query {q.name!r}: the SASE baseline "
-                     f"runs SEQ patterns of events with NOT of single event types; {what} "
-                     f"is not supported (use --engine native)")
+                     f"runs SEQ patterns of events and Kleene items with NOT of single "
+                     f"event types; {what} is not supported (use --engine native)")
 
 
 def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
     """Compile one query, or raise UserError if it is outside the SASE subset."""
     pattern = q.pattern
-    if q.strategy != ast.ANY_MATCH:
-        raise _unsupported(q, q.strategy_pos, f"USING {q.strategy}", source)
-    if isinstance(pattern, ast.EventPattern):
+    if isinstance(pattern, (ast.EventPattern, ast.Kleene)):
         items: tuple = (pattern,)
     elif pattern.op != ast.SEQ:
         raise _unsupported(q, pattern, pattern.op, source)
     else:
         items = pattern.items
-    positives: list[ast.EventPattern] = []
+    positives: list[ast.EventPattern | ast.Kleene] = []
     negations: list[tuple[ast.EventPattern, int]] = []  # (event, positives before it)
     for item in items:
-        if isinstance(item, ast.EventPattern):
+        if isinstance(item, (ast.EventPattern, ast.Kleene)):
             positives.append(item)
         elif isinstance(item, ast.Negation) and isinstance(item.pattern, ast.EventPattern):
             negations.append((item.pattern, len(positives)))
         elif isinstance(item, ast.Negation):
             raise _unsupported(q, item, "NOT (pattern)", source)
-        elif isinstance(item, ast.Kleene):
-            raise _unsupported(q, item, "Kleene closure (Type+ v[])", source)
         else:
             raise _unsupported(q, item, f"{item.op} inside SEQ", source)
     n = len(positives)
@@ -98,38 +112,52 @@ def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
             neg_specs.append((ev.type, "TRAILING", n - 1))
         else:
             neg_specs.append((ev.type, "GAP", before - 1))
+    kleene = frozenset(e.var for e in positives if isinstance(e, ast.Kleene))
+    runs = bool(kleene) or q.strategy != ast.ANY_MATCH
     slot_of = {e.var: i for i, e in enumerate(positives)}
+    positive_slots = dict(slot_of)
     slot_of.update({ev.var: n + j for j, (ev, _) in enumerate(negations)})
 
     scan: list[Predicate] = []
     groups: list[list[Predicate]] = [[] for _ in range(n + 1 + len(negations))]
+    placed: list[Predicate] = []     # runs: every positive condition, placed below
     keys: list[str] = []
     never = False
     for c in ast.conjuncts(q.where):
-        p = compile_predicate(c, slot_of, equiv_slots=n)
-        negated = [s for s in p.slots if s >= n]
+        p = compile_predicate(c, slot_of, n, kleene, n + len(negations))
+        negated_slots = [s for s in p.slots if s >= n]
         equiv = ast.has_equivalence(c)
+        bare_key = isinstance(c, ast.Equivalence) and c.attr not in ("ts", "id")
         if not p.slots and not equiv:
             never |= not evaluate_on_events(p, [])
-        elif len(negated) > 1:
+        elif len(negated_slots) > 1:
             continue  # the other negated variable is never bound (spec 4)
-        elif negated:
+        elif negated_slots:
             if len(p.slots) == 1 and not equiv:
                 scan.append(p)
-            else:  # negation j = negated[0] - n is group n + 1 + j
-                groups[1 + negated[0]].append(p)
+            else:  # negation j = negated_slots[0] - n is group n + 1 + j
+                groups[1 + negated_slots[0]].append(p)
+        elif runs and bare_key:
+            if c.attr not in keys:  # the runs' partitions, checked exactly as events come
+                keys.append(c.attr)
+        elif runs:
+            placed.append(compile_predicate(c, positive_slots, n, kleene, n))
         elif equiv:
             groups[n].append(p)
-            if isinstance(c, ast.Equivalence) and c.attr not in ("ts", "id") \
-                    and c.attr not in keys:
+            if bare_key and c.attr not in keys:
                 keys.append(c.attr)
         elif len(p.slots) == 1:
             scan.append(p)
         else:
             groups[min(p.slots)].append(p)
+    if runs:
+        ordered, first = run_placement(placed, n)
+        groups[:n + 1] = [ordered[first[s]:first[s + 1]] for s in range(n)] + \
+            [ordered[first[n]:]]
     return SaseQuery(q.name, q.within.ms, tuple(e.type for e in positives),
                      tuple(e.var for e in positives), tuple(neg_specs), tuple(keys),
-                     tuple(scan), tuple(tuple(g) for g in groups), never)
+                     tuple(scan), tuple(tuple(g) for g in groups), never, q.strategy,
+                     tuple(isinstance(e, ast.Kleene) for e in positives), runs)
 
 
 class SaseEngine(EventTimeEngine):
@@ -156,11 +184,14 @@ class SaseEngine(EventTimeEngine):
         attrs = attributes_read(preds, [k for s in self.specs for k in s.key_attrs])
         super().__init__(types, attrs, tuple((s.name, s.variables) for s in self.specs),
                          lateness)
-        self.nfas: list[SaseNFA | None] = [None if s.never else self._nfa(s)
-                                           for s in self.specs]
+        self.every_event = any(s.every_event for s in self.specs)
+        self.nfas: list[SaseNFA | SaseRunNFA | None] = [
+            None if s.never else self._runs(s) if s.runs else self._nfa(s) for s in self.specs]
         self.max_window = max((s.window_ms for s in self.specs), default=0)
         self.store_retention = 2 * self.max_window + 2  # what the CLI's RETURN lookup keeps
         self.matches_out = [0] * len(self.specs)
+        # runs read stream order (ts, id): events wait here until none of their ts can come
+        self._waiting = (np.empty(0, np.int64),) * 3 + (np.empty(0, np.int32),)
         self._constants_coded()
 
     def _nfa(self, s: SaseQuery) -> SaseNFA:
@@ -175,35 +206,74 @@ class SaseEngine(EventTimeEngine):
             predicate_set([p for g in s.groups for p in g], self.attr_index, self.dictionary),
             ranges)
 
+    def _runs(self, s: SaseQuery) -> SaseRunNFA:
+        conds = [p for g in s.groups for p in g]
+        return SaseRunNFA(
+            STRATEGIES[s.strategy], s.window_ms, [self.type_code[t] for t in s.states],
+            list(s.lists), [self.type_code[t] for t, _, _ in s.negations],
+            [NEG_MODES[mode] for _, mode, _ in s.negations],
+            [after for _, _, after in s.negations],
+            [self.attr_index[a] for a in s.key_attrs],
+            predicate_set(s.scan, self.attr_index, self.dictionary),
+            predicate_set(conds, self.attr_index, self.dictionary),
+            np.cumsum([0] + [len(g) for g in s.groups]),
+            aggregated_columns(conds, self.attr_index))
+
     # -------------------------------------------------------------- matching
     def _match(self, seqs, ts, types) -> MatchBatch:
         out = MatchBatch(self.match_queries)
         for nfa in self.nfas:
-            if nfa is not None:
+            if isinstance(nfa, SaseNFA):
                 nfa.scan(self.store, seqs, types)
+        if any(isinstance(nfa, SaseRunNFA) for nfa in self.nfas):
+            ids = self.store.ids_of(seqs.reshape(-1, 1))[:, 0]
+            self._waiting = tuple(np.concatenate([a, b]) for a, b in zip(
+                self._waiting, (seqs, ts, ids, types)))
         self._take(out)
         self._measure_state()
         return out
 
+    def _step_runs(self, limit: int | None) -> None:
+        """Runs take the waiting events with ts < ``limit`` (all when None), in (ts, id)."""
+        seqs, ts, ids, types = self._waiting
+        ready = ts < limit if limit is not None else np.ones(len(ts), bool)
+        if not ready.any():
+            return
+        self._waiting = tuple(a[~ready] for a in self._waiting)
+        order = np.lexsort((ids[ready], ts[ready]))
+        seqs, types = seqs[ready][order], np.ascontiguousarray(types[ready][order])
+        for nfa in self.nfas:
+            if isinstance(nfa, SaseRunNFA):
+                nfa.scan(self.store, seqs, types)
+        self._measure_state()
+
     def _after_watermark(self) -> MatchBatch:
         out = MatchBatch(self.match_queries)
         wm = self.wm
+        self._step_runs(wm)
+        for nfa in self.nfas:
+            if nfa is not None:
+                nfa.release(self.store, wm)
+        self._take(out)   # before pruning: run matches read their lists
         held = []
         for s, nfa in zip(self.specs, self.nfas):
             if nfa is None:
                 continue
-            nfa.release(self.store, wm)
             oldest = wm - s.window_ms  # no future match (last ts >= wm) starts before
             start = nfa.held_min_start(self.store)
             if start is not None:
                 held.append(start)      # its trailing NOT reads negated events after start
-            nfa.prune(oldest, min(oldest, start if start is not None else oldest) - 1)
-        self._take(out)
+            neg_cutoff = min(oldest, start if start is not None else oldest) - 1
+            if isinstance(nfa, SaseRunNFA):
+                nfa.prune(oldest, neg_cutoff, neg_cutoff + 1)
+            else:
+                nfa.prune(oldest, neg_cutoff)
         self.store.evict_before(min([wm - self.max_window] + held) - 1)
         return out
 
     def _flush_held(self) -> MatchBatch:
         out = MatchBatch(self.match_queries)
+        self._step_runs(None)
         for nfa in self.nfas:
             if nfa is not None:
                 nfa.release(self.store, None, True)
@@ -211,26 +281,43 @@ class SaseEngine(EventTimeEngine):
         return out
 
     def _take(self, out: MatchBatch) -> None:
+        """The matches the automata emitted: per state an event's sequence number or
+        (a Kleene state) a list handle, turned into event ids."""
         for i, nfa in enumerate(self.nfas):
             if nfa is None:
                 continue
-            detected, ids = nfa.take()
-            if len(detected):
-                out.parts.append((i, detected, ids, None))
-                self.matches_out[i] += len(detected)
+            detected, rows = nfa.take()
+            if not len(detected):
+                continue
+            lists = None
+            columns = [c for c, kleene in enumerate(self.specs[i].lists) if kleene]
+            if columns:
+                offsets, seqs = nfa.lists.elements_of(np.ascontiguousarray(
+                    rows[:, columns].ravel()))
+                lists = MatchLists(tuple(columns), offsets,
+                                   self.store.ids_of(seqs.reshape(-1, 1))[:, 0])
+                rows[:, columns] = -1
+            ids = self.store.ids_of(rows)
+            ids[:, columns] = LIST_ID
+            out.parts.append((i, detected, ids, lists))
+            self.matches_out[i] += len(detected)
 
     # --------------------------------------------------------- introspection
     def state_bytes(self) -> int:
-        """Bytes held by the event store, the instance stacks, negation buffers and
-        held sequences."""
-        return self.store.nbytes + sum(n.nbytes for n in self.nfas if n is not None)
+        """Bytes held by the event store, the instance stacks or runs and their lists,
+        negation buffers, held sequences and the events waiting for the runs."""
+        return (self.store.nbytes + sum(n.nbytes for n in self.nfas if n is not None)
+                + sum(a.nbytes for a in self._waiting))
 
     def vertex_stats(self) -> list[dict]:
         """One row per query NFA, in the native engine's --stats columns: inputs =
-        instances pushed, outputs = matches, queue-hw = peak live instances,
-        evictions = instances pruned by the window."""
-        return [{"vertex": i, "operator": f"SASE {s.name}",
-                 "inputs": n.pushed if n else 0, "outputs": self.matches_out[i],
-                 "queue_high_water": n.live_peak if n else 0,
-                 "evictions": n.pruned if n else 0}
-                for i, (s, n) in enumerate(zip(self.specs, self.nfas))]
+        instances pushed (runs begun or cloned), outputs = matches, queue-hw = peak
+        live instances (runs), evictions = instances (runs) pruned by the window."""
+        rows = []
+        for i, (s, n) in enumerate(zip(self.specs, self.nfas)):
+            pushed = 0 if n is None else n.started + n.forked if s.runs else n.pushed
+            rows.append({"vertex": i, "operator": f"SASE{'+' if s.runs else ''} {s.name}",
+                         "inputs": pushed, "outputs": self.matches_out[i],
+                         "queue_high_water": n.live_peak if n else 0,
+                         "evictions": n.pruned if n else 0})
+        return rows

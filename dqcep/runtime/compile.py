@@ -238,15 +238,14 @@ def guard_hosts(plan: Plan) -> dict[int, list[int]]:
 STRATEGY_CODES = {ast.NEXT_MATCH: NEXT_MATCH, ast.STRICT: STRICT, ast.PARTITION: PARTITION}
 
 
-def run_spec(items: RunItems, preds: Sequence[Predicate], key_attrs: Sequence[str],
-             window: int, attr_index: dict[str, int],
-             dictionary: "StringDictionary") -> RunSpec:
-    """A RUN vertex for ``dqcep._kernels.runs.run_step``. A condition that reads no
-    whole list is checked when an event is placed in the last slot it names (the
-    slots of a SEQ fill in order), one with a nested [attr] at every placement from
-    then on (its [attr] covers the events bound so far, spec 5.2); whole-list ones
-    (aggregates, v[last]) on the complete match."""
-    k = len(items.types)
+def run_placement(preds: Sequence[Predicate], k: int) -> tuple[list[Predicate], list[int]]:
+    """Where a run over ``k`` slots checks each condition (spec 5.2 "fits"): one that
+    reads no whole list when an event is placed in the last slot it names (the slots
+    of a SEQ fill in order), one with a nested [attr] at every placement from then on
+    (its [attr] covers the events bound so far); whole-list ones (aggregates, v[last])
+    on the complete match. Returns the conditions in that order and ``slot_first``
+    (k + 1 bounds: slot s's are ``slot_first[s]:slot_first[s+1]``, the whole-match
+    ones from ``slot_first[k]`` on)."""
     by_slot: list[list[Predicate]] = [[] for _ in range(k)]
     whole = []
     for p in preds:
@@ -257,8 +256,17 @@ def run_spec(items: RunItems, preds: Sequence[Predicate], key_attrs: Sequence[st
         for s in range(first, k if p.has_equivalence else first + 1):
             by_slot[s].append(p)
     ordered = [p for group in by_slot for p in group] + whole
+    return ordered, np.cumsum([0] + [len(g) for g in by_slot]).tolist()
+
+
+def run_spec(items: RunItems, preds: Sequence[Predicate], key_attrs: Sequence[str],
+             window: int, attr_index: dict[str, int],
+             dictionary: "StringDictionary") -> RunSpec:
+    """A RUN vertex for ``dqcep._kernels.runs.run_step``, its conditions placed by
+    ``run_placement``."""
+    ordered, slot_first = run_placement(preds, len(items.types))
     return RunSpec(
         STRATEGY_CODES[items.strategy], window, np.array(items.types, np.int32),
         np.array(items.kleene, np.uint8), predicate_set(ordered, attr_index, dictionary),
-        np.cumsum([0] + [len(g) for g in by_slot]),
+        np.array(slot_first, np.int64),
         np.array([attr_index[a] for a in key_attrs], np.int32))
