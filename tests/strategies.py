@@ -425,6 +425,36 @@ def strategy_queries(draw, name="run"):
 
 
 @st.composite
+def chain_queries(draw, name="chain"):
+    """SEQ chains that match often (the joins a planner can build on demand): 2-5
+    events over A and B, [room] often, conditions across items on the small number p,
+    a NOT of a single event sometimes (in a gap, in front or behind)."""
+    n = draw(st.integers(2, 5))
+    items: list[ast.Item] = [ast.EventPattern(draw(st.sampled_from("AB")), f"v{i}")
+                             for i in range(n)]
+    if draw(st.integers(0, 3)) == 0:
+        items.insert(draw(st.integers(0, n)), ast.Negation(
+            ast.EventPattern(draw(st.sampled_from("ABZ")), "neg")))
+    variables = [f"v{i}" for i in range(n)]
+    parts: list[ast.Expr] = []
+    if draw(st.integers(0, 2)):
+        parts.append(ast.Equivalence("room"))
+    for _ in range(draw(st.integers(0, 2))):
+        a, b = draw(st.sampled_from(variables)), draw(st.sampled_from(variables))
+        if a != b:
+            parts.append(ast.Binary(draw(st.sampled_from(["<", ">", "!=", "="])),
+                                    ast.AttrRef(a, "p"), ast.AttrRef(b, "p")))
+        else:
+            parts.append(ast.Binary("<=", ast.AttrRef(a, "p"),
+                                    ast.Number(draw(st.integers(1, 3)))))
+    where = None
+    for p in parts:
+        where = p if where is None else ast.Binary("AND", where, p)
+    return ast.Query(name, ast.Operator(ast.SEQ, tuple(items)), where,
+                     ast.Within(draw(st.integers(2, 10)), "ms"), ())
+
+
+@st.composite
 def strategy_event_streams(draw, max_events=18):
     """6-18 events of A, B and Z (a type no query names), ts growing by 0-2, in two
     rooms, most with a small number p."""

@@ -3,7 +3,9 @@
 Hypothesis draws query files (every operator, nesting, NOT in every position,
 predicates, [attr], queries sharing sub-patterns) and event streams (equal
 timestamps, bursts, gaps), and feeds the stream to the native engine in random
-batches. Both must return the same matches, detected_at included. On section 5
+batches, with every join's records kept and with them built on demand wherever
+the planner can (plan/joins.py). All must return the same matches, detected_at
+included. On section 5
 (Kleene items, strategies) the SASE baseline is a third leg where the query is in
 its subset.
 """
@@ -22,9 +24,10 @@ from dqcep.lang import ast, file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import run_events
-from tests.strategies import (ATTR_VALUES, SMALL_TYPES, kleene_event_streams, kleene_queries,
-                              negation_queries, outside_sase, small_event_streams,
-                              small_query_files, strategy_event_streams, strategy_queries)
+from tests.strategies import (ATTR_VALUES, SMALL_TYPES, chain_queries, kleene_event_streams,
+                              kleene_queries, negation_queries, outside_sase,
+                              small_event_streams, small_query_files, strategy_event_streams,
+                              strategy_queries)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,8 +38,11 @@ def as_set(matches):
     return set(out)
 
 
-def native(queries, batches, lateness=0):
-    mb, _ = run_events(build_plan(queries), batches, lateness)
+MATERIALIZE = ("always", "on-demand")  # every join's records kept / built where they can be
+
+
+def native(queries, batches, lateness=0, materialize="always"):
+    mb, _ = run_events(build_plan(queries, materialize=materialize), batches, lateness)
     return as_set(mb.to_matches())
 
 
@@ -69,8 +75,8 @@ def check(queries, events, cuts=(), shuffle_seed=None, baseline=False):
     # a shuffled batch is out of order by up to its ts span: a lateness covering it
     lateness = max((max(e.ts for e in b) - min(e.ts for e in b) for b in batches if b),
                    default=0) if shuffle_seed is not None else 0
-    got = native(queries, batches, lateness)
-    assert got == expected
+    for materialize in MATERIALIZE:
+        assert native(queries, batches, lateness, materialize) == expected, materialize
     if baseline and not any(map(outside_sase, queries)):
         assert sase(queries, batches, lateness) == expected
 
@@ -101,6 +107,30 @@ def test_native_matches_reference_on_negations(q, events, cuts):
     check(parse(file_to_source(ast.QueryFile("<t>", (q,)))).queries, events, cuts)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(chain_queries(), min_size=1, max_size=3), strategy_event_streams(), CUTS,
+       st.none() | st.integers(0, 9))
+def test_seq_chains_built_on_demand_match_reference(qs, events, cuts, shuffle):
+    """SEQ chains of 2-5 events with [room], conditions across items and NOTs (the
+    queries whose joins can be built on demand: most of them are), several at once
+    (sharing prefixes), bursts of equal ts, batch cuts and shuffles within the
+    lateness."""
+    queries = parse(file_to_source(ast.QueryFile("<t>", tuple(
+        ast.Query(f"q{i}", q.pattern, q.where, q.within, ())
+        for i, q in enumerate(qs))))).queries
+    check(queries, events, cuts, shuffle)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(chain_queries(), strategy_event_streams(), st.integers(0, 20), st.integers(0, 3))
+def test_snapshot_with_joins_built_on_demand(q, events, cut, lateness):
+    """Snapshot mid-stream with the inputs of on-demand joins in their queues, restore
+    into a fresh engine of the same program, go on: the reference's matches, each once."""
+    queries = parse(file_to_source(ast.QueryFile("<t>", (q,)))).queries
+    assert snapshot_at(queries[0], events, cut, lateness, "on-demand") == \
+        as_set(ReferenceMatcher(queries).run(events))
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), bursty_streams(), CUTS)
 def test_native_matches_reference_on_bursts_and_gaps(f, events, cuts):
@@ -116,7 +146,8 @@ def test_reorder_buffer_restores_event_time_order(f, events, rnd):
     shuffled = list(events)
     rnd.shuffle(shuffled)
     batches = [shuffled[i:i + 3] for i in range(0, len(shuffled), 3)]
-    assert native(queries, batches, lateness=100) == expected
+    for materialize in MATERIALIZE:
+        assert native(queries, batches, 100, materialize) == expected, materialize
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -179,12 +210,12 @@ def test_snapshot_inside_kleene_runs_restores_every_list(q, events, cut):
     assert snapshot_at(q, events, cut) == as_set(ReferenceMatcher([q]).run(events))
 
 
-def snapshot_at(q, events, cut, lateness=0):
+def snapshot_at(q, events, cut, lateness=0, materialize="always"):
     """The matches of an engine snapshotted after ``cut`` events (in stream order) and
     restored into a fresh engine of the same program, which goes on to the end."""
     from dqcep.runtime import Engine, MatchBatch
     ordered = sorted(events, key=lambda e: (e.ts, e.id))
-    first = Engine(build_plan([q]), lateness)
+    first = Engine(build_plan([q], materialize=materialize), lateness)
     got = MatchBatch(first.match_queries)
     got += first.process(ordered[:cut])
     second = Engine(first.program)

@@ -1,6 +1,7 @@
 """Planner: decomposition shapes, cost model, sharing, predicate placement, invariants."""
 import pickle
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -501,3 +502,31 @@ def test_invariants_on_random_kleene_queries(q):
     root = spec.root
     assert {p.slots[root][i] for i in p.lists[root]} == set(spec.lists) == ast.kleene_vars(
         q.pattern)
+
+
+def test_materialization_follows_the_cost_and_the_dag():
+    """plan/joins.py: a SEQ vertex whose pairs outnumber its right inputs is built on
+    demand by its parent (auto); one shared by two parents, or with a NOT checked on it,
+    keeps its records; 'always' and 'on-demand' force the choice; explain says which."""
+    from dqcep.plan import explain_text
+    chain = parse("QUERY c PATTERN SEQ(A a, B b, C c) WHERE [k] WITHIN 1 min").queries
+    rates = {"A": 10.0, "B": 10.0, "C": 10.0}
+    plan = build_plan(chain, rates, materialize="auto")
+    ab = next(v for v in range(plan.n_vertices) if plan.slots[v] == ("a", "b"))
+    assert plan.on_demand[ab] and plan.materialization[ab].startswith("on demand (est.")
+    assert "records: on demand" in explain_text(plan)
+    sparse = build_plan(chain, {"A": 0.01, "B": 0.01, "C": 0.01}, materialize="auto")
+    assert not any(sparse.on_demand)
+    assert not any(build_plan(chain, rates).on_demand)  # the default: always
+    assert build_plan(chain, {"A": 0.01}, materialize="on-demand").on_demand[ab]
+    shared = parse("QUERY x PATTERN SEQ(A a, B b, C c) WHERE [k] WITHIN 1 min;"
+                   "QUERY y PATTERN SEQ(A a, B b, D d) WHERE [k] WITHIN 1 min").queries
+    plan = build_plan(shared, dict(rates, D=10.0), materialize="on-demand")
+    ab = next(v for v in range(plan.n_vertices) if plan.slots[v] == ("a", "b"))
+    assert not plan.on_demand[ab] and "shared by several parents" in plan.materialization[ab]
+    guarded = parse("PATTERN SEQ(A a, NOT N n, B b, C c) WITHIN 1 min").queries
+    plan = build_plan(guarded, rates, materialize="on-demand")
+    ab = next(v for v in range(plan.n_vertices) if plan.slots[v] == ("a", "b"))
+    assert not plan.on_demand[ab] and "a NOT is checked" in plan.materialization[ab]
+    with pytest.raises(ValueError, match="materialize must be one of"):
+        build_plan(chain, materialize="sometimes")

@@ -52,13 +52,23 @@ class JoinSpec:
     def __init__(self, op: int, window: int, n_left: int, n_right: int,
                  key_attrs: "npt.ArrayLike", preds: PredicateSet) -> None: ...
 
+class OnDemand:
+    """A SEQ vertex's join bound to its input queues; its parent builds its records."""
+    spec: JoinSpec
+    left: KeyedQueue | None
+    left_on_demand: "OnDemand | None"
+    right: KeyedQueue
+    def __init__(self, spec: JoinSpec, left: KeyedQueue | None,
+                 left_on_demand: "OnDemand | None", right: KeyedQueue) -> None: ...
+
 def join_delta(
-    v: JoinSpec, st: EventStore, left: KeyedQueue, right: KeyedQueue | None,
+    v: JoinSpec, st: EventStore, left: KeyedQueue | None, right: KeyedQueue | None,
     l_start: "npt.NDArray[np.int64]", l_end: "npt.NDArray[np.int64]",
     l_key: "npt.NDArray[np.int64]", l_ids: "npt.NDArray[np.int64]",
     r_start: "npt.NDArray[np.int64]", r_end: "npt.NDArray[np.int64]",
     r_key: "npt.NDArray[np.int64]", r_ids: "npt.NDArray[np.int64]",
-    out: RingBuffer,
+    out: RingBuffer, lists: ListStore | None = None,
+    left_on_demand: OnDemand | None = None,
 ) -> None: ...
 
 class Guard:

@@ -13,7 +13,7 @@ appended in end-ts order, so a probe walks one key's chain from the newest
 record back and stops at the first record ending more than W before the
 probing record ends.
 """
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport INT64_MIN, int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
@@ -631,11 +631,85 @@ cdef inline void _record(int64_t* buf, idx_t width, const int64_t[::1] starts,
         buf[COL_IDS + j] = ids[i, j]
 
 
+cdef class OnDemand:
+    """OnDemand(spec, left, left_on_demand, right)
+
+    A SEQ vertex whose records are not kept (plan/joins.py): its parent builds
+    them from the vertex's inputs when a record of its own right input comes.
+    ``left``: the records of the vertex's left input, or ``left_on_demand``: that
+    input built on demand too (one of the two); ``right``: its right input's
+    records. The queues are engine state; this object only binds them to the
+    compiled ``spec`` for one batch.
+    """
+    cdef readonly JoinSpec spec
+    cdef readonly KeyedQueue left
+    cdef readonly OnDemand left_on_demand
+    cdef readonly KeyedQueue right
+    cdef RingBuffer found      # scratch: the records one ``_collect`` built
+
+    def __init__(self, JoinSpec spec, KeyedQueue left, OnDemand left_on_demand,
+                 KeyedQueue right):
+        if spec.op != OP_SEQ or spec.has_lists:
+            raise ValueError("only a SEQ join without Kleene lists is built on demand")
+        if (left is None) == (left_on_demand is None):
+            raise ValueError("give the left input's queue or its on-demand join, not both")
+        if right is None or right.n_ids != spec.n_right or \
+                (left is not None and left.n_ids != spec.n_left) or \
+                (left_on_demand is not None and
+                 left_on_demand.spec.n_left + left_on_demand.spec.n_right != spec.n_left):
+            raise ValueError("the inputs' record widths differ from the join's")
+        self.spec, self.left, self.left_on_demand, self.right = spec, left, left_on_demand, right
+        self.found = RingBuffer(spec.n_left + spec.n_right, 64)
+
+
+
+cdef int _collect(OnDemand od, EventStore st, ListStore lists, int64_t key, ts_t before,
+                  ts_t horizon, int64_t* scratch) except -1 nogil:
+    """``od.found`` := od's records of ``key`` that end before ``before`` and whose
+    inputs end at or after ``horizon`` (older ones cannot lie in the window of the
+    record that asks), each once, newest right input first."""
+    cdef int64_t pos, lpos
+    cdef int64_t* r
+    cdef int64_t* l
+    cdef idx_t i
+    od.found.head = 0
+    od.found.size = 0
+    pos = od.right.newest_with_key(key)
+    while pos >= 0:
+        r = kq_at(od.right, pos)
+        if r[COL_END] < horizon:
+            break  # this and every older record ends too early for the window
+        if r[COL_END] < before:
+            if od.left_on_demand is None:
+                lpos = od.left.newest_with_key(key)
+                while lpos >= 0:
+                    l = kq_at(od.left, lpos)
+                    if l[COL_END] < horizon:
+                        break
+                    _try_pair(od.spec, st, lists, l, r, scratch, od.found)
+                    lpos = kq_older(od.left, lpos)
+            else:
+                _collect(od.left_on_demand, st, lists, key, r[COL_START], horizon, scratch)
+                for i in range(od.left_on_demand.found.size):
+                    _try_pair(od.spec, st, lists, ring_row(od.left_on_demand.found, i), r,
+                              scratch, od.found)
+        pos = kq_older(od.right, pos)
+    return 0
+
+
+cdef _check_chain(OnDemand od, EventStore st):
+    """ValueError unless every join of the chain can read what the store holds."""
+    while od is not None:
+        od.spec.preds.check_inputs(st, od.spec.n_left + od.spec.n_right)
+        _check_columns(st, od.spec.key_attrs)
+        od = od.left_on_demand
+
+
 def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
                const int64_t[::1] l_start, const int64_t[::1] l_end, const int64_t[::1] l_key,
                const int64_t[:, ::1] l_ids, const int64_t[::1] r_start,
                const int64_t[::1] r_end, const int64_t[::1] r_key, const int64_t[:, ::1] r_ids,
-               RingBuffer out, ListStore lists=None):
+               RingBuffer out, ListStore lists=None, OnDemand left_on_demand=None):
     """Join this batch's new records (left and right deltas) with each other and the stored ones.
 
     Each delta must be in end-ts order. They are taken merged in that order
@@ -645,9 +719,16 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
     produced once, when the later of its two records comes, ``out`` receives
     pairs in end-ts order, and a probe only sees records ending no later than
     the probing one.
+
+    ``left_on_demand`` (a SEQ whose left input is not kept; ``left`` is None and
+    the left delta empty): a right record pairs with the left input's records
+    built then from its inputs, those that end before it starts.
     """
-    cdef idx_t i = 0, j = 0, nl = l_start.shape[0], nr = r_start.shape[0]
+    cdef idx_t i = 0, j = 0, nl = l_start.shape[0], nr = r_start.shape[0], f
     cdef bint take_left
+    cdef ts_t horizon
+    cdef int64_t* scratch
+    cdef int64_t* x
     if l_ids.shape[1] != v.n_left or r_ids.shape[1] != v.n_right:
         raise ValueError(f"deltas have {l_ids.shape[1]} and {r_ids.shape[1]} slots, the join "
                          f"expects {v.n_left} and {v.n_right}")
@@ -655,15 +736,39 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
         raise ValueError("an AND join needs a right queue")
     if v.has_lists and lists is None:
         raise ValueError("a join over Kleene lists needs the engine's ListStore")
-    if left.n_ids != v.n_left or (right is not None and right.n_ids != v.n_right):
+    if left_on_demand is not None:
+        if v.op != OP_SEQ or left is not None or nl:
+            raise ValueError("a SEQ whose left input is built on demand takes no left "
+                             "queue or left delta")
+        if left_on_demand.spec.n_left + left_on_demand.spec.n_right != v.n_left:
+            raise ValueError("the on-demand input's width differs from the join's")
+        _check_chain(left_on_demand, st)
+        scratch = <int64_t*>malloc((v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
+        if scratch == NULL:
+            raise MemoryError()
+        x = scratch + v.n_left + v.n_right + 3
+        try:
+            with nogil:
+                for j in range(nr):
+                    _record(x, v.n_right, r_start, r_end, r_key, r_ids, j)
+                    horizon = x[COL_END] - v.window if v.window >= 0 else INT64_MIN
+                    _collect(left_on_demand, st, lists, x[COL_KEY], x[COL_START], horizon,
+                             scratch)
+                    for f in range(left_on_demand.found.size):
+                        _try_pair(v, st, lists, ring_row(left_on_demand.found, f), x, scratch,
+                                  out)
+        finally:
+            free(scratch)
+        return
+    if left is None or left.n_ids != v.n_left or (right is not None and right.n_ids != v.n_right):
         raise ValueError("the queues' record widths differ from the join's")
     if v.has_lists:
         v.preds.check_lists_inputs(st, v.n_left + v.n_right)
     else:
         v.preds.check_inputs(st, v.n_left + v.n_right)
     _check_columns(st, v.key_attrs)
-    cdef int64_t* scratch = <int64_t*>malloc((v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
-    cdef int64_t* x = scratch + v.n_left + v.n_right + 3
+    scratch = <int64_t*>malloc((v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
+    x = scratch + v.n_left + v.n_right + 3
     if scratch == NULL:
         raise MemoryError()
     try:

@@ -316,6 +316,17 @@ cdef class KeyedQueue:
     def __len__(self):
         return self.records.size
 
+    def push_batch(self, const ts_t[::1] starts, const ts_t[::1] ends,
+                   const int64_t[::1] keys, const id_t[:, ::1] ids):
+        """Append n records (in end-ts order) from contiguous arrays; ids (n, n_ids)."""
+        cdef idx_t n = starts.shape[0], i
+        if ends.shape[0] != n or keys.shape[0] != n or ids.shape[0] != n or \
+                (n and ids.shape[1] != self.n_ids):
+            raise ValueError(f"push_batch: {n} records with {self.n_ids} ids each expected")
+        with nogil:
+            for i in range(n):
+                self.append(starts[i], ends[i], keys[i], &ids[i, 0])
+
     def py_append(self, ts_t start, ts_t end, int64_t key, ids):
         cdef id_t[::1] buf = np.ascontiguousarray(list(ids) + [0], dtype=np.int64)
         if buf.shape[0] != self.n_ids + 1:

@@ -95,6 +95,8 @@ def explain_text(plan: Plan) -> str:
         lines.append(head)
         if k == Kind.NOT:
             lines.append(f"        guard: {_guard_text(plan, v)}")
+        if plan.materialization[v]:
+            lines.append(f"        records: {plan.materialization[v]}")
         for p in plan.preds[v]:
             lines.append(f"        {_pred_role(plan, v, p)}: {p.text}")
         for gv in view.guards:
@@ -147,6 +149,8 @@ def explain_dot(plan: Plan) -> str:
                     if q.output == v and q.strategy != "skip-till-any-match"]
         if plan.key_attrs[v]:
             details.append("key [" + ", ".join(plan.key_attrs[v]) + "]")
+        if plan.on_demand[v]:
+            details.append("records on demand")
         text = f"v{v}: {label}" + "".join(f"\\n{_dot_escape(d)}" for d in details)
         shape = {Kind.EVENT: "box", Kind.OUTPUT: "doubleoctagon", Kind.NOT: "diamond",
                  Kind.KLEENE: "hexagon", Kind.RUN: "octagon"}.get(k, "ellipse")

@@ -42,6 +42,7 @@ records. It pickles small and carries no parser objects or closures.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -51,6 +52,7 @@ import numpy as np
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import MAX_AND_DP, CostModel, better
+from dqcep.plan.joins import ALWAYS, choose_materialization
 from dqcep.plan.orthogonal import NIL, Kind, OrthogonalList, Port, VertexView
 
 UNBOUNDED = -1  # window of a vertex used only under a negation
@@ -141,6 +143,9 @@ class Plan:
     run: tuple[RunItems | None, ...]           # per RUN vertex
     users: tuple[tuple[str, ...], ...]         # per vertex: queries that use it
     queries: tuple[QuerySpec, ...]
+    # per vertex: its records computed on demand by its parent (plan/joins.py), and why
+    on_demand: tuple[bool, ...] = ()
+    materialization: tuple[str, ...] = ()
 
     # ------------------------------------------------------------ views
     @property
@@ -628,8 +633,11 @@ class _Interner:
         return v
 
 
-def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None) -> Plan:
-    """Plan every query of a file into one shared DAG."""
+def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None,
+               materialize: str = ALWAYS) -> Plan:
+    """Plan every query of a file into one shared DAG; ``materialize`` (always, auto,
+    on-demand) decides which SEQ vertices keep their records (plan/joins.py). The
+    default keeps them all until building on demand is as fast (issue 19)."""
     cost = CostModel(dict(rates or {}))
     interner = _Interner()
     specs = []
@@ -662,7 +670,8 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
         key_attrs=tuple(interner.key_attrs), lists=tuple(interner.lists),
         guard=tuple(interner.guard), run=tuple(interner.run),
         users=tuple(tuple(u) for u in interner.users), queries=tuple(specs))
-    return plan
+    on_demand, why = choose_materialization(plan, materialize)
+    return dataclasses.replace(plan, on_demand=on_demand, materialization=why)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

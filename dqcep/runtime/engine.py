@@ -37,7 +37,7 @@ from typing import Iterable
 import numpy as np
 
 from dqcep._kernels.lists import kleene_step
-from dqcep._kernels.operators import join_delta, leaf_keys
+from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
 from dqcep._kernels.ring import RingBuffer
 from dqcep._kernels.runs import run_step
 from dqcep.plan import Kind, Plan
@@ -131,6 +131,8 @@ class Engine(EventTimeEngine):
                         np.hstack([np.full((len(right), nl), -1, np.int64), right.slots])]),
                 ).sorted_by_end()
                 stats[v].inputs += len(left) + len(right)
+            elif k in (Kind.SEQ, Kind.AND) and plan.on_demand[v]:
+                recs = self._keep_inputs(v, delta)
             elif k in (Kind.SEQ, Kind.AND):
                 recs = self._join(v, delta)
             elif k == Kind.KLEENE:
@@ -212,6 +214,28 @@ class Engine(EventTimeEngine):
             np.ascontiguousarray(recs.slots), self.state.lists)
         return recs.take(keep)
 
+    def _keep_inputs(self, v: int, delta: dict[int, Records]) -> Records:
+        """A SEQ vertex built on demand: it only keeps its inputs' new records (its
+        left input's, unless that is built on demand too); it makes none itself."""
+        state = self.state
+        left, right = self.program.children[v][:2]
+        for i, (side, queues) in enumerate(((left, state.left_q), (right, state.right_q))):
+            recs = delta[side]
+            state.stats[v].inputs += len(recs)
+            recs = self._join_input(v, recs, i)
+            if v in queues and len(recs):
+                queues[v].push_batch(recs.start, recs.end, recs.key,
+                                     np.ascontiguousarray(recs.slots))
+        return Records.empty(self.program.n_slots[v])
+
+    def _on_demand(self, v: int) -> OnDemand:
+        """Vertex v's join bound to its queues, for the parent that builds its records."""
+        prog, state = self.program, self.state
+        left = prog.children[v][0]
+        return OnDemand(prog.joins[v], state.left_q.get(v),
+                        self._on_demand(left) if self.plan.on_demand[left] else None,
+                        state.right_q[v])
+
     def _join(self, v: int, delta: dict[int, Records]) -> Records:
         prog, state = self.program, self.state
         left, right = prog.children[v][0], prog.children[v][1]
@@ -225,10 +249,13 @@ class Engine(EventTimeEngine):
         if out_ring is None:  # scratch, reused every batch: neither program nor state
             out_ring = self._out_rings[v] = RingBuffer(n_out, 1024)
         out_ring.reset()
-        join_delta(prog.joins[v], state.store, state.left_q[v], state.right_q.get(v),
+        on_demand = self._on_demand(left) if self.plan.on_demand[left] else None
+        if on_demand is not None and not len(dr):
+            return Records.empty(n_out)
+        join_delta(prog.joins[v], state.store, state.left_q.get(v), state.right_q.get(v),
                    dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
                    dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots), out_ring,
-                   state.lists)
+                   state.lists, on_demand)
         recs = Records.from_ring(out_ring)  # the join emits in end-ts order
         for gv in prog.host_guards[v]:
             recs = self._keep(gv, recs)
@@ -307,12 +334,10 @@ class Engine(EventTimeEngine):
                 self._swept_at[v] = wm
         for q in prog.queries:
             out += self._release_held(q, wm)
-        for v, queue in state.left_q.items():
-            w = int(prog.eff_window[v])
-            n = queue.py_evict_end_before(wm - w)
-            if v in state.right_q:
-                n += state.right_q[v].py_evict_end_before(wm - w)
-            state.stats[v].evictions += n
+        for queues in (state.left_q, state.right_q):
+            for v, queue in queues.items():
+                state.stats[v].evictions += queue.py_evict_end_before(
+                    wm - int(prog.queue_window[v]))
         for v, store in state.not_store.items():
             state.stats[v].evictions += store.evict_before(
                 wm - 2 * self.plan.guard[v].window_ms - 1)
@@ -334,9 +359,9 @@ class Engine(EventTimeEngine):
         for v in self.program.topo:
             st = state.stats[v]
             high = 0
-            if v in state.left_q:
-                high = state.left_q[v].high_water + (state.right_q[v].high_water
-                                                     if v in state.right_q else 0)
+            if v in state.left_q or v in state.right_q:
+                high = sum(queues[v].high_water for queues in (state.left_q, state.right_q)
+                           if v in queues)
             elif v in state.not_store:
                 high = state.not_store[v].high_water
             rows.append({"vertex": v, "operator": self.plan.label(v), "inputs": st.inputs,

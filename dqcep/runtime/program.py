@@ -19,7 +19,8 @@ import numpy as np
 from dqcep._kernels.operators import GUARD_MODES, Guard, JoinSpec, PredicateSet, leaf_keys
 from dqcep._kernels.store import EventStore
 from dqcep.errors import UserError
-from dqcep.plan import Kind, Op, Plan, Port
+from dqcep.plan import Kind, Plan, Port
+from dqcep.plan.joins import equality_joins
 from dqcep.runtime.compile import (StringDictionary, aggregated_columns, effective_windows,
                                    guard_hosts, kleene_sets, plan_attributes, predicate_set,
                                    run_spec)
@@ -128,10 +129,23 @@ class Program:
             + [p for g in plan.guard if g is not None for p in g.preds], self.attr_index)
         # a contiguity strategy sees every event, of any type: the engine stores them all
         self.every_event = plan.every_event
-        self.left_vertices = [v for v in self.topo if v in self.joins]
-        self.and_vertices = [v for v in self.left_vertices if self.kind[v] == Kind.AND]
+        # SEQ vertices built on demand by their parent (plan/joins.py): they keep their
+        # right input too, their parent keeps no queue of them
+        self.on_demand = [v for v in self.topo if plan.on_demand[v]]
+        self.left_vertices = [v for v in self.topo if v in self.joins
+                              and not plan.on_demand[self.children[v][0]]]
+        self.and_vertices = [v for v in self.topo if self.kind[v] == Kind.AND]
+        self.right_vertices = self.and_vertices + self.on_demand
+        # how long a vertex's queues keep a record: its window, and for a vertex built
+        # on demand the window of whatever builds it
+        self.queue_window = self.eff_window.copy()
+        for v in reversed(self.topo):
+            if plan.on_demand[v]:
+                parent = int(g.head[next(iter(g.out_arcs(v)))])
+                self.queue_window[v] = max(self.queue_window[v], self.queue_window[parent])
         self.not_vertices = [v for v in self.topo if v in self.guards]
-        self.eq_index = self._equality_indexes()
+        self.eq_index = {v: (s1, self.attr_index[a1], s2, self.attr_index[a2])
+                         for v, (s1, a1, s2, a2) in equality_joins(plan).items()}
         self.queries = [self._query(i, spec, hosts[spec.output], constants)
                         for i, spec in enumerate(plan.queries)]
         self.match_queries = tuple((q.name, tuple(q.spec.variables)) for q in self.queries)
@@ -163,45 +177,6 @@ class Program:
         mask = np.zeros(len(spec.slot_of), np.uint8)
         mask[list(root_lists)] = 1
         return mask
-
-    def _equality_indexes(self) -> dict[int, tuple[int, int, int, int]]:
-        """Join keys from equality conjuncts: vertex -> (left slot, attr, right slot, attr).
-
-        A SEQ/AND vertex without an [attr] key whose predicates include
-        ``l.x = r.y`` (one slot from each operand, neither under an OR, so the
-        conjunct is always required) joins on hash(l.x) = hash(r.y). The
-        conjunct stays a predicate, so a hash collision cannot make a match.
-        """
-        plan, out = self.plan, {}
-        maybe_unbound: dict[int, list[bool]] = {}
-        for v in self.topo:
-            k = self.kind[v]
-            left, right, child = self.children[v]
-            if k in (Kind.EVENT, Kind.KLEENE):
-                maybe_unbound[v] = [False]
-            elif k == Kind.OR:
-                maybe_unbound[v] = [True] * self.n_slots[v]
-            elif k in (Kind.SEQ, Kind.AND):
-                maybe_unbound[v] = maybe_unbound[left] + maybe_unbound[right]
-            if k not in (Kind.SEQ, Kind.AND) or plan.key_attrs[v] or plan.lists[v]:
-                continue  # (an equality over a list holds for every element: no index)
-            nl = self.n_slots[left]
-            for p in plan.preds[v]:
-                code = p.code
-                if len(code) != 3 or code[0][0] != Op.LOAD or code[1][0] != Op.LOAD \
-                        or code[2][0] != Op.EQ:
-                    continue
-                (s1, a1), (s2, a2) = (code[0][1], p.attrs[code[0][2]]), \
-                    (code[1][1], p.attrs[code[1][2]])
-                if s1 >= nl:
-                    (s1, a1), (s2, a2) = (s2, a2), (s1, a1)
-                if not s1 < nl <= s2 or a1 in ("ts", "id") or a2 in ("ts", "id"):
-                    continue
-                if maybe_unbound[v][s1] or maybe_unbound[v][s2]:
-                    continue
-                out[v] = (s1, self.attr_index[a1], s2 - nl, self.attr_index[a2])
-                break
-        return out
 
     def fingerprint(self) -> str:
         """Which plan a snapshot belongs to; computed once per program (it pickles the

@@ -83,7 +83,8 @@ class EngineState(TimeState):
     """What one native engine holds; see the module docstring."""
 
     left_q: dict[int, KeyedQueue] = field(default_factory=dict)    # SEQ/AND left inputs
-    right_q: dict[int, KeyedQueue] = field(default_factory=dict)   # AND right inputs
+    # AND right inputs, and those of SEQ vertices built on demand (plan/joins.py)
+    right_q: dict[int, KeyedQueue] = field(default_factory=dict)
     not_store: dict[int, RingBuffer] = field(default_factory=dict)  # NOT: negated matches
     pending: list[Records] = field(default_factory=list)  # per query: held matches
     stats: dict[int, VertexStats] = field(default_factory=dict)
@@ -102,7 +103,7 @@ class EngineState(TimeState):
         n_slots, children = program.n_slots, program.children
         for v in program.left_vertices:
             state.left_q[v] = KeyedQueue(n_slots[children[v][0]])
-        for v in program.and_vertices:
+        for v in program.right_vertices:
             state.right_q[v] = KeyedQueue(n_slots[children[v][1]])
         for v in program.not_vertices:
             state.not_store[v] = RingBuffer(n_slots[children[v][2]])
