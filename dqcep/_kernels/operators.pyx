@@ -13,7 +13,7 @@ appended in end-ts order, so a probe walks one key's chain from the newest
 record back and stops at the first record ending more than W before the
 probing record ends.
 """
-from libc.stdint cimport INT64_MIN, int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
@@ -639,13 +639,20 @@ cdef class OnDemand:
     ``left``: the records of the vertex's left input, or ``left_on_demand``: that
     input built on demand too (one of the two); ``right``: its right input's
     records. The queues are engine state; this object only binds them to the
-    compiled ``spec`` for one batch.
+    compiled ``spec`` for one batch (``join_delta`` links the chain upwards).
     """
     cdef readonly JoinSpec spec
     cdef readonly KeyedQueue left
     cdef readonly OnDemand left_on_demand
     cdef readonly KeyedQueue right
-    cdef RingBuffer found      # scratch: the records one ``_collect`` built
+    cdef OnDemand above        # the join built on demand above it (None: the top one)
+    cdef JoinSpec top          # the parent that builds the chain
+    cdef int64_t bound_end     # scratch: end of the right record bound at this level
+    # this batch's new input records, appended to the queues only as the parent's
+    # right records reach them (so a probe never walks past records that end later)
+    cdef const int64_t[::1] l_start, l_end, l_key, r_start, r_end, r_key
+    cdef const int64_t[:, ::1] l_ids, r_ids
+    cdef idx_t l_next, r_next
 
     def __init__(self, JoinSpec spec, KeyedQueue left, OnDemand left_on_demand,
                  KeyedQueue right):
@@ -659,41 +666,109 @@ cdef class OnDemand:
                  left_on_demand.spec.n_left + left_on_demand.spec.n_right != spec.n_left):
             raise ValueError("the inputs' record widths differ from the join's")
         self.spec, self.left, self.left_on_demand, self.right = spec, left, left_on_demand, right
-        self.found = RingBuffer(spec.n_left + spec.n_right, 64)
+        empty = np.empty(0, dtype=np.int64)
+        self.l_start = self.l_end = self.l_key = self.r_start = self.r_end = self.r_key = empty
+        self.l_ids = np.empty((0, spec.n_left), dtype=np.int64)
+        self.r_ids = np.empty((0, spec.n_right), dtype=np.int64)
+        self.l_next = self.r_next = 0
+
+    def new_records(self, const int64_t[::1] l_start, const int64_t[::1] l_end,
+                    const int64_t[::1] l_key, const int64_t[:, ::1] l_ids,
+                    const int64_t[::1] r_start, const int64_t[::1] r_end,
+                    const int64_t[::1] r_key, const int64_t[:, ::1] r_ids):
+        """This batch's new records of its inputs (each in end-ts order; the left ones
+        are ignored when the left input is built on demand too)."""
+        if l_ids.shape[1] != self.spec.n_left or r_ids.shape[1] != self.spec.n_right or \
+                l_end.shape[0] != l_start.shape[0] or l_key.shape[0] != l_start.shape[0] or \
+                l_ids.shape[0] != l_start.shape[0] or r_end.shape[0] != r_start.shape[0] or \
+                r_key.shape[0] != r_start.shape[0] or r_ids.shape[0] != r_start.shape[0]:
+            raise ValueError("new_records: columns of different lengths or widths")
+        self.l_start, self.l_end, self.l_key, self.l_ids = l_start, l_end, l_key, l_ids
+        self.r_start, self.r_end, self.r_key, self.r_ids = r_start, r_end, r_key, r_ids
+        self.l_next = self.r_next = 0
 
 
+cdef int _catch_up(OnDemand od, ts_t before) except -1 nogil:
+    """Append the chain's new input records that end before ``before`` (all with
+    INT64_MAX) to its queues, in end-ts order."""
+    while od.r_next < od.r_start.shape[0] and od.r_end[od.r_next] < before:
+        od.right.append(od.r_start[od.r_next], od.r_end[od.r_next], od.r_key[od.r_next],
+                        &od.r_ids[od.r_next, 0])
+        od.r_next += 1
+    if od.left_on_demand is not None:
+        return _catch_up(od.left_on_demand, before)
+    while od.l_next < od.l_start.shape[0] and od.l_end[od.l_next] < before:
+        od.left.append(od.l_start[od.l_next], od.l_end[od.l_next], od.l_key[od.l_next],
+                       &od.l_ids[od.l_next, 0])
+        od.l_next += 1
+    return 0
 
-cdef int _collect(OnDemand od, EventStore st, ListStore lists, int64_t key, ts_t before,
-                  ts_t horizon, int64_t* scratch) except -1 nogil:
-    """``od.found`` := od's records of ``key`` that end before ``before`` and whose
-    inputs end at or after ``horizon`` (older ones cannot lie in the window of the
-    record that asks), each once, newest right input first."""
-    cdef int64_t pos, lpos
+
+cdef bint _holds_up(OnDemand od, EventStore st, const int64_t* rec) noexcept nogil:
+    """The conditions of od, of every join above it and of the parent whose slots
+    are all bound in rec hold (the others wait for their slots)."""
+    if od.spec.has_preds and not od.spec.preds.holds_range(st, rec, 0, od.spec.preds.n):
+        return False
+    if od.above is not None:
+        return _holds_up(od.above, st, rec)
+    return not od.top.has_preds or od.top.preds.holds_range(st, rec, 0, od.top.preds.n)
+
+
+cdef bint _pairs_hold(OnDemand od, ts_t start, EventStore st, ListStore lists,
+                      const int64_t* rec, const int64_t* x) noexcept nogil:
+    """Every slot is bound: each level's pair, and the parent's, inside its window
+    and of one key (the SEQ order and the conditions are checked on the way down)."""
+    if od.spec.window >= 0 and od.bound_end - start > od.spec.window:
+        return False
+    if od.spec.keyed and not _same_key(od.spec, st, lists, rec, rec + od.spec.n_left):
+        return False
+    if od.above is not None:
+        return _pairs_hold(od.above, start, st, lists, rec, x)
+    if od.top.window >= 0 and x[COL_END] - start > od.top.window:
+        return False
+    return not od.top.keyed or _same_key(od.top, st, lists, rec, rec + od.top.n_left)
+
+
+cdef int _descend(OnDemand od, KeyedQueue q, bint bottom, ts_t before, int64_t key,
+                  ts_t horizon, EventStore st, ListStore lists, int64_t* rec,
+                  const int64_t* x, RingBuffer out) except -1 nogil:
+    """SASE's construction over the chain: bind each record of q (od's right input,
+    or with ``bottom`` its left input) of ``key`` that ends before ``before``, newest
+    first; keep it if the conditions now bound hold; go down (the next join's right
+    input, or this one's left input); with every slot bound, emit the parent's
+    record. Each level's records are in end-ts order, so the walk stops at the first
+    one too old for the window (``horizon``)."""
+    cdef int64_t pos = q.newest_with_key(key)
     cdef int64_t* r
-    cdef int64_t* l
-    cdef idx_t i
-    od.found.head = 0
-    od.found.size = 0
-    pos = od.right.newest_with_key(key)
+    cdef int64_t* row
+    cdef idx_t at = 0 if bottom else od.spec.n_left, j, width = q.n_ids, n
     while pos >= 0:
-        r = kq_at(od.right, pos)
+        r = kq_at(q, pos)
         if r[COL_END] < horizon:
             break  # this and every older record ends too early for the window
         if r[COL_END] < before:
-            if od.left_on_demand is None:
-                lpos = od.left.newest_with_key(key)
-                while lpos >= 0:
-                    l = kq_at(od.left, lpos)
-                    if l[COL_END] < horizon:
-                        break
-                    _try_pair(od.spec, st, lists, l, r, scratch, od.found)
-                    lpos = kq_older(od.left, lpos)
-            else:
-                _collect(od.left_on_demand, st, lists, key, r[COL_START], horizon, scratch)
-                for i in range(od.left_on_demand.found.size):
-                    _try_pair(od.spec, st, lists, ring_row(od.left_on_demand.found, i), r,
-                              scratch, od.found)
-        pos = kq_older(od.right, pos)
+            for j in range(width):
+                rec[at + j] = r[COL_IDS + j]
+            if _holds_up(od, st, rec):
+                if bottom:
+                    if _pairs_hold(od, r[COL_START], st, lists, rec, x):
+                        n = od.top.n_left + od.top.n_right
+                        row = ring_push(out)
+                        row[COL_START], row[COL_END], row[COL_KEY] = r[COL_START], \
+                            x[COL_END], key
+                        for j in range(n):
+                            row[COL_IDS + j] = rec[j]
+                else:
+                    od.bound_end = r[COL_END]
+                    if od.left_on_demand is None:
+                        _descend(od, od.left, True, r[COL_START], key, horizon, st, lists,
+                                 rec, x, out)
+                    else:
+                        _descend(od.left_on_demand, od.left_on_demand.right, False,
+                                 r[COL_START], key, horizon, st, lists, rec, x, out)
+        pos = kq_older(q, pos)
+    for j in range(width):
+        rec[at + j] = -1
     return 0
 
 
@@ -703,6 +778,38 @@ cdef _check_chain(OnDemand od, EventStore st):
         od.spec.preds.check_inputs(st, od.spec.n_left + od.spec.n_right)
         _check_columns(st, od.spec.key_attrs)
         od = od.left_on_demand
+
+
+cdef _build_on_demand(JoinSpec v, OnDemand od, EventStore st, ListStore lists,
+                      const int64_t[::1] r_start, const int64_t[::1] r_end,
+                      const int64_t[::1] r_key, const int64_t[:, ::1] r_ids, RingBuffer out):
+    """Each right record x of a SEQ whose left input is built on demand: the chain's
+    records that end before x, paired with x (``join_delta``)."""
+    cdef OnDemand level = od, above = None
+    cdef idx_t j, k, width = v.n_left + v.n_right
+    cdef ts_t horizon
+    while level is not None:   # link the chain upwards
+        level.above, level.top = above, v
+        above, level = level, level.left_on_demand
+    cdef int64_t* rec = <int64_t*>malloc((width + v.n_right + COL_IDS) * sizeof(int64_t))
+    cdef int64_t* x = rec + width
+    if rec == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for j in range(width):
+                rec[j] = -1
+            for k in range(r_start.shape[0]):
+                _record(x, v.n_right, r_start, r_end, r_key, r_ids, k)
+                _catch_up(od, x[COL_START])
+                for j in range(v.n_right):
+                    rec[v.n_left + j] = x[COL_IDS + j]
+                horizon = x[COL_END] - v.window if v.window >= 0 else INT64_MIN
+                _descend(od, od.right, False, x[COL_START], x[COL_KEY], horizon, st, lists,
+                         rec, x, out)
+            _catch_up(od, INT64_MAX)
+    finally:
+        free(rec)
 
 
 def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
@@ -743,22 +850,7 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
         if left_on_demand.spec.n_left + left_on_demand.spec.n_right != v.n_left:
             raise ValueError("the on-demand input's width differs from the join's")
         _check_chain(left_on_demand, st)
-        scratch = <int64_t*>malloc((v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
-        if scratch == NULL:
-            raise MemoryError()
-        x = scratch + v.n_left + v.n_right + 3
-        try:
-            with nogil:
-                for j in range(nr):
-                    _record(x, v.n_right, r_start, r_end, r_key, r_ids, j)
-                    horizon = x[COL_END] - v.window if v.window >= 0 else INT64_MIN
-                    _collect(left_on_demand, st, lists, x[COL_KEY], x[COL_START], horizon,
-                             scratch)
-                    for f in range(left_on_demand.found.size):
-                        _try_pair(v, st, lists, ring_row(left_on_demand.found, f), x, scratch,
-                                  out)
-        finally:
-            free(scratch)
+        _build_on_demand(v, left_on_demand, st, lists, r_start, r_end, r_key, r_ids, out)
         return
     if left is None or left.n_ids != v.n_left or (right is not None and right.n_ids != v.n_right):
         raise ValueError("the queues' record widths differ from the join's")

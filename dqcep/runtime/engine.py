@@ -64,6 +64,9 @@ class Engine(EventTimeEngine):
         self.store_retention = program.store_retention
         self.every_event = program.every_event
         self._out_rings: dict[int, RingBuffer] = {}
+        # a batch's new input records of the vertices built on demand, until their
+        # parent's join takes them (see _keep_inputs)
+        self._new_inputs: dict[int, tuple[Records, Records]] = {}
         self._swept_at: dict[int, int] = {}  # RUN: the watermark of its last sweep
 
     stats = property(lambda self: self.state.stats, doc="``self.state.stats``")
@@ -215,26 +218,26 @@ class Engine(EventTimeEngine):
         return recs.take(keep)
 
     def _keep_inputs(self, v: int, delta: dict[int, Records]) -> Records:
-        """A SEQ vertex built on demand: it only keeps its inputs' new records (its
-        left input's, unless that is built on demand too); it makes none itself."""
-        state = self.state
+        """A SEQ vertex built on demand makes no records: its inputs' new records wait
+        for its parent's join, which appends them to its queues as it goes."""
         left, right = self.program.children[v][:2]
-        for i, (side, queues) in enumerate(((left, state.left_q), (right, state.right_q))):
-            recs = delta[side]
-            state.stats[v].inputs += len(recs)
-            recs = self._join_input(v, recs, i)
-            if v in queues and len(recs):
-                queues[v].push_batch(recs.start, recs.end, recs.key,
-                                     np.ascontiguousarray(recs.slots))
+        dl, dr = delta[left], delta[right]
+        self.state.stats[v].inputs += len(dl) + len(dr)
+        self._new_inputs[v] = (self._join_input(v, dl, 0), self._join_input(v, dr, 1))
         return Records.empty(self.program.n_slots[v])
 
     def _on_demand(self, v: int) -> OnDemand:
-        """Vertex v's join bound to its queues, for the parent that builds its records."""
+        """Vertex v's join bound to its queues and this batch's new input records, for
+        the parent that builds its records."""
         prog, state = self.program, self.state
         left = prog.children[v][0]
-        return OnDemand(prog.joins[v], state.left_q.get(v),
-                        self._on_demand(left) if self.plan.on_demand[left] else None,
-                        state.right_q[v])
+        od = OnDemand(prog.joins[v], state.left_q.get(v),
+                      self._on_demand(left) if self.plan.on_demand[left] else None,
+                      state.right_q[v])
+        dl, dr = self._new_inputs.pop(v)
+        od.new_records(dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
+                       dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots))
+        return od
 
     def _join(self, v: int, delta: dict[int, Records]) -> Records:
         prog, state = self.program, self.state
@@ -243,15 +246,13 @@ class Engine(EventTimeEngine):
         state.stats[v].inputs += len(dl) + len(dr)
         dl, dr = self._join_input(v, dl, 0), self._join_input(v, dr, 1)
         n_out = prog.n_slots[v]
-        if not len(dl) and not len(dr):
+        on_demand = self._on_demand(left) if self.plan.on_demand[left] else None
+        if not len(dl) and not len(dr) and on_demand is None:
             return Records.empty(n_out)
         out_ring = self._out_rings.get(v)
         if out_ring is None:  # scratch, reused every batch: neither program nor state
             out_ring = self._out_rings[v] = RingBuffer(n_out, 1024)
         out_ring.reset()
-        on_demand = self._on_demand(left) if self.plan.on_demand[left] else None
-        if on_demand is not None and not len(dr):
-            return Records.empty(n_out)
         join_delta(prog.joins[v], state.store, state.left_q.get(v), state.right_q.get(v),
                    dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
                    dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots), out_ring,
