@@ -58,8 +58,13 @@ class OnDemand:
     left: KeyedQueue | None
     left_on_demand: "OnDemand | None"
     right: KeyedQueue
+    evicted: int      # records its queues dropped during the parent's join
     def __init__(self, spec: JoinSpec, left: KeyedQueue | None,
                  left_on_demand: "OnDemand | None", right: KeyedQueue) -> None: ...
+    def new_records(self, l_start: "npt.NDArray[np.int64]", l_end: "npt.NDArray[np.int64]",
+                    l_key: "npt.NDArray[np.int64]", l_ids: "npt.NDArray[np.int64]",
+                    r_start: "npt.NDArray[np.int64]", r_end: "npt.NDArray[np.int64]",
+                    r_key: "npt.NDArray[np.int64]", r_ids: "npt.NDArray[np.int64]") -> None: ...
 
 def join_delta(
     v: JoinSpec, st: EventStore, left: KeyedQueue | None, right: KeyedQueue | None,
@@ -69,7 +74,7 @@ def join_delta(
     r_key: "npt.NDArray[np.int64]", r_ids: "npt.NDArray[np.int64]",
     out: RingBuffer, lists: ListStore | None = None,
     left_on_demand: OnDemand | None = None,
-) -> None: ...
+) -> int: ...  # records the SEQ's left queue dropped (too old for its window)
 
 class Guard:
     mode: int     # GUARD_MODES value

@@ -653,6 +653,7 @@ cdef class OnDemand:
     cdef const int64_t[::1] l_start, l_end, l_key, r_start, r_end, r_key
     cdef const int64_t[:, ::1] l_ids, r_ids
     cdef idx_t l_next, r_next
+    cdef readonly int64_t evicted  # records its queues dropped as the parent's window moved
 
     def __init__(self, JoinSpec spec, KeyedQueue left, OnDemand left_on_demand,
                  KeyedQueue right):
@@ -671,6 +672,7 @@ cdef class OnDemand:
         self.l_ids = np.empty((0, spec.n_left), dtype=np.int64)
         self.r_ids = np.empty((0, spec.n_right), dtype=np.int64)
         self.l_next = self.r_next = 0
+        self.evicted = 0
 
     def new_records(self, const int64_t[::1] l_start, const int64_t[::1] l_end,
                     const int64_t[::1] l_key, const int64_t[:, ::1] l_ids,
@@ -701,6 +703,16 @@ cdef int _catch_up(OnDemand od, ts_t before) except -1 nogil:
         od.left.append(od.l_start[od.l_next], od.l_end[od.l_next], od.l_key[od.l_next],
                        &od.l_ids[od.l_next, 0])
         od.l_next += 1
+    return 0
+
+
+cdef int _evict_chain(OnDemand od, ts_t cutoff) except -1 nogil:
+    """Drop the chain's input records that end before ``cutoff`` (too old for every
+    record of the parent still to come: they end no earlier than the current one)."""
+    od.evicted += od.right.evict_end_before(cutoff)
+    if od.left_on_demand is not None:
+        return _evict_chain(od.left_on_demand, cutoff)
+    od.evicted += od.left.evict_end_before(cutoff)
     return 0
 
 
@@ -802,6 +814,8 @@ cdef _build_on_demand(JoinSpec v, OnDemand od, EventStore st, ListStore lists,
             for k in range(r_start.shape[0]):
                 _record(x, v.n_right, r_start, r_end, r_key, r_ids, k)
                 _catch_up(od, x[COL_START])
+                if v.window >= 0:
+                    _evict_chain(od, x[COL_END] - v.window)
                 for j in range(v.n_right):
                     rec[v.n_left + j] = x[COL_IDS + j]
                 horizon = x[COL_END] - v.window if v.window >= 0 else INT64_MIN
@@ -830,12 +844,16 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
     ``left_on_demand`` (a SEQ whose left input is not kept; ``left`` is None and
     the left delta empty): a right record pairs with the left input's records
     built then from its inputs, those that end before it starts.
+
+    A SEQ drops the left records that end too early for its window as it goes,
+    so its queue holds a window, not a batch. Returns how many it dropped (the
+    chain built on demand counts its own: ``OnDemand.evicted``).
     """
-    cdef idx_t i = 0, j = 0, nl = l_start.shape[0], nr = r_start.shape[0], f
+    cdef idx_t i = 0, j = 0, nl = l_start.shape[0], nr = r_start.shape[0]
     cdef bint take_left
-    cdef ts_t horizon
     cdef int64_t* scratch
     cdef int64_t* x
+    cdef int64_t evicted = 0
     if l_ids.shape[1] != v.n_left or r_ids.shape[1] != v.n_right:
         raise ValueError(f"deltas have {l_ids.shape[1]} and {r_ids.shape[1]} slots, the join "
                          f"expects {v.n_left} and {v.n_right}")
@@ -851,7 +869,7 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
             raise ValueError("the on-demand input's width differs from the join's")
         _check_chain(left_on_demand, st)
         _build_on_demand(v, left_on_demand, st, lists, r_start, r_end, r_key, r_ids, out)
-        return
+        return 0
     if left is None or left.n_ids != v.n_left or (right is not None and right.n_ids != v.n_right):
         raise ValueError("the queues' record widths differ from the join's")
     if v.has_lists:
@@ -871,6 +889,8 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
                     _record(x, v.n_left, l_start, l_end, l_key, l_ids, i)
                     if v.op == OP_AND:
                         _probe(v, st, lists, right, x, True, scratch, out)
+                    elif v.window >= 0:  # SEQ: no record still to come pairs with these
+                        evicted += left.evict_end_before(x[COL_END] - v.window)
                     left.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
                     i += 1
                 else:
@@ -881,6 +901,7 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
                     j += 1
     finally:
         free(scratch)
+    return evicted
 
 
 cdef class Guard:

@@ -253,10 +253,14 @@ class Engine(EventTimeEngine):
         if out_ring is None:  # scratch, reused every batch: neither program nor state
             out_ring = self._out_rings[v] = RingBuffer(n_out, 1024)
         out_ring.reset()
-        join_delta(prog.joins[v], state.store, state.left_q.get(v), state.right_q.get(v),
-                   dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
-                   dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots), out_ring,
-                   state.lists, on_demand)
+        state.stats[v].evictions += join_delta(
+            prog.joins[v], state.store, state.left_q.get(v), state.right_q.get(v),
+            dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
+            dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots), out_ring,
+            state.lists, on_demand)
+        while on_demand is not None:  # the chain's queues count what they dropped
+            state.stats[left].evictions += on_demand.evicted
+            on_demand, left = on_demand.left_on_demand, prog.children[left][0]
         recs = Records.from_ring(out_ring)  # the join emits in end-ts order
         for gv in prog.host_guards[v]:
             recs = self._keep(gv, recs)
