@@ -305,6 +305,8 @@ cdef class KeyedQueue:
         cdef idx_t n = 0
         while n < self.records.size and self.records.row(n)[COL_END] < cutoff:
             n += 1
+        if n == 0:
+            return 0  # (called for every record a SEQ appends: the common case is cheap)
         self.records.drop_front(n)
         self.evicted += n
         self.records.shrink_if_sparse()
