@@ -889,9 +889,9 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
                     _record(x, v.n_left, l_start, l_end, l_key, l_ids, i)
                     if v.op == OP_AND:
                         _probe(v, st, lists, right, x, True, scratch, out)
-                    elif v.window >= 0 and left.records.size and \
-                            ring_row(left.records, 0)[COL_END] < x[COL_END] - v.window:
-                        # SEQ: no record still to come pairs with these
+                    elif v.window >= 0 and left.records.size == left.records.capacity:
+                        # SEQ, before the queue grows: no record still to come pairs
+                        # with those that end too early for the window
                         evicted += left.evict_end_before(x[COL_END] - v.window)
                     left.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
                     i += 1
