@@ -13,13 +13,10 @@
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dqcep.plan.bytecode import Op
 from dqcep.plan.orthogonal import Kind, Port
 
-if TYPE_CHECKING:
-    from dqcep.plan.planner import Plan
+# The functions take a dqcep.plan.planner.Plan (not imported: the planner calls them).
 
 # choose_materialization's modes
 AUTO, ALWAYS, ON_DEMAND = "auto", "always", "on-demand"
