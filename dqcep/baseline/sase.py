@@ -46,7 +46,8 @@ from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate_on_events
 from dqcep.runtime.compile import (aggregated_columns, attributes_read, predicate_set,
                                    run_placement)
-from dqcep.runtime.eventtime import LIST_ID, EventTimeEngine, MatchBatch, MatchLists
+from dqcep.runtime.eventtime import (LIST_ID, NOTHING_WAITING, EventTimeEngine, MatchBatch,
+                                     MatchLists, ready_in_stream_order, wait_for_stream_order)
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class SaseEngine(EventTimeEngine):
         self.store_retention = 2 * self.max_window + 2  # what the CLI's RETURN lookup keeps
         self.matches_out = [0] * len(self.specs)
         # runs read stream order (ts, id): events wait here until none of their ts can come
-        self._waiting = (np.empty(0, np.int64),) * 3 + (np.empty(0, np.int32),)
+        self._waiting = NOTHING_WAITING
         self._constants_coded()
 
     def _nfa(self, s: SaseQuery) -> SaseNFA:
@@ -226,22 +227,17 @@ class SaseEngine(EventTimeEngine):
             if isinstance(nfa, SaseNFA):
                 nfa.scan(self.store, seqs, types)
         if any(isinstance(nfa, SaseRunNFA) for nfa in self.nfas):
-            ids = self.store.ids_of(seqs.reshape(-1, 1))[:, 0]
-            self._waiting = tuple(np.concatenate([a, b]) for a, b in zip(
-                self._waiting, (seqs, ts, ids, types)))
+            self._waiting = wait_for_stream_order(self._waiting, self.store, seqs, ts, types)
         self._take(out)
         self._measure_state()
         return out
 
     def _step_runs(self, limit: int | None) -> None:
         """Runs take the waiting events with ts < ``limit`` (all when None), in (ts, id)."""
-        seqs, ts, ids, types = self._waiting
-        ready = ts < limit if limit is not None else np.ones(len(ts), bool)
-        if not ready.any():
+        self._waiting, ready = ready_in_stream_order(self._waiting, limit)
+        if ready is None:
             return
-        self._waiting = tuple(a[~ready] for a in self._waiting)
-        order = np.lexsort((ids[ready], ts[ready]))
-        seqs, types = seqs[ready][order], np.ascontiguousarray(types[ready][order])
+        seqs, _, types = ready
         for nfa in self.nfas:
             if isinstance(nfa, SaseRunNFA):
                 nfa.scan(self.store, seqs, types)

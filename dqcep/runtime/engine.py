@@ -41,7 +41,8 @@ from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
 from dqcep._kernels.ring import RingBuffer
 from dqcep._kernels.runs import run_step
 from dqcep.plan import Kind, Plan
-from dqcep.runtime.eventtime import LIST_ID, EventColumns, EventTimeEngine, MatchBatch, MatchLists
+from dqcep.runtime.eventtime import (LIST_ID, EventColumns, EventTimeEngine, MatchBatch,
+                                     MatchLists, ready_in_stream_order, wait_for_stream_order)
 from dqcep.runtime.program import Program, QueryProgram
 from dqcep.runtime.state import EngineState, Records, VertexStats
 
@@ -154,9 +155,8 @@ class Engine(EventTimeEngine):
             delta[v] = recs
             stats[v].outputs += len(recs)
         if prog.runs:
-            state.run_pending = tuple(np.concatenate([a, b]) for a, b in zip(
-                state.run_pending, (seqs, ts, state.store.ids_of(seqs.reshape(-1, 1))[:, 0],
-                                    types)))
+            state.run_pending = wait_for_stream_order(state.run_pending, state.store, seqs,
+                                                      ts, types)
         for q in prog.queries:
             if q.spec.root in delta:
                 out += self._output(q, delta[q.spec.root])
@@ -169,15 +169,12 @@ class Engine(EventTimeEngine):
         strategies read."""
         out = MatchBatch(self.match_queries)
         prog, state = self.program, self.state
-        if not prog.runs or not len(state.run_pending[0]):
+        if not prog.runs:
             return out
-        seqs, ts, ids, types = state.run_pending
-        ready = ts < limit if limit is not None else np.ones(len(ts), bool)
-        if not ready.any():
+        state.run_pending, ready = ready_in_stream_order(state.run_pending, limit)
+        if ready is None:
             return out
-        state.run_pending = tuple(a[~ready] for a in state.run_pending)
-        order = np.lexsort((ids[ready], ts[ready]))
-        seqs, ts, types = seqs[ready][order], ts[ready][order], types[ready][order]
+        seqs, ts, types = ready
         for v, run in prog.runs.items():
             ring = self._out_rings.get(v)
             if ring is None:  # scratch, reused every batch: neither program nor state

@@ -44,6 +44,34 @@ def late_rule(before: np.ndarray, ts: np.ndarray, lateness: int) -> np.ndarray:
     return (before > ts) & (gap > np.uint64(lateness))
 
 
+# Events waiting for stream order (ts, id): (seqs, ts, ids, types) columns.
+NOTHING_WAITING = (np.empty(0, np.int64),) * 3 + (np.empty(0, np.int32),)
+
+
+def wait_for_stream_order(waiting: tuple, store: EventStore, seqs: np.ndarray,
+                          ts: np.ndarray, types: np.ndarray) -> tuple:
+    """``waiting`` with stored events added (sequence numbers, ts, type codes).
+
+    What reads stream order (the selection strategies of spec 5.2) may take an
+    event only once no event of its ts can still come: the engine releases events
+    in ts order, but one of equal ts and a smaller id may be in a later release."""
+    return tuple(np.concatenate([a, b]) for a, b in zip(
+        waiting, (seqs, ts, store.ids_of(seqs.reshape(-1, 1))[:, 0], types)))
+
+
+def ready_in_stream_order(waiting: tuple, limit: int | None) -> tuple[tuple, tuple | None]:
+    """(still waiting, (seqs, ts, types) sorted by (ts, id)) of the events with
+    ts < ``limit`` (all when None); None when no event is ready."""
+    seqs, ts, ids, types = waiting
+    ready = ts < limit if limit is not None else np.ones(len(ts), bool)
+    if not ready.any():
+        return waiting, None
+    order = np.lexsort((ids[ready], ts[ready]))
+    return (tuple(a[~ready] for a in waiting),
+            (seqs[ready][order], ts[ready][order],
+             np.ascontiguousarray(types[ready][order])))
+
+
 class EventColumns(NamedTuple):
     """Events in the engine's own input layout, in arrival order.
 

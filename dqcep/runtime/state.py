@@ -21,7 +21,7 @@ from dqcep._kernels.runs import RunTable
 from dqcep._kernels.store import ListStore
 from dqcep.errors import UserError
 from dqcep.runtime.compile import StringDictionary
-from dqcep.runtime.eventtime import TimeState
+from dqcep.runtime.eventtime import NOTHING_WAITING, TimeState
 
 SNAPSHOT_MAGIC = b"DQCEPSNP"
 SNAPSHOT_VERSION = 1
@@ -93,7 +93,7 @@ class EngineState(TimeState):
     runs: dict[int, RunTable] = field(default_factory=dict)  # RUN: its runs
     # RUN: released events not yet stepped (seq, ts, id, type): the events of the newest
     # ts may still be joined by others of that ts, and runs take events in (ts, id) order
-    run_pending: tuple = (_EMPTY_I64, _EMPTY_I64, _EMPTY_I64, np.empty(0, np.int32))
+    run_pending: tuple = NOTHING_WAITING  # RUN vertices' events, until stream order is known
 
     @classmethod
     def fresh(cls, program, lateness: int = 0) -> "EngineState":
