@@ -198,7 +198,8 @@ def _serve(args) -> int:
         output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,
         until_idle=args.until_idle, journal_retention=args.journal_retention,
-        journal_segment_bytes=args.journal_segment))
+        journal_segment_bytes=args.journal_segment, materialize=args.materialize,
+        rates=_load_rates(args.rates)))
 
 
 def cmd_run(args) -> int:
@@ -213,6 +214,9 @@ def cmd_run(args) -> int:
     queries = query_file.queries
     if args.chunk_size < 1:
         raise UserError("--chunk-size must be >= 1")
+    if args.engine != "native" and (args.materialize != "always" or args.rates):
+        raise UserError("--materialize and --rates plan the native engine's joins; "
+                        f"--engine {args.engine} has none")
     from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
 
     sink = open_match_sink(args.output, args.output_format, with_returns=args.returns)
@@ -241,7 +245,9 @@ def cmd_run(args) -> int:
                 from dqcep.plan import build_plan
                 from dqcep.runtime import Engine
 
-                engine = Engine(build_plan(queries), lateness=args.lateness)
+                engine = Engine(build_plan(queries, _load_rates(args.rates),
+                                           materialize=args.materialize),
+                                lateness=args.lateness)
             from dqcep.runtime import ReturnValues
             returns = ReturnValues(queries, engine) if args.returns else None
             started = time.perf_counter()
@@ -305,11 +311,25 @@ def _load_rates(path: str | None) -> dict[str, float]:
     return rates
 
 
+def _planner_options(parser, only: str = "") -> None:
+    from dqcep.plan.joins import MATERIALIZE_MODES
+
+    parser.add_argument("--materialize", choices=MATERIALIZE_MODES, default="always",
+                        help=only + "which SEQ joins keep their partial matches as records "
+                        "(always, default), build them on demand from their inputs when "
+                        "their parent needs them (on-demand, where the plan allows it), or "
+                        "choose per join by the cost model (auto); same matches either way "
+                        "(docs/planner.md)")
+    parser.add_argument("--rates", metavar="FILE",
+                        help=only + "JSON object {event type: events per second} for the "
+                        "cost model (default: 1 event/s for every type)")
+
+
 def cmd_explain(args) -> int:
     from dqcep.plan import build_plan, explain_dot, explain_text
 
     queries = _load_queries(args.queries)
-    plan = build_plan(queries.queries, _load_rates(args.rates))
+    plan = build_plan(queries.queries, _load_rates(args.rates), materialize=args.materialize)
     sys.stdout.write(explain_dot(plan) if args.dot else explain_text(plan))
     return 0
 
@@ -367,9 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
         "query's output and the filters that can be pushed down to preprocessing.")
     explain.add_argument("queries", metavar="QUERIES.cep", help="query file")
     explain.add_argument("--dot", action="store_true", help="print Graphviz DOT instead")
-    explain.add_argument("--rates", metavar="FILE",
-                         help="JSON object {event type: events per second} for the cost "
-                         "model (default: 1 event/s for every type)")
+    _planner_options(explain)
     explain.set_defaults(func=cmd_explain)
 
     demo = sub.add_parser(
@@ -416,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "SASE-style baseline (NFA with active instance stacks; SEQ queries "
                      "only), or the reference matcher (simple and exact, holds the whole "
                      "input)")
+    _planner_options(run, "native: ")
     run.add_argument("--lateness", type=int, default=0, metavar="MS",
                      help="native, sase: events may arrive up to MS ms out of event-time order "
                      "(a K-slack buffer); later ones are counted and left out (default 0)")

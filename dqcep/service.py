@@ -75,6 +75,8 @@ class ServiceConfig:
     journal_retention: int = 0        # bytes of consumed closed segments kept for replay
     journal_segment_bytes: int = 64 * 1024 * 1024  # a segment is closed beyond this size
     state: str | None = None          # the directory the defaults above live in (shown at start)
+    materialize: str = "always"       # which joins keep their records (plan/joins.py)
+    rates: dict | None = None         # events/s per type, for the planner's cost model
 
 
 class ServiceError(Exception):
@@ -128,7 +130,8 @@ class StreamingService:
     def __init__(self, cfg: ServiceConfig):
         self.cfg = cfg
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
-        self.plan = build_plan(parse_file(cfg.queries).queries)
+        self.plan = build_plan(parse_file(cfg.queries).queries, cfg.rates,
+                               materialize=cfg.materialize)
         state = self._read_state()
         low = 0 if state is None else max(state["offset"], state["journal_end"])
         self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)

@@ -107,8 +107,11 @@ def _build(cls, data: dict, where: str):
             want = type(default)
             if want is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
+            if want is tuple and isinstance(value, list):  # TOML / JSON arrays
+                value = tuple(value)
             if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
-                raise UserError(f"{where}.{key} must be {want.__name__}, got {value!r}")
+                kind = "a list" if want is tuple else want.__name__
+                raise UserError(f"{where}.{key} must be {kind}, got {value!r}")
         out[key] = value
     try:
         return cls(**out)

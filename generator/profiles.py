@@ -215,13 +215,22 @@ class StockConfig:
     zipf: float = 1.0           # popularity of symbols
     event_rate: float = 1000.0  # ticks per second of event time
     volatility: float = 0.002   # sd of the log-price step per tick
+    names: tuple = ()           # the symbols' names (default S000, S001, ...)
+    price_step: float = 0.01    # prices are multiples of it (1: integer prices)
+    min_price: float = 1.0
+    max_price: float = 10_000.0
+    random_walk: bool = True    # false: every tick's price uniform in [min, max]
 
 
 class StockProfile:
     """SASE-style stock ticks: the event type is the symbol; price and volume.
 
     Prices follow a reflected random walk of the log price per symbol (between
-    1 and 10000), rounded to cents; volumes are log-normal, in lots of 100.
+    ``min_price`` and ``max_price``), or with ``random_walk`` false are drawn
+    uniformly from that range for every tick (as the SASE engine's stock
+    streams draw them); they are rounded to multiples of ``price_step`` (an
+    integer step gives an integer ``price`` column, as the SASE engine's stock
+    streams have); volumes are log-normal, in lots of 100.
     """
 
     name = "stock"
@@ -229,31 +238,59 @@ class StockProfile:
     def __init__(self, cfg: StockConfig):
         if cfg.symbols < 1:
             raise ValueError("stock: symbols must be >= 1")
+        if cfg.names and len(cfg.names) != cfg.symbols:
+            raise ValueError(f"stock: {len(cfg.names)} names for {cfg.symbols} symbols")
+        if cfg.names and (len(set(cfg.names)) != len(cfg.names)
+                          or not all(isinstance(n, str) and n for n in cfg.names)):
+            raise ValueError("stock: names must be distinct, non-empty strings")
+        if not 0 < cfg.min_price < cfg.max_price:
+            raise ValueError("stock: prices need 0 < min_price < max_price")
+        if cfg.price_step <= 0:
+            raise ValueError("stock: price_step must be > 0")
         self.cfg = cfg
-        symbols = tuple(f"S{i:03d}" for i in range(cfg.symbols))
-        self.schema = Schema(symbols, (("symbol", "str"), ("price", "float"),
+        symbols = tuple(cfg.names) or tuple(f"S{i:03d}" for i in range(cfg.symbols))
+        self.integer_prices = cfg.price_step >= 1 and float(cfg.price_step).is_integer()
+        self.schema = Schema(symbols, (("symbol", "str"),
+                                       ("price", "int" if self.integer_prices else "float"),
                                        ("volume", "int")), (("symbol", symbols),))
         self.cdf = np.cumsum(_zipf_probabilities(cfg.symbols, cfg.zipf))
         self.n_sources = cfg.symbols
-        init = np.random.default_rng(0).uniform(math.log(10), math.log(500), cfg.symbols)
-        self.state = init  # log price per symbol
-        self.lo = np.full(cfg.symbols, 0.0)
-        self.hi = np.full(cfg.symbols, math.log(10_000))
+        self.lo = np.full(cfg.symbols, math.log(cfg.min_price))
+        self.hi = np.full(cfg.symbols, math.log(cfg.max_price))
+        # start between 10 and 500 where the range holds them, else anywhere in it
+        first, last = max(cfg.min_price, 10.0), min(cfg.max_price, 500.0)
+        if first >= last:
+            first, last = cfg.min_price, cfg.max_price
+        self.state = np.random.default_rng(0).uniform(math.log(first), math.log(last),
+                                                      cfg.symbols)  # log price per symbol
 
     def block(self, rng, n: int, t0: float) -> Block:
         ts = t0 + np.cumsum(_gaps(rng, n, self.cfg.event_rate))
         sym = _categorical(rng, self.cdf, n)
-        logp = reflected_walk(sym, rng.normal(0, self.cfg.volatility, n), self.state,
-                              self.lo, self.hi)
+        if self.cfg.random_walk:
+            logp = reflected_walk(sym, rng.normal(0, self.cfg.volatility, n), self.state,
+                                  self.lo, self.hi)
+        else:
+            logp = np.log(rng.uniform(self.cfg.min_price, self.cfg.max_price, n))
         return Block(ts, sym, sym.copy(), self._cols(rng, sym, logp))
 
     def _cols(self, rng, sym, logp):
         volume = (np.ceil(rng.lognormal(1.0, 1.0, len(sym))) * 100).astype(np.int64)
-        return {"symbol": sym.copy(), "price": np.round(np.exp(logp), 2), "volume": volume}
+        step = self.cfg.price_step
+        price = np.clip(np.round(np.exp(logp) / step) * step, self.cfg.min_price,
+                        self.cfg.max_price)
+        if self.integer_prices:
+            price = price.astype(np.int64)
+        elif step == 0.01:
+            price = np.round(price, 2)  # cents print as cents
+        return {"symbol": sym.copy(), "price": price, "volume": volume}
 
     def sample(self, rng, type_code: int, n: int) -> dict[str, np.ndarray]:
         sym = np.full(n, type_code, np.int32)
-        logp = self.state[type_code] + rng.normal(0, self.cfg.volatility * 10, n)
+        if self.cfg.random_walk:
+            logp = self.state[type_code] + rng.normal(0, self.cfg.volatility * 10, n)
+        else:
+            logp = np.log(rng.uniform(self.cfg.min_price, self.cfg.max_price, n))
         return self._cols(rng, sym, logp)
 
 

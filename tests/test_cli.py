@@ -174,6 +174,33 @@ def test_explain_dot_and_rates(tmp_path):
     assert r.returncode == 2 and "rates must be a JSON object" in r.stderr
 
 
+def test_materialize_plans_and_runs_the_same_matches(tmp_path):
+    """--materialize: explain shows the choice, run gives the same matches either way,
+    and the engines without joins refuse it."""
+    events = tmp_path / "stock.jsonl"
+    assert dqcep("generate", "--scenario", EXAMPLES / "sase-stock.toml", "-n", 20_000,
+                 "--quiet", "-o", events).returncode == 0
+    q = tmp_path / "q.cep"
+    q.write_text("QUERY p3 PATTERN SEQ(stock1 a, stock2 b, stock3 c) WHERE [price] "
+                 "WITHIN 3000")
+    r = dqcep("explain", q, "--materialize", "on-demand")
+    assert r.returncode == 0 and "records: on demand (forced; est." in r.stdout
+    assert "records: on demand" not in dqcep("explain", q).stdout
+    kept = dqcep("run", q, "--input", events)
+    built = dqcep("run", q, "--input", events, "--materialize", "on-demand",
+                  "--chunk-size", 1000, "--stats")
+    assert kept.returncode == built.returncode == 0, built.stderr
+    assert "SEQ (on demand)" in built.stderr  # the engine ran the plan it was given
+    assert len(kept.stdout.splitlines()) > 100
+    assert sorted(built.stdout.splitlines()) == sorted(kept.stdout.splitlines())
+    rates = tmp_path / "rates.json"
+    rates.write_text('{"stock1": 333, "stock2": 333, "stock3": 333}')
+    auto = dqcep("run", q, "--input", events, "--materialize", "auto", "--rates", rates)
+    assert sorted(auto.stdout.splitlines()) == sorted(kept.stdout.splitlines())
+    r = dqcep("run", q, "--input", events, "--engine", "sase", "--materialize", "on-demand")
+    assert r.returncode == 2 and "--engine sase has none" in r.stderr
+
+
 def test_kleene_queries_explain_and_run_natively_and_on_spark(tmp_path):
     kleene = EXAMPLES / "iot-kleene.cep"
     r = dqcep("explain", kleene)

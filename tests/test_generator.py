@@ -19,7 +19,8 @@ from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
 from dqcep.generator import (GeneratorConfig, Imperfections, IotConfig, Planting, StreamGenerator,
                        UniformConfig, generate)
-from dqcep.generator.profiles import SENSORS
+from dqcep.generator.config import load_scenario
+from dqcep.generator.profiles import SENSORS, StockConfig, StockProfile
 from tests.conftest import subscribed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +143,28 @@ def test_stock_ticks():
         b.columns["symbol"]]).all()
     assert (b.columns["price"] > 0).all() and (b.columns["volume"] % 100 == 0).all()
     assert np.bincount(b.type)[0] > np.bincount(b.type)[-1]  # Zipf popularity
+
+
+def test_stock_ticks_named_with_integer_prices_as_sase_streams(tmp_path):
+    """examples/sase-stock.toml: SASE's stock1..stock3, equally popular, integer prices
+    drawn from 1..1000 for every tick; a bad knob is a clear error."""
+    cfg = load_scenario(str(ROOT / "examples" / "sase-stock.toml"), {"events": 30_000})
+    b = whole(generate(cfg))
+    assert b.schema.types == ("stock1", "stock2", "stock3")
+    price = b.columns["price"]
+    assert price.dtype.kind == "i" and price.min() >= 1 and price.max() <= 1000
+    assert len(np.unique(price)) > 900  # not a walk: the whole range is drawn
+    assert np.bincount(b.type).min() > 9000
+    ev = b.to_events()[0]
+    assert isinstance(ev.attrs["price"], int) and ev.type == ev.attrs["symbol"]
+    for bad, message in ((dict(symbols=2, names=("x",)), "1 names for 2 symbols"),
+                         (dict(min_price=5.0, max_price=5.0), "min_price < max_price"),
+                         (dict(price_step=0.0), "price_step")):
+        with pytest.raises(ValueError, match=message):
+            StockProfile(StockConfig(**bad))
+    walk = whole(generate(GeneratorConfig(profile="stock", events=5_000, seed=1,
+                                          profile_config=StockConfig(price_step=0.5))))
+    assert (walk.columns["price"] * 2 == np.round(walk.columns["price"] * 2)).all()
 
 
 # --------------------------------------------------------------------- planting

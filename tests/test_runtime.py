@@ -200,7 +200,8 @@ QUERIES = """
 QUERY pairs PATTERN SEQ(T0 a, T1 b) WHERE [key] AND a.a0 < b.a0 WITHIN 50 ms;
 QUERY guarded PATTERN SEQ(T0 a, NOT T2 n, T1 b) WHERE [key] WITHIN 40 ms;
 QUERY trailing PATTERN SEQ(T1 a, T0 b, NOT T2 n) WHERE [key] AND n.key = a.key WITHIN 30 ms;
-QUERY either PATTERN AND(T2 c, OR(T0 a, T1 b)) WHERE [key] WITHIN 20 ms
+QUERY either PATTERN AND(T2 c, OR(T0 a, T1 b)) WHERE [key] WITHIN 20 ms;
+QUERY chain PATTERN SEQ(T3 a, T1 b, T2 c) WHERE [key] WITHIN 30 ms
 """
 
 
@@ -227,6 +228,11 @@ def test_snapshot_mid_stream_resumes_exactly():
     assert second.snapshot()[:12] == blob[:12]  # same magic and version
     with pytest.raises(UserError, match="other queries"):
         Engine(build_plan(parse("PATTERN SEQ(T0 a, T1 b) WITHIN 5").queries)).restore(blob)
+    # the same queries with joins built on demand keep other queues: not restorable
+    other = build_plan(parse(QUERIES).queries, materialize="on-demand")
+    assert any(other.on_demand)
+    with pytest.raises(UserError, match="planned otherwise"):
+        Engine(other).restore(blob)
     with pytest.raises(UserError, match="not a dqcep engine snapshot"):
         Engine(plan).restore(b"nonsense")
 

@@ -366,7 +366,10 @@ class Engine(EventTimeEngine):
                            if v in queues)
             elif v in state.not_store:
                 high = state.not_store[v].high_water
-            rows.append({"vertex": v, "operator": self.plan.label(v), "inputs": st.inputs,
+            label = self.plan.label(v)
+            if self.plan.on_demand[v]:  # its parent builds its records: it outputs none
+                label += " (on demand)"
+            rows.append({"vertex": v, "operator": label, "inputs": st.inputs,
                          "outputs": st.outputs, "queue_high_water": high,
                          "evictions": st.evictions})
         return rows

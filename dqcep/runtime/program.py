@@ -180,14 +180,16 @@ class Program:
 
     def fingerprint(self) -> str:
         """Which plan a snapshot belongs to; computed once per program (it pickles the
-        plan's queries, which costs more than restoring a small state)."""
+        plan's queries, which costs more than restoring a small state). The vertices
+        built on demand are part of it: their queues are not those of a materialized
+        vertex."""
         if self._fingerprint is None:
             import hashlib
             import pickle
             plan = self.plan
             self._fingerprint = hashlib.sha256(pickle.dumps((
                 plan.queries, plan.types, plan.graph.tail.tobytes(),
-                plan.graph.head.tobytes()))).hexdigest()
+                plan.graph.head.tobytes(), plan.on_demand))).hexdigest()
         return self._fingerprint
 
     def needed(self, ts: np.ndarray, ids: np.ndarray, types: np.ndarray, val: np.ndarray,

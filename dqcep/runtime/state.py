@@ -175,7 +175,8 @@ class EngineState(TimeState):
         body = msgpack.unpackb(blob[len(SNAPSHOT_MAGIC) + 4:], raw=False,
                                strict_map_key=False)
         if body["plan"] != program.fingerprint():
-            raise UserError("the snapshot was taken by an engine running other queries")
+            raise UserError("the snapshot was taken by an engine running other queries, or "
+                            "the same queries planned otherwise (--materialize, --rates)")
 
         def view(x):  # for a kernel that copies it in (store, queues, rings)
             dtype, shape, data = x
