@@ -4,7 +4,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dqcep._kernels.operators import Guard, JoinSpec, PredicateSet, join_delta, leaf_keys
+from dqcep._kernels.operators import (Guard, JoinSpec, LeafRouter, PredicateSet, join_delta,
+                                      leaf_keys)
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.store import EventStore, py_eval
 from dqcep.errors import UserError
@@ -164,6 +165,32 @@ def test_leaf_keys_and_join_processor_alone():
     join_delta(JoinSpec(2, 0, 1, 1, [], NO_PREDS), st2, KeyedQueue(1), KeyedQueue(1),
                *both, *both, out)
     assert sorted(map(tuple, out.to_arrays()[3].tolist())) == [(0, 1), (1, 0)]
+
+
+def test_leaf_router_takes_each_event_to_the_leaves_that_accept_it():
+    """One pass: per leaf, the events of its type that carry its key attribute and
+    satisfy its filter, in stream order, keyed as leaf_keys keys them."""
+    # attribute 0: x; attribute 1: k (missing on the event at ts 3)
+    st = store_with([(1, 10, [(1, 5), (1, 7)]), (2, 11, [(1, 1), (1, 7)]),
+                     (3, 12, [(1, 9), (0, 0)]), (4, 13, [(1, 6), (1, 8)])], n_attrs=2)
+    seqs = np.arange(4, dtype=np.int64)
+    types = np.array([0, 0, 0, 1], np.int32)
+    d = StringDictionary()
+    filt = [compile_predicate(parse("PATTERN A a WHERE a.x > 4 WITHIN 1").queries[0].where,
+                              {"a": 0}, 1)]
+    # leaf 0: type 0, x > 4; leaf 1: type 0, keyed on k; leaf 2: type 1; leaf 3: type 2
+    router = LeafRouter([0, 0, 1, 2], [0, 0, 1, 1, 1], [1],
+                        predicate_set(filt, {"x": 0, "k": 1}, d), [0, 1, 1, 1, 1], 3)
+    inputs, taken = router.route(st, seqs, st.ts_of(seqs), types)
+    assert inputs.tolist() == [3, 3, 1, 0]
+    assert [t[2].tolist() for t in taken] == [[0, 2], [0, 1], [3], []]
+    assert taken[0][0].tolist() == [1, 3] and taken[0][1].tolist() == [0, 0]
+    assert taken[1][1].tolist() == leaf_keys(st, seqs[:2], np.array([1], np.int32))[1].tolist()
+    assert taken[1][1][0] == taken[1][1][1]  # the same k, the same key
+    with pytest.raises(ValueError, match="types below n_types"):
+        LeafRouter([3], [0, 0], [], NO_PREDS, [0, 0], 3)
+    with pytest.raises(ValueError, match="ranges must cover"):
+        LeafRouter([0], [0, 1], [], NO_PREDS, [0, 0], 1)
 
 
 def test_guard_processor_alone():

@@ -450,12 +450,25 @@ cdef class PredicateSet:
         return out
 
 
+cdef inline bint _key_of(EventStore st, idx_t r, const int32_t* cols, idx_t n_cols,
+                         int64_t* key) noexcept nogil:
+    """The partition key of the event in store row r over the [attr] columns (a hash
+    of their cells); False if it lacks one of them."""
+    cdef idx_t a, na = st.n_attrs
+    cdef uint64_t h = 0x243f6a8885a308d3
+    cdef int8_t k
+    for a in range(n_cols):
+        k = st.kind[r * na + cols[a]]
+        if k == KIND_MISSING:
+            return False
+        h = h * <uint64_t>0x100000001b3 ^ cell_hash(k, st.val[r * na + cols[a]])
+    key[0] = <int64_t>(h if n_cols else 0)
+    return True
+
+
 def leaf_keys(EventStore st, const int64_t[::1] seqs, const int32_t[::1] key_attrs):
     """(mask, keys): events carrying every key attribute, and their partition keys."""
-    cdef idx_t n = seqs.shape[0], i, a, r
-    cdef idx_t na = st.n_attrs
-    cdef uint64_t h
-    cdef int8_t k
+    cdef idx_t n = seqs.shape[0], i
     ok = np.ones(n, dtype=bool)
     keys = np.zeros(n, dtype=np.int64)
     cdef uint8_t_view o = ok.view(np.uint8)
@@ -465,16 +478,106 @@ def leaf_keys(EventStore st, const int64_t[::1] seqs, const int32_t[::1] key_att
     _check_columns(st, key_attrs)
     with nogil:
         for i in range(n):
-            r = <idx_t>(seqs[i] & st.mask)
-            h = 0x243f6a8885a308d3
-            for a in range(key_attrs.shape[0]):
-                k = st.kind[r * na + key_attrs[a]]
-                if k == KIND_MISSING:
-                    o[i] = 0
-                    break
-                h = h * <uint64_t>0x100000001b3 ^ cell_hash(k, st.val[r * na + key_attrs[a]])
-            kv[i] = <int64_t>h
+            o[i] = _key_of(st, <idx_t>(seqs[i] & st.mask), &key_attrs[0],
+                           key_attrs.shape[0], &kv[i])
     return ok, keys
+
+
+cdef class LeafRouter:
+    """LeafRouter(leaf_type, key_start, key_cols, preds, pred_start, n_types)
+
+    The EVENT vertices' work on a batch in one pass (``route``), instead of one
+    pass per vertex: each event goes to the vertices of its type (``leaf_type``,
+    engine type codes below ``n_types``) that take it: it carries their [attr]
+    columns (``key_cols[key_start[j]:key_start[j + 1]]`` for leaf j) and their
+    predicates hold (``preds`` numbers pred_start[j] .. pred_start[j + 1] - 1,
+    over one slot: the event).
+    """
+    cdef readonly int32_t[::1] leaf_type
+    cdef int64_t[::1] key_start
+    cdef int32_t[::1] key_cols
+    cdef readonly PredicateSet preds
+    cdef int64_t[::1] pred_start
+    cdef int64_t[::1] type_start    # the leaves of type t: type_leaf[type_start[t]:..[t + 1]]
+    cdef int32_t[::1] type_leaf
+    cdef readonly idx_t n_leaves, n_types
+
+    def __init__(self, leaf_type, key_start, key_cols, PredicateSet preds, pred_start,
+                 idx_t n_types):
+        self.leaf_type = np.ascontiguousarray(leaf_type, dtype=np.int32)
+        self.key_start = np.ascontiguousarray(key_start, dtype=np.int64)
+        self.key_cols = np.ascontiguousarray(key_cols, dtype=np.int32)
+        self.pred_start = np.ascontiguousarray(pred_start, dtype=np.int64)
+        self.preds, self.n_types = preds, n_types
+        n = self.n_leaves = self.leaf_type.shape[0]
+        lt, ks, ps = np.asarray(self.leaf_type), np.asarray(self.key_start), \
+            np.asarray(self.pred_start)
+        if ks.shape[0] != n + 1 or ps.shape[0] != n + 1 or \
+                (n and (lt.min() < 0 or lt.max() >= n_types)):
+            raise ValueError("LeafRouter: a type, key range and predicate range per leaf, "
+                             "types below n_types")
+        if ks[0] != 0 or (np.diff(ks) < 0).any() or ks[-1] != self.key_cols.shape[0] or \
+                ps[0] != 0 or (np.diff(ps) < 0).any() or ps[-1] != preds.n:
+            raise ValueError("LeafRouter: key and predicate ranges must cover their arrays "
+                             "in order")
+        if preds.reads_lists or preds.max_slot > 0:
+            raise ValueError("LeafRouter: leaf predicates read one slot, the event")
+        order = np.argsort(lt, kind="stable")
+        self.type_leaf = order.astype(np.int32)
+        self.type_start = np.searchsorted(lt[order], np.arange(n_types + 1)).astype(np.int64)
+
+    def route(self, EventStore st, const int64_t[::1] seqs, const int64_t[::1] ts,
+              const int32_t[::1] types):
+        """(inputs, taken) for a batch in stream order: ``inputs[j]``, the batch's
+        events of leaf j's type; ``taken[j]``, (ts, keys, seqs) of the events leaf j
+        takes, in the batch's order, with their partition keys."""
+        cdef idx_t n = seqs.shape[0], i, q, j, nt = self.n_types, nl = self.n_leaves
+        cdef int32_t t
+        cdef int64_t c, key
+        if ts.shape[0] != n or types.shape[0] != n:
+            raise ValueError("route: seqs, ts and types differ in length")
+        self.preds.check_inputs(st, 1)
+        _check_columns(st, self.key_cols)
+        per_type_arr = np.zeros(nt + 1, dtype=np.int64)
+        cdef int64_t[::1] per_type = per_type_arr
+        with nogil:
+            for i in range(n):
+                t = types[i]
+                if 0 <= t < nt:
+                    per_type[t] += 1
+        inputs = per_type_arr[np.asarray(self.leaf_type)] if nl else np.zeros(0, np.int64)
+        offsets = np.zeros(nl + 1, dtype=np.int64)
+        np.cumsum(inputs, out=offsets[1:])
+        cursor_arr = offsets[:nl].copy()
+        out_ts = np.empty(offsets[nl], dtype=np.int64)
+        out_key = np.empty(offsets[nl], dtype=np.int64)
+        out_seq = np.empty(offsets[nl], dtype=np.int64)
+        cdef int64_t[::1] cursor = cursor_arr
+        cdef int64_t[::1] o_ts = out_ts, o_key = out_key, o_seq = out_seq
+        with nogil:
+            for i in range(n):
+                t = types[i]
+                if t < 0 or t >= nt:
+                    continue
+                for q in range(self.type_start[t], self.type_start[t + 1]):
+                    j = self.type_leaf[q]
+                    key = 0
+                    if self.key_start[j + 1] > self.key_start[j] and not _key_of(
+                            st, <idx_t>(seqs[i] & st.mask), &self.key_cols[self.key_start[j]],
+                            self.key_start[j + 1] - self.key_start[j], &key):
+                        continue
+                    if self.pred_start[j + 1] > self.pred_start[j] and \
+                            not self.preds.holds_range(st, &seqs[i], self.pred_start[j],
+                                                       self.pred_start[j + 1]):
+                        continue
+                    c = cursor[j]
+                    o_ts[c], o_key[c], o_seq[c] = ts[i], key, seqs[i]
+                    cursor[j] = c + 1
+        taken = []
+        for j in range(nl):
+            rows = slice(offsets[j], cursor[j])
+            taken.append((out_ts[rows], out_key[rows], out_seq[rows]))
+        return inputs, taken
 
 
 cdef inline int64_t _event_of(const int64_t* rec, idx_t n, const uint8_t* is_list,
@@ -492,14 +595,16 @@ cdef inline int64_t _event_of(const int64_t* rec, idx_t n, const uint8_t* is_lis
 
 cdef inline bint _same_key(JoinSpec v, EventStore st, ListStore lists, const int64_t* l,
                            const int64_t* r) noexcept nogil:
-    """Do the first bound events of the two records agree on every key attribute?"""
-    cdef idx_t a, na = st.n_attrs, rl, rr
-    cdef const int32_t[::1] key_attrs = v.key_attrs
+    """Do the first bound events of the two records agree on every key attribute?
+    (Called only for a keyed join: key_attrs is not empty.)"""
+    cdef idx_t a, na = st.n_attrs, rl, rr, n_keys = v.key_attrs.shape[0]
+    # a pointer, not a local memoryview: that would take a reference per call
+    cdef const int32_t* key_attrs = &v.key_attrs[0]
     cdef int64_t sl = _event_of(l, v.n_left, &v.list_slots[0], lists)
     cdef int64_t sr = _event_of(r, v.n_right, &v.list_slots[v.n_left], lists)
     rl = <idx_t>(sl & st.mask)
     rr = <idx_t>(sr & st.mask)
-    for a in range(key_attrs.shape[0]):
+    for a in range(n_keys):
         if st.kind[rl * na + key_attrs[a]] != st.kind[rr * na + key_attrs[a]] or \
                 st.val[rl * na + key_attrs[a]] != st.val[rr * na + key_attrs[a]]:
             return False
@@ -692,11 +797,24 @@ cdef class OnDemand:
 
 cdef int _catch_up(OnDemand od, ts_t before) except -1 nogil:
     """Append the chain's new input records that end before ``before`` (all with
-    INT64_MAX) to its queues, in end-ts order."""
+    INT64_MAX) to its queues, in end-ts order. A right record is kept only if a left
+    record of its key that ends before it starts is in reach of the window (SASE
+    pushes an instance only onto a stack whose predecessor holds one): no left
+    record still to come ends before it, so without one it never pairs."""
+    cdef ts_t r_start
     while od.r_next < od.r_start.shape[0] and od.r_end[od.r_next] < before:
-        od.right.append(od.r_start[od.r_next], od.r_end[od.r_next], od.r_key[od.r_next],
-                        &od.r_ids[od.r_next, 0])
+        r_start = od.r_start[od.r_next]
+        _catch_up_left(od, r_start)
+        if _left_in_reach(od, od.r_key[od.r_next], r_start, od.r_end[od.r_next]):
+            od.right.append(r_start, od.r_end[od.r_next], od.r_key[od.r_next],
+                            &od.r_ids[od.r_next, 0])
         od.r_next += 1
+    return _catch_up_left(od, before)
+
+
+cdef int _catch_up_left(OnDemand od, ts_t before) except -1 nogil:
+    """The left input's new records that end before ``before``, into its queue (or,
+    built on demand too, its own inputs', the same way)."""
     if od.left_on_demand is not None:
         return _catch_up(od.left_on_demand, before)
     while od.l_next < od.l_start.shape[0] and od.l_end[od.l_next] < before:
@@ -704,6 +822,27 @@ cdef int _catch_up(OnDemand od, ts_t before) except -1 nogil:
                        &od.l_ids[od.l_next, 0])
         od.l_next += 1
     return 0
+
+
+cdef bint _left_in_reach(OnDemand od, int64_t key, ts_t start, ts_t end) noexcept nogil:
+    """Does od's left input hold a record of ``key`` that ends before ``start`` and
+    not so long before ``end`` that no pair of the two fits the window? (A left
+    input built on demand has a record only where its right queue has one.)"""
+    if od.left_on_demand is None:
+        return _in_reach(od.left, key, start, end, od.spec.window)
+    return _in_reach(od.left_on_demand.right, key, start, end, od.spec.window)
+
+
+cdef bint _in_reach(KeyedQueue q, int64_t key, ts_t start, ts_t end,
+                    int64_t window) noexcept nogil:
+    cdef int64_t pos = q.newest_with_key(key)
+    cdef int64_t* c
+    while pos >= 0:
+        c = kq_at(q, pos)
+        if c[COL_END] < start:  # the newest that ends early enough: the nearest
+            return window < 0 or end - c[COL_END] <= window
+        pos = kq_older(q, pos)
+    return False
 
 
 cdef int _evict_chain(OnDemand od, ts_t cutoff) except -1 nogil:

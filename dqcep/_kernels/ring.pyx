@@ -224,14 +224,14 @@ cdef class RingBuffer:
         ids = np.empty((self.size, n_ids), dtype=np.int64)
         cdef int64_t[::1] s = starts, e = ends, k = keys
         cdef int64_t[:, ::1] d = ids
-        cdef idx_t i
+        cdef idx_t i, j
         cdef int64_t* r
         with nogil:
             for i in range(self.size):
                 r = self.row(i)
                 s[i], e[i], k[i] = r[COL_START], r[COL_END], r[COL_KEY]
-                if n_ids:
-                    memcpy(&d[i, 0], r + COL_IDS, n_ids * sizeof(int64_t))
+                for j in range(n_ids):  # a few words: a loop, not a memcpy call per row
+                    d[i, j] = r[COL_IDS + j]
         return starts, ends, keys, ids
 
 

@@ -111,18 +111,16 @@ class Engine(EventTimeEngine):
     def _match(self, seqs, ts, types) -> MatchBatch:
         out = MatchBatch(self.match_queries)
         delta: dict[int, Records] = {}
-        prog, state, plan = self.program, self.state, self.plan
+        prog, state = self.program, self.state
         stats = state.stats
+        inputs, taken = prog.leaves.route(state.store, seqs, ts, types)
         for v in prog.topo:
             k = prog.kind[v]
-            if k == Kind.EVENT:
-                sel = types == plan.event_type[v]
-                s, t = seqs[sel], ts[sel]
-                ok, keys = leaf_keys(state.store, s, prog.keys[v])
-                recs = Records(t[ok], t[ok], keys[ok], s[ok].reshape(-1, 1))
-                if len(recs) and prog.preds[v].n:
-                    recs = recs.take(prog.preds[v].mask(state.store, recs.slots))
-                stats[v].inputs += int(sel.sum())
+            if k == Kind.EVENT:  # the events its type, key and filters let through
+                j = prog.leaf_index[v]
+                t, keys, s = taken[j]
+                recs = Records(t, t, keys, s.reshape(-1, 1))
+                stats[v].inputs += int(inputs[j])
             elif k == Kind.OR:
                 left, right = delta[prog.children[v][0]], delta[prog.children[v][1]]
                 nl, nr = prog.n_slots[prog.children[v][0]], prog.n_slots[prog.children[v][1]]
@@ -135,7 +133,7 @@ class Engine(EventTimeEngine):
                         np.hstack([np.full((len(right), nl), -1, np.int64), right.slots])]),
                 ).sorted_by_end()
                 stats[v].inputs += len(left) + len(right)
-            elif k in (Kind.SEQ, Kind.AND) and plan.on_demand[v]:
+            elif k in (Kind.SEQ, Kind.AND) and self.plan.on_demand[v]:
                 recs = self._keep_inputs(v, delta)
             elif k in (Kind.SEQ, Kind.AND):
                 recs = self._join(v, delta)
@@ -302,7 +300,7 @@ class Engine(EventTimeEngine):
             ids = self.store.ids_of(np.ascontiguousarray(picked))
             if lists is not None:
                 ids[:, list(q.list_columns)] = LIST_ID
-            out.parts.append((q.index, detected.astype(np.int64), ids, lists))
+            out.parts.append((q.index, np.asarray(detected, np.int64), ids, lists))
             self.state.stats[q.spec.output].outputs += len(detected)
 
     def _list_ids(self, columns: tuple[int, ...], handles: np.ndarray) -> MatchLists:

@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dqcep._kernels.operators import GUARD_MODES, Guard, JoinSpec, PredicateSet, leaf_keys
+from dqcep._kernels.operators import (GUARD_MODES, Guard, JoinSpec, LeafRouter, PredicateSet,
+                                      leaf_keys)
 from dqcep._kernels.store import EventStore
 from dqcep.errors import UserError
 from dqcep.plan import Kind, Plan, Port
@@ -144,6 +145,16 @@ class Program:
                 parent = int(g.head[next(iter(g.out_arcs(v)))])
                 self.queue_window[v] = max(self.queue_window[v], self.queue_window[parent])
         self.not_vertices = [v for v in self.topo if v in self.guards]
+        # the EVENT vertices' types, keys and filters, run in one pass per batch
+        leaves = [v for v in self.topo if self.kind[v] == Kind.EVENT]
+        self.leaf_index = {v: j for j, v in enumerate(leaves)}
+        self.leaves = LeafRouter(
+            [plan.event_type[v] for v in leaves],
+            np.cumsum([0] + [len(self.keys[v]) for v in leaves]),
+            np.concatenate([self.keys[v] for v in leaves] + [np.zeros(0, np.int32)]),
+            predicate_set([p for v in leaves for p in plan.preds[v]], self.attr_index,
+                          constants),
+            np.cumsum([0] + [len(plan.preds[v]) for v in leaves]), len(self.types))
         self.eq_index = {v: (s1, self.attr_index[a1], s2, self.attr_index[a2])
                          for v, (s1, a1, s2, a2) in equality_joins(plan).items()}
         self.queries = [self._query(i, spec, hosts[spec.output], constants)
@@ -217,15 +228,10 @@ class Program:
                 if len(run.key):
                     rows = rows[leaf_keys(store, seqs[rows], run.key)[0]]
                 keep[rows] = True
-        for v in self.topo:
-            if self.kind[v] != Kind.EVENT:
-                continue
-            rows = np.flatnonzero(types == self.plan.event_type[v])
-            ok, _ = leaf_keys(store, seqs[rows], self.keys[v])
-            rows = rows[ok]
-            if len(rows) and self.preds[v].n:
-                rows = rows[self.preds[v].mask(store, seqs[rows].reshape(-1, 1))]
-            keep[rows] = True
+        _, taken = self.leaves.route(store, seqs, np.ascontiguousarray(ts, np.int64),
+                                     np.ascontiguousarray(types, np.int32))
+        for _, _, leaf_seqs in taken:
+            keep[leaf_seqs - first] = True
         return keep
 
 
