@@ -40,7 +40,7 @@ def test_all_quick_writes_every_result(quick):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "fig3" in proc.stderr and "point" in proc.stderr  # the progress bar
     fig4 = rows(out / "fig4.csv")
-    assert {r["engine"] for r in fig4} == {"native", "sase", "reference"}
+    assert {r["engine"] for r in fig4} == {"native", "on-demand", "sase", "reference"}
     assert {r["query"] for r in fig4 if r["workload"] == "uniform"} == \
         {"all", "u2_key", "u3_key_pred", "u3_eq", "u4_neg"}  # each query alone, too
     assert "every engine found the same number of matches" in (out / "fig4.md").read_text()

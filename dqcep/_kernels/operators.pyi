@@ -110,4 +110,7 @@ class Guard:
         self, st: EventStore, negated: RingBuffer,
         starts: "npt.NDArray[np.int64]", ends: "npt.NDArray[np.int64]",
         recs: "npt.NDArray[np.int64]",  # const int64_t[:, ::1], shape (n, >= n_host)
+        lists: ListStore | None = None,
     ) -> "npt.NDArray[np.bool_]": ...
+    def drop_violated(self, st: EventStore, negated: RingBuffer, recs: RingBuffer,
+                      lists: ListStore | None = None) -> int: ...  # in place; how many dropped

@@ -1155,12 +1155,11 @@ cdef class Guard:
                 return True
         return False
 
-    def keep(self, EventStore st, RingBuffer negated, const int64_t[::1] starts,
-             const int64_t[::1] ends, const int64_t[:, ::1] recs, ListStore lists=None):
-        """Mask of the host records this NOT does not forbid, given the negated store
-        (and the engine's ListStore where host slots hold Kleene lists)."""
-        if recs.shape[0] and recs.shape[1] < self.n_host:
-            raise ValueError(f"host records have {recs.shape[1]} slots, the guard reads "
+    cdef _check_keep(self, EventStore st, RingBuffer negated, idx_t width, ListStore lists):
+        """ValueError unless host records of ``width`` slots, the negated store and
+        the store hold what the guard reads."""
+        if width < self.n_host:
+            raise ValueError(f"host records have {width} slots, the guard reads "
                              f"{self.n_host}")
         if self.has_lists:
             if lists is None:
@@ -1173,6 +1172,12 @@ cdef class Guard:
             self.preds.check_lists_inputs(st, self.n_host + negated.n_ids)
         else:
             self.preds.check_inputs(st, self.n_host + negated.n_ids)
+
+    def keep(self, EventStore st, RingBuffer negated, const int64_t[::1] starts,
+             const int64_t[::1] ends, const int64_t[:, ::1] recs, ListStore lists=None):
+        """Mask of the host records this NOT does not forbid, given the negated store
+        (and the engine's ListStore where host slots hold Kleene lists)."""
+        self._check_keep(st, negated, recs.shape[1] if recs.shape[0] else self.n_host, lists)
         n = recs.shape[0]
         out = np.ones(n, dtype=bool)
         cdef uint8_t_view o = out.view(np.uint8)
@@ -1189,3 +1194,35 @@ cdef class Guard:
         finally:
             free(scratch)
         return out
+
+    def drop_violated(self, EventStore st, RingBuffer negated, RingBuffer recs,
+                      ListStore lists=None):
+        """``keep`` on the records of a ring, in place: the records this NOT forbids
+        are dropped, the others keep their order. Returns how many were dropped. (A
+        join's output is checked where it was made, before any of it is copied.)"""
+        cdef idx_t i, w = 0, j, n = recs.size
+        cdef int64_t* r
+        cdef int64_t* into
+        self._check_keep(st, negated, recs.n_ids, lists)
+        if n == 0:
+            return 0
+        cdef int64_t* scratch = <int64_t*>malloc((self.n_host + negated.n_ids + 1)
+                                                 * sizeof(int64_t))
+        if scratch == NULL:
+            raise MemoryError()
+        try:
+            with nogil:
+                for i in range(n):
+                    r = ring_row(recs, i)
+                    if self.violated(st, lists, negated, r + COL_IDS, r[COL_START],
+                                     r[COL_END], scratch):
+                        continue
+                    if w != i:
+                        into = ring_row(recs, w)
+                        for j in range(recs.width):
+                            into[j] = r[j]
+                    w += 1
+                recs.size = w
+        finally:
+            free(scratch)
+        return n - w

@@ -235,9 +235,43 @@ cdef inline bint _load(EventStore st, int64_t seq, int32_t attr, int8_t* k, doub
     return k[0] != KIND_MISSING
 
 
+cdef inline bint _operand(EventStore st, const int32_t* ins, const double* cval,
+                          const int8_t* ckind, const int64_t* slots, int8_t* k,
+                          double* v) noexcept nogil:
+    """A CONST or LOAD instruction's value (False: the attribute is missing)."""
+    if ins[0] == OP_CONST:
+        k[0], v[0] = ckind[ins[1]], cval[ins[1]]
+        return True
+    return _load(st, slots[ins[1]], ins[2], k, v)
+
+
 cdef bint eval_pred(EventStore st, const int32_t* code, idx_t n_ins, const double* cval,
                     const int8_t* ckind, const int64_t* slots) noexcept nogil:
-    """Evaluate one compiled conjunct over a record's events (slots -> seq numbers)."""
+    """Evaluate one compiled conjunct over a record's events (slots -> seq numbers).
+
+    Most conjuncts are one comparison of two attributes or constants (``a.x > 35``,
+    ``t2.value > t1.value``): those are compared here, with the interpreter's
+    rules, without its stack."""
+    cdef int8_t k0, k1
+    cdef double v0, v1
+    cdef int32_t op
+    if n_ins == 3 and OP_EQ <= code[6] <= OP_GE and code[0] <= OP_LOAD and \
+            code[3] <= OP_LOAD:   # (CONST | LOAD) (CONST | LOAD) comparison
+        op = code[6]
+        if not _operand(st, code, cval, ckind, slots, &k0, &v0) or \
+                not _operand(st, code + 3, cval, ckind, slots, &k1, &v1):
+            return False
+        if op == OP_EQ or op == OP_NE:
+            return k0 == k1 and ((v0 == v1) == (op == OP_EQ))
+        if k0 != KIND_NUM or k1 != KIND_NUM:
+            return False
+        if op == OP_LT:
+            return v0 < v1
+        if op == OP_LE:
+            return v0 <= v1
+        if op == OP_GT:
+            return v0 > v1
+        return v0 >= v1
     return eval_pred_aggs(st, code, n_ins, cval, ckind, slots, NULL, NULL)
 
 

@@ -42,13 +42,16 @@ def _queries(spec: dict):
 
 
 def _engines(kind: str, queries) -> list:
-    """Fresh engines for one run: native (one shared plan), separate (one native
+    """Fresh engines for one run: native (one shared plan), on-demand (the same plan
+    with every join that can be built on demand so built), separate (one native
     engine per query: no sharing), or sase."""
     from dqcep.baseline import SaseEngine
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine
     if kind == "native":
         return [Engine(build_plan(queries))]
+    if kind == "on-demand":
+        return [Engine(build_plan(queries, materialize="on-demand"))]
     if kind == "separate":
         return [Engine(build_plan([q])) for q in queries]
     if kind == "sase":
@@ -146,10 +149,10 @@ def run_point(spec: dict) -> dict:
             raise RuntimeError(f"repeats disagree: {[(m, s) for _, m, s in runs]}")
         out = {"seconds": [r[0] for r in runs], "matches": runs[0][1],
                "peak_state_bytes": runs[0][2]}
-    if kind in ("native", "separate"):
+    if kind in ("native", "on-demand", "separate"):
         from dqcep.plan import build_plan
-        plans = [build_plan(queries)] if kind == "native" else \
-            [build_plan([q]) for q in queries]
+        plans = [build_plan([q]) for q in queries] if kind == "separate" else \
+            [build_plan(queries)]
         out["vertices"] = sum(p.n_vertices for p in plans)
     out.update(rss_base=base, rss_peak=_rss())
     return out

@@ -256,10 +256,10 @@ class Engine(EventTimeEngine):
         while on_demand is not None:  # the chain's queues count what they dropped
             state.stats[left].evictions += on_demand.evicted
             on_demand, left = on_demand.left_on_demand, prog.children[left][0]
-        recs = Records.from_ring(out_ring)  # the join emits in end-ts order
-        for gv in prog.host_guards[v]:
-            recs = self._keep(gv, recs)
-        return recs
+        for gv in prog.host_guards[v]:  # the NOTs checked on its records, in the ring
+            prog.guards[gv].drop_violated(state.store, state.not_store[gv], out_ring,
+                                          state.lists)
+        return Records.from_ring(out_ring)  # the join emits in end-ts order
 
     def _output(self, q: QueryProgram, recs: Records) -> MatchBatch:
         out = MatchBatch(self.match_queries)
