@@ -264,6 +264,33 @@ def test_snapshot_mid_stream_resumes_exactly():
         Engine(plan).restore(b"nonsense")
 
 
+def test_joins_built_on_demand_keep_no_batch_alive():
+    """A chain built on demand holds its batch's arrays only while it builds: after
+    the stream, nothing of the batches is left but the state (checked with the
+    cyclic garbage collector off, which would otherwise hide a reference cycle)."""
+    import gc
+    import tracemalloc
+    plan = build_plan(parse("PATTERN SEQ(T0 a, T1 b, T2 c, T3 d) WHERE [key] "
+                            "WITHIN 100 ms").queries, materialize="on-demand")
+    assert sum(plan.on_demand) == 2
+    batches = list(generate(GeneratorConfig(
+        profile="uniform", events=100_000, seed=1, profile_config=UniformConfig(
+            types=4, keys=20, attributes=1, domain=10, event_rate=1000)), 5_000))
+    engine = Engine(plan)
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        matches = sum(len(engine.process(b)) for b in batches) + len(engine.flush())
+        left = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert matches > 1000
+    assert left < 200_000, f"{left:,} bytes of the batches outlived them"
+
+
 def test_one_program_runs_many_states_and_restoring_compiles_nothing(monkeypatch):
     """program x state x columns -> matches: the program is compiled once, each key's
     state is restored from bytes into an engine without compiling anything."""

@@ -963,6 +963,10 @@ cdef _build_on_demand(JoinSpec v, OnDemand od, EventStore st, ListStore lists,
             _catch_up(od, INT64_MAX)
     finally:
         free(rec)
+        level = od
+        while level is not None:  # unlink: a cycle (above <-> left_on_demand) would
+            level.above, level.top = None, None  # keep the batch's arrays until a GC
+            level = level.left_on_demand
 
 
 def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
