@@ -50,13 +50,16 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout=
 
 
 def _workers_alive(ui_port: int) -> int:
-    """How many workers the master lists as ALIVE (its JSON status page)."""
+    """How many workers the master lists as ALIVE (its JSON status page); 0 while the
+    page cannot be read, or its UI, still starting, answers with no JSON."""
     import urllib.request
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
-            return sum(1 for w in json.load(r).get("workers", []) if w.get("state") == "ALIVE")
-    except OSError:
+            status = json.load(r)
+    except (OSError, ValueError):  # ValueError: an empty or partial page
         return 0
+    workers = status.get("workers", []) if isinstance(status, dict) else []
+    return sum(1 for w in workers if isinstance(w, dict) and w.get("state") == "ALIVE")
 
 
 def start_cluster(state_dir: str | Path, workers: int = 2, cores: int = 1,

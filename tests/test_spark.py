@@ -433,6 +433,35 @@ spark.stop()
 """
 
 
+def test_cluster_start_waits_through_a_master_ui_still_starting():
+    """The master's status page answers with nothing, then half a page, then JSON:
+    the worker count reads 0 until it is JSON (a start no longer fails on it)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from dqcep.spark.cluster import _workers_alive
+    pages = [b"", b'{"workers": [', json.dumps({"workers": [
+        {"state": "ALIVE"}, {"state": "DEAD"}, {"state": "ALIVE"}]}).encode(), b"[]"]
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = pages.pop(0)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert [_workers_alive(port) for _ in range(4)] == [0, 0, 2, 0]
+    finally:
+        server.shutdown()
+
+
 def test_scripted_standalone_cluster(tmp_path, wheel):
     """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on its
     spark:// master with the executors on a packed environment (dqcep spark pack, shipped

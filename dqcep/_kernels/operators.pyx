@@ -19,6 +19,7 @@ from libc.stdlib cimport free, malloc
 import numpy as np
 
 from dqcep._kernels._types cimport idx_t, ts_t
+from dqcep._kernels._alloc cimport grow
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue,
                                   RingBuffer, first_end_after, kq_at, kq_older, ring_push,
                                   ring_row)
@@ -1177,6 +1178,11 @@ cdef class Guard:
         else:
             self.preds.check_inputs(st, self.n_host + negated.n_ids)
 
+    cdef int64_t* _scratch(self, RingBuffer negated) except NULL:
+        """A record of the host's slots and a negated record's, for ``violated``
+        (the caller frees it)."""
+        return <int64_t*>grow(NULL, (self.n_host + negated.n_ids + 1) * sizeof(int64_t))
+
     def keep(self, EventStore st, RingBuffer negated, const int64_t[::1] starts,
              const int64_t[::1] ends, const int64_t[:, ::1] recs, ListStore lists=None):
         """Mask of the host records this NOT does not forbid, given the negated store
@@ -1186,10 +1192,7 @@ cdef class Guard:
         out = np.ones(n, dtype=bool)
         cdef uint8_t_view o = out.view(np.uint8)
         cdef idx_t i
-        cdef int64_t* scratch = <int64_t*>malloc((self.n_host + negated.n_ids + 1)
-                                                 * sizeof(int64_t))
-        if scratch == NULL:
-            raise MemoryError()
+        cdef int64_t* scratch = self._scratch(negated)
         try:
             with nogil:
                 for i in range(n):
@@ -1210,10 +1213,7 @@ cdef class Guard:
         self._check_keep(st, negated, recs.n_ids, lists)
         if n == 0:
             return 0
-        cdef int64_t* scratch = <int64_t*>malloc((self.n_host + negated.n_ids + 1)
-                                                 * sizeof(int64_t))
-        if scratch == NULL:
-            raise MemoryError()
+        cdef int64_t* scratch = self._scratch(negated)
         try:
             with nogil:
                 for i in range(n):
