@@ -448,3 +448,65 @@ def test_fuzz_wide_and_deep_queries_run_or_are_refused(text):
 def test_round_trip_kleene_queries(q):
     text = to_source(q)
     assert one(text) == q, text
+
+
+# ------------------------------------------------------------------ event schemas
+
+SCHEMA_FILE = """EVENT Temperature(room STRING, value DOUBLE, ok bool);
+EVENT Smoke(room STRING, density DOUBLE, level INT);
+QUERY fire PATTERN SEQ(Temperature+ t[], Smoke s) WHERE [room] AND t[i].value > t[i-1].value
+AND avg(t.value) > 30 AND s.level >= 2 AND t[last].ok WITHIN 1 min RETURN s.density;
+QUERY open PATTERN SEQ(Event event, Door d) WHERE event.x = d.open AND d.anything = 'x'
+WITHIN 1 s"""
+
+
+def test_event_schemas_parse_print_and_round_trip():
+    f = parse(SCHEMA_FILE)
+    assert [s.type for s in f.schemas] == ["Temperature", "Smoke"]
+    assert f.schema_of("Temperature").attr_type("ok") == "BOOL"   # type names ignore case
+    assert f.schema_of("Smoke").attr_type("level") == "INT"
+    assert f.schema_of("Door") is None                             # schemaless
+    assert f.queries[1].pattern.items[0].type == "Event"           # EVENT only starts one
+    text = file_to_source(f)
+    assert text.startswith("EVENT Temperature(room STRING, value DOUBLE, ok BOOL);\n")
+    assert parse(text) == f
+
+
+@pytest.mark.parametrize("text, message, line, col", [
+    ("EVENT T(a INTEGER); PATTERN T t WITHIN 1 s",
+     "unknown attribute type 'INTEGER'; the types are INT, DOUBLE, STRING, BOOL", 1, 11),
+    ("EVENT T(a INT, a BOOL); PATTERN T t WITHIN 1 s",
+     "attribute 'a' is declared twice (first at line 1, column 9)", 1, 16),
+    ("EVENT T(ts INT); PATTERN T t WITHIN 1 s",
+     "'ts' is every event's own field, not an attribute to declare", 1, 9),
+    ("EVENT T(a INT); EVENT T(b INT); PATTERN T t WITHIN 1 s",
+     "event type 'T' is declared twice (first at line 1, column 1)", 1, 17),
+    ("EVENT T(a INT);", "the file declares event types but holds no query", 1, 1),
+    ("EVENT T(value DOUBLE);\nPATTERN SEQ(T t, U u) WHERE t.vaule > 3 AND u.vaule > 3 "
+     "WITHIN 1 s", "t.vaule: T declares no attribute 'vaule' (it declares value; line 1)",
+     2, 29),
+    ("EVENT T(value DOUBLE, room STRING);\nPATTERN SEQ(T t, U u) WHERE t.room > 3 WITHIN 1 s",
+     "type mismatch: '>' compares numbers only, got a string", 2, 36),
+    ("EVENT T(room STRING);\nPATTERN SEQ(T t, U u) WHERE t.room = u.x AND t.room = 3 "
+     "WITHIN 1 s", "type mismatch: '=' compares a string with a number", 2, 53),
+    ("EVENT T(value DOUBLE);\nPATTERN SEQ(T t, U u) WHERE [room] WITHIN 1 s",
+     "[room]: T declares no attribute 'room' (it declares value; line 1)", 2, 29),
+    ("EVENT T(room STRING);\nPATTERN SEQ(T+ t[], U u) WHERE avg(t.room) > 1 WITHIN 1 s",
+     "type mismatch: avg(t.room) needs numbers, t.room is declared STRING", 2, 32),
+    ("EVENT T(value DOUBLE);\nPATTERN SEQ(T t, U u) WITHIN 1 s RETURN t.valu",
+     "RETURN t.valu: T declares no attribute 'valu' (it declares value; line 1)", 2, 41),
+    ("EVENT T(value DOUBLE);\nPATTERN SEQ(T t, NOT T n, U u) WHERE n.vaule > 1 WITHIN 1 s",
+     "n.vaule: T declares no attribute 'vaule'", 2, 38),
+])
+def test_event_schemas_are_checked_with_positions(text, message, line, col):
+    with pytest.raises(QueryError) as err:
+        parse(text, "q.cep")
+    assert message in str(err.value)
+    assert str(err.value).startswith(f"q.cep:{line}:{col}: ")
+
+
+def test_a_negated_type_needs_no_declared_equivalence_attribute():
+    """[attr] constrains the bound positive variables only (spec): a negated type
+    without the attribute is no error, and schemaless types are never checked."""
+    parse("EVENT N(x INT);\nPATTERN SEQ(A a, NOT N n, B b) WHERE [room] AND a.q = 1 "
+          "WITHIN 1 s")

@@ -205,10 +205,45 @@ class Query:
     strategy_pos: Pos = _pos()
 
 
+# Declared attribute types (``EVENT Type(attr TYPE, ...)``) and the value kinds they take.
+INT, DOUBLE, STRING, BOOL = "INT", "DOUBLE", "STRING", "BOOL"
+ATTRIBUTE_TYPES = (INT, DOUBLE, STRING, BOOL)
+
+
+@dataclass(frozen=True)
+class SchemaAttr:
+    """``attr TYPE`` in an event schema."""
+
+    name: str
+    type: str  # one of ATTRIBUTE_TYPES
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
+class EventSchema:
+    """``EVENT Type(attr TYPE, ...)``: the attributes events of ``type`` carry and their
+    types. A type without a schema stays schemaless."""
+
+    type: str
+    attrs: tuple[SchemaAttr, ...]
+    pos: Pos = _pos()
+
+    def attr_type(self, name: str) -> str | None:
+        """The declared type of an attribute (None: not declared)."""
+        for a in self.attrs:
+            if a.name == name:
+                return a.type
+        return None
+
+
 @dataclass(frozen=True)
 class QueryFile:
     source: str  # file name used in messages
     queries: tuple[Query, ...]
+    schemas: tuple[EventSchema, ...] = ()
+
+    def schema_of(self, event_type: str) -> EventSchema | None:
+        return next((s for s in self.schemas if s.type == event_type), None)
 
 
 # ---------------------------------------------------------------- helpers

@@ -15,12 +15,82 @@ NUM, STR, BOOL, ANY = "number", "string", "boolean", "any"
 _ARTICLE = {NUM: "a number", STR: "a string", BOOL: "a boolean"}
 
 
-def check_query(q: ast.Query) -> Problem | None:
+# The static kind of each declared attribute type.
+_DECLARED_KIND = {ast.INT: NUM, ast.DOUBLE: NUM, ast.STRING: STR, ast.BOOL: BOOL}
+
+
+def check_query(q: ast.Query,
+                schemas: dict[str, ast.EventSchema] | None = None) -> Problem | None:
+    """The first problem of a query, given the file's event schemas (by type)."""
+    schemas = schemas or {}
+    types = {ev.var: ev.type for ev, _ in ast.event_patterns(q.pattern)}
+
+    def attr_kind(var: str, attr: str) -> str:
+        """The static kind of var.attr: its declared type's, else known at run time."""
+        if attr in ("ts", "id"):
+            return NUM
+        schema = schemas.get(types.get(var, ""))
+        declared = schema.attr_type(attr) if schema is not None else None
+        return _DECLARED_KIND[declared] if declared is not None else ANY
     return (_check_pattern(q.pattern)
             or _check_variables(q)
             or _check_kleene_refs(q)
-            or (_check_condition(q.where) if q.where is not None else None)
+            or _check_declared(q, schemas, types)
+            or (_check_condition(q.where, attr_kind) if q.where is not None else None)
             or _check_strategy(q))
+
+
+def _check_declared(q: ast.Query, schemas: dict[str, ast.EventSchema],
+                    types: dict[str, str]) -> Problem | None:
+    """Every attribute a query reads of a declared event type is declared there (a
+    misspelt one would otherwise make an empty result, not an error)."""
+    def undeclared(var: str, attr: str | None, pos: ast.Pos, shown: str) -> Problem | None:
+        schema = schemas.get(types.get(var, ""))
+        if schema is None or attr is None or attr in ("ts", "id"):
+            return None
+        if schema.attr_type(attr) is None:
+            names = ", ".join(a.name for a in schema.attrs)
+            return (f"{shown}: {schema.type} declares no attribute {attr!r} (it declares "
+                    f"{names}; line {schema.pos.line})", pos)
+        return None
+    negated = {ev.var for ev, neg in ast.event_patterns(q.pattern) if neg}
+    for e in ast.walk_expr(q.where) if q.where is not None else ():
+        problem = None
+        if isinstance(e, ast.AttrRef):
+            problem = undeclared(e.var, e.attr, e.pos, ast_text(e))
+        elif isinstance(e, ast.Aggregate):
+            problem = undeclared(e.var, e.attr, e.pos, ast_text(e)) or \
+                _aggregated_kind(e, schemas, types)
+        elif isinstance(e, ast.Equivalence):  # every bound positive variable
+            for var in types:
+                if var not in negated:
+                    problem = problem or undeclared(var, e.attr, e.pos, f"[{e.attr}]")
+        if problem:
+            return problem
+    for r in q.returns:
+        problem = undeclared(r.var, r.attr, r.pos, f"RETURN {r.label}")
+        if problem:
+            return problem
+    return None
+
+
+def _aggregated_kind(e: ast.Aggregate, schemas: dict[str, ast.EventSchema],
+                     types: dict[str, str]) -> Problem | None:
+    """sum, avg, min and max read numbers: not a declared STRING or BOOL."""
+    schema = schemas.get(types.get(e.var, ""))
+    declared = schema.attr_type(e.attr) if schema is not None and e.attr else None
+    if e.func != "count" and declared in (ast.STRING, ast.BOOL):
+        return (f"type mismatch: {ast_text(e)} needs numbers, {e.var}.{e.attr} is "
+                f"declared {declared}", e.pos)
+    return None
+
+
+def ast_text(e: ast.Expr) -> str:
+    """An attribute reference or aggregate as written (for messages)."""
+    if isinstance(e, ast.Aggregate):
+        return f"{e.func}({e.var}{'.' + e.attr if e.attr else ''})"
+    assert isinstance(e, ast.AttrRef)
+    return f"{e.var}[{e.index}].{e.attr}" if e.index else f"{e.var}.{e.attr}"
 
 
 def _check_pattern(node: ast.Item, parent: ast.Operator | None = None,
@@ -163,9 +233,9 @@ class _KindError(Exception):
         self.problem = (message, pos)
 
 
-def _check_condition(where: ast.Expr) -> Problem | None:
+def _check_condition(where: ast.Expr, attr_kind) -> Problem | None:
     try:
-        kind = _kind(where)
+        kind = _kind(where, attr_kind)
     except _KindError as err:
         return err.problem
     if kind not in (BOOL, ANY):
@@ -178,8 +248,9 @@ def _expect(kind: str, allowed: tuple[str, ...], what: str, pos: ast.Pos) -> Non
         raise _KindError(f"type mismatch: {what}, got {_ARTICLE[kind]}", pos)
 
 
-def _kind(e: ast.Expr) -> str:
-    """Static kind of an expression, raising _KindError on a certain mismatch."""
+def _kind(e: ast.Expr, attr_kind) -> str:
+    """Static kind of an expression, raising _KindError on a certain mismatch;
+    ``attr_kind(var, attr)`` gives an attribute's (ANY: known at run time)."""
     if isinstance(e, ast.Number):
         return NUM
     if isinstance(e, ast.String):
@@ -187,18 +258,18 @@ def _kind(e: ast.Expr) -> str:
     if isinstance(e, (ast.Boolean, ast.Equivalence)):
         return BOOL
     if isinstance(e, ast.AttrRef):
-        return NUM if e.attr in ("ts", "id") else ANY
+        return attr_kind(e.var, e.attr)
     if isinstance(e, ast.Aggregate):
         return NUM
     if isinstance(e, ast.Unary):
-        k = _kind(e.operand)
+        k = _kind(e.operand, attr_kind)
         if e.op == "-":
             _expect(k, (NUM,), "unary '-' needs a number", e.pos)
             return NUM
         _expect(k, (BOOL,), "NOT needs a boolean", e.pos)
         return BOOL
     assert isinstance(e, ast.Binary)
-    lk, rk = _kind(e.left), _kind(e.right)
+    lk, rk = _kind(e.left, attr_kind), _kind(e.right, attr_kind)
     if e.op in ast.ARITHMETIC:
         _expect(lk, (NUM,), f"'{e.op}' needs numbers", e.pos)
         _expect(rk, (NUM,), f"'{e.op}' needs numbers", e.pos)

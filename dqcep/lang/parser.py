@@ -34,6 +34,7 @@ TERMINAL_NAMES = {
     "UNIT": "a time unit (ms, s, min, h)",
     "CMPOP": "a comparison (= != < <= > >=)",
     "USING": "USING",
+    "EVENT": "EVENT",
     "STRATEGY": "a strategy (skip-till-any-match, skip-till-next-match, strict-contiguity, "
                 "partition-contiguity)",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
@@ -262,8 +263,33 @@ class _ToAst(Transformer):
         return ast.Query(name or "", pattern, where, clause.within, returns, _pos(meta),
                          clause.strategy, clause.strategy_pos)
 
+    # event schemas -------------------------------------------------------------
+    def schema_attr(self, meta, children):
+        name, type_ = children
+        kind = str(type_).upper()  # like keywords, the type names ignore case
+        if kind not in ast.ATTRIBUTE_TYPES:
+            raise _SemanticError(f"unknown attribute type {str(type_)!r}; the types are "
+                                 + ", ".join(ast.ATTRIBUTE_TYPES), _pos(type_))
+        attr = _name(name)
+        if attr in ("ts", "id", "type"):
+            raise _SemanticError(f"{attr!r} is every event's own field, not an attribute to "
+                                 "declare", _pos(name))
+        return ast.SchemaAttr(attr, kind, _pos(name))
+
+    def schema(self, meta, children):
+        names = _tokens(children, "NAME")
+        attrs = tuple(c for c in children if isinstance(c, ast.SchemaAttr))
+        seen: dict[str, ast.SchemaAttr] = {}
+        for a in attrs:
+            if a.name in seen:
+                raise _SemanticError(f"attribute {a.name!r} is declared twice (first at "
+                                     f"line {seen[a.name].pos.line}, column "
+                                     f"{seen[a.name].pos.col})", a.pos)
+            seen[a.name] = a
+        return ast.EventSchema(_name(names[0]), attrs, _pos(meta))
+
     def start(self, meta, children):
-        return [c for c in children if isinstance(c, ast.Query)]
+        return [c for c in children if isinstance(c, (ast.Query, ast.EventSchema))]
 
 
 def _describe(terminals) -> str:
@@ -382,11 +408,23 @@ def parse(text: str, source: str = "<query>") -> ast.QueryFile:
         return QueryError(message, source, pos.line, pos.col, line_text)
 
     try:
-        queries = _ToAst().transform(tree)
+        statements = _ToAst().transform(tree)
     except VisitError as err:
         if isinstance(err.orig_exc, _SemanticError):
             raise positioned(err.orig_exc.message, err.orig_exc.pos) from None
         raise
+    queries = [s for s in statements if isinstance(s, ast.Query)]
+    schemas: dict[str, ast.EventSchema] = {}
+    for sch in (s for s in statements if isinstance(s, ast.EventSchema)):
+        if sch.type in schemas:
+            first = schemas[sch.type].pos
+            raise positioned(f"event type {sch.type!r} is declared twice (first at line "
+                             f"{first.line}, column {first.col})", sch.pos)
+        schemas[sch.type] = sch
+    if not queries:
+        first = next(iter(schemas.values())).pos
+        raise positioned("the file declares event types but holds no query; expected "
+                         "PATTERN or QUERY", first)
     named = []
     seen: dict[str, ast.Pos] = {}
     for q in queries:
@@ -407,11 +445,11 @@ def parse(text: str, source: str = "<query>") -> ast.QueryFile:
             raise positioned(f"duplicate query name {q.name!r} (first used at line "
                              f"{first.line}, column {first.col})", q.pos)
         seen[q.name] = q.pos
-        problem = check_query(q)
+        problem = check_query(q, schemas)
         if problem is not None:
             raise positioned(*problem)
         named.append(q)
-    return ast.QueryFile(source, tuple(named))
+    return ast.QueryFile(source, tuple(named), tuple(schemas.values()))
 
 
 def parse_file(path: str | Path) -> ast.QueryFile:

@@ -81,5 +81,10 @@ def to_source(q: ast.Query) -> str:
     return "\n".join(lines)
 
 
+def schema_to_source(s: ast.EventSchema) -> str:
+    return f"EVENT {s.type}(" + ", ".join(f"{a.name} {a.type}" for a in s.attrs) + ")"
+
+
 def file_to_source(f: ast.QueryFile) -> str:
-    return ";\n\n".join(to_source(q) for q in f.queries) + (";\n" if f.queries else "")
+    statements = [schema_to_source(s) for s in f.schemas] + [to_source(q) for q in f.queries]
+    return ";\n\n".join(statements) + (";\n" if statements else "")
