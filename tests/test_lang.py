@@ -2,14 +2,14 @@
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dqcep.lang import QueryError, file_to_source, parse, parse_file, to_source
+from dqcep.lang import QueryError, ast, file_to_source, parse, parse_file, to_source
 from dqcep.lang.ast import (Aggregate, AttrRef, Binary, Boolean, EventPattern, Equivalence,
                             Kleene, Negation, Number, Operator, String, Unary, conjuncts,
                             kleene_vars, positive_vars, walk_expr)
-from tests.strategies import kleene_queries, queries, query_files
+from tests.strategies import IDENT, kleene_queries, queries, query_files
 
 FIRE = """QUERY fire
 PATTERN SEQ(Temperature t, NOT Rain r, AND(Smoke s, OR(Alarm a, Door d)))
@@ -510,3 +510,63 @@ def test_a_negated_type_needs_no_declared_equivalence_attribute():
     without the attribute is no error, and schemaless types are never checked."""
     parse("EVENT N(x INT);\nPATTERN SEQ(A a, NOT N n, B b) WHERE [room] AND a.q = 1 "
           "WITHIN 1 s")
+
+
+@st.composite
+def schemas_beside(draw, f: ast.QueryFile):
+    """Event schemas for types no query of ``f`` uses (so ``f`` stays valid)."""
+    used = {ev.type for q in f.queries for ev, _ in ast.event_patterns(q.pattern)}
+    names = draw(st.lists(IDENT.filter(lambda t: t not in used), unique=True, max_size=3))
+    out = []
+    for t in names:
+        attrs = draw(st.lists(IDENT.filter(lambda a: a not in ("ts", "id", "type")),
+                              unique=True, min_size=1, max_size=4))
+        out.append(ast.EventSchema(t, tuple(ast.SchemaAttr(
+            a, draw(st.sampled_from(ast.ATTRIBUTE_TYPES))) for a in attrs)))
+    return ast.QueryFile(f.source, f.queries, tuple(out))
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_round_trip_file_with_schemas(data):
+    f = data.draw(schemas_beside(data.draw(query_files())))
+    assert parse(file_to_source(f), "<test>") == f
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(query_files(), st.data())
+def test_a_schema_that_omits_a_read_attribute_is_an_error_there(f, data):
+    """Declare a type of a valid file with every attribute the file reads of it but one
+    that a condition reads: the file is refused, naming that one, at a reference to it
+    (the declaration check comes before the type checks)."""
+    parsed = parse(file_to_source(f))
+    needed: dict[str, set[str]] = {}      # type -> every attribute the check requires
+    in_where: dict[str, dict[str, set]] = {}  # type -> attribute -> positions read
+    for q in parsed.queries:
+        types = {ev.var: ev.type for ev, _ in ast.event_patterns(q.pattern)}
+        positive = {ev.type for ev, neg in ast.event_patterns(q.pattern) if not neg}
+        for e in ast.walk_expr(q.where) if q.where is not None else ():
+            if isinstance(e, (ast.AttrRef, ast.Aggregate)) and e.attr not in (None, "ts", "id"):
+                needed.setdefault(types[e.var], set()).add(e.attr)
+                if isinstance(e, ast.AttrRef):
+                    in_where.setdefault(types[e.var], {}).setdefault(e.attr, set()).add(e.pos)
+            if isinstance(e, ast.Equivalence):
+                for t in positive:
+                    needed.setdefault(t, set()).add(e.attr)
+        for r in q.returns:
+            if r.attr is not None and r.attr not in ("ts", "id"):
+                needed.setdefault(types[r.var], set()).add(r.attr)
+    candidates = sorted((t, a) for t, attrs in in_where.items() for a in attrs
+                        if a not in {x.attr for q in parsed.queries if q.where is not None
+                                     for x in ast.walk_expr(q.where)
+                                     if isinstance(x, ast.Equivalence)})
+    assume(candidates)
+    etype, missing = data.draw(st.sampled_from(candidates))
+    declared = sorted(needed[etype] - {missing}) or ["zz_pad"]
+    text = f"EVENT {etype}(" + ", ".join(f"{a} DOUBLE" for a in declared) + ");\n" + \
+        file_to_source(parsed)
+    with pytest.raises(QueryError) as err:
+        parse(text, "<test>")
+    assert f"declares no attribute {missing!r}" in str(err.value)
+    line, col = map(int, str(err.value).split(":")[1:3])
+    assert ast.Pos(line - 1, col) in in_where[etype][missing]  # the schema adds a line
