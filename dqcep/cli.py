@@ -148,8 +148,7 @@ def _write(batch, sink, returns) -> None:
     if returns is None:
         sink.write_batch(batch)
         return
-    for m in batch.to_matches():
-        sink.write(returns.fill(m))
+    sink.write_matches([returns.fill(m) for m in batch.to_matches()])
 
 
 def _state_dir(args):
@@ -182,6 +181,10 @@ def _serve(args) -> int:
     if not args.output or args.output == "-":
         raise UserError("an MQTT input needs --output FILE or mqtt://... (not stdout: a restart "
                         "cuts a file back to the checkpoint)")
+    from dqcep.io.database import is_database
+    if is_database(args.output):
+        raise UserError("the streaming service writes matches to a file or mqtt://...; a "
+                        "database output (sqlite:///...) is for dqcep run over files, for now")
     state = _state_dir(args)
     named = Path(".") if state is None else state  # every path named: nothing derived
     fmt = args.format or "msgpack"
@@ -232,9 +235,10 @@ def cmd_run(args) -> int:
             events = [e for chunk in _event_chunks(args, bad, 1 << 20, repeats, None, view)
                       for e in chunk]
             view.processed(len(events))
-            for m in ReferenceMatcher(queries).run(events):
+            found = list(ReferenceMatcher(queries).run(events))
+            for m in found:
                 view.matches[m.query] = view.matches.get(m.query, 0) + 1
-                sink.write(m)
+            sink.write_matches(found)  # one batch: the whole input
             seen = ({e.type for e in events}, {a for e in events for a in e.attrs})
         else:
             if args.engine == "sase":
@@ -426,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="event format (default: from the file extension; jsonl for -; "
                      "MQTT payloads: msgpack, or json)")
     run.add_argument("--output", "-o", metavar="OUT",
-                     help="match file, or mqtt://host:port/topic (default: stdout)")
+                     help="match file, mqtt://host:port/topic, or a SQLite table: "
+                     "sqlite:///FILE.db[?table=NAME] (one transaction per batch; file "
+                     "inputs) (default: stdout)")
     run.add_argument("--output-format", choices=("json", "msgpack"), default="json",
                      help="payload encoding of matches published to MQTT (default json)")
     run.add_argument("--engine", choices=("native", "sase", "reference"), default="native",

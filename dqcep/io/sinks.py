@@ -1,4 +1,5 @@
-"""Where matches go: a JSON-lines file or stdout, or an MQTT topic (QoS 1).
+"""Where matches go: a JSON-lines file or stdout, an MQTT topic (QoS 1), or a database
+table (``dqcep.io.database``: ``sqlite:///FILE.db``, one transaction per batch).
 
 File sinks can be cut back to a checkpointed length (``sync`` returns it), which
 makes the streaming service's output exactly once. An MQTT topic cannot be cut
@@ -143,6 +144,12 @@ class FileMatchSink:
         with naming(self.path):
             self.f.write(json_line(m.to_json_obj(self.with_returns)))
 
+    def write_matches(self, matches: list[Match]) -> int:
+        """Matches with their RETURN values (``--returns``), in order."""
+        for m in matches:
+            self.write(m)
+        return len(matches)
+
     def write_batch(self, batch) -> int:
         """Write every match of a MatchBatch (RETURN values need ``write``); returns how many."""
         if self.with_returns:
@@ -183,11 +190,13 @@ class MqttMatchSink:
         obj = m.to_json_obj(self.with_returns)
         self.publisher.publish(json_line(obj)[:-1] if self.fmt == "json" else msgpack.packb(obj))
 
-    def write_batch(self, batch) -> int:
-        matches = batch.to_matches()
+    def write_matches(self, matches: list[Match]) -> int:
         for m in matches:
             self.write(m)
         return len(matches)
+
+    def write_batch(self, batch) -> int:
+        return self.write_matches(batch.to_matches())
 
     def sync(self) -> None:
         return None  # nothing to cut back: see the module docstring
@@ -198,8 +207,12 @@ class MqttMatchSink:
 
 def open_match_sink(target: str | None, fmt: str = "json", keep: int | None = None,
                     with_returns: bool = False):
+    """A file or stdout, an MQTT topic, or a database table (``dqcep.io.database``)."""
+    from dqcep.io.database import is_database, open_database_sink
     if is_mqtt(target):
         return MqttMatchSink(target, fmt, with_returns)
+    if is_database(target):
+        return open_database_sink(target, with_returns)
     return FileMatchSink(target, keep, with_returns)
 
 
