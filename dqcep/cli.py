@@ -132,6 +132,12 @@ def _event_chunks(args, bad: _BadEvents, chunk_size: int, repeats: list[int], en
         yield piece
 
 
+def _report_rejected(rejected: list[tuple[int, str]], bad: _BadEvents, source: str) -> None:
+    """Events a declared schema refused (``EVENT Type(...)``), as bad events."""
+    for event_id, why in rejected:
+        bad(UserError(f"{source}: event {event_id}: {why}"))
+
+
 def _print_stats(engine, seconds: float) -> None:
     out = sys.stderr
     print(f"{'vertex':<7} {'operator':<24} {'inputs':>10} {'outputs':>10} "
@@ -235,7 +241,9 @@ def cmd_run(args) -> int:
             events = [e for chunk in _event_chunks(args, bad, 1 << 20, repeats, None, view)
                       for e in chunk]
             view.processed(len(events))
-            found = list(ReferenceMatcher(queries).run(events))
+            matcher = ReferenceMatcher(queries, query_file.schemas)
+            found = matcher.run(events)
+            _report_rejected(matcher.rejected, bad, args.input)
             for m in found:
                 view.matches[m.query] = view.matches.get(m.query, 0) + 1
             sink.write_matches(found)  # one batch: the whole input
@@ -244,13 +252,15 @@ def cmd_run(args) -> int:
             if args.engine == "sase":
                 from dqcep.baseline import SaseEngine
 
-                engine = SaseEngine(queries, args.lateness, source=query_file.source)
+                engine = SaseEngine(queries, args.lateness, source=query_file.source,
+                                    schemas=query_file.schemas)
             else:
                 from dqcep.plan import build_plan
                 from dqcep.runtime import Engine
 
                 engine = Engine(build_plan(queries, _load_rates(args.rates),
-                                           materialize=args.materialize),
+                                           materialize=args.materialize,
+                                           schemas=query_file.schemas),
                                 lateness=args.lateness)
             from dqcep.runtime import ReturnValues
             returns = ReturnValues(queries, engine) if args.returns else None
@@ -260,6 +270,7 @@ def cmd_run(args) -> int:
                 if returns is not None:
                     returns.remember(chunk)
                 matches = engine.process(chunk)
+                _report_rejected(engine.take_rejected(), bad, args.input)
                 view.processed(len(chunk.ts) if isinstance(chunk, tuple) else len(chunk))
                 view.count(matches)
                 _write(matches, sink, returns)
@@ -333,7 +344,8 @@ def cmd_explain(args) -> int:
     from dqcep.plan import build_plan, explain_dot, explain_text
 
     queries = _load_queries(args.queries)
-    plan = build_plan(queries.queries, _load_rates(args.rates), materialize=args.materialize)
+    plan = build_plan(queries.queries, _load_rates(args.rates), materialize=args.materialize,
+                      schemas=queries.schemas)
     sys.stdout.write(explain_dot(plan) if args.dot else explain_text(plan))
     return 0
 

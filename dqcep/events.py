@@ -22,6 +22,44 @@ class EventError(ValueError):
     """An event that breaks spec section 1; the message is the reason."""
 
 
+# ------------------------------------------------------------ declared types
+# An event of a type a query file declares (``EVENT Type(attr TYPE, ...)``) is bad when
+# a declared attribute holds a value of another type; an absent one is fine. This table
+# is the rule, for events (``declared_type_problem``) and for columns of value kinds
+# (``dqcep.runtime.eventtime``): the kind of value each type takes ("num": a number,
+# "str", "bool") and whether the number must be whole.
+DECLARED_VALUES = {"INT": ("num", True), "DOUBLE": ("num", False), "STRING": ("str", False),
+                   "BOOL": ("bool", False)}
+_KIND_WORDS = {"num": "a number", "str": "a string", "bool": "a boolean"}
+
+
+def value_kind(value) -> str | None:
+    """"num", "str" or "bool" (None: absent)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "bool"
+    return "num" if isinstance(value, (int, float)) else "str"
+
+
+def declared_kind_problem(event_type: str, attr: str, declared: str, kind: str | None,
+                          fractional: bool = False) -> str | None:
+    """Why a value of ``kind`` ("num", "str", "bool"; None: absent) does not fit the
+    declared type of ``attr`` (None: it fits); ``fractional``: a number not whole."""
+    want, whole = DECLARED_VALUES[declared]
+    if kind is None or (kind == want and not (whole and fractional)):
+        return None
+    got = "a number with a fraction" if kind == want else _KIND_WORDS[kind]
+    return f"{event_type}.{attr} is declared {declared}, got {got}"
+
+
+def declared_type_problem(event_type: str, attr: str, declared: str, value) -> str | None:
+    """``declared_kind_problem`` for one value."""
+    kind = value_kind(value)
+    return declared_kind_problem(event_type, attr, declared, kind,
+                                 kind == "num" and float(value) != int(value))
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     id: int

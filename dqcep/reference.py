@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
-from dqcep.events import Event, Match, Value, list_aggregate
+from dqcep.events import Event, Match, Value, declared_type_problem, list_aggregate
 from dqcep.lang import ast
 
 INF = math.inf
@@ -607,11 +607,28 @@ class ReferenceMatcher:
     [(('a', 1), ('b', 2))]
     """
 
-    def __init__(self, queries: Sequence[ast.Query]):
+    def __init__(self, queries: Sequence[ast.Query],
+                 schemas: Sequence[ast.EventSchema] = ()):
         self._matchers = [_QueryMatcher(q) for q in queries]
+        named = {ev.type for q in queries for ev, _ in ast.event_patterns(q.pattern)}
+        # the declared types the queries name: their events must fit the declarations
+        self._declared = {s.type: s for s in schemas if s.type in named}
+        self.rejected: list[tuple[int, str]] = []  # (event id, why) of the last run
+
+    def _fits(self, e: Event) -> bool:
+        schema = self._declared.get(e.type)
+        if schema is None:
+            return True
+        for a in schema.attrs:
+            problem = declared_type_problem(e.type, a.name, a.type, e.attrs.get(a.name))
+            if problem is not None:
+                self.rejected.append((e.id, problem))
+                return False
+        return True
 
     def run(self, events: Iterable[Event]) -> list[Match]:
-        events = list(events)
+        self.rejected = []
+        events = [e for e in events if self._fits(e)]
         by_type, stream = _index(events), _Stream(events)
         out: list[Match] = []
         for qm in self._matchers:

@@ -130,8 +130,9 @@ class StreamingService:
     def __init__(self, cfg: ServiceConfig):
         self.cfg = cfg
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
-        self.plan = build_plan(parse_file(cfg.queries).queries, cfg.rates,
-                               materialize=cfg.materialize)
+        query_file = parse_file(cfg.queries)
+        self.plan = build_plan(query_file.queries, cfg.rates, materialize=cfg.materialize,
+                               schemas=query_file.schemas)
         state = self._read_state()
         low = 0 if state is None else max(state["offset"], state["journal_end"])
         self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
@@ -254,6 +255,8 @@ class StreamingService:
         self.counts["events_in"] += len(cols.ts)
         if len(cols.ts):
             self._emit(self.engine.process(cols))
+            self._misdeclared(lambda event_id: self._pending[
+                int(record[np.flatnonzero(cols.id == event_id)[0]])][0])
             late = self.engine.take_late()
             if late:  # rare: decode those payloads again for the late sink
                 rows = np.flatnonzero(np.isin(cols.id, late))
@@ -277,10 +280,19 @@ class StreamingService:
         self.counts["events_in"] += len(events)
         if events:
             self._emit(self.engine.process(events))
+            self._misdeclared(lambda event_id: offset)
             late = self.engine.take_late()
             if late:
                 self._write_late(offset, events, set(late))
         self.offset = offset + 1
+
+    def _misdeclared(self, offset_of) -> None:
+        """Events a declared schema refused (``EVENT Type(...)``): dead letters with the
+        journal offset of their payload (``offset_of(event id)``), counted malformed."""
+        for event_id, why in self.engine.take_rejected():
+            self.counts["malformed"] += 1
+            self.dead.write({"offset": offset_of(event_id), "event": event_id,
+                             "reason": why})
 
     def _lost(self, offset: int, gap: Gap) -> None:
         """Journal records that cannot be read: reported, counted, and passed over."""

@@ -441,3 +441,27 @@ def test_a_terminal_sees_a_progress_bar_and_a_summary(tmp_path):
     assert re.fullmatch(rf"dqcep run: 200,000 events, {matches:,} matches \((\w+ [\d,]+(, )?)+\), "
                         r"0 late, 0 bad, [1-9][\d,]* duplicates in [\d.]+ s \([\d,]+ events/s\)",
                         last), last
+
+
+def test_events_a_declared_schema_refuses_are_bad_events(tmp_path):
+    """EVENT A(x INT): an A whose x has a fraction or is a string is a bad event on
+    every engine, named by its id; the Spark jobs refuse declarations before Spark."""
+    q = tmp_path / "q.cep"
+    q.write_text("EVENT A(x INT, s STRING);\nPATTERN SEQ(A a, B b) WHERE a.x < b.y WITHIN 10")
+    events = tmp_path / "e.jsonl"
+    events.write_text("".join(json.dumps(e) + "\n" for e in [
+        {"id": 1, "type": "A", "ts": 0, "x": 1}, {"id": 2, "type": "A", "ts": 1, "x": 1.5},
+        {"id": 3, "type": "A", "ts": 2, "x": 2.0, "s": True}, {"id": 4, "type": "A", "ts": 3},
+        {"id": 5, "type": "B", "ts": 5, "y": 3}]))
+    r = dqcep("run", q, "--input", events)
+    assert r.returncode == 2 and r.stderr.strip() == \
+        f"{events}: event 2: A.x is declared INT, got a number with a fraction"
+    for engine in ("native", "sase", "reference"):
+        r = dqcep("run", q, "--input", events, "--engine", engine, "--on-bad-event", "skip")
+        assert r.returncode == 0, r.stderr
+        assert [json.loads(x)["events"] for x in r.stdout.splitlines()] == [{"a": 1, "b": 5}]
+        assert f"skipped: {events}: event 3: A.s is declared STRING, got a boolean" in r.stderr
+        assert "skipped 2 bad event record(s)" in r.stderr
+    r = dqcep("spark", "run", q, "--input", events, "--output", tmp_path / "out")
+    assert r.returncode == 2 and "the Spark jobs do not take EVENT declarations yet" in r.stderr
+    assert r.stderr.startswith(f"{q}:1:1: ")

@@ -15,15 +15,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dqcep.baseline import SaseEngine
 from dqcep.events import Event, event_from_mapping
-from dqcep.lang import ast, file_to_source, parse
+from dqcep.lang import QueryError, ast, file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
-from dqcep.runtime import run_events
+from dqcep.runtime import Engine, run_events
 from tests.strategies import (ATTR_VALUES, SMALL_TYPES, chain_queries, kleene_event_streams,
                               kleene_queries, negation_queries, outside_sase,
                               small_event_streams, small_query_files, strategy_event_streams,
@@ -432,3 +432,51 @@ def test_the_string_dictionary_holds_what_the_state_holds():
                                                            {"room": "r"})]
     assert [m.events for m in restored.process(more).to_matches()] == \
         [(("a", 10**6), ("b", 10**6 + 1))]
+
+
+# ------------------------------------------------------------ declared schemas
+
+@st.composite
+def declared_files(draw):
+    """A small query file with EVENT declarations for some of its types (attributes p
+    and q, any of the four types): the streams' values (ints, fractions, booleans,
+    strings) break them often."""
+    f = draw(small_query_files())
+    schemas = []
+    for t in draw(st.lists(SMALL_TYPES, unique=True, min_size=1, max_size=3)):
+        attrs = draw(st.lists(st.sampled_from(["p", "q"]), unique=True, min_size=1))
+        schemas.append(ast.EventSchema(t, tuple(ast.SchemaAttr(
+            a, draw(st.sampled_from(ast.ATTRIBUTE_TYPES))) for a in attrs)))
+    return ast.QueryFile(f.source, f.queries, tuple(schemas))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(declared_files(), small_event_streams(), CUTS)
+def test_engines_drop_the_events_a_schema_refuses_alike(f, events, cuts):
+    """Native (both materializations), SASE and the reference drop the same events for a
+    declared attribute of another type, report the same reasons, and find the same
+    matches in what is left."""
+    try:  # a declaration can make a query's condition ill-typed: then it is refused
+        parsed = parse(file_to_source(f))
+    except QueryError:
+        assume(False)
+    queries, schemas = parsed.queries, parsed.schemas
+    reference = ReferenceMatcher(queries, schemas)
+    expected = as_set(reference.run(events))
+    batches = split(events, cuts)
+    for materialize in MATERIALIZE:
+        engine = Engine(build_plan(queries, materialize=materialize, schemas=schemas))
+        out = engine.process([])
+        for b in batches:
+            out += engine.process(b)
+        out += engine.flush()
+        assert as_set(out.to_matches()) == expected, materialize
+        assert sorted(engine.take_rejected()) == sorted(reference.rejected)
+    if not any(map(outside_sase, queries)):
+        engine = SaseEngine(queries, schemas=schemas)
+        out = engine.process([])
+        for b in batches:
+            out += engine.process(b)
+        out += engine.flush()
+        assert as_set(out.to_matches()) == expected
+        assert sorted(engine.take_rejected()) == sorted(reference.rejected)

@@ -565,3 +565,44 @@ def test_kleene_items_and_strategies_survive_sigkill(mosquitto, tmp_path):
     got = svc.output()
     assert got == want
     assert {json.loads(x)["query"] for x in want} >= {"rising", "forced_door", "by_room"}
+
+
+@pytest.mark.parametrize("fmt", ["msgpack", "json"])
+def test_events_a_schema_refuses_are_dead_letters(mosquitto, tmp_path, fmt):
+    """EVENT Door(open BOOL, room STRING): a door whose open is no boolean goes to the
+    dead-letter file with the payload's offset and the reason, counted malformed; the
+    matches are the reference's over the rest (the msgpack fast decoder and the json
+    validator path alike)."""
+    host, port = mosquitto
+    topic = f"dqcep/declared/{fmt}"
+    queries = tmp_path / "q.cep"
+    queries.write_text("EVENT Door(open BOOL, room STRING);\n"
+                       "QUERY opened PATTERN SEQ(Door d, Motion m) WHERE [room] AND "
+                       "d.open = true WITHIN 10 s")
+    svc = Service(tmp_path, f"mqtt://{host}:{port}/{topic}", queries)
+    svc.args += ["--format", fmt]
+    svc.start()
+    events = []
+    for i in range(1, 301):
+        kind = i % 3
+        e = {"id": i, "type": "Door" if kind else "Motion", "ts": 10 * i, "room": f"r{i % 4}"}
+        if kind:
+            e["open"] = True if i % 10 else "yes"  # every tenth door: no boolean
+        events.append(e)
+    pack = msgpack.packb if fmt == "msgpack" else (lambda o: json.dumps(o).encode())
+    publish_all(host, port, topic, [pack({"events": events[:150]}),
+                                    pack({"events": events[150:]})])
+    svc.wait_for(300)
+    svc.stop()
+    refused = [e for e in events if e.get("open") == "yes"]
+    dead = [json.loads(x) for x in
+            (tmp_path / "out.state" / "dead-letter.jsonl").read_text().splitlines()]
+    assert sorted(d["event"] for d in dead) == [e["id"] for e in refused] and refused
+    assert all(d["reason"] == "Door.open is declared BOOL, got a string" for d in dead)
+    assert all(d["offset"] == (0 if d["event"] <= 150 else 1) for d in dead)
+    assert json.loads((tmp_path / "stats.json").read_text())["malformed"] == len(refused)
+    parsed = parse_file(queries)
+    fitting = [event_from_mapping(e) for e in events if e not in refused]
+    want = {json.dumps(m.to_json_obj())
+            for m in ReferenceMatcher(parsed.queries, parsed.schemas).run(fitting)}
+    assert svc.output() == want and want

@@ -174,7 +174,7 @@ class SaseEngine(EventTimeEngine):
     """
 
     def __init__(self, queries: Sequence[ast.Query], lateness: int = 0,
-                 source: str = "<query>"):
+                 source: str = "<query>", schemas: Sequence[ast.EventSchema] = ()):
         self.specs = [compile_sase(q, source) for q in queries]
         types: list[str] = []
         for s in self.specs:
@@ -183,8 +183,10 @@ class SaseEngine(EventTimeEngine):
                     types.append(t)
         preds = [p for s in self.specs for p in s.scan + tuple(p for g in s.groups for p in g)]
         attrs = attributes_read(preds, [k for s in self.specs for k in s.key_attrs])
+        schemas = [s for s in schemas if s.type in types]  # as the native plan keeps them
+        attrs += sorted({a.name for s in schemas for a in s.attrs} - set(attrs))
         super().__init__(types, attrs, tuple((s.name, s.variables) for s in self.specs),
-                         lateness)
+                         lateness, schemas=schemas)
         self.every_event = any(s.every_event for s in self.specs)
         self.nfas: list[SaseNFA | SaseRunNFA | None] = [
             None if s.never else self._runs(s) if s.runs else self._nfa(s) for s in self.specs]

@@ -146,6 +146,8 @@ class Plan:
     # per vertex: its records computed on demand by its parent (plan/joins.py), and why
     on_demand: tuple[bool, ...] = ()
     materialization: tuple[str, ...] = ()
+    # the declared schemas (EVENT Type(...)) of the plan's types: their events are checked
+    schemas: tuple[ast.EventSchema, ...] = ()
 
     # ------------------------------------------------------------ views
     @property
@@ -634,10 +636,12 @@ class _Interner:
 
 
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None,
-               materialize: str = ALWAYS) -> Plan:
+               materialize: str = ALWAYS, schemas: Sequence[ast.EventSchema] = ()) -> Plan:
     """Plan every query of a file into one shared DAG; ``materialize`` (always, auto,
     on-demand) decides which SEQ vertices keep their records (plan/joins.py). The
-    default keeps them all until building on demand is as fast (issue 19)."""
+    default keeps them all (on demand pays only where the parent's right input is
+    rare per key, which the cost model cannot see). ``schemas``: the file's event
+    schemas; those of the plan's types go with it (events that break them are bad)."""
     cost = CostModel(dict(rates or {}))
     interner = _Interner()
     specs = []
@@ -671,7 +675,8 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
         guard=tuple(interner.guard), run=tuple(interner.run),
         users=tuple(tuple(u) for u in interner.users), queries=tuple(specs))
     on_demand, why = choose_materialization(plan, materialize)
-    return dataclasses.replace(plan, on_demand=on_demand, materialization=why)
+    return dataclasses.replace(plan, on_demand=on_demand, materialization=why,
+                               schemas=tuple(s for s in schemas if s.type in plan.types))
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

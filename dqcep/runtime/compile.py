@@ -103,11 +103,13 @@ def attributes_read(preds: Sequence[Predicate], keys: Sequence[str] = ()) -> lis
 
 
 def plan_attributes(plan: Plan) -> list[str]:
-    """Every attribute a predicate or a partition key of the plan reads."""
+    """Every attribute a predicate or a partition key of the plan reads, then those its
+    event schemas declare (the engine checks their values)."""
     preds = [p for ps in plan.preds for p in ps]
     preds += [p for g in plan.guard if g is not None for p in g.preds]
     preds += [p for q in plan.queries for p in q.preds]
-    return attributes_read(preds, [k for keys in plan.key_attrs for k in keys])
+    attrs = attributes_read(preds, [k for keys in plan.key_attrs for k in keys])
+    return attrs + sorted({a.name for s in plan.schemas for a in s.attrs} - set(attrs))
 
 
 def column(name: str, attr_index: dict[str, int]) -> int:

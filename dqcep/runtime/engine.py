@@ -59,7 +59,8 @@ class Engine(EventTimeEngine):
         program = plan if isinstance(plan, Program) else Program(plan)
         if state is None:
             state = EngineState.fresh(program, lateness)
-        super().__init__(program.types, program.attrs, program.match_queries, lateness, state)
+        super().__init__(program.types, program.attrs, program.match_queries, lateness, state,
+                         program.plan.schemas)
         self.program = program
         self.plan = program.plan
         self.store_retention = program.store_retention

@@ -26,9 +26,13 @@ from dqcep._kernels.msgpack_decode import ColumnDecoder
 from dqcep._kernels.store import EventStore
 from dqcep.batch import MISSING_INT, EventBatch
 from dqcep.errors import UserError
-from dqcep.events import Event, Match
+from dqcep.events import DECLARED_VALUES, Event, Match, declared_kind_problem
 from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
                                    StringDictionary)
+
+# the store's value kinds as the declared-type rule names them
+_KIND_CODE = {"num": KIND_NUM, "str": KIND_STR, "bool": KIND_BOOL}
+_KIND_NAME = {KIND_NUM: "num", KIND_STR: "str", KIND_BOOL: "bool"}
 
 
 # The string dictionary is swept once it holds this many values, and then again
@@ -207,7 +211,7 @@ class EventTimeEngine:
 
     def __init__(self, types: Sequence[str], attrs: Sequence[str],
                  match_queries: tuple[tuple[str, tuple[str, ...]], ...], lateness: int = 0,
-                 state: "TimeState | None" = None):
+                 state: "TimeState | None" = None, schemas: Sequence = ()):
         self.types = list(types)
         self.type_code = {t: i for i, t in enumerate(self.types)}
         self.attrs = list(attrs)
@@ -216,6 +220,12 @@ class EventTimeEngine:
         self.state = state if state is not None else \
             TimeState.fresh(len(self.types), len(self.attrs), lateness)
         self.every_event = False  # store events of types no query names too
+        # declared attribute types (EVENT Type(attr TYPE, ...)) of this engine's types:
+        # (type code, store column, declared type, type, attribute)
+        self.schema_checks = [(self.type_code[s.type], self.attr_index[a.name], a.type,
+                               s.type, a.name)
+                              for s in schemas if s.type in self.type_code for a in s.attrs]
+        self.rejected_events: list[tuple[int, str]] = []  # (id, why), until taken
 
     # Everything an engine holds lives in ``self.state``; these read and write it.
     lateness = _state_field("lateness")
@@ -341,6 +351,8 @@ class EventTimeEngine:
         else:
             cols = self._columns_from_events(batch)
         out = MatchBatch(self.match_queries)
+        if self.schema_checks and len(cols[0]):
+            cols = self._drop_misdeclared(cols)
         n = len(cols[0])
         self.events_in += n
         if n:
@@ -360,6 +372,34 @@ class EventTimeEngine:
         if len(self.dictionary) > self.state.sweep_at:
             self._sweep_strings()
         self.busy_seconds += time.perf_counter() - started
+        return out
+
+    def _drop_misdeclared(self, cols):
+        """The events whose declared attributes hold values of another type
+        (``dqcep.events.DECLARED_VALUES``) leave the batch for ``take_rejected``."""
+        ts, ids, types, val, kind = cols
+        bad = np.zeros(len(ts), bool)
+        found: list[tuple[int, int, str]] = []  # (row, id, why)
+        for code, col, declared, event_type, attr in self.schema_checks:
+            rows = np.flatnonzero((types == code) & (kind[:, col] != KIND_MISSING) & ~bad)
+            if not len(rows):
+                continue
+            want, whole = DECLARED_VALUES[declared]
+            k, v = kind[rows, col], val[rows, col]
+            fractional = (k == KIND_NUM) & (v != np.floor(v))
+            wrong = (k != _KIND_CODE[want]) | (fractional if whole else False)
+            for r, kr, fr in zip(rows[wrong].tolist(), k[wrong].tolist(),
+                                 fractional[wrong].tolist()):
+                found.append((r, int(ids[r]), declared_kind_problem(
+                    event_type, attr, declared, _KIND_NAME[kr], fr)))
+            bad[rows[wrong]] = True
+        self.rejected_events += [(i, why) for _, i, why in sorted(found)]
+        return tuple(c[~bad] for c in cols) if bad.any() else cols
+
+    def take_rejected(self) -> list[tuple[int, str]]:
+        """The events dropped since the last call because a declared attribute held a
+        value of another type: (event id, why), in arrival order."""
+        out, self.rejected_events = self.rejected_events, []
         return out
 
     def _late(self, ts: np.ndarray) -> np.ndarray:
