@@ -17,7 +17,6 @@ for both.
 from __future__ import annotations
 
 import argparse
-import time
 
 from pathlib import Path
 
@@ -45,20 +44,13 @@ def stock_stream(events: int, seed: int, chunk: int):
 
 def run(queries, stream, events: int, mode: str) -> dict:
     from dqcep.baseline import SaseEngine
+    from dqcep.experiments.point import feed
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine
     engine = SaseEngine(queries) if mode == "sase" else \
         Engine(build_plan(queries, materialize=mode))
-    busy, matches = 0.0, 0
-    for batch in stream(events, 1, 65_536):
-        started = time.perf_counter()
-        matches += len(engine.process(batch))
-        busy += time.perf_counter() - started
-    started = time.perf_counter()
-    matches += len(engine.flush())
-    busy += time.perf_counter() - started
-    return {"events_per_s": events / busy, "matches": matches,
-            "state": engine.peak_state_bytes,
+    busy, matches, state = feed([engine], stream(events, 1, 65_536))
+    return {"events_per_s": events / busy, "matches": matches, "state": state,
             "on_demand": sum(engine.plan.on_demand) if mode != "sase" else "-"}
 
 

@@ -50,19 +50,13 @@ def stream(profile: str, events: int):
 
 def point(name: str, text: str, profile: str, events: int, engine_name: str) -> dict:
     from dqcep.baseline import SaseEngine
+    from dqcep.experiments.point import feed
     from dqcep.lang import parse
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine
     queries = parse(text).queries
     engine = Engine(build_plan(queries)) if engine_name == "native" else SaseEngine(queries)
-    busy, matches = 0.0, 0
-    for batch in stream(profile, events):
-        started = time.perf_counter()
-        matches += len(engine.process(batch))
-        busy += time.perf_counter() - started
-    started = time.perf_counter()
-    matches += len(engine.flush())
-    busy += time.perf_counter() - started
+    busy, matches, _ = feed([engine], stream(profile, events))
     if engine_name == "native":
         runs = sum(r.live for r in engine.state.runs.values())
     else:

@@ -82,3 +82,30 @@ def test_bad_database_outputs_are_one_line_errors(tmp_path):
     r = dqcep("run", EXAMPLES / "fire.cep", "--input", "mqtt://127.0.0.1:1/t",
               "--output", f"sqlite:///{db}")
     assert r.returncode == 2 and "a database output (sqlite:///...) is for dqcep run" in r.stderr
+
+
+def test_each_batch_is_one_transaction(tmp_path):
+    """What docs/cli.md says: a batch's matches commit together, one transaction per
+    engine batch (counted on the connection's statement trace)."""
+    from dqcep.io.database import SqliteMatchSink
+    from dqcep.lang import parse_file
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+    from dqcep.io.readers import read_events
+    queries = parse_file(EXAMPLES / "fire.cep").queries
+    events = [e for _, e in read_events(str(EXAMPLES / "fire-events.jsonl"))]
+    engine = Engine(build_plan(queries))
+    first = engine.process(events[:7])
+    second = engine.process(events[7:])
+    second += engine.flush()
+    batches = [first, second]
+    assert all(len(b) for b in batches)
+    sink = SqliteMatchSink(f"sqlite:///{tmp_path / 'm.db'}")
+    statements = []
+    sink.db.set_trace_callback(statements.append)
+    for b in batches:
+        sink.write_batch(b)
+    sink.close()
+    assert [s.split()[0] for s in statements] == [
+        w for b in batches for w in ["BEGIN"] + ["INSERT"] * len(b) + ["COMMIT"]]
+    assert len(rows(tmp_path / "m.db")) == sum(len(b) for b in batches)

@@ -253,26 +253,35 @@ cdef bint eval_pred(EventStore st, const int32_t* code, idx_t n_ins, const doubl
     ``t2.value > t1.value``): those are compared here, with the interpreter's
     rules, without its stack."""
     cdef int8_t k0, k1
-    cdef double v0, v1
-    cdef int32_t op
+    cdef double v0, v1, result
     if n_ins == 3 and OP_EQ <= code[6] <= OP_GE and code[0] <= OP_LOAD and \
             code[3] <= OP_LOAD:   # (CONST | LOAD) (CONST | LOAD) comparison
-        op = code[6]
-        if not _operand(st, code, cval, ckind, slots, &k0, &v0) or \
-                not _operand(st, code + 3, cval, ckind, slots, &k1, &v1):
-            return False
-        if op == OP_EQ or op == OP_NE:
-            return k0 == k1 and ((v0 == v1) == (op == OP_EQ))
-        if k0 != KIND_NUM or k1 != KIND_NUM:
-            return False
-        if op == OP_LT:
-            return v0 < v1
-        if op == OP_LE:
-            return v0 <= v1
-        if op == OP_GT:
-            return v0 > v1
-        return v0 >= v1
+        return _operand(st, code, cval, ckind, slots, &k0, &v0) and \
+            _operand(st, code + 3, cval, ckind, slots, &k1, &v1) and \
+            _compare(code[6], k0, v0, k1, v1, &result) and result != 0.0
     return eval_pred_aggs(st, code, n_ins, cval, ckind, slots, NULL, NULL)
+
+
+cdef inline bint _compare(int32_t op, int8_t k0, double v0, int8_t k1, double v1,
+                          double* result) noexcept nogil:
+    """A comparison (EQ NE LT LE GT GE) into ``result`` (1.0 true, 0.0 false); False
+    when it fails: = and != of values of different kinds, an ordering of non-numbers."""
+    if op == OP_EQ or op == OP_NE:
+        if k0 != k1:
+            return False
+        result[0] = 1.0 if ((v0 == v1) == (op == OP_EQ)) else 0.0
+        return True
+    if k0 != KIND_NUM or k1 != KIND_NUM:
+        return False
+    if op == OP_LT:
+        result[0] = 1.0 if v0 < v1 else 0.0
+    elif op == OP_LE:
+        result[0] = 1.0 if v0 <= v1 else 0.0
+    elif op == OP_GT:
+        result[0] = 1.0 if v0 > v1 else 0.0
+    else:
+        result[0] = 1.0 if v0 >= v1 else 0.0
+    return True
 
 
 cdef bint eval_pred_aggs(EventStore st, const int32_t* code, idx_t n_ins,
@@ -336,11 +345,10 @@ cdef bint eval_pred_aggs(EventStore st, const int32_t* code, idx_t n_ins,
                     return False
                 sv[sp - 1] = (1.0 if (v0 != 0.0 and v1 != 0.0) else 0.0) if op == OP_AND \
                     else (1.0 if (v0 != 0.0 or v1 != 0.0) else 0.0)
-            elif op == OP_EQ or op == OP_NE:
-                if k0 != k1:
+            elif OP_EQ <= op <= OP_GE:
+                if not _compare(op, k0, v0, k1, v1, &sv[sp - 1]):
                     return False
                 sk[sp - 1] = KIND_BOOL
-                sv[sp - 1] = 1.0 if ((v0 == v1) == (op == OP_EQ)) else 0.0
             else:
                 if k0 != KIND_NUM or k1 != KIND_NUM:
                     return False
@@ -354,16 +362,6 @@ cdef bint eval_pred_aggs(EventStore st, const int32_t* code, idx_t n_ins,
                     if v1 == 0.0:
                         return False
                     sv[sp - 1] = v0 / v1
-                else:
-                    sk[sp - 1] = KIND_BOOL
-                    if op == OP_LT:
-                        sv[sp - 1] = 1.0 if v0 < v1 else 0.0
-                    elif op == OP_LE:
-                        sv[sp - 1] = 1.0 if v0 <= v1 else 0.0
-                    elif op == OP_GT:
-                        sv[sp - 1] = 1.0 if v0 > v1 else 0.0
-                    else:
-                        sv[sp - 1] = 1.0 if v0 >= v1 else 0.0
     return sp == 1 and sk[0] == KIND_BOOL and sv[0] != 0.0
 
 

@@ -87,7 +87,6 @@ class Program:
         self.n_slots = [len(plan.slots[v]) for v in range(plan.n_vertices)]
         self.children = {v: (g.child(v, Port.LEFT), g.child(v, Port.RIGHT),
                              g.child(v, Port.CHILD)) for v in range(plan.n_vertices)}
-        self.preds: dict[int, PredicateSet] = {}
         self.keys: dict[int, np.ndarray] = {}
         self.joins: dict[int, JoinSpec] = {}
         self.guards: dict[int, Guard] = {}
@@ -109,14 +108,14 @@ class Program:
                     self.children[v][2], int(self.eff_window[v]),
                     kleene_sets(plan.preds[v], self.attr_index, constants))
             if k in (Kind.EVENT, Kind.SEQ, Kind.AND):
-                self.preds[v] = predicate_set(plan.preds[v], self.attr_index, constants)
                 self.keys[v] = np.array([self.attr_index[a] for a in plan.key_attrs[v]],
                                         dtype=np.int32)
-            if k in (Kind.SEQ, Kind.AND):
+            if k in (Kind.SEQ, Kind.AND):  # (EVENT vertices' filters: self.leaves, below)
                 left, right = self.children[v][:2]
                 self.joins[v] = JoinSpec(1 if k == Kind.SEQ else 2, int(self.eff_window[v]),
-                                         self.n_slots[left], self.n_slots[right],
-                                         self.keys[v], self.preds[v], list(plan.lists[v]))
+                                         self.n_slots[left], self.n_slots[right], self.keys[v],
+                                         predicate_set(plan.preds[v], self.attr_index,
+                                                       constants), list(plan.lists[v]))
                 self.host_guards[v] = hosts[v]
             elif k == Kind.NOT:
                 spec = plan.guard[v]
