@@ -10,11 +10,16 @@ engine alone on the same events is timed in the same run for the ratio.
 
 Target (columnar-path issue): >= 2 M events/s.
 
-    python3 bench/bench_service.py [--events N]
+``--output sqlite`` or ``--output postgresql`` writes the matches into a table
+instead (issue 20: one transaction per batch with the journal offset it covers;
+PostgreSQL on a server of its own, as bench_database.py starts one).
+
+    python3 bench/bench_service.py [--events N] [--output file|sqlite|postgresql]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -31,14 +36,19 @@ TARGET = 2_000_000
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--output", choices=("file", "sqlite", "postgresql"), default="file")
     args = ap.parse_args()
+    from bench_database import postgresql
     from dqcep.io.columnar import read_columns
     from dqcep.io.journal import Journal
     from dqcep.runtime import EventColumns
     from dqcep.service import ServiceConfig, StreamingService
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, (
+            postgresql(None) if args.output == "postgresql" else contextlib.nullcontext()) as pg:
         tmp = Path(tmp)
+        output = {"file": str(tmp / "matches.jsonl"), "sqlite": f"sqlite:///{tmp}/m.db",
+                  "postgresql": pg}[args.output]
         events = tmp / "iot.msgpack"
         generate(events, args.events)
         journal = Journal(tmp / "state" / "journal", fsync="never")
@@ -60,7 +70,7 @@ def main() -> None:
         svc = StreamingService(ServiceConfig(
             queries=str(QUERIES), inputs=["mqtt://127.0.0.1:1/sensors"],
             journal=str(state / "journal"), checkpoint=str(state / "checkpoint.bin"),
-            output=str(tmp / "matches.jsonl"), dead_letter=str(state / "dead.jsonl"),
+            output=output, dead_letter=str(state / "dead.jsonl"),
             late=str(state / "late.jsonl")))
         started = time.perf_counter()
         records = svc.step()
@@ -69,7 +79,8 @@ def main() -> None:
         total = time.perf_counter() - started
         svc.close()
         n = svc.counts["events_in"]
-        print(f"events={n:,} records={records:,} matches={svc.counts['matches_out']:,}")
+        print(f"events={n:,} records={records:,} matches={svc.counts['matches_out']:,} "
+              f"into {args.output}")
         print(f"engine alone      {alone:>12,.0f} events/s")
         print(f"service step()    {n / stepped:>12,.0f} events/s  ({n / stepped / alone:.2f}x "
               f"the engine; with the checkpoint {n / total:,.0f} events/s)")

@@ -163,14 +163,15 @@ def _state_dir(args):
     (``matches.jsonl`` -> ``matches.state``); None when all four are named."""
     from pathlib import Path
 
+    from dqcep.io.database import is_database
     from dqcep.io.sinks import is_mqtt
     if args.state:
         return Path(args.state)
     if args.journal and args.checkpoint and args.dead_letter and args.late:
         return None
-    if is_mqtt(args.output):
-        raise UserError("with --output mqtt://..., say where the service keeps its state: "
-                        "--state DIR")
+    if is_mqtt(args.output) or is_database(args.output):
+        raise UserError(f"with --output {args.output.split(':', 1)[0]}://..., say where the "
+                        "service keeps its state: --state DIR")
     out = Path(args.output)
     return out.with_name(out.stem + ".state")
 
@@ -187,10 +188,6 @@ def _serve(args) -> int:
     if not args.output or args.output == "-":
         raise UserError("an MQTT input needs --output FILE or mqtt://... (not stdout: a restart "
                         "cuts a file back to the checkpoint)")
-    from dqcep.io.database import is_database
-    if is_database(args.output):
-        raise UserError("the streaming service writes matches to a file or mqtt://...; a "
-                        "database output (sqlite:///...) is for dqcep run over files, for now")
     state = _state_dir(args)
     named = Path(".") if state is None else state  # every path named: nothing derived
     fmt = args.format or "msgpack"
@@ -442,9 +439,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="event format (default: from the file extension; jsonl for -; "
                      "MQTT payloads: msgpack, or json)")
     run.add_argument("--output", "-o", metavar="OUT",
-                     help="match file, mqtt://host:port/topic, or a SQLite table: "
-                     "sqlite:///FILE.db[?table=NAME] (one transaction per batch; file "
-                     "inputs) (default: stdout)")
+                     help="match file, mqtt://host:port/topic, or a database table: "
+                     "sqlite:///FILE.db or postgresql://USER@HOST:PORT/DB, with "
+                     "?table=NAME (default matches); one transaction per batch, exactly "
+                     "once from the MQTT service; password from DQCEP_DB_PASSWORD "
+                     "(default: stdout)")
     run.add_argument("--output-format", choices=("json", "msgpack"), default="json",
                      help="payload encoding of matches published to MQTT (default json)")
     run.add_argument("--engine", choices=("native", "sase", "reference"), default="native",

@@ -15,6 +15,12 @@ writes again exactly what was lost. A write that fails while processing (a full
 disk) takes the same road without a restart: the service says why, goes back
 to its last checkpoint and tries again a second later.
 
+A database output (``sqlite:///...``, ``postgresql://...``) cannot be cut back:
+each batch's rows commit with the journal offset they cover (``dqcep.io.database``),
+and on start the journal is replayed from the checkpoint up to that offset without
+writing; the checkpoint names the service's stream, so a table written by another
+service is refused rather than skipped into.
+
 Stopping (SIGTERM, SIGINT) drains the journal and checkpoints with the matches
 held for a trailing NOT still held: a stop is a pause, and the next run goes on
 as if there had been none. Only an end of stream (``--until-idle S``, SIGUSR1,
@@ -28,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +43,7 @@ import numpy as np
 from dqcep._kernels.recent_ids import RecentIds
 from dqcep.runtime.duplicates import RECENT_IDS
 from dqcep.errors import UserError
+from dqcep.io.database import Progress, is_database
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
                                  write_checkpoint)
 from dqcep.io.journal import Gap, Journal, JournalTail, segments
@@ -139,7 +147,11 @@ class StreamingService:
         if state is None:
             self._check_fresh_start()
         self.error: str | None = None  # a failed write being retried, while it lasts
+        # the stream a database output's progress row names (in every checkpoint)
+        self.stream = (state or {}).get("stream") or uuid.uuid4().hex
         self._load(state)
+        if self.database and (state is None or "stream" not in state):
+            self.checkpoint()  # the stream named durably before any row is written
         self.started = time.monotonic()
 
     # ------------------------------------------------------------ state
@@ -189,12 +201,46 @@ class StreamingService:
         self._pending: list[tuple[int, bytes, int]] = []  # decoded: (offset, payload, rows)
         self._pending_rows = 0
         self.out = self.dead = self.late = None
+        self.database = is_database(cfg.output)
         self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"])
+        try:
+            written = self.out.claim(self.stream) if self.database else None
+        except BaseException:
+            self.out.close()
+            raise
         if not is_mqtt(cfg.output):
             self.out = BackgroundSink(self.out)  # output overlaps matching; sync waits
         self.dead = _Sink(cfg.dead_letter, sizes["dead_letter"])
         self.late = _Sink(cfg.late, sizes["late"])
         self.tail = JournalTail(cfg.journal, self.offset)
+        self._replaying = False
+        if written is not None:
+            try:
+                self._catch_up(written)
+            except BaseException:
+                self._unload()
+                raise
+
+    def _catch_up(self, written: Progress) -> None:
+        """The journal from the checkpoint up to what the database output already
+        holds, processed without writing a row (the engine is deterministic: these are
+        the matches it holds); the end of the stream too, if that was written."""
+        if written.offset > self.journal.durable_offset:
+            raise CheckpointError(
+                f"{self.cfg.output} holds matches up to journal offset {written.offset}, "
+                f"but the journal {self.cfg.journal} ends at {self.journal.durable_offset}: "
+                "that table was not written from this journal; give the service a table "
+                "of its own (?table=NAME)")
+        self._replaying = True
+        try:
+            while self.offset < written.offset:
+                if not self.step(until=written.offset):
+                    raise CheckpointError(f"the journal {self.cfg.journal} cannot be read "
+                                          f"up to offset {written.offset}")
+            if written.flushed:
+                self.end_stream()
+        finally:
+            self._replaying = False
 
     def _unload(self) -> None:
         """Let go of the sinks and the tail without writing (after a failed write)."""
@@ -208,8 +254,9 @@ class StreamingService:
         self.tail.close()
 
     # ------------------------------------------------------------- processing
-    def step(self, deadline: float | None = None) -> int:
-        """Process what the journal holds beyond our offset; returns records consumed.
+    def step(self, deadline: float | None = None, until: int | None = None) -> int:
+        """Process what the journal holds beyond our offset (up to ``until``, if
+        given); returns records consumed.
 
         Stops early once ``deadline`` (time.monotonic) has passed, so that a long
         backlog does not hold checkpoints back. Well-formed msgpack payloads are
@@ -220,7 +267,9 @@ class StreamingService:
         on how the events are batched.
         """
         n = 0
-        for offset, topic, payload in self.tail.read(self.journal.durable_offset):
+        upto = self.journal.durable_offset if until is None else \
+            min(until, self.journal.durable_offset)
+        for offset, topic, payload in self.tail.read(upto):
             n += 1
             if isinstance(payload, Gap):
                 self._process_pending()
@@ -254,7 +303,7 @@ class StreamingService:
             cols, record = cols.take(fresh), record[fresh]
         self.counts["events_in"] += len(cols.ts)
         if len(cols.ts):
-            self._emit(self.engine.process(cols))
+            self._emit(self.engine.process(cols), self._pending[-1][0] + 1)
             self._misdeclared(lambda event_id: self._pending[
                 int(record[np.flatnonzero(cols.id == event_id)[0]])][0])
             late = self.engine.take_late()
@@ -279,7 +328,7 @@ class StreamingService:
         events = [e for e, f in zip(events, fresh) if f]
         self.counts["events_in"] += len(events)
         if events:
-            self._emit(self.engine.process(events))
+            self._emit(self.engine.process(events), offset + 1)
             self._misdeclared(lambda event_id: offset)
             late = self.engine.take_late()
             if late:
@@ -312,9 +361,22 @@ class StreamingService:
                 self.counts["late"] += 1
                 self.late.write({"offset": offset, "event": e.as_mapping()})
 
-    def _emit(self, batch) -> None:
-        if len(batch):
+    def _emit(self, batch, end: int, flushed: bool = False) -> None:
+        """The matches of the journal's records before ``end`` (and of the stream's end,
+        when ``flushed``) to the output. A database output commits that progress with
+        them; while catching up to it (``_catch_up``) they are already there."""
+        if not len(batch):
+            return
+        if self._replaying:
+            self.counts["matches_out"] += len(batch)
+        elif self.database:
+            self.counts["matches_out"] += self.out.write_batch(batch, Progress(end, flushed))
+        else:
             self.counts["matches_out"] += self.out.write_batch(batch)
+
+    def end_stream(self) -> None:
+        """The stream is closed: the matches held for a trailing NOT go out."""
+        self._emit(self.engine.flush(), self.offset, flushed=True)
 
     def checkpoint(self) -> None:
         sinks = {"output": self.out.sync(), "dead_letter": self.dead.sync(),
@@ -323,7 +385,7 @@ class StreamingService:
             "offset": self.offset, "journal_end": self.journal.durable_offset,
             "engine": self.engine.snapshot(),
             "recent": self.recent.ids().astype("<i8").tobytes(),
-            "counts": self.counts, "sinks": sinks})
+            "counts": self.counts, "sinks": sinks, "stream": self.stream})
         self.journal.checkpointed(CONSUMER, self.offset)
         self.journal.trim(self.cfg.journal_retention)
 
@@ -337,6 +399,7 @@ class StreamingService:
                   f"{RETRY_SECONDS:g} s", file=sys.stderr, flush=True)
         self.error = message
         self._unload()
+        last_stats = time.monotonic()
         while True:
             stop.wait(RETRY_SECONDS)
             try:
@@ -345,7 +408,9 @@ class StreamingService:
             except OSError:
                 if stop.is_set():
                     raise
-                continue
+                if time.monotonic() - last_stats >= self.cfg.stats_every:
+                    self._write_stats()  # the stats say FAILING while it lasts
+                    last_stats = time.monotonic()
 
     def stats(self) -> dict:
         elapsed = max(time.monotonic() - self.started, 1e-9)
@@ -422,8 +487,8 @@ class StreamingService:
             try:
                 while self.step():           # drain
                     pass
-                if end_of_stream.is_set():   # the stream is closed: held matches out
-                    self._emit(self.engine.flush())
+                if end_of_stream.is_set():
+                    self.end_stream()
                 self.checkpoint()
             except OSError as err:
                 failure = (f"cannot write {getattr(err, 'filename', None) or 'the state'}: "

@@ -2,7 +2,9 @@
 # Debian packages that pip cannot install and the documented commands need:
 #   Mosquitto  - the MQTT broker (dqcep run --input mqtt://..., the MQTT tests start their own);
 #   Java 17    - the JVM of Spark (dqcep spark ...);
-#   Graphviz   - dot, to draw `dqcep explain --dot` (docs/cli.md).
+#   Graphviz   - dot, to draw `dqcep explain --dot` (docs/cli.md);
+#   PostgreSQL - the server of --output postgresql://... (the tests start their own with
+#                initdb + pg_ctl; the Debian package starts no server of its own here).
 # Idempotent: installs only what is missing; uses sudo when not root.
 set -e
 need=""
@@ -11,6 +13,7 @@ if ! { [ -n "$JAVA_HOME" ] && [ -x "$JAVA_HOME/bin/java" ]; } && ! command -v ja
     need="$need openjdk-17-jre-headless"
 fi
 command -v dot >/dev/null 2>&1 || need="$need graphviz"
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$need postgresql"
 [ -z "$need" ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO=sudo

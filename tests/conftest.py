@@ -94,3 +94,17 @@ def subscribed(host: str, port: int, topic: str, client_id: str):
     finally:
         sub.loop_stop()
         sub.disconnect()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server on a free loopback port for the session (tests/postgres.py)."""
+    from tests.postgres import PostgresServer
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres(postgres_server):
+    """The URL of a fresh database on the session's PostgreSQL server."""
+    return postgres_server.new_database()

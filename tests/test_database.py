@@ -1,10 +1,19 @@
 """Database outputs (the Insert operator): `dqcep run --output sqlite:///FILE.db` as a
 user runs it, rows against the JSON output of the same run."""
 import json
+import os
 import sqlite3
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+
+import msgpack
+import pytest
+
+from tests.conftest import free_port
+from tests.test_service import Service, expected_matches, gen_args
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -49,6 +58,42 @@ def test_matches_land_in_a_sqlite_table_as_the_json_output_has_them(tmp_path):
     assert sorted(rows(db, "alerts")) == as_rows(with_returns.stdout, True)
 
 
+def test_matches_land_in_a_postgresql_table_as_the_json_output_has_them(postgres):
+    """The same through a real PostgreSQL server (COPY into the table, one
+    transaction per batch), with the password from the environment."""
+    args = ("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl")
+    expected = as_rows((EXAMPLES / "fire-expected.jsonl").read_text())
+    r = dqcep(*args, "--output", postgres, "--chunk-size", 2)
+    assert r.returncode == 0, r.stderr
+    assert sorted(table_rows(postgres)) == expected and len(expected) == 9
+    with_returns = dqcep(*args, "--returns")
+    r = dqcep(*args, "--returns", "--engine", "reference", "--output",
+              f"{postgres}?table=alerts")
+    assert r.returncode == 0, r.stderr
+    assert sorted(table_rows(postgres, "alerts")) == as_rows(with_returns.stdout, True)
+    r = dqcep(*args, "--output", f"{postgres}?table=alerts")  # no returns column wanted
+    assert r.returncode == 2 and "table 'alerts' has the columns query, detected_at, " \
+        "events, returns; matches need query, detected_at, events" in r.stderr, r.stderr
+
+
+def test_the_postgresql_password_comes_from_the_environment(postgres_server):
+    url = postgres_server.password_user("s3cret")
+    args = ("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl",
+            "--output", url)
+    for password, message in [(None, "no password supplied"),
+                              ("wrong", "password authentication failed")]:
+        env = {k: v for k, v in os.environ.items() if k != "DQCEP_DB_PASSWORD"}
+        r = subprocess.run([sys.executable, "-m", "dqcep", *map(str, args)],
+                           capture_output=True, text=True, cwd=ROOT,
+                           env=env if password is None else {**env, "DQCEP_DB_PASSWORD": password})
+        assert r.returncode == 1 and message in r.stderr, r.stderr
+        assert "read from DQCEP_DB_PASSWORD" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "dqcep", *map(str, args)], capture_output=True,
+                       text=True, cwd=ROOT, env={**os.environ, "DQCEP_DB_PASSWORD": "s3cret"})
+    assert r.returncode == 0, r.stderr
+    assert len(table_rows(url.replace("alice@", "dqcep@"))) == 9
+
+
 def test_kleene_lists_are_json_arrays_in_the_events_column(tmp_path):
     events = tmp_path / "iot.jsonl"
     assert dqcep("generate", "-n", 3000, "--seed", 3, "--quiet", "-o", events).returncode == 0
@@ -73,7 +118,6 @@ def test_bad_database_outputs_are_one_line_errors(tmp_path):
             ("sqlite://host/x.db", "a SQLite URL names a file"),
             (f"sqlite:///{db}?table=a;drop", "must be a plain identifier"),
             (f"sqlite:///{db}?tabel=a", "unknown parameter(s) tabel"),
-            ("postgresql://u@127.0.0.1:1/db", "postgresql outputs are not supported yet"),
             (f"sqlite:///{tmp_path}", "cannot open the database")]:
         r = dqcep(*args, target)
         assert r.returncode == 2 and message in r.stderr, (target, r.stderr)
@@ -81,7 +125,19 @@ def test_bad_database_outputs_are_one_line_errors(tmp_path):
     assert rows(db) == []  # the table it refused is untouched
     r = dqcep("run", EXAMPLES / "fire.cep", "--input", "mqtt://127.0.0.1:1/t",
               "--output", f"sqlite:///{db}")
-    assert r.returncode == 2 and "a database output (sqlite:///...) is for dqcep run" in r.stderr
+    assert r.returncode == 2 and "say where the service keeps its state: --state DIR" \
+        in r.stderr
+    # a server that is not there: one line naming it (exit 1, an I/O failure)
+    r = dqcep(*args, f"postgresql://u@127.0.0.1:{free_port()}/db")
+    assert r.returncode == 1 and r.stderr.startswith(
+        "dqcep: cannot read or write postgresql://u@127.0.0.1:") and \
+        len(r.stderr.splitlines()) == 1, r.stderr
+    for target, message in [
+            ("postgresql://u:secret@127.0.0.1:5432/db", "put no password in a database URL"),
+            ("postgresql://127.0.0.1:5432", "names a server and a database")]:
+        r = dqcep(*args, target)
+        assert r.returncode == 2 and message in r.stderr and "secret" not in r.stderr, \
+            (target, r.stderr)
 
 
 def test_each_batch_is_one_transaction(tmp_path):
@@ -109,3 +165,149 @@ def test_each_batch_is_one_transaction(tmp_path):
     assert [s.split()[0] for s in statements] == [
         w for b in batches for w in ["BEGIN"] + ["INSERT"] * len(b) + ["COMMIT"]]
     assert len(rows(tmp_path / "m.db")) == sum(len(b) for b in batches)
+
+
+def table_rows(url: str, table: str = "matches") -> list[tuple]:
+    """Every row of a table, SQLite or PostgreSQL."""
+    if url.startswith("sqlite:"):
+        return rows(Path(url.split("?")[0][len("sqlite:///"):]), table)
+    import psycopg
+    from dqcep.io.database import postgres_target
+    params, _ = postgres_target(url)
+    with psycopg.connect(**params) as conn:
+        return conn.execute(f'SELECT * FROM "{table}"').fetchall()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'alerts.db'}"
+    return request.getfixturevalue("postgres")
+
+
+def test_service_sigkill_mid_stream_writes_each_match_once(mosquitto, tmp_path, database_url):
+    """The streaming service into a database, SIGKILLed twice mid-stream: the table
+    holds exactly the reference matcher's matches, each once (the rows and the journal
+    offset they cover commit together; a restart replays up to it without writing)."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/db-{uuid.uuid4().hex[:8]}"
+    extra = ("--duplicates", "0.01")
+    want, n_events = expected_matches(40_000, tmp_path, extra)
+    want_rows = sorted(as_rows("\n".join(want)))
+    svc = Service(tmp_path, url)
+    svc.args[svc.args.index("-o") + 1] = database_url
+    svc.args += ["--state", str(tmp_path / "state")]
+    svc.start()
+    pub = subprocess.Popen(gen_args(40_000, url, extra + ("--rate", "15000")))
+    for seen in (6_000, 20_000):
+        svc.wait_for(seen)
+        svc.proc.kill()                     # SIGKILL mid-stream
+        svc.proc.wait()
+        assert table_rows(database_url)     # rows were committed before the kill
+        time.sleep(0.5)                     # the broker queues for the persistent session
+        svc.start()
+    assert pub.wait(60) == 0
+    svc.wait_for(n_events)
+    svc.finish()
+    got = table_rows(database_url)
+    assert len(got) == len(set(got)), "a match was written twice"
+    assert sorted(got) == want_rows and len(want_rows) > 50
+    # one progress row, the table's
+    assert [row[0] for row in table_rows(database_url, "dqcep_progress")] == ["matches"]
+
+
+def test_a_table_another_service_wrote_is_refused(mosquitto, tmp_path):
+    """A second service (a state of its own) into a table the first one writes would
+    skip or repeat rows by the first one's journal offsets: refused, in one line."""
+    host, port = mosquitto
+    db = f"sqlite:///{tmp_path / 'shared.db'}"
+    url = f"mqtt://{host}:{port}/dqcep/shared"
+
+    def service(state):
+        svc = Service(tmp_path, url)
+        args = svc.args
+        svc.args = args[:args.index("--journal")] + args[args.index("-o"):] + \
+            ["--state", str(tmp_path / state)]  # journal and checkpoint of its own
+        svc.args[svc.args.index("-o") + 1] = db
+        return svc
+    first = service("one")
+    first.start()
+    subprocess.run(gen_args(5_000, url), check=True)
+    first.wait_for(4_000)
+    first.finish()
+    assert table_rows(db)
+    r = subprocess.run(service("two").args, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "holds the matches of another service" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_crash_after_the_end_of_stream_was_written_repeats_no_held_match(tmp_path):
+    """In-process: the matches held for a trailing NOT are written at the end of the
+    stream, then the service dies before its checkpoint. The restart replays the
+    journal and the end of the stream without writing: each match once."""
+    from tests.test_service_faults import config, iot_payloads, journal_payloads
+    from dqcep.events import event_from_mapping
+    from dqcep.lang import parse_file
+    from dqcep.reference import ReferenceMatcher
+    from dqcep.service import StreamingService
+    queries = tmp_path / "held.cep"
+    queries.write_text("QUERY dry PATTERN SEQ(Temperature t, NOT Humidity h) WHERE [room] "
+                       "WITHIN 5 s")
+    payloads = iot_payloads(30_000)
+    journal_payloads(tmp_path, payloads)
+    cfg = config(tmp_path, queries=queries)
+    cfg.output = f"sqlite:///{tmp_path / 'alerts.db'}"
+    svc = StreamingService(cfg)
+    while svc.step():
+        pass
+    svc.checkpoint()
+    before = len(table_rows(cfg.output))
+    svc.end_stream()
+    svc.out.sync()
+    held = len(table_rows(cfg.output)) - before
+    assert held > 0                    # the stream's end released matches
+    svc.close()                        # dies here: no checkpoint after the end of stream
+    again = StreamingService(cfg)      # catches up, the end of the stream included
+    while again.step():
+        pass
+    again.end_stream()
+    again.checkpoint()
+    again.close()
+    got = table_rows(cfg.output)
+    events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
+    want = sorted(as_rows("\n".join(json.dumps(m.to_json_obj()) for m in ReferenceMatcher(
+        parse_file(queries).queries).run(events))))
+    assert len(got) == len(set(got)) and sorted(got) == want
+    assert again.counts["matches_out"] == len(want)
+
+
+def test_the_service_waits_out_a_postgresql_outage(mosquitto, tmp_path):
+    """The server goes away mid-stream: the service says so, goes back to its
+    checkpoint and retries; when the server is back the table ends with exactly the
+    reference matcher's matches, each once."""
+    from tests.postgres import PostgresServer
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/outage"
+    want, n_events = expected_matches(30_000, tmp_path)
+    with PostgresServer() as server:
+        db = server.new_database()
+        svc = Service(tmp_path, url)
+        svc.args[svc.args.index("-o") + 1] = db
+        svc.args += ["--state", str(tmp_path / "state")]
+        svc.start()
+        pub = subprocess.Popen(gen_args(30_000, url, ("--rate", "10000")))
+        svc.wait_for(5_000)
+        server.stop()
+        deadline = time.monotonic() + 30
+        while not svc.events_in("error") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        error = svc.events_in("error")
+        assert error and error.startswith(f"cannot write {db}: "), error
+        server.start()
+        assert pub.wait(60) == 0
+        svc.wait_for(n_events)
+        svc.finish()
+        got = table_rows(db)
+    assert len(got) == len(set(got)) and sorted(got) == sorted(as_rows("\n".join(want)))
+    log = svc.proc.stderr.read()
+    assert "going back to the last checkpoint" in log and "Traceback" not in log

@@ -27,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PROGRAMS = ("dqcep", "python3", "pip", "sh", "spark-submit")
+PROGRAMS = ("dqcep", "python3", "pip", "sh", "spark-submit", "psql")
 
 # (pattern, why it is not run here)
 NOT_RUN = [
@@ -41,6 +41,8 @@ NOT_RUN = [
     (r"^dqcep spark pack", "builds a venv from this checkout (the kernels compile): "
      "tests/test_spark.py::test_scripted_standalone_cluster packs one from the session's "
      "wheel and runs a job with it"),
+    (r"postgresql://alice@localhost", "needs a PostgreSQL server: "
+     "test_database_commands_against_a_server runs them against a test server"),
     (r"mqtt://localhost:1883", "needs a broker: test_streaming_commands_against_a_broker "
      "runs it against a test broker"),
 ]
@@ -195,6 +197,24 @@ def test_installs_the_docs_name_exist():
     named = {x for doc in DOCS for s in shown_commands(doc)
              for x in re.findall(r"pip install -e '\.\[(\w+)\]'", s.command)}
     assert named and named <= set(extras), named - set(extras)
+
+
+def test_database_commands_against_a_server(postgres_server, tmp_path):
+    """docs/databases.md's PostgreSQL commands, as written but for the server's address
+    (a test server on a free port, where alice must give her password), with what
+    they print."""
+    url = postgres_server.password_user("secret")
+    shown = [s for s in shown_commands(ROOT / "docs" / "databases.md")
+             if "postgresql://alice@localhost:5432/alerts" in s.command]
+    assert [s.command.split()[0] for s in shown] == ["dqcep", "psql"]
+    cwd = workdir(tmp_path, Path("databases.md"))
+    env = {**environment(), "DQCEP_DB_PASSWORD": "secret", "PGPASSWORD": "secret"}
+    for s in shown:
+        command = s.command.replace("postgresql://alice@localhost:5432/alerts", url)
+        r = subprocess.run(shlex.split(command), cwd=cwd, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, (s.where, r.stderr)
+        assert r.stdout.splitlines() == s.output, (s.where, r.stdout)
 
 
 def test_streaming_commands_against_a_broker(mosquitto, tmp_path):

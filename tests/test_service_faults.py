@@ -170,7 +170,7 @@ def finish(cfg) -> StreamingService:
     svc = StreamingService(cfg)
     while svc.step():
         pass
-    svc._emit(svc.engine.flush())
+    svc.end_stream()
     svc.checkpoint()
     svc.close()
     return svc

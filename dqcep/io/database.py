@@ -1,29 +1,70 @@
 """Matches into a database table (the Insert operator of a CEP system's database
-operators): ``--output sqlite:///alerts.db``.
+operators): ``--output sqlite:///alerts.db`` or ``--output postgresql://user@host/db``.
 
 The table (``matches`` unless the URL says ``?table=NAME``) is created if absent,
 with the columns ``query TEXT, detected_at BIGINT, events TEXT`` (the spec's JSON
 object of the match's events, as the JSON output's ``"events"``) and, with
 ``--returns``, ``returns TEXT`` (the RETURN values' JSON object). Each engine batch
 is one transaction: a reader sees a batch's matches all or none.
+
+Exactly once for the streaming service: a batch written with ``through=`` also sets
+the table's row in ``dqcep_progress`` (the journal offset its matches cover, and
+whether the stream's end was flushed) in the same transaction. After a crash the
+service restores its checkpoint and replays the journal up to that offset without
+writing (``claim`` says how far): the rows of a batch and the offset they cover are
+committed together or not at all, so no row is written twice and none is lost.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from typing import NamedTuple
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from dqcep.errors import UserError
 from dqcep.events import Match
 
 DEFAULT_TABLE = "matches"
+PROGRESS_TABLE = "dqcep_progress"
+PASSWORD_ENV = "DQCEP_DB_PASSWORD"
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class DatabaseUnavailable(OSError):
+    """The database cannot be reached or written now (a server down, a lost connection,
+    a locked file): an I/O failure, which the streaming service waits out from its
+    last checkpoint, as it does a full disk."""
+
+    def __init__(self, target: str, reason):
+        super().__init__(None, str(reason).strip().splitlines()[0] if str(reason).strip()
+                         else type(reason).__name__, target)
+
+
+class Progress(NamedTuple):
+    """How far a service's matches are in a table: the journal offset they cover, and
+    whether the matches held for the end of the stream were written too."""
+    offset: int
+    flushed: bool
 
 
 def is_database(target: str | None) -> bool:
     return bool(target) and target.lower().startswith(("sqlite:", "postgresql:", "postgres:"))
+
+
+def _table_param(target: str, query: str) -> str:
+    params = parse_qs(query, keep_blank_values=True)
+    unknown = set(params) - {"table"}
+    if unknown:
+        raise UserError(f"{target}: unknown parameter(s) {', '.join(sorted(unknown))}; "
+                        "a database output takes ?table=NAME")
+    table = params.get("table", [DEFAULT_TABLE])[-1]
+    if not _TABLE_NAME.match(table) or table == PROGRESS_TABLE:
+        raise UserError(f"{target}: table name {table!r} must be a plain identifier "
+                        f"([A-Za-z_][A-Za-z0-9_]*) other than {PROGRESS_TABLE}")
+    return table
 
 
 def _sqlite_target(target: str) -> tuple[Path, str]:
@@ -33,45 +74,93 @@ def _sqlite_target(target: str) -> tuple[Path, str]:
     if url.netloc or not url.path.startswith("/") or url.path == "/":
         raise UserError(f"{target}: a SQLite URL names a file: sqlite:///relative/path.db "
                         "or sqlite:////absolute/path.db")
-    params = parse_qs(url.query, keep_blank_values=True)
-    unknown = set(params) - {"table"}
-    if unknown:
-        raise UserError(f"{target}: unknown parameter(s) {', '.join(sorted(unknown))}; "
-                        "a SQLite output takes ?table=NAME")
-    table = params.get("table", [DEFAULT_TABLE])[-1]
-    if not _TABLE_NAME.match(table):
-        raise UserError(f"{target}: table name {table!r} must be a plain identifier "
-                        "([A-Za-z_][A-Za-z0-9_]*)")
-    return Path(url.path[1:]), table
+    return Path(url.path[1:]), _table_param(target, url.query)
 
 
-class SqliteMatchSink:
-    """Matches as rows of a SQLite table, one transaction per batch."""
+def postgres_target(target: str) -> tuple[dict, str]:
+    """(psycopg connection parameters, table) of ``postgresql://user@host:port/db``
+    with an optional ``?table=NAME``; the password comes from DQCEP_DB_PASSWORD."""
+    url = urlsplit(target)
+    if url.password is not None:
+        raise UserError(f"{target.split('@')[-1]}: put no password in a database URL; "
+                        f"set {PASSWORD_ENV} instead")
+    try:
+        port = url.port
+    except ValueError:
+        raise UserError(f"{target}: the port is not a number") from None
+    database = unquote(url.path.lstrip("/"))
+    if not url.hostname or not database:
+        raise UserError(f"{target}: a PostgreSQL URL names a server and a database: "
+                        "postgresql://user@host:port/database")
+    params = {"host": url.hostname, "port": port or 5432, "dbname": database,
+              "user": unquote(url.username) if url.username else None,
+              "password": os.environ.get(PASSWORD_ENV) or None, "connect_timeout": 10}
+    return {k: v for k, v in params.items() if v is not None}, _table_param(target, url.query)
 
-    def __init__(self, target: str, with_returns: bool = False):
-        path, self.table = _sqlite_target(target)
-        self.target, self.with_returns = target, with_returns
-        columns = ["query", "detected_at", "events"] + (["returns"] if with_returns else [])
+
+class _TableSink:
+    """Matches as rows of a table, one transaction per batch; the SQL every database
+    shares. A subclass opens the connection and says how rows are sent."""
+
+    columns_sql = "query TEXT NOT NULL, detected_at BIGINT NOT NULL, events TEXT NOT NULL"
+    errors: tuple = ()  # the driver's exceptions
+
+    def __init__(self, target: str, table: str, with_returns: bool):
+        self.target, self.table, self.with_returns = target, table, with_returns
+        self.columns = ["query", "detected_at", "events"] + (["returns"] if with_returns else [])
+        self.stream: str | None = None
+        existing = self._existing_columns(self.table)
+        if not existing:
+            self._execute(f'CREATE TABLE IF NOT EXISTS "{self.table}" ({self.columns_sql}'
+                          f'{", returns TEXT" if with_returns else ""})')
+        elif existing != self.columns:
+            raise UserError(f"{target}: table {self.table!r} has the columns "
+                            f"{', '.join(existing)}; matches need "
+                            f"{', '.join(self.columns)} (another table: ?table=NAME)")
+
+    # -- what a database says differently
+    def _existing_columns(self, table: str) -> list[str]:
+        raise NotImplementedError
+
+    def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """One statement in a transaction of its own; the rows it returns."""
+        raise NotImplementedError
+
+    def _commit(self, rows: list[tuple], progress: tuple | None) -> None:
+        """Insert the rows and, if given, upsert (table, stream, offset, flushed) into
+        the progress table: one transaction."""
+        raise NotImplementedError
+
+    # -- shared
+    def _upsert_progress_sql(self, mark: str) -> str:
+        return (f"INSERT INTO {PROGRESS_TABLE} (output_table, stream, journal_offset, "
+                f"flushed) VALUES ({', '.join([mark] * 4)}) ON CONFLICT (output_table) DO "
+                "UPDATE SET stream = excluded.stream, journal_offset = "
+                "excluded.journal_offset, flushed = excluded.flushed")
+
+    def claim(self, stream: str) -> Progress | None:
+        """The table's progress for the service whose checkpoint names ``stream``
+        (None: nothing written yet). Refused when another stream wrote the table: its
+        rows do not come from this service's journal."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # written by the run's output thread (BackgroundSink), one at a time
-            self.db = sqlite3.connect(path, check_same_thread=False)
-            existing = [row[1] for row in self.db.execute(
-                f'PRAGMA table_info("{self.table}")')]
-            if not existing:
-                with self.db:
-                    self.db.execute(
-                        f'CREATE TABLE "{self.table}" (query TEXT NOT NULL, detected_at '
-                        f'BIGINT NOT NULL, events TEXT NOT NULL'
-                        f'{", returns TEXT" if with_returns else ""})')
-            elif existing != columns:
-                raise UserError(f"{target}: table {self.table!r} has the columns "
-                                f"{', '.join(existing)}; matches need "
-                                f"{', '.join(columns)} (another table: ?table=NAME)")
-        except (sqlite3.Error, OSError) as err:
-            raise UserError(f"{target}: cannot open the database: {err}") from None
-        self.insert = (f'INSERT INTO "{self.table}" VALUES '
-                       f'({", ".join("?" * len(columns))})')
+            rows = self._read_progress()
+        except self.errors as err:
+            raise DatabaseUnavailable(self.target, err) from None
+        if rows and rows[0][0] != stream:
+            raise UserError(
+                f"{self.target}: table {self.table!r} holds the matches of another "
+                f"service (stream {rows[0][0]} in {PROGRESS_TABLE}, this one is {stream}); "
+                "give this service a table of its own (?table=NAME), or delete that "
+                f"{PROGRESS_TABLE} row to let it start the table over")
+        self.stream = stream
+        return Progress(int(rows[0][1]), bool(rows[0][2])) if rows else None
+
+    def _read_progress(self) -> list[tuple]:
+        self._execute(f"CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (output_table TEXT "
+                      "PRIMARY KEY, stream TEXT NOT NULL, journal_offset BIGINT NOT NULL, "
+                      "flushed BOOLEAN NOT NULL)")
+        return self._execute(f"SELECT stream, journal_offset, flushed FROM {PROGRESS_TABLE} "
+                             f"WHERE output_table = {self.mark}", (self.table,))
 
     def _row(self, m: Match) -> tuple:
         row = (m.query, m.detected_at, json.dumps(dict(m.events), ensure_ascii=False))
@@ -79,12 +168,15 @@ class SqliteMatchSink:
             row += (json.dumps(dict(m.returns), ensure_ascii=False),)
         return row
 
-    def _insert(self, rows: list[tuple]) -> None:
+    def _insert(self, rows: list[tuple], through: Progress | None = None) -> None:
+        if through is not None and self.stream is None:
+            raise ValueError("claim the table before writing progress")
+        progress = None if through is None else \
+            (self.table, self.stream, through.offset, through.flushed)
         try:
-            with self.db:  # one transaction: committed, or rolled back on failure
-                self.db.executemany(self.insert, rows)
-        except sqlite3.Error as err:
-            raise UserError(f"{self.target}: cannot write matches: {err}") from None
+            self._commit(rows, progress)
+        except self.errors as err:
+            raise DatabaseUnavailable(self.target, err) from None
 
     def write(self, m: Match) -> None:
         self._insert([self._row(m)])
@@ -94,24 +186,102 @@ class SqliteMatchSink:
         self._insert([self._row(m) for m in matches])
         return len(matches)
 
-    def write_batch(self, batch) -> int:
-        """Every match of a MatchBatch, in one transaction; returns how many."""
+    def write_batch(self, batch, through: Progress | None = None) -> int:
+        """Every match of a MatchBatch in one transaction (with the progress row when
+        ``through`` is given); returns how many."""
         if self.with_returns:
             raise ValueError("a sink with RETURN values writes Match objects (write_matches)")
         matches = batch.to_matches()
-        self._insert([self._row(m) for m in matches])
+        self._insert([self._row(m) for m in matches], through)
         return len(matches)
 
     def sync(self) -> None:
         return None  # every batch is committed as it is written
+
+
+class SqliteMatchSink(_TableSink):
+    """Matches as rows of a SQLite table (Python's sqlite3)."""
+
+    mark = "?"
+    errors = (sqlite3.Error,)
+
+    def __init__(self, target: str, with_returns: bool = False):
+        path, table = _sqlite_target(target)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # written by the run's output thread (BackgroundSink), one at a time
+            self.db = sqlite3.connect(path, check_same_thread=False)
+            super().__init__(target, table, with_returns)
+        except (sqlite3.Error, OSError) as err:
+            raise UserError(f"{target}: cannot open the database: {err}") from None
+        self.insert = (f'INSERT INTO "{self.table}" VALUES '
+                       f'({", ".join("?" * len(self.columns))})')
+
+    def _existing_columns(self, table: str) -> list[str]:
+        return [row[1] for row in self.db.execute(f'PRAGMA table_info("{table}")')]
+
+    def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self.db:
+            return self.db.execute(sql, args).fetchall()
+
+    def _commit(self, rows: list[tuple], progress: tuple | None) -> None:
+        with self.db:  # one transaction: committed, or rolled back on failure
+            self.db.executemany(self.insert, rows)
+            if progress is not None:
+                self.db.execute(self._upsert_progress_sql("?"), progress)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class PostgresMatchSink(_TableSink):
+    """Matches as rows of a PostgreSQL table (psycopg 3; rows sent with COPY)."""
+
+    mark = "%s"
+
+    def __init__(self, target: str, with_returns: bool = False):
+        import psycopg
+        self.errors = (psycopg.Error,)
+        params, table = postgres_target(target)
+        try:
+            # autocommit: every transaction is an explicit transaction() block
+            self.db = psycopg.connect(**params, autocommit=True)
+        except psycopg.Error as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            if "password" in reason:
+                reason += f" (the password is read from {PASSWORD_ENV})"
+            raise DatabaseUnavailable(target, reason) from None
+        try:
+            super().__init__(target, table, with_returns)
+        except psycopg.Error as err:
+            self.db.close()
+            raise DatabaseUnavailable(target, err) from None
+        self.copy = f'COPY "{self.table}" ({", ".join(self.columns)}) FROM STDIN'
+
+    def _existing_columns(self, table: str) -> list[str]:
+        return [r[0] for r in self._execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = %s ORDER BY ordinal_position", (table,))]
+
+    def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self.db.transaction(), self.db.cursor() as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if cur.description else []
+
+    def _commit(self, rows: list[tuple], progress: tuple | None) -> None:
+        with self.db.transaction(), self.db.cursor() as cur:
+            if rows:
+                with cur.copy(self.copy) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+            if progress is not None:
+                cur.execute(self._upsert_progress_sql("%s"), progress)
 
     def close(self) -> None:
         self.db.close()
 
 
 def open_database_sink(target: str, with_returns: bool = False):
-    scheme = target.split(":", 1)[0].lower()
-    if scheme == "sqlite":
+    if target.split(":", 1)[0].lower() == "sqlite":
         return SqliteMatchSink(target, with_returns)
-    raise UserError(f"{target}: {scheme} outputs are not supported yet; matches go to a "
-                    "file, stdout, mqtt://... or sqlite:///FILE.db")
+    return PostgresMatchSink(target, with_returns)

@@ -233,12 +233,12 @@ class BackgroundSink:
 
     def _run(self) -> None:
         while True:
-            batch = self.queue.get()
+            item = self.queue.get()
             try:
-                if batch is None:
+                if item is None:
                     return
                 if self.failure is None:
-                    self.sink.write_batch(batch)
+                    self.sink.write_batch(*item)
             except BaseException as err:  # handed to the caller's thread
                 self.failure = err
             finally:
@@ -249,10 +249,11 @@ class BackgroundSink:
             failure, self.failure = self.failure, None
             raise failure
 
-    def write_batch(self, batch) -> int:
+    def write_batch(self, batch, *args) -> int:
+        """The batch (and what else the sink's write_batch takes), written in order."""
         self._raise()
         if len(batch):
-            self.queue.put(batch)
+            self.queue.put((batch, *args))
         return len(batch)
 
     def sync(self) -> int | None:
