@@ -94,16 +94,16 @@ def test_the_postgresql_password_comes_from_the_environment(postgres_server):
     assert len(table_rows(url.replace("alice@", "dqcep@"))) == 9
 
 
-def test_kleene_lists_are_json_arrays_in_the_events_column(tmp_path):
+def test_kleene_lists_are_json_arrays_in_the_events_column(tmp_path, database_url):
     events = tmp_path / "iot.jsonl"
     assert dqcep("generate", "-n", 3000, "--seed", 3, "--quiet", "-o", events).returncode == 0
     q = EXAMPLES / "iot-kleene.cep"
     plain = dqcep("run", q, "--input", events)
-    db = tmp_path / "k.db"
-    r = dqcep("run", q, "--input", events, "--output", f"sqlite:///{db}")
+    r = dqcep("run", q, "--input", events, "--output", database_url, "--chunk-size", 500)
     assert r.returncode == 0, r.stderr
-    assert plain.stdout and sorted(rows(db)) == as_rows(plain.stdout)
-    assert any(isinstance(v, list) for _, _, ev in rows(db) for v in json.loads(ev).values())
+    got = table_rows(database_url)
+    assert plain.stdout and sorted(got) == as_rows(plain.stdout)
+    assert any(isinstance(v, list) for _, _, ev in got for v in json.loads(ev).values())
 
 
 def test_bad_database_outputs_are_one_line_errors(tmp_path):

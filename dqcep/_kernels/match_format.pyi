@@ -10,4 +10,7 @@ def format_matches(
     list_of: "npt.ArrayLike | None" = None,  # int64 per variable: its list column, -1 none
     offsets: "npt.ArrayLike | None" = None,  # int64 [rows * list columns + 1]
     values: "npt.ArrayLike | None" = None,   # int64: the lists' ids, in ts order
-) -> bytes: ...  # one JSON line per match
+    mid: bytes = b', "events": {',      # between the detection time and the events
+    tail: bytes = b"}}\n",              # after them
+    with_detected: bool = True,         # False: no detection time after head
+) -> bytes: ...  # one line per match (the spec's JSON line by default)

@@ -38,8 +38,11 @@ cdef inline idx_t put_decimal(uint8_t* out, int64_t v) noexcept nogil:
 
 def format_matches(bytes head, list keys, const int64_t[::1] detected,
                    const int64_t[:, ::1] ids, list_of=None, offsets=None,
-                   values=None) -> bytes:
-    """One line per row: head + detected + ', "events": {' + bound keys/ids + '}}\\n'.
+                   values=None, bytes mid=b', "events": {', bytes tail=b'}}\n',
+                   bint with_detected=True) -> bytes:
+    """One line per row: head + detected + mid + bound keys/ids + tail (by default
+    the spec's JSON line; other ``mid``/``tail`` give other framings of the same
+    events object, e.g. a COPY row, and ``with_detected=False`` leaves the time out).
 
     ``head`` is ``{"query": <name>, "detected_at": ``; ``keys[j]`` is
     ``<variable j>: `` (both JSON); ids below 0 (unbound variables) are left out.
@@ -48,7 +51,6 @@ def format_matches(bytes head, list keys, const int64_t[::1] detected,
     ``values[offsets[i * c + list_of[j]]:offsets[i * c + list_of[j] + 1]]`` (c list
     columns), written as a JSON array.
     """
-    cdef bytes mid = b', "events": {'
     cdef idx_t n = detected.shape[0], k = ids.shape[1], i, j, pos = 0, e, c = 0
     cdef const int64_t[::1] lof, off, val
     if len(keys) != k or ids.shape[0] != n:
@@ -71,11 +73,12 @@ def format_matches(bytes head, list keys, const int64_t[::1] detected,
             if off[i] > off[i + 1]:
                 raise ValueError("offsets must not decrease")
     cdef idx_t key_total = sum(len(x) for x in keys)
-    cdef idx_t per_row = len(head) + 20 + len(mid) + key_total + k * 24 + 3
+    cdef idx_t per_row = len(head) + 20 + len(mid) + key_total + k * 24 + len(tail)
     cdef idx_t listed = val.shape[0] * 22
     cdef const uint8_t* h = head
     cdef const uint8_t* m = mid
-    cdef idx_t hn = len(head), mn = len(mid)
+    cdef const uint8_t* t = tail
+    cdef idx_t hn = len(head), mn = len(mid), tn = len(tail)
     cdef const uint8_t** kp = <const uint8_t**>malloc(max(k, 1) * sizeof(uint8_t*))
     cdef idx_t* kn = <idx_t*>malloc(max(k, 1) * sizeof(idx_t))
     cdef uint8_t* out = <uint8_t*>malloc(max(n * per_row + listed, 1))
@@ -93,7 +96,8 @@ def format_matches(bytes head, list keys, const int64_t[::1] detected,
             for i in range(n):
                 memcpy(out + pos, h, hn)
                 pos += hn
-                pos += put_decimal(out + pos, detected[i])
+                if with_detected:
+                    pos += put_decimal(out + pos, detected[i])
                 memcpy(out + pos, m, mn)
                 pos += mn
                 first = True
@@ -120,10 +124,8 @@ def format_matches(bytes head, list keys, const int64_t[::1] detected,
                         pos += put_decimal(out + pos, val[e])
                     out[pos] = 93  # ']'
                     pos += 1
-                out[pos] = 125  # '}'
-                out[pos + 1] = 125
-                out[pos + 2] = 10  # '\n'
-                pos += 3
+                memcpy(out + pos, t, tn)
+                pos += tn
         return (<char*>out)[:pos]
     finally:
         free(kp)

@@ -20,12 +20,14 @@ import json
 import os
 import re
 import sqlite3
+from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from dqcep.errors import UserError
 from dqcep.events import Match
+from dqcep.io.sinks import formatted_parts
 
 DEFAULT_TABLE = "matches"
 PROGRESS_TABLE = "dqcep_progress"
@@ -191,9 +193,18 @@ class _TableSink:
         ``through`` is given); returns how many."""
         if self.with_returns:
             raise ValueError("a sink with RETURN values writes Match objects (write_matches)")
-        matches = batch.to_matches()
-        self._insert([self._row(m) for m in matches], through)
-        return len(matches)
+        self._insert(self._batch_rows(batch), through)
+        return len(batch)
+
+    def _batch_rows(self, batch) -> list[tuple]:
+        """(query, detected_at, events) per match, the events objects written by the
+        match-format kernel (the JSON output's ``"events"``, byte for byte)."""
+        rows = []
+        for name, detected, text in formatted_parts(batch, lambda _: b"", mid=b"{",
+                                                    tail=b"}\n", with_detected=False):
+            events = text.decode().split("\n")
+            rows += zip(repeat(name), detected.tolist(), events[:-1])
+        return rows
 
     def sync(self) -> None:
         return None  # every batch is committed as it is written
@@ -234,8 +245,15 @@ class SqliteMatchSink(_TableSink):
         self.db.close()
 
 
+def _copy_text(value: str) -> bytes:
+    """A value as a field of COPY's text format (backslash escapes)."""
+    return value.replace("\\", "\\\\").replace("\t", "\\t").replace(
+        "\n", "\\n").replace("\r", "\\r").encode()
+
+
 class PostgresMatchSink(_TableSink):
-    """Matches as rows of a PostgreSQL table (psycopg 3; rows sent with COPY)."""
+    """Matches as rows of a PostgreSQL table (psycopg 3; rows sent with COPY: a
+    batch's rows as COPY text straight from the match-format kernel)."""
 
     mark = "%s"
 
@@ -268,12 +286,19 @@ class PostgresMatchSink(_TableSink):
             cur.execute(sql, args)
             return cur.fetchall() if cur.description else []
 
-    def _commit(self, rows: list[tuple], progress: tuple | None) -> None:
+    def _batch_rows(self, batch) -> list[bytes]:
+        """COPY text lines (query TAB detected_at TAB events). The events objects hold
+        ids and variable names, which the grammar makes identifiers: nothing there
+        needs a COPY escape; the query name is escaped."""
+        return [text for _, _, text in formatted_parts(
+            batch, lambda name: _copy_text(name) + b"\t", mid=b"\t{", tail=b"}\n")]
+
+    def _commit(self, rows: list, progress: tuple | None) -> None:
         with self.db.transaction(), self.db.cursor() as cur:
             if rows:
                 with cur.copy(self.copy) as copy:
-                    for row in rows:
-                        copy.write_row(row)
+                    for row in rows:  # tuples, or COPY text from _batch_rows
+                        copy.write(row) if isinstance(row, bytes) else copy.write_row(row)
             if progress is not None:
                 cur.execute(self._upsert_progress_sql("%s"), progress)
 

@@ -41,25 +41,30 @@ def match_line(m: Match, with_returns: bool = False) -> str:
     return json.dumps(m.to_json_obj(with_returns), ensure_ascii=False)
 
 
-def match_lines(batch) -> bytes:
-    """Every match of a MatchBatch as ``match_line`` writes it, one per line, in order.
-
-    Formatted from the match columns by a kernel, without a Match or a dict per
-    match: what keeps output cheap when queries match often.
-    """
-    out = []
+def formatted_parts(batch, head_of, **framing):
+    """(query name, detected times, bytes) per part of a MatchBatch: each match's
+    events object (the spec's ``"events"``: variable -> id, a Kleene list as an
+    array) framed by ``format_matches`` (``head_of(name)``, ``mid``, ``tail``, ...),
+    one line per match. A kernel writes them, without a Match or a dict per match:
+    what keeps output cheap when queries match often."""
     for q, detected, ids, lists in batch.parts:
         name, variables = batch.queries[q]
-        head = f'{{"query": {json.dumps(name, ensure_ascii=False)}, "detected_at": '
         keys = [(json.dumps(v, ensure_ascii=False) + ": ").encode() for v in variables]
         list_args = ()
         if lists is not None:  # Kleene lists: their ids as JSON arrays
             list_of = np.full(len(variables), -1, np.int64)
             list_of[list(lists.columns)] = np.arange(len(lists.columns))
             list_args = (list_of, lists.offsets, lists.values)
-        out.append(format_matches(head.encode(), keys, np.ascontiguousarray(detected),
-                                  np.ascontiguousarray(ids), *list_args))
-    return b"".join(out)
+        detected = np.ascontiguousarray(detected)
+        yield name, detected, format_matches(head_of(name), keys, detected,
+                                             np.ascontiguousarray(ids), *list_args,
+                                             **framing)
+
+
+def match_lines(batch) -> bytes:
+    """Every match of a MatchBatch as ``match_line`` writes it, one per line, in order."""
+    return b"".join(text for _, _, text in formatted_parts(batch, lambda name: (
+        f'{{"query": {json.dumps(name, ensure_ascii=False)}, "detected_at": ').encode()))
 
 
 def create_file(path: str | Path, what: str = ""):
