@@ -231,6 +231,7 @@ def cmd_run(args) -> int:
     bad, repeats = _BadEvents(args.on_bad_event), [0]
     view = _RunView(args.input, sys.stderr.isatty())
     late = 0
+    tables = _open_tables(query_file)
     try:
         if args.engine == "reference":
             from dqcep.reference import ReferenceMatcher
@@ -238,7 +239,7 @@ def cmd_run(args) -> int:
             events = [e for chunk in _event_chunks(args, bad, 1 << 20, repeats, None, view)
                       for e in chunk]
             view.processed(len(events))
-            matcher = ReferenceMatcher(queries, query_file.schemas)
+            matcher = ReferenceMatcher(queries, query_file.schemas, query_file.tables, tables)
             found = matcher.run(events)
             _report_rejected(matcher.rejected, bad, args.input)
             for m in found:
@@ -250,20 +251,25 @@ def cmd_run(args) -> int:
                 from dqcep.baseline import SaseEngine
 
                 engine = SaseEngine(queries, args.lateness, source=query_file.source,
-                                    schemas=query_file.schemas)
+                                    schemas=query_file.schemas, tables=query_file.tables,
+                                    lookup_source=tables)
             else:
                 from dqcep.plan import build_plan
                 from dqcep.runtime import Engine
 
                 engine = Engine(build_plan(queries, _load_rates(args.rates),
                                            materialize=args.materialize,
-                                           schemas=query_file.schemas),
-                                lateness=args.lateness)
+                                           schemas=query_file.schemas,
+                                           tables=query_file.tables),
+                                lateness=args.lateness, lookup_source=tables)
             from dqcep.runtime import ReturnValues
-            returns = ReturnValues(queries, engine) if args.returns else None
+            returns = ReturnValues(queries, engine, query_file.tables, tables) \
+                if args.returns else None
             started = time.perf_counter()
             fast = None if returns is not None else engine  # --returns reads Events
             for chunk in _event_chunks(args, bad, args.chunk_size, repeats, fast, view):
+                if tables is not None:  # one snapshot per batch, read again when due
+                    _refresh(tables)
                 if returns is not None:
                     returns.remember(chunk)
                 matches = engine.process(chunk)
@@ -285,6 +291,8 @@ def cmd_run(args) -> int:
     finally:
         sink.close()
         view.close_bar()
+        if tables is not None:
+            tables.close()
     bad.summary()
     if repeats[0]:
         print(f"dqcep run: dropped {repeats[0]} event(s) repeating the id of an earlier event "
@@ -292,6 +300,29 @@ def cmd_run(args) -> int:
     _report_never_seen(query_file, *seen)
     view.summary(late, bad.skipped, repeats[0])
     return 0
+
+
+def _open_tables(query_file):
+    """The query file's lookup tables, read from their databases (None: it has none)."""
+    if not query_file.tables:
+        return None
+    from dqcep.io.database import DatabaseTables
+    tables = DatabaseTables(query_file.tables)
+    for name, snap in tables.snapshots.items():
+        if snap.bad_cells:
+            print(f"dqcep: table {name}: {snap.bad_cells} cell(s) do not hold their declared "
+                  "type and read as missing", file=sys.stderr)
+    return tables
+
+
+def _refresh(tables) -> None:
+    """Read the lookup tables again where due; a failed read keeps the last snapshot
+    and says so once."""
+    before = tables.stale
+    tables.refresh()
+    if tables.stale and tables.stale != before:
+        print(f"dqcep: cannot read lookup {tables.stale}; going on with the last snapshot",
+              file=sys.stderr)
 
 
 def _report_never_seen(query_file, types: set[str], attrs: set[str]) -> None:

@@ -39,6 +39,7 @@ short-circuit, so ``a.x = 1 OR b.missing = 2`` fails as a whole.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from typing import Iterable, Sequence, Union
 
 from dqcep.events import Event, Match, Value, declared_type_problem, list_aggregate
 from dqcep.lang import ast
+from dqcep.tables import LookupSource, TableSnapshot, lookup_key
 
 INF = math.inf
 
@@ -93,6 +95,43 @@ def _element(e: ast.AttrRef, bound: dict[str, Binding],
     return previous if e.index == ast.INDEX_PREVIOUS else current
 
 
+@dataclass(frozen=True)
+class _TableLookup(ast.Lookup):
+    """A lookup with the snapshot of its table that this run reads."""
+
+    snapshot: TableSnapshot | None = None
+    key_type: str = ""
+
+
+def _looked_up(e: ast.Lookup, ev: Event) -> Value:
+    """The cell a lookup reads for the event holding its key (``dqcep.tables``: the
+    rule); no key attribute, no row or no value there fails."""
+    assert isinstance(e, _TableLookup)
+    try:
+        key = ev.value(e.key.attr)
+    except KeyError:
+        raise _Fail from None
+    v = e.snapshot.value(lookup_key(key, e.key_type), e.column)
+    if v is None:
+        raise _Fail
+    return float(v) if _kind(v) == "num" else v
+
+
+def _bind_tables(q: ast.Query, snapshots: dict[str, TableSnapshot],
+                 tables: dict[str, ast.LookupTable]) -> ast.Query:
+    """The query with every lookup of its condition holding its table's snapshot."""
+    def bind(e: ast.Expr) -> ast.Expr:
+        if isinstance(e, ast.Lookup):
+            return _TableLookup(e.table, e.key, e.column, e.pos, snapshots[e.table],
+                                tables[e.table].key_type)
+        if isinstance(e, ast.Unary):
+            return ast.Unary(e.op, bind(e.operand), e.pos)
+        if isinstance(e, ast.Binary):
+            return ast.Binary(e.op, bind(e.left), bind(e.right), e.pos)
+        return e
+    return q if q.where is None else dataclasses.replace(q, where=bind(q.where))
+
+
 def aggregate(e: ast.Aggregate, events: Sequence[Event]) -> float:
     """count / sum / avg / min / max over a complete list, in ts order
     (``dqcep.events.list_aggregate``); an element without the attribute or with a
@@ -120,6 +159,8 @@ def evaluate(e: ast.Expr, bound: dict[str, Binding], positives: Sequence[str],
         return float(v) if _kind(v) == "num" else v
     if isinstance(e, ast.Aggregate):
         return aggregate(e, bound[e.var])
+    if isinstance(e, ast.Lookup):
+        return _looked_up(e, _element(e.key, bound, elements or {}))
     if isinstance(e, ast.Equivalence):
         values = []
         for var in positives:
@@ -423,7 +464,11 @@ def _gaps(node: ast.Item, bound: dict[str, Event], start: int, end: int,
 
 
 class _QueryMatcher:
-    def __init__(self, q: ast.Query):
+    def __init__(self, q: ast.Query, snapshots: dict[str, TableSnapshot] | None = None,
+                 tables: dict[str, ast.LookupTable] | None = None):
+        if snapshots:
+            q = _bind_tables(q, snapshots, tables)
+        self.snapshots, self.tables = snapshots or {}, tables or {}
         self.q = q
         self.w = q.within.ms
         self.order = ast.positive_vars(q.pattern)  # output order of variables
@@ -488,12 +533,26 @@ class _QueryMatcher:
                 out.append((r.label, None))
             elif r.func is not None:
                 out.append((r.label, list_aggregate(r.func, r.attr, ev)))
+            elif r.table is not None:
+                try:
+                    value = _looked_up(_TableLookup(
+                        r.table, ast.AttrRef(r.var, r.attr), r.column, r.pos,
+                        self.snapshots[r.table], self.tables[r.table].key_type), ev)
+                except _Fail:
+                    value = None
+                out.append((r.label, value))
             elif r.attr is None:
                 out.append((r.label, _ids(ev)))
             else:
                 out.append((r.label, ev.attrs.get(r.attr) if r.attr not in ("ts", "id")
                             else ev.value(r.attr)))
         return tuple(out)
+
+
+def _lookups(q: ast.Query) -> list[ast.Lookup]:
+    found = [e for e in ast.walk_expr(q.where) if isinstance(e, ast.Lookup)] \
+        if q.where is not None else []
+    return found + [r.lookup for r in q.returns if r.table is not None]
 
 
 def _ids(value: Binding) -> int | tuple[int, ...]:
@@ -608,8 +667,18 @@ class ReferenceMatcher:
     """
 
     def __init__(self, queries: Sequence[ast.Query],
-                 schemas: Sequence[ast.EventSchema] = ()):
+                 schemas: Sequence[ast.EventSchema] = (),
+                 tables: Sequence[ast.LookupTable] = (),
+                 lookup_source: LookupSource | None = None):
+        self.queries = list(queries)
         self._matchers = [_QueryMatcher(q) for q in queries]
+        # lookups read one snapshot of each table per run (the whole input)
+        self.tables = {t.name: t for t in tables}
+        self.lookup_source = lookup_source
+        self.read = sorted({e.table for q in queries for e in _lookups(q)})
+        if self.read and lookup_source is None:
+            raise ValueError(f"the queries read the tables {', '.join(self.read)}: give "
+                             "the matcher a lookup_source (dqcep.tables.LookupSource)")
         named = {ev.type for q in queries for ev, _ in ast.event_patterns(q.pattern)}
         # the declared types the queries name: their events must fit the declarations
         self._declared = {s.type: s for s in schemas if s.type in named}
@@ -628,6 +697,9 @@ class ReferenceMatcher:
 
     def run(self, events: Iterable[Event]) -> list[Match]:
         self.rejected = []
+        if self.read:
+            snapshots = {t: self.lookup_source.snapshot(t) for t in self.read}
+            self._matchers = [_QueryMatcher(q, snapshots, self.tables) for q in self.queries]
         events = [e for e in events if self._fits(e)]
         by_type, stream = _index(events), _Stream(events)
         out: list[Match] = []

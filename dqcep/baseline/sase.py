@@ -44,6 +44,7 @@ from dqcep._kernels.sase import NEG_MODES, STRATEGIES, SaseNFA, SaseRunNFA
 from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate_on_events
+from dqcep.plan.lookups import resolve_all
 from dqcep.runtime.compile import (aggregated_columns, attributes_read, predicate_set,
                                    run_placement)
 from dqcep.runtime.eventtime import (LIST_ID, NOTHING_WAITING, EventTimeEngine, MatchBatch,
@@ -174,7 +175,9 @@ class SaseEngine(EventTimeEngine):
     """
 
     def __init__(self, queries: Sequence[ast.Query], lateness: int = 0,
-                 source: str = "<query>", schemas: Sequence[ast.EventSchema] = ()):
+                 source: str = "<query>", schemas: Sequence[ast.EventSchema] = (),
+                 tables: Sequence[ast.LookupTable] = (), lookup_source=None):
+        queries, lookups = resolve_all(queries, {t.name: t for t in tables})
         self.specs = [compile_sase(q, source) for q in queries]
         types: list[str] = []
         for s in self.specs:
@@ -185,8 +188,10 @@ class SaseEngine(EventTimeEngine):
         attrs = attributes_read(preds, [k for s in self.specs for k in s.key_attrs])
         schemas = [s for s in schemas if s.type in types]  # as the native plan keeps them
         attrs += sorted({a.name for s in schemas for a in s.attrs} - set(attrs))
+        attrs += sorted({c.key for c in lookups} - set(attrs) - {"ts", "id"})
         super().__init__(types, attrs, tuple((s.name, s.variables) for s in self.specs),
-                         lateness, schemas=schemas)
+                         lateness, schemas=schemas, lookups=lookups, tables=tables,
+                         lookup_source=lookup_source)
         self.every_event = any(s.every_event for s in self.specs)
         self.nfas: list[SaseNFA | SaseRunNFA | None] = [
             None if s.never else self._runs(s) if s.runs else self._nfa(s) for s in self.specs]

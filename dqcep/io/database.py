@@ -20,6 +20,7 @@ import json
 import os
 import re
 import sqlite3
+from decimal import Decimal
 from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
@@ -56,30 +57,30 @@ def is_database(target: str | None) -> bool:
     return bool(target) and target.lower().startswith(("sqlite:", "postgresql:", "postgres:"))
 
 
-def _table_param(target: str, query: str) -> str:
+def _table_param(target: str, query: str, default: str = DEFAULT_TABLE) -> str:
     params = parse_qs(query, keep_blank_values=True)
     unknown = set(params) - {"table"}
     if unknown:
         raise UserError(f"{target}: unknown parameter(s) {', '.join(sorted(unknown))}; "
-                        "a database output takes ?table=NAME")
-    table = params.get("table", [DEFAULT_TABLE])[-1]
+                        "a database URL takes ?table=NAME")
+    table = params.get("table", [default])[-1]
     if not _TABLE_NAME.match(table) or table == PROGRESS_TABLE:
         raise UserError(f"{target}: table name {table!r} must be a plain identifier "
                         f"([A-Za-z_][A-Za-z0-9_]*) other than {PROGRESS_TABLE}")
     return table
 
 
-def _sqlite_target(target: str) -> tuple[Path, str]:
+def _sqlite_target(target: str, default: str = DEFAULT_TABLE) -> tuple[Path, str]:
     """(database file, table) of ``sqlite:///relative.db`` or ``sqlite:////abs.db``,
     with an optional ``?table=NAME``."""
     url = urlsplit(target)
     if url.netloc or not url.path.startswith("/") or url.path == "/":
         raise UserError(f"{target}: a SQLite URL names a file: sqlite:///relative/path.db "
                         "or sqlite:////absolute/path.db")
-    return Path(url.path[1:]), _table_param(target, url.query)
+    return Path(url.path[1:]), _table_param(target, url.query, default)
 
 
-def postgres_target(target: str) -> tuple[dict, str]:
+def postgres_target(target: str, default: str = DEFAULT_TABLE) -> tuple[dict, str]:
     """(psycopg connection parameters, table) of ``postgresql://user@host:port/db``
     with an optional ``?table=NAME``; the password comes from DQCEP_DB_PASSWORD."""
     url = urlsplit(target)
@@ -97,7 +98,8 @@ def postgres_target(target: str) -> tuple[dict, str]:
     params = {"host": url.hostname, "port": port or 5432, "dbname": database,
               "user": unquote(url.username) if url.username else None,
               "password": os.environ.get(PASSWORD_ENV) or None, "connect_timeout": 10}
-    return {k: v for k, v in params.items() if v is not None}, _table_param(target, url.query)
+    return ({k: v for k, v in params.items() if v is not None},
+            _table_param(target, url.query, default))
 
 
 class _TableSink:
@@ -310,3 +312,120 @@ def open_database_sink(target: str, with_returns: bool = False):
     if target.split(":", 1)[0].lower() == "sqlite":
         return SqliteMatchSink(target, with_returns)
     return PostgresMatchSink(target, with_returns)
+
+
+# ------------------------------------------------------------------ lookups
+
+DEFAULT_REFRESH_MS = 10_000  # a lookup table is read again this often (REFRESH n unit)
+
+
+class _TableReader:
+    """One declared lookup table (``TABLE name(...) KEY k FROM 'url'``) in its
+    database: ``read`` gives a snapshot (one SELECT: one consistent read)."""
+
+    def __init__(self, decl):
+        self.decl = decl
+        self.target = decl.url
+        self.columns = [c.name for c in decl.columns]
+        self.where = f"{decl.url} (TABLE {decl.name}, line {decl.pos.line})"
+        scheme = decl.url.split(":", 1)[0].lower()
+        if scheme == "sqlite":
+            path, self.table = _sqlite_target(decl.url, decl.name)
+            if not path.is_file():
+                raise UserError(f"{self.where}: no database file {path}")
+            try:
+                self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True,
+                                          check_same_thread=False)
+            except sqlite3.Error as err:
+                raise UserError(f"{self.where}: cannot open the database: {err}") from None
+            self.errors, self.sqlite = (sqlite3.Error,), True
+        elif scheme in ("postgresql", "postgres"):
+            import psycopg
+            params, self.table = postgres_target(decl.url, decl.name)
+            try:
+                self.db = psycopg.connect(**params, autocommit=True)
+            except psycopg.Error as err:
+                raise DatabaseUnavailable(decl.url, err) from None
+            self.errors, self.sqlite = (psycopg.Error,), False
+        else:
+            raise UserError(f"{self.where}: a lookup table is read from sqlite:///FILE.db "
+                            "or postgresql://USER@HOST:PORT/DB")
+        self.select = (f'SELECT {", ".join(chr(34) + c + chr(34) for c in self.columns)} '
+                       f'FROM "{self.table}"')
+        self.data_version = None
+
+    def read(self, version: int):
+        from dqcep.tables import snapshot_of
+        try:
+            if self.sqlite:
+                self.data_version = self.db.execute("PRAGMA data_version").fetchone()[0]
+                rows = self.db.execute(self.select).fetchall()
+            else:
+                with self.db.cursor() as cur:
+                    rows = cur.execute(self.select).fetchall()
+        except self.errors as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            if "no such" in reason or "does not exist" in reason:  # table or column
+                raise UserError(f"{self.where}: cannot read {', '.join(self.columns)} of "
+                                f"table {self.table!r}: {reason}") from None
+            raise DatabaseUnavailable(self.target, err) from None
+        rows = [[float(v) if isinstance(v, Decimal) else v for v in r] for r in rows]
+        return snapshot_of(self.decl, rows, version)
+
+    def changed(self) -> bool:
+        """SQLite only: has another connection committed to the file since the last
+        read? (``PRAGMA data_version``: a local check, no query of the table.)"""
+        if not self.sqlite:
+            return False
+        try:
+            return self.db.execute("PRAGMA data_version").fetchone()[0] != self.data_version
+        except sqlite3.Error:
+            return False
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class DatabaseTables:
+    """The lookup tables of a query file, read from their databases
+    (``dqcep.tables.LookupSource``). Each is read once at the start; ``refresh``
+    (called by the application once per engine batch, before the batch) reads a
+    table again when its REFRESH interval (default 10 s) has passed or, for SQLite,
+    when the file has changed. A read that fails keeps the last snapshot (``stale``
+    says why) until a later refresh succeeds."""
+
+    def __init__(self, tables, clock=None):
+        import time
+        self.clock = clock or time.monotonic
+        self.readers = {}
+        try:
+            for t in tables:
+                self.readers[t.name] = _TableReader(t)
+            self.snapshots = {name: r.read(0) for name, r in self.readers.items()}
+        except BaseException:
+            self.close()
+            raise
+        self.reads = len(self.snapshots)       # queries of a table, all tables
+        self.read_at = {name: self.clock() for name in self.readers}
+        self.stale: str | None = None
+
+    def snapshot(self, table: str):
+        return self.snapshots[table]
+
+    def refresh(self) -> None:
+        now = self.clock()
+        for name, reader in self.readers.items():
+            refresh = reader.decl.refresh.ms if reader.decl.refresh else DEFAULT_REFRESH_MS
+            if now - self.read_at[name] < refresh / 1000 and not reader.changed():
+                continue
+            self.read_at[name] = now
+            try:
+                self.snapshots[name] = reader.read(self.snapshots[name].version + 1)
+                self.reads += 1
+                self.stale = None
+            except (DatabaseUnavailable, UserError) as err:
+                self.stale = f"table {name}: {getattr(err, 'strerror', None) or err}"
+
+    def close(self) -> None:
+        for r in self.readers.values():
+            r.close()

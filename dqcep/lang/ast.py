@@ -106,6 +106,17 @@ class Aggregate:
 
 
 @dataclass(frozen=True)
+class Lookup:
+    """``table(var.attr).column``: the column of the lookup table's row whose key is the
+    event's attribute (the Select operator); no row, or NULL there, reads as missing."""
+
+    table: str
+    key: AttrRef
+    column: str
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True)
 class Number:
     value: int | float
     pos: Pos = _pos()
@@ -146,7 +157,7 @@ class Binary:
     pos: Pos = _pos()
 
 
-Expr = Union[AttrRef, Aggregate, Number, String, Boolean, Equivalence, Unary, Binary]
+Expr = Union[AttrRef, Aggregate, Lookup, Number, String, Boolean, Equivalence, Unary, Binary]
 
 ARITHMETIC = ("+", "-", "*", "/")
 ORDERING = ("<", "<=", ">", ">=")
@@ -173,18 +184,30 @@ class Within:
 
 @dataclass(frozen=True)
 class ReturnItem:
-    """``v``, ``v.attr`` or, for a Kleene variable, ``count(v)`` / ``sum(v.attr)`` ..."""
+    """``v``, ``v.attr``, ``table(v.attr).column`` (a lookup: ``table`` and ``column``
+    set) or, for a Kleene variable, ``count(v)`` / ``sum(v.attr)`` ..."""
 
     var: str
     attr: str | None
     pos: Pos = _pos()
     func: str | None = None  # an aggregate (one of AGGREGATES)
+    table: str | None = None   # a lookup: the table ...
+    column: str | None = None  # ... and the column read at the key v.attr
 
     @property
     def label(self) -> str:
         """The key of this value in a match's ``return`` object."""
         ref = self.var + (f".{self.attr}" if self.attr else "")
+        if self.table is not None:
+            return f"{self.table}({ref}).{self.column}"
         return f"{self.func}({ref})" if self.func else ref
+
+    @property
+    def lookup(self) -> Lookup | None:
+        """A lookup item as the expression it reads."""
+        if self.table is None:
+            return None
+        return Lookup(self.table, AttrRef(self.var, self.attr, self.pos), self.column, self.pos)
 
 
 # Selection strategies (spec 5.2); each is a filter on the skip-till-any-match result
@@ -237,13 +260,38 @@ class EventSchema:
 
 
 @dataclass(frozen=True)
+class LookupTable:
+    """``TABLE name(column TYPE, ...) KEY column FROM 'url' [REFRESH n unit]``: a
+    database table the queries read rows of by key (``name(v.attr).column``). The
+    URL's ``?table=`` names the table in the database (default: ``name``)."""
+
+    name: str
+    columns: tuple[SchemaAttr, ...]
+    key: str
+    url: str
+    refresh: Within | None = None  # how often it is read again (None: the default)
+    pos: Pos = _pos()
+
+    def column_type(self, name: str) -> str | None:
+        return next((c.type for c in self.columns if c.name == name), None)
+
+    @property
+    def key_type(self) -> str:
+        return self.column_type(self.key)
+
+
+@dataclass(frozen=True)
 class QueryFile:
     source: str  # file name used in messages
     queries: tuple[Query, ...]
     schemas: tuple[EventSchema, ...] = ()
+    tables: tuple[LookupTable, ...] = ()
 
     def schema_of(self, event_type: str) -> EventSchema | None:
         return next((s for s in self.schemas if s.type == event_type), None)
+
+    def table(self, name: str) -> LookupTable | None:
+        return next((t for t in self.tables if t.name == name), None)
 
 
 # ---------------------------------------------------------------- helpers
@@ -276,7 +324,9 @@ def positive_vars(node: Item) -> list[str]:
 
 def walk_expr(expr: Expr) -> Iterator[Expr]:
     yield expr
-    if isinstance(expr, Unary):
+    if isinstance(expr, Lookup):  # its key is an attribute reference of its own
+        yield expr.key
+    elif isinstance(expr, Unary):
         yield from walk_expr(expr.operand)
     elif isinstance(expr, Binary):
         yield from walk_expr(expr.left)

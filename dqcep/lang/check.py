@@ -19,10 +19,11 @@ _ARTICLE = {NUM: "a number", STR: "a string", BOOL: "a boolean"}
 _DECLARED_KIND = {ast.INT: NUM, ast.DOUBLE: NUM, ast.STRING: STR, ast.BOOL: BOOL}
 
 
-def check_query(q: ast.Query,
-                schemas: dict[str, ast.EventSchema] | None = None) -> Problem | None:
-    """The first problem of a query, given the file's event schemas (by type)."""
-    schemas = schemas or {}
+def check_query(q: ast.Query, schemas: dict[str, ast.EventSchema] | None = None,
+                tables: dict[str, ast.LookupTable] | None = None) -> Problem | None:
+    """The first problem of a query, given the file's event schemas (by type) and
+    lookup tables (by name)."""
+    schemas, tables = schemas or {}, tables or {}
     types = {ev.var: ev.type for ev, _ in ast.event_patterns(q.pattern)}
 
     def attr_kind(var: str, attr: str) -> str:
@@ -32,12 +33,47 @@ def check_query(q: ast.Query,
         schema = schemas.get(types.get(var, ""))
         declared = schema.attr_type(attr) if schema is not None else None
         return _DECLARED_KIND[declared] if declared is not None else ANY
+
+    def kind_of(e: ast.AttrRef | ast.Lookup) -> str:
+        if isinstance(e, ast.Lookup):  # checked to name a declared column
+            return _DECLARED_KIND[tables[e.table].column_type(e.column)]
+        return attr_kind(e.var, e.attr)
     return (_check_pattern(q.pattern)
             or _check_variables(q)
             or _check_kleene_refs(q)
             or _check_declared(q, schemas, types)
-            or (_check_condition(q.where, attr_kind) if q.where is not None else None)
+            or _check_lookups(q, tables, attr_kind)
+            or (_check_condition(q.where, kind_of) if q.where is not None else None)
             or _check_strategy(q))
+
+
+def _check_lookups(q: ast.Query, tables: dict[str, ast.LookupTable],
+                   attr_kind) -> Problem | None:
+    """A lookup names a declared table and one of its columns, by a key whose declared
+    kind (if any) is the key column's."""
+    lookups = [e for e in ast.walk_expr(q.where) if isinstance(e, ast.Lookup)] \
+        if q.where is not None else []
+    lookups += [r.lookup for r in q.returns if r.table is not None]
+    for e in lookups:
+        table = tables.get(e.table)
+        shown = f"{e.table}({e.key.var}.{e.key.attr}).{e.column}"
+        if table is None:
+            known = (f"the file declares {', '.join(tables)}" if tables else
+                     "declare it with TABLE name(column TYPE, ...) KEY column FROM 'url'")
+            return (f"{shown}: unknown table {e.table!r}; {known}", e.pos)
+        if table.column_type(e.column) is None:
+            return (f"{shown}: table {e.table} has no column {e.column!r} (it has "
+                    f"{', '.join(c.name for c in table.columns)}; line {table.pos.line})",
+                    e.pos)
+        key_kind = _DECLARED_KIND[table.key_type]
+        if e.key.attr == "type":
+            return (f"{e.key.var}.type: an event's type is set by the pattern, it is no "
+                    "attribute", e.key.pos)
+        got = attr_kind(e.key.var, e.key.attr)
+        if got not in (ANY, key_kind):
+            return (f"type mismatch: {e.table} is keyed by {table.key} {table.key_type}, "
+                    f"{e.key.var}.{e.key.attr} is {_ARTICLE[got]}", e.key.pos)
+    return None
 
 
 def _check_declared(q: ast.Query, schemas: dict[str, ast.EventSchema],
@@ -250,15 +286,16 @@ def _expect(kind: str, allowed: tuple[str, ...], what: str, pos: ast.Pos) -> Non
 
 def _kind(e: ast.Expr, attr_kind) -> str:
     """Static kind of an expression, raising _KindError on a certain mismatch;
-    ``attr_kind(var, attr)`` gives an attribute's (ANY: known at run time)."""
+    ``attr_kind(e)`` gives an attribute reference's or a lookup's (ANY: known at run
+    time)."""
     if isinstance(e, ast.Number):
         return NUM
     if isinstance(e, ast.String):
         return STR
     if isinstance(e, (ast.Boolean, ast.Equivalence)):
         return BOOL
-    if isinstance(e, ast.AttrRef):
-        return attr_kind(e.var, e.attr)
+    if isinstance(e, (ast.AttrRef, ast.Lookup)):
+        return attr_kind(e)
     if isinstance(e, ast.Aggregate):
         return NUM
     if isinstance(e, ast.Unary):

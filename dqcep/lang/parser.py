@@ -34,7 +34,7 @@ TERMINAL_NAMES = {
     "UNIT": "a time unit (ms, s, min, h)",
     "CMPOP": "a comparison (= != < <= > >=)",
     "USING": "USING",
-    "EVENT": "EVENT",
+    "EVENT": "EVENT", "TABLE": "TABLE", "KEY": "KEY", "FROM": "FROM", "REFRESH": "REFRESH",
     "STRATEGY": "a strategy (skip-till-any-match, skip-till-next-match, strict-contiguity, "
                 "partition-contiguity)",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
@@ -116,6 +116,16 @@ def _function(tok: Token) -> str:
     return text
 
 
+def _no_twice(attrs: tuple, what: str) -> None:
+    seen: dict[str, ast.SchemaAttr] = {}
+    for a in attrs:
+        if a.name in seen:
+            raise _SemanticError(f"{what} {a.name!r} is declared twice (first at line "
+                                 f"{seen[a.name].pos.line}, column {seen[a.name].pos.col})",
+                                 a.pos)
+        seen[a.name] = a
+
+
 @v_args(meta=True)
 class _ToAst(Transformer):
     """Builds the AST; punctuation tokens are dropped here."""
@@ -169,6 +179,11 @@ class _ToAst(Transformer):
         names = _tokens(children, "NAME")
         return ast.Aggregate(_function(names[0]), _name(names[1]),
                              _name(names[2]) if len(names) > 2 else None, _pos(meta))
+
+    def lookup(self, meta, children):
+        table, var, attr, column = _tokens(children, "NAME")
+        return ast.Lookup(_name(table), ast.AttrRef(_name(var), _name(attr), _pos(var)),
+                          _name(column), _pos(meta))
 
     def number(self, meta, children):
         (tok,) = children
@@ -242,6 +257,11 @@ class _ToAst(Transformer):
         return ast.ReturnItem(_name(names[1]), _name(names[2]) if len(names) > 2 else None,
                               _pos(meta), _function(names[0]))
 
+    def ret_lookup(self, meta, children):
+        table, var, attr, column = _tokens(children, "NAME")
+        return ast.ReturnItem(_name(var), _name(attr), _pos(meta), table=_name(table),
+                              column=_name(column))
+
     def returns(self, meta, children):
         return tuple(c for c in children if isinstance(c, ast.ReturnItem))
 
@@ -279,17 +299,33 @@ class _ToAst(Transformer):
     def schema(self, meta, children):
         names = _tokens(children, "NAME")
         attrs = tuple(c for c in children if isinstance(c, ast.SchemaAttr))
-        seen: dict[str, ast.SchemaAttr] = {}
-        for a in attrs:
-            if a.name in seen:
-                raise _SemanticError(f"attribute {a.name!r} is declared twice (first at "
-                                     f"line {seen[a.name].pos.line}, column "
-                                     f"{seen[a.name].pos.col})", a.pos)
-            seen[a.name] = a
+        _no_twice(attrs, "attribute")
         return ast.EventSchema(_name(names[0]), attrs, _pos(meta))
 
+    def table(self, meta, children):
+        names = _tokens(children, "NAME")
+        columns = tuple(c for c in children if isinstance(c, ast.SchemaAttr))
+        _no_twice(columns, "column")
+        key = names[-1]
+        if _name(key) not in {c.name for c in columns}:
+            raise _SemanticError(f"the key {str(key)!r} is not one of the table's columns "
+                                 f"({', '.join(c.name for c in columns)})", _pos(key))
+        (url,) = _tokens(children, "STRING")
+        refresh = None
+        amount = _tokens(children, "INT")
+        if amount:
+            unit = _tokens(children, "UNIT")
+            refresh = ast.Within(int(amount[0]), str(unit[0]).lower() if unit else "ms",
+                                 _pos(amount[0]))
+            if refresh.ms > MAX_WINDOW_MS:
+                raise _SemanticError(f"REFRESH {amount[0]} {refresh.unit} is too long",
+                                     _pos(amount[0]))
+        return ast.LookupTable(_name(names[0]), columns, _name(key),
+                               str(url)[1:-1].replace("''", "'"), refresh, _pos(meta))
+
     def start(self, meta, children):
-        return [c for c in children if isinstance(c, (ast.Query, ast.EventSchema))]
+        return [c for c in children
+                if isinstance(c, (ast.Query, ast.EventSchema, ast.LookupTable))]
 
 
 def _describe(terminals) -> str:
@@ -421,10 +457,19 @@ def parse(text: str, source: str = "<query>") -> ast.QueryFile:
             raise positioned(f"event type {sch.type!r} is declared twice (first at line "
                              f"{first.line}, column {first.col})", sch.pos)
         schemas[sch.type] = sch
+    tables: dict[str, ast.LookupTable] = {}
+    for t in (s for s in statements if isinstance(s, ast.LookupTable)):
+        if t.name in tables:
+            first = tables[t.name].pos
+            raise positioned(f"table {t.name!r} is declared twice (first at line "
+                             f"{first.line}, column {first.col})", t.pos)
+        tables[t.name] = t
     if not queries:
-        first = next(iter(schemas.values())).pos
-        raise positioned("the file declares event types but holds no query; expected "
-                         "PATTERN or QUERY", first)
+        first = min((d.pos for d in [*schemas.values(), *tables.values()]),
+                    key=lambda p: (p.line, p.col))
+        what = " and ".join(w for w, d in (("event types", schemas), ("tables", tables)) if d)
+        raise positioned(f"the file declares {what} but holds no query; expected PATTERN "
+                         "or QUERY", first)
     named = []
     seen: dict[str, ast.Pos] = {}
     for q in queries:
@@ -445,11 +490,12 @@ def parse(text: str, source: str = "<query>") -> ast.QueryFile:
             raise positioned(f"duplicate query name {q.name!r} (first used at line "
                              f"{first.line}, column {first.col})", q.pos)
         seen[q.name] = q.pos
-        problem = check_query(q, schemas)
+        problem = check_query(q, schemas, tables)
         if problem is not None:
             raise positioned(*problem)
         named.append(q)
-    return ast.QueryFile(source, tuple(named), tuple(schemas.values()))
+    return ast.QueryFile(source, tuple(named), tuple(schemas.values()),
+                         tuple(tables.values()))
 
 
 def parse_file(path: str | Path) -> ast.QueryFile:

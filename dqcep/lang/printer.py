@@ -33,6 +33,8 @@ def format_expr(e: ast.Expr) -> str:
         return f"{e.var}[{e.index}].{e.attr}" if e.index else f"{e.var}.{e.attr}"
     if isinstance(e, ast.Aggregate):
         return f"{e.func}({e.var}{'.' + e.attr if e.attr else ''})"
+    if isinstance(e, ast.Lookup):
+        return f"{e.table}({format_expr(e.key)}).{e.column}"
     if isinstance(e, ast.Number):
         return format_number(e.value)
     if isinstance(e, ast.String):
@@ -85,6 +87,13 @@ def schema_to_source(s: ast.EventSchema) -> str:
     return f"EVENT {s.type}(" + ", ".join(f"{a.name} {a.type}" for a in s.attrs) + ")"
 
 
+def table_to_source(t: ast.LookupTable) -> str:
+    text = (f"TABLE {t.name}(" + ", ".join(f"{c.name} {c.type}" for c in t.columns)
+            + f") KEY {t.key} FROM '" + t.url.replace("'", "''") + "'")
+    return text + (f" REFRESH {t.refresh.amount} {t.refresh.unit}" if t.refresh else "")
+
+
 def file_to_source(f: ast.QueryFile) -> str:
-    statements = [schema_to_source(s) for s in f.schemas] + [to_source(q) for q in f.queries]
+    statements = [schema_to_source(s) for s in f.schemas] + \
+        [table_to_source(t) for t in f.tables] + [to_source(q) for q in f.queries]
     return ";\n\n".join(statements) + (";\n" if statements else "")

@@ -53,6 +53,7 @@ from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import MAX_AND_DP, CostModel, better
 from dqcep.plan.joins import ALWAYS, choose_materialization
+from dqcep.plan.lookups import LookupColumn, resolve_all
 from dqcep.plan.orthogonal import NIL, Kind, OrthogonalList, Port, VertexView
 
 UNBOUNDED = -1  # window of a vertex used only under a negation
@@ -148,6 +149,10 @@ class Plan:
     materialization: tuple[str, ...] = ()
     # the declared schemas (EVENT Type(...)) of the plan's types: their events are checked
     schemas: tuple[ast.EventSchema, ...] = ()
+    # lookups (``table(v.attr).column``) read as attributes filled at ingest, and the
+    # declared tables they read (plan/lookups.py)
+    lookups: tuple[LookupColumn, ...] = ()
+    tables: tuple[ast.LookupTable, ...] = ()
 
     # ------------------------------------------------------------ views
     @property
@@ -636,12 +641,16 @@ class _Interner:
 
 
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None,
-               materialize: str = ALWAYS, schemas: Sequence[ast.EventSchema] = ()) -> Plan:
+               materialize: str = ALWAYS, schemas: Sequence[ast.EventSchema] = (),
+               tables: Sequence[ast.LookupTable] = ()) -> Plan:
     """Plan every query of a file into one shared DAG; ``materialize`` (always, auto,
     on-demand) decides which SEQ vertices keep their records (plan/joins.py). The
     default keeps them all (on demand pays only where the parent's right input is
     rare per key, which the cost model cannot see). ``schemas``: the file's event
-    schemas; those of the plan's types go with it (events that break them are bad)."""
+    schemas; those of the plan's types go with it (events that break them are bad).
+    ``tables``: the file's lookup tables; a lookup is planned as the attribute it fills."""
+    declared = {t.name: t for t in tables}
+    queries, lookups = resolve_all(queries, declared)
     cost = CostModel(dict(rates or {}))
     interner = _Interner()
     specs = []
@@ -675,8 +684,11 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
         guard=tuple(interner.guard), run=tuple(interner.run),
         users=tuple(tuple(u) for u in interner.users), queries=tuple(specs))
     on_demand, why = choose_materialization(plan, materialize)
+    used = {c.table for c in lookups}
     return dataclasses.replace(plan, on_demand=on_demand, materialization=why,
-                               schemas=tuple(s for s in schemas if s.type in plan.types))
+                               schemas=tuple(s for s in schemas if s.type in plan.types),
+                               lookups=lookups,
+                               tables=tuple(t for t in tables if t.name in used))
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

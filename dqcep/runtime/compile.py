@@ -104,12 +104,14 @@ def attributes_read(preds: Sequence[Predicate], keys: Sequence[str] = ()) -> lis
 
 def plan_attributes(plan: Plan) -> list[str]:
     """Every attribute a predicate or a partition key of the plan reads, then those its
-    event schemas declare (the engine checks their values)."""
+    event schemas declare (the engine checks their values), then the keys of its
+    lookups (the lookups themselves are attributes the predicates read)."""
     preds = [p for ps in plan.preds for p in ps]
     preds += [p for g in plan.guard if g is not None for p in g.preds]
     preds += [p for q in plan.queries for p in q.preds]
     attrs = attributes_read(preds, [k for keys in plan.key_attrs for k in keys])
-    return attrs + sorted({a.name for s in plan.schemas for a in s.attrs} - set(attrs))
+    attrs += sorted({a.name for s in plan.schemas for a in s.attrs} - set(attrs))
+    return attrs + sorted({c.key for c in plan.lookups} - set(attrs) - {"ts", "id"})
 
 
 def column(name: str, attr_index: dict[str, int]) -> int:

@@ -53,14 +53,17 @@ class Engine(EventTimeEngine):
     """Runs a plan over event batches; see the module docstring."""
 
     def __init__(self, plan: Plan | Program, lateness: int = 0,
-                 state: EngineState | None = None):
+                 state: EngineState | None = None, lookup_source=None):
         """A plan (compiled here) or a compiled ``Program``, and a fresh state with
-        ``lateness`` or a given ``state`` (which carries its own lateness)."""
+        ``lateness`` or a given ``state`` (which carries its own lateness).
+        ``lookup_source`` (``dqcep.tables.LookupSource``) gives the snapshots of the
+        tables the plan's lookups read."""
         program = plan if isinstance(plan, Program) else Program(plan)
         if state is None:
             state = EngineState.fresh(program, lateness)
         super().__init__(program.types, program.attrs, program.match_queries, lateness, state,
-                         program.plan.schemas)
+                         program.plan.schemas, program.plan.lookups, program.plan.tables,
+                         lookup_source)
         self.program = program
         self.plan = program.plan
         self.store_retention = program.store_retention

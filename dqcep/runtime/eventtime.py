@@ -22,6 +22,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from dqcep.runtime.lookups import LookupFiller
+
 from dqcep._kernels.msgpack_decode import ColumnDecoder
 from dqcep._kernels.store import EventStore
 from dqcep.batch import MISSING_INT, EventBatch
@@ -211,7 +213,8 @@ class EventTimeEngine:
 
     def __init__(self, types: Sequence[str], attrs: Sequence[str],
                  match_queries: tuple[tuple[str, tuple[str, ...]], ...], lateness: int = 0,
-                 state: "TimeState | None" = None, schemas: Sequence = ()):
+                 state: "TimeState | None" = None, schemas: Sequence = (),
+                 lookups: Sequence = (), tables: Sequence = (), lookup_source=None):
         self.types = list(types)
         self.type_code = {t: i for i, t in enumerate(self.types)}
         self.attrs = list(attrs)
@@ -226,6 +229,14 @@ class EventTimeEngine:
                                s.type, a.name)
                               for s in schemas if s.type in self.type_code for a in s.attrs]
         self.rejected_events: list[tuple[int, str]] = []  # (id, why), until taken
+        # lookups (table(v.attr).column) read as attributes filled at ingest
+        self.lookup_filler = None
+        if lookups:
+            if lookup_source is None:
+                raise ValueError("the queries read the tables "
+                                 f"{', '.join(sorted({c.table for c in lookups}))}: give "
+                                 "the engine a lookup_source (dqcep.tables.LookupSource)")
+            self.lookup_filler = LookupFiller(lookups, tables, self.attr_index, lookup_source)
 
     # Everything an engine holds lives in ``self.state``; these read and write it.
     lateness = _state_field("lateness")
@@ -353,6 +364,8 @@ class EventTimeEngine:
         out = MatchBatch(self.match_queries)
         if self.schema_checks and len(cols[0]):
             cols = self._drop_misdeclared(cols)
+        if self.lookup_filler is not None and len(cols[0]):
+            cols = self.lookup_filler.fill(cols, self.dictionary)
         n = len(cols[0])
         self.events_in += n
         if n:

@@ -199,7 +199,8 @@ class Program:
             plan = self.plan
             self._fingerprint = hashlib.sha256(pickle.dumps((
                 plan.queries, plan.types, plan.graph.tail.tobytes(),
-                plan.graph.head.tobytes(), plan.on_demand, plan.schemas))).hexdigest()
+                plan.graph.head.tobytes(), plan.on_demand, plan.schemas,
+                plan.lookups))).hexdigest()
         return self._fingerprint
 
     def needed(self, ts: np.ndarray, ids: np.ndarray, types: np.ndarray, val: np.ndarray,

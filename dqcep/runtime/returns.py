@@ -17,26 +17,43 @@ from dataclasses import replace
 from typing import Sequence
 
 from dqcep.events import Event, Match, list_aggregate
+from dqcep.tables import LookupSource, lookup_key
 
 
 class ReturnValues:
-    """RETURN values for an engine's matches (native or SASE), from recent events."""
+    """RETURN values for an engine's matches (native or SASE), from recent events.
+    A lookup item (``table(v.attr).column``) is read when its event is remembered,
+    from the snapshot the engine's batch sees (``lookup_source``, ``tables``)."""
 
-    def __init__(self, queries, engine):
+    def __init__(self, queries, engine, tables=(), lookup_source: LookupSource | None = None):
         self.specs = {q.name: q.returns for q in queries}
         self.engine = engine
         self.events: dict[int, Event] = {}
         self.order: deque = deque()
+        key_types = {t.name: t.key_type for t in tables}
+        self.lookups = sorted({(r.table, r.attr, r.column, key_types[r.table])
+                               for q in queries for r in q.returns if r.table is not None})
+        self.source = lookup_source
+        self.looked: dict[int, dict] = {}  # event id -> {(table, attr, column): value}
 
     def remember(self, events: Sequence[Event]) -> None:
         """Keep these events (pass each batch before giving it to the engine)."""
         for e in events:
             self.events[e.id] = e
             self.order.append((e.ts, e.id))
+        if self.lookups:
+            snapshots = {t: self.source.snapshot(t) for t in {x[0] for x in self.lookups}}
+            for e in events:
+                self.looked[e.id] = {
+                    (t, a, c): snapshots[t].value(lookup_key(
+                        e.value(a) if a in ("ts", "id") else e.attrs.get(a), kt), c)
+                    for t, a, c, kt in self.lookups}
         if self.engine.wm is not None:
             horizon = self.engine.wm - self.engine.store_retention - 1
             while self.order and self.order[0][0] < horizon:
-                self.events.pop(self.order.popleft()[1], None)
+                gone = self.order.popleft()[1]
+                self.events.pop(gone, None)
+                self.looked.pop(gone, None)
 
     def fill(self, m: Match) -> Match:
         """The match with its query's RETURN values: a variable gives its event's id (a
@@ -60,6 +77,8 @@ class ReturnValues:
                 values.append((label, None))
             elif r.attr is None:
                 values.append((label, ev.id))
+            elif r.table is not None:
+                values.append((label, self.looked[ev.id][(r.table, r.attr, r.column)]))
             else:
                 values.append((label, ev.value(r.attr) if r.attr in ("ts", "id")
                                else ev.attrs.get(r.attr)))
