@@ -103,15 +103,17 @@ class _TableLookup(ast.Lookup):
     key_type: str = ""
 
 
-def _looked_up(e: ast.Lookup, ev: Event) -> Value:
+def _cell(e: ast.Lookup, ev: Event) -> Value | None:
     """The cell a lookup reads for the event holding its key (``dqcep.tables``: the
-    rule); no key attribute, no row or no value there fails."""
+    rule); None: no key attribute, no row or no value there."""
     assert isinstance(e, _TableLookup)
-    try:
-        key = ev.value(e.key.attr)
-    except KeyError:
-        raise _Fail from None
-    v = e.snapshot.value(lookup_key(key, e.key_type), e.column)
+    key = ev.value(e.key.attr) if e.key.attr in ("ts", "id") else ev.attrs.get(e.key.attr)
+    return e.snapshot.value(lookup_key(key, e.key_type), e.column)
+
+
+def _looked_up(e: ast.Lookup, ev: Event) -> Value:
+    """A lookup's value in a condition; a missing one fails."""
+    v = _cell(e, ev)
     if v is None:
         raise _Fail
     return float(v) if _kind(v) == "num" else v
@@ -534,13 +536,9 @@ class _QueryMatcher:
             elif r.func is not None:
                 out.append((r.label, list_aggregate(r.func, r.attr, ev)))
             elif r.table is not None:
-                try:
-                    value = _looked_up(_TableLookup(
-                        r.table, ast.AttrRef(r.var, r.attr), r.column, r.pos,
-                        self.snapshots[r.table], self.tables[r.table].key_type), ev)
-                except _Fail:
-                    value = None
-                out.append((r.label, value))
+                out.append((r.label, _cell(_TableLookup(
+                    r.table, ast.AttrRef(r.var, r.attr), r.column, r.pos,
+                    self.snapshots[r.table], self.tables[r.table].key_type), ev)))
             elif r.attr is None:
                 out.append((r.label, _ids(ev)))
             else:

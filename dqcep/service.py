@@ -43,7 +43,7 @@ import numpy as np
 from dqcep._kernels.recent_ids import RecentIds
 from dqcep.runtime.duplicates import RECENT_IDS
 from dqcep.errors import UserError
-from dqcep.io.database import Progress, is_database
+from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
                                  write_checkpoint)
 from dqcep.io.journal import Gap, Journal, JournalTail, segments
@@ -140,7 +140,11 @@ class StreamingService:
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
         query_file = parse_file(cfg.queries)
         self.plan = build_plan(query_file.queries, cfg.rates, materialize=cfg.materialize,
-                               schemas=query_file.schemas)
+                               schemas=query_file.schemas, tables=query_file.tables)
+        # lookup tables: read at the start, again before a batch when due (one snapshot
+        # per batch); kept across a recovery
+        self.tables = DatabaseTables(query_file.tables) if query_file.tables else None
+        self._stale: str | None = None
         state = self._read_state()
         low = 0 if state is None else max(state["offset"], state["journal_end"])
         self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
@@ -181,7 +185,7 @@ class StreamingService:
     def _load(self, state: dict | None) -> None:
         """Engine, offsets and sinks as the checkpoint left them (fresh without one)."""
         cfg = self.cfg
-        engine = Engine(self.plan, cfg.lateness)
+        engine = Engine(self.plan, cfg.lateness, lookup_source=self.tables)
         sizes = dict.fromkeys(SINKS, 0)
         self.offset, self.counts = 0, {}
         self.recent = RecentIds(cfg.recent_ids)
@@ -303,6 +307,7 @@ class StreamingService:
             cols, record = cols.take(fresh), record[fresh]
         self.counts["events_in"] += len(cols.ts)
         if len(cols.ts):
+            self._refresh_tables()
             self._emit(self.engine.process(cols), self._pending[-1][0] + 1)
             self._misdeclared(lambda event_id: self._pending[
                 int(record[np.flatnonzero(cols.id == event_id)[0]])][0])
@@ -328,12 +333,24 @@ class StreamingService:
         events = [e for e, f in zip(events, fresh) if f]
         self.counts["events_in"] += len(events)
         if events:
+            self._refresh_tables()
             self._emit(self.engine.process(events), offset + 1)
             self._misdeclared(lambda event_id: offset)
             late = self.engine.take_late()
             if late:
                 self._write_late(offset, events, set(late))
         self.offset = offset + 1
+
+    def _refresh_tables(self) -> None:
+        """Lookup tables read again where due, before a batch; a failed read keeps the
+        last snapshot and is said once."""
+        if self.tables is None:
+            return
+        self.tables.refresh()
+        if self.tables.stale and self.tables.stale != self._stale:
+            print(f"dqcep: cannot read lookup {self.tables.stale}; going on with the last "
+                  "snapshot", file=sys.stderr, flush=True)
+        self._stale = self.tables.stale
 
     def _misdeclared(self, offset_of) -> None:
         """Events a declared schema refused (``EVENT Type(...)``): dead letters with the
@@ -441,6 +458,8 @@ class StreamingService:
         """Close files without a checkpoint: what a crash leaves, minus the torn writes."""
         self._unload()
         self.journal.close()
+        if self.tables is not None:
+            self.tables.close()
 
     # ------------------------------------------------------------------- run
     def run(self, stop: threading.Event, end_of_stream: threading.Event | None = None) -> int:

@@ -57,6 +57,12 @@ class Planter:
         if every is None:
             every = default_every(queries, skew)
         for q in queries:
+            tables = sorted({e.table for e in ast.walk_expr(q.where)
+                             if isinstance(e, ast.Lookup)} if q.where is not None else set())
+            if tables:  # the planter would need the rows to build events that fit them
+                raise UserError(f"cannot plant query {q.name!r}: it reads the lookup table "
+                                f"{', '.join(tables)}; plant a query without lookups "
+                                "(--plant-query NAME, or another file)")
             missing = {e.type for e, _ in ast.event_patterns(q.pattern)} - set(schema.types)
             if missing:
                 raise UserError(f"cannot plant query {q.name!r}: profile {profile.name} has no "

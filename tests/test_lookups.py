@@ -9,7 +9,14 @@ every kind, the engines agree with the reference's reading of the rule
 from __future__ import annotations
 
 import dataclasses
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -21,6 +28,7 @@ from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine
 from dqcep.tables import StaticTables, snapshot_of
+from tests.conftest import free_port
 from tests.strategies import ATTR_VALUES, outside_sase, small_event_streams, small_query_files
 from tests.test_native import CUTS, MATERIALIZE, as_set, split
 
@@ -142,3 +150,157 @@ def test_a_key_finds_its_row_by_the_key_column_type(key_type, rows, found):
     source = StaticTables({"consts": snapshot_of(parsed.tables[0], rows)})
     got = engines_agree(parsed, events, source, cuts=(3, 6))
     assert {dict(events_)["a"] for _, events_, _ in got} == found
+
+
+# ------------------------------------------------------ from real databases
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def dqcep(*args, cwd=ROOT, env=None):
+    return subprocess.run([sys.executable, "-m", "dqcep", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def load_rooms(database_url: str, cwd: Path) -> None:
+    """examples/rooms.sql into SQLite (a file in cwd) or PostgreSQL."""
+    script = (EXAMPLES / "rooms.sql").read_text()
+    if database_url.startswith("sqlite:"):
+        with sqlite3.connect(cwd / database_url[len("sqlite:///"):]) as db:
+            db.executescript(script)
+        return
+    import psycopg
+    from dqcep.io.database import postgres_target
+    with psycopg.connect(**postgres_target(database_url)[0], autocommit=True) as db:
+        db.execute(script)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def rooms_url(request, tmp_path):
+    url = "sqlite:///rooms.db" if request.param == "sqlite" else \
+        request.getfixturevalue("postgres")
+    load_rooms(url, tmp_path)
+    return url
+
+
+def test_dqcep_run_reads_a_lookup_table_alike_on_every_engine(tmp_path, rooms_url):
+    """examples/iot-thresholds.cep over a generated stream, the table in SQLite or
+    PostgreSQL: the native engine, SASE and the reference give the same matches and
+    RETURN values (a threshold per room, a NULL one and a room without a row find
+    nothing)."""
+    queries = tmp_path / "thresholds.cep"
+    queries.write_text((EXAMPLES / "iot-thresholds.cep").read_text().replace(
+        "sqlite:///rooms.db", rooms_url))
+    assert dqcep("generate", "-n", 60_000, "--seed", 7, "--quiet", "-o",
+                 tmp_path / "iot.jsonl", cwd=tmp_path).returncode == 0
+    outputs = {}
+    for engine in ("native", "sase", "reference"):
+        r = dqcep("run", queries, "--input", "iot.jsonl", "--engine", engine, "--returns",
+                  "--chunk-size", 5_000, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        outputs[engine] = sorted(r.stdout.splitlines())
+    assert outputs["native"] == outputs["sase"] == outputs["reference"]
+    found = [json.loads(x)["return"] for x in outputs["native"]]
+    assert found and all(m["t.value"] > m["rooms(t.room).threshold"] for m in found)
+    assert {m["t.room"] for m in found}.isdisjoint({"site2/room4", "site2/room5"})
+    assert all(isinstance(m["rooms(t.room).floor"], int) for m in found)
+
+
+def test_a_lookup_table_that_is_not_there_is_one_line(tmp_path):
+    queries = tmp_path / "q.cep"
+    events = tmp_path / "e.jsonl"
+    events.write_text('{"id": 1, "type": "Temperature", "ts": 1, "room": "r", "value": 1}\n')
+    base = ("TABLE rooms(room STRING, threshold DOUBLE) KEY room FROM '{url}';\n"
+            "QUERY q PATTERN Temperature t WHERE t.value > rooms(t.room).threshold WITHIN 1 s")
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        db.execute("CREATE TABLE rooms (room TEXT, limit_ REAL)")
+    for url, message, code in [
+            ("sqlite:///missing.db", "no database file missing.db", 2),
+            ("sqlite:///other.db", "table 'rooms' has no column threshold (it has room, "
+                                   "limit_)", 2),
+            ("sqlite:///other.db?table=nope", "table 'nope' has no column room, threshold "
+                                              "(there is no such table)", 2),
+            ("mysql://x/y", "a lookup table is read from sqlite:///FILE.db or postgresql", 2),
+            (f"postgresql://u@127.0.0.1:{free_port()}/db", "cannot read or write postgresql", 1)]:
+        queries.write_text(base.format(url=url))
+        r = dqcep("run", queries, "--input", events, cwd=tmp_path)
+        assert r.returncode == code and message in r.stderr, (url, r.stderr)
+        assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_tables_are_read_again_on_change_or_when_their_refresh_is_due(tmp_path, postgres):
+    """SQLite: a commit by another connection is seen before the next batch (its
+    data_version), not before; PostgreSQL: when REFRESH has passed (the clock is the
+    test's). Reads are counted; a failed read keeps the last snapshot."""
+    from dqcep.io.database import DatabaseTables
+    load_rooms("sqlite:///rooms.db", tmp_path)
+    load_rooms(postgres, tmp_path)
+    parsed = parse(
+        f"TABLE rooms(room STRING, threshold DOUBLE) KEY room FROM "
+        f"'sqlite:///{tmp_path}/rooms.db' REFRESH 1 h;\n"
+        f"TABLE pg(room STRING, threshold DOUBLE) KEY room FROM '{postgres}?table=rooms' "
+        "REFRESH 30 s;\n"
+        "QUERY q PATTERN Temperature t WHERE t.value > rooms(t.room).threshold AND "
+        "t.value > pg(t.room).threshold WITHIN 1 s")
+    now = [0.0]
+    tables = DatabaseTables(parsed.tables, clock=lambda: now[0])
+    assert tables.reads == 2
+    assert tables.snapshot("rooms").value("site1/room1", "threshold") == 30.0
+    tables.refresh()
+    assert tables.reads == 2  # nothing changed, nothing due
+    with sqlite3.connect(tmp_path / "rooms.db") as db:
+        db.execute("UPDATE rooms SET threshold = 99 WHERE room = 'site1/room1'")
+    import psycopg
+    from dqcep.io.database import postgres_target
+    with psycopg.connect(**postgres_target(postgres)[0], autocommit=True) as db:
+        db.execute("UPDATE rooms SET threshold = 77 WHERE room = 'site1/room1'")
+    tables.refresh()
+    assert tables.snapshot("rooms").value("site1/room1", "threshold") == 99.0
+    assert tables.snapshot("pg").value("site1/room1", "threshold") == 30.0  # not due
+    now[0] = 31.0
+    tables.refresh()
+    assert tables.snapshot("pg").value("site1/room1", "threshold") == 77.0
+    assert tables.reads == 4
+    tables.readers["pg"].db.close()  # the server is gone: the last snapshot stays
+    now[0] = 62.0
+    tables.refresh()
+    assert tables.stale and tables.stale.startswith("table pg: ")
+    assert tables.snapshot("pg").value("site1/room1", "threshold") == 77.0
+    tables.close()
+
+
+def test_the_streaming_service_reads_lookup_tables(mosquitto, tmp_path, postgres):
+    """The service over a real broker, its thresholds in PostgreSQL, killed once
+    mid-stream: exactly the reference matcher's matches over the same table."""
+    from dqcep.events import event_from_mapping
+    from dqcep.io.database import DatabaseTables
+    from tests.test_service import Service, gen_args
+    load_rooms(postgres, tmp_path)
+    queries = tmp_path / "thresholds.cep"
+    queries.write_text((EXAMPLES / "iot-thresholds.cep").read_text().replace(
+        "sqlite:///rooms.db", postgres))
+    stream = tmp_path / "stream.msgpack"
+    subprocess.run(gen_args(30_000, str(stream)), check=True)  # planting iot.cep
+    events = [event_from_mapping(e) for p in msgpack.Unpacker(open(stream, "rb"), raw=False)
+              for e in p["events"]]
+    parsed = parse(queries.read_text())
+    tables = DatabaseTables(parsed.tables)
+    want = {json.dumps(m.to_json_obj()) for m in ReferenceMatcher(
+        parsed.queries, (), parsed.tables, tables).run(events)}
+    tables.close()
+    assert want
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/lookups"
+    svc = Service(tmp_path, url, queries)
+    svc.start()
+    pub = subprocess.Popen(gen_args(30_000, url, ("--rate", "10000")))
+    svc.wait_for(8_000)
+    svc.proc.kill()
+    svc.proc.wait()
+    time.sleep(0.5)
+    svc.start()
+    assert pub.wait(60) == 0
+    svc.wait_for(len(events))
+    svc.finish()
+    assert svc.output() == want

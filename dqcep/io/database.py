@@ -353,6 +353,26 @@ class _TableReader:
         self.select = (f'SELECT {", ".join(chr(34) + c + chr(34) for c in self.columns)} '
                        f'FROM "{self.table}"')
         self.data_version = None
+        try:
+            existing = self._existing_columns()
+        except self.errors as err:
+            self.db.close()
+            raise DatabaseUnavailable(self.target, err) from None
+        missing = [c for c in self.columns if c not in existing]
+        if missing:
+            self.db.close()
+            there = (f"it has {', '.join(existing)}" if existing else "there is no such table")
+            raise UserError(f"{self.where}: table {self.table!r} has no column "
+                            f"{', '.join(missing)} ({there})")
+
+    def _existing_columns(self) -> list[str]:
+        if self.sqlite:  # (a quoted unknown name would read as a string literal there)
+            return [r[1] for r in self.db.execute(f'PRAGMA table_info("{self.table}")')]
+        with self.db.cursor() as cur:
+            return [r[0] for r in cur.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+                "current_schema() AND table_name = %s ORDER BY ordinal_position",
+                (self.table,)).fetchall()]
 
     def read(self, version: int):
         from dqcep.tables import snapshot_of

@@ -93,7 +93,10 @@ class Engine(EventTimeEngine):
     # ------------------------------------------------------------------ input
     def needed(self, cols: EventColumns) -> np.ndarray:
         """Boolean mask: the events some EVENT vertex accepts (``Program.needed``);
-        ``cols`` coded with this engine's dictionary."""
+        ``cols`` coded with this engine's dictionary. Lookups are read first, from the
+        snapshot a batch would see now (a filter may read them)."""
+        if self.lookup_filler is not None and len(cols.ts):
+            cols = EventColumns(*self.lookup_filler.fill(tuple(cols), self.dictionary))
         return self.program.needed(cols.ts, cols.id, cols.type, cols.val, cols.kind)
 
     def _flush_held(self) -> MatchBatch:
