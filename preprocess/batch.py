@@ -35,7 +35,8 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from dqcep.errors import UserError
-from dqcep.spark.executor import OUTPUT_SCHEMA, STATS, JobSpec, Router, engine_batches
+from dqcep.spark.executor import (OUTPUT_SCHEMA, STATS, JobSpec, Router, broadcast_tables,
+                                  engine_batches)
 from dqcep.spark.paths import check_output_dir
 from dqcep.spark.partitioning import plan_partitioning
 from dqcep.spark.source import event_units, load_events
@@ -152,14 +153,15 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
         raise UserError("--partitions must be >= 1")
     out = Path(output).resolve()  # executors write from other working directories
     check_output_dir(output, overwrite)
-    queries = parse(queries_text).queries
-    plan = plan_partitioning(queries, strategy)
+    parsed = parse(queries_text)
+    plan = plan_partitioning(parsed.queries, strategy)
 
     index = job_index(spark, inputs, fmt)
-    spec = JobSpec(queries_text, plan, partitions)
+    tables = broadcast_tables(spark, parsed)
+    spec = JobSpec(queries_text, plan, partitions, tables=tables)
     if plan.sliced:
         spec = JobSpec(queries_text, plan, partitions,
-                       slice_ms or slice_length(index, plan.slice_window, partitions))
+                       slice_ms or slice_length(index, plan.slice_window, partitions), tables)
     router = Router(spec, lateness, index.earlier, index.repeated, index.first_file,
                     index.first_seq)
     lines = (load_events(spark, inputs, fmt, mode="route", router=router, only=index.kept,

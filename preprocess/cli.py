@@ -53,7 +53,7 @@ def _native_queries(parsed) -> None:
         raise UserError(f"{parsed.source}:{first.pos.line}:{first.pos.col}: the Spark jobs "
                         "do not take EVENT declarations yet; run the file with dqcep run, "
                         "or without its EVENT lines")
-    Program(build_plan(parsed.queries))
+    Program(build_plan(parsed.queries, tables=parsed.tables))
 
 
 def cmd_spark_run(args) -> int:

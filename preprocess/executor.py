@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import zlib
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -22,6 +24,7 @@ from dqcep.io.sinks import match_lines
 from dqcep.lang import ast, parse
 from dqcep.runtime import Engine, EventColumns, late_rule
 from dqcep.runtime.program import program_for
+from dqcep.tables import StaticTables
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
 from dqcep.spark.partitioning import BROADCAST, Partitioning
 
@@ -96,19 +99,51 @@ def key_parts(engine: Engine, cols: EventColumns, attr: str, n: int):
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What every worker needs: the queries' text and how they are partitioned."""
+    """What every worker needs: the queries' text and how they are partitioned, and
+    the snapshots of the lookup tables the queries read (a Spark broadcast, or
+    anything with ``.value``: ``{table name: dqcep.tables.TableSnapshot}``)."""
 
     queries_text: str
     partitioning: Partitioning
     partitions: int         # keyed: number of key partitions
     slice_ms: int = 0       # time slices: length L
+    tables: Any = None      # broadcast snapshots of the lookup tables (None: no table)
 
     def engine(self, names=None, lateness: int = 0) -> Engine:
         """A fresh engine for the queries named (all when None). Its program is
         compiled once per worker process (``program_for``), however many engines
-        are made (one per part and micro-batch in the streaming job)."""
+        are made (one per part and micro-batch in the streaming job); every engine
+        reads the same snapshots of the lookup tables."""
+        source = None if self.tables is None else StaticTables(self.tables.value)
         return Engine(program_for(self.queries_text, None if names is None else tuple(names)),
-                      lateness)
+                      lateness, lookup_source=source)
+
+
+@dataclass(frozen=True)
+class Snapshots:
+    """Lookup tables' snapshots by value, where a broadcast cannot go: ``.value`` as a
+    broadcast's."""
+
+    value: dict
+
+
+def read_tables(parsed) -> Snapshots | None:
+    """The lookup tables of a query file, read once on the driver (one consistent
+    read each); None when the file has none."""
+    if not parsed.tables:
+        return None
+    from dqcep.io.database import DatabaseTables
+    tables = DatabaseTables(parsed.tables)
+    try:
+        return Snapshots(dict(tables.snapshots))
+    finally:
+        tables.close()
+
+
+def broadcast_tables(spark, parsed):
+    """``read_tables``, broadcast to the executors (each reads its copy once)."""
+    tables = read_tables(parsed)
+    return None if tables is None else spark.sparkContext.broadcast(tables.value)
 
 
 # ------------------------------------------------------------------ the rules
@@ -504,7 +539,13 @@ class Router:
     first_seq: np.ndarray
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_assigner"}
+        # The router travels in the event source's options (plain pickle, read where no
+        # broadcast is registered): it carries the lookup tables' snapshots by value.
+        state = {k: v for k, v in self.__dict__.items() if k != "_assigner"}
+        if self.spec.tables is not None and not isinstance(self.spec.tables, Snapshots):
+            state["spec"] = dataclasses.replace(self.spec,
+                                                tables=Snapshots(self.spec.tables.value))
+        return state
 
     @property
     def assigner(self) -> Assigner:

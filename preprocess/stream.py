@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
-                                 event_columns, late_flags, record_lines)
+                                  event_columns, late_flags, read_tables, record_lines)
 from dqcep.spark.journal_source import END_WHERE
 from dqcep.spark.source import SCHEMA
 
@@ -89,7 +89,11 @@ def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
         lo, hi = (clock - lateness - 2 * w) // length - 1, (clock + w) // length + 1
         keys += [(GROUP_SLICED, k) for k in range(lo, hi + 1)]
     out = row.iloc[[0] * len(keys)].reset_index(drop=True)
-    return out.assign(group=[g for g, _ in keys], part=[k for _, k in keys], clock=clock)
+    # one ms after the latest event: a row at the watermark itself is late for Spark's
+    # stateful operator and dropped, and with it the flush of the events the parts
+    # still buffer (the last --lateness ms of the stream: their matches were lost)
+    return out.assign(group=[g for g, _ in keys], part=[k for _, k in keys],
+                      clock=clock + 1)
 
 
 def processor_class(spec: JobSpec, lateness: int):
@@ -196,10 +200,14 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     from dqcep.spark.journal_source import JournalSource
     from dqcep.spark.partitioning import plan_partitioning
 
-    queries = parse(queries_text).queries
-    plan = plan_partitioning(queries, strategy)
+    parsed = parse(queries_text)
+    plan = plan_partitioning(parsed.queries, strategy)
     window = plan.slice_window
-    spec = JobSpec(queries_text, plan, partitions, slice_ms or max(10 * window, 1000))
+    # lookup tables: read once, when the job starts (a restart reads them again), and
+    # shipped by value with the tasks: the stateful processor's runner loads no
+    # broadcast variable (BROADCAST_VARIABLE_NOT_LOADED)
+    spec = JobSpec(queries_text, plan, partitions, slice_ms or max(10 * window, 1000),
+                   read_tables(parsed))
     out, ck = Path(output).resolve(), Path(checkpoint).resolve()
     spark.dataSource.register(JournalSource)
     end_marker = ck / "end-of-stream"

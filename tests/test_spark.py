@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dqcep.io.database import DatabaseTables
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
 from dqcep.reference import ReferenceMatcher
@@ -54,9 +55,12 @@ def expected(paths, lateness=LATENESS, text=None):
                 events.append(e)
             latest = e.ts if latest is None else max(latest, e.ts)
         errors += len(bad)
-    queries = parse(text or QUERIES.read_text()).queries
-    lines = {json.dumps(m.to_json_obj(), ensure_ascii=False)
-             for m in ReferenceMatcher(queries).run(events)}
+    parsed = parse(text or QUERIES.read_text())
+    tables = DatabaseTables(parsed.tables) if parsed.tables else None
+    lines = {json.dumps(m.to_json_obj(), ensure_ascii=False) for m in ReferenceMatcher(
+        parsed.queries, (), parsed.tables, tables).run(events)}
+    if tables is not None:
+        tables.close()
     return lines, errors, late
 
 
@@ -818,3 +822,50 @@ def test_stream_job_runs_kleene_items_and_strategies(spark, tmp_path):
                slice_ms=90_000)
     got = stream_lines(tmp_path / "out")
     assert len(got) == len(set(got)) and set(got) == want and len(want) > 20
+
+
+def thresholds(tmp_path: Path) -> str:
+    """examples/iot-thresholds.cep beside the iot queries, its table examples/rooms.sql
+    in a SQLite file named by its absolute path (the executors' working directories
+    are not ours)."""
+    import sqlite3
+    db = tmp_path / "rooms.db"
+    with sqlite3.connect(db) as conn:
+        conn.executescript((ROOT / "examples" / "rooms.sql").read_text())
+    lookups = (ROOT / "examples" / "iot-thresholds.cep").read_text().replace(
+        "sqlite:///rooms.db", f"sqlite:///{db}").replace("QUERY overheating", "QUERY hot")
+    return lookups + ";\n" + QUERIES.read_text()
+
+
+@pytest.mark.parametrize("strategy", ["auto", "time"])
+def test_batch_job_reads_lookup_tables_from_a_broadcast(spark, tmp_path, strategy):
+    """A threshold per room from a lookup table, read once on the driver and broadcast:
+    the executors' engines (and the routing's pushdown, which reads the threshold)
+    find exactly the reference's matches over the same table."""
+    from dqcep.spark.batch import run_batch
+    text = thresholds(tmp_path)
+    events = generate(tmp_path / "events.jsonl", 6000, *CLEAN)
+    want, _, _ = expected([events], text=text)
+    run_batch(spark, text, [str(events)], str(tmp_path / "out"), partitions=2,
+              lateness=LATENESS, strategy=strategy)
+    got = job_lines(tmp_path / "out")
+    assert len(got) == len(set(got)) and set(got) == want
+    assert {json.loads(x)["query"] for x in want} >= {"hot", "overheating"}
+
+
+def test_stream_job_reads_lookup_tables(spark, tmp_path):
+    """The streaming job: the tables read once when it starts, shipped with its tasks.
+    (This stream also ends with a match inside the last --lateness ms: the end-of-stream
+    row once carried the watermark as its time, Spark dropped it as late, and that
+    match was lost.)"""
+    from dqcep.spark.stream import run_stream
+    text = thresholds(tmp_path)
+    events = generate(tmp_path / "events.msgpack", 6000, *STREAM_IMPERFECT)
+    want, _, _ = expected([events], text=text)
+    journal = journal_of(events, tmp_path)
+    run_stream(spark, text, str(journal), str(tmp_path / "out"), str(tmp_path / "ck"),
+               partitions=2, lateness=LATENESS, until_idle=True, trigger_seconds=0.5,
+               slice_ms=90_000)
+    got = stream_lines(tmp_path / "out")
+    assert len(got) == len(set(got)) and set(got) == want
+    assert any(json.loads(x)["query"] == "hot" for x in want)

@@ -243,7 +243,8 @@ def program_for(queries_text: str, names: tuple[str, ...] | None = None) -> Prog
     from dqcep.lang import parse
     from dqcep.plan import build_plan
 
-    queries = parse(queries_text).queries
+    parsed = parse(queries_text)
+    queries = parsed.queries
     if names is not None:
         queries = [q for q in queries if q.name in names]
-    return Program(build_plan(queries))
+    return Program(build_plan(queries, tables=parsed.tables))
