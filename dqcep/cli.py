@@ -373,7 +373,7 @@ def cmd_explain(args) -> int:
 
     queries = _load_queries(args.queries)
     plan = build_plan(queries.queries, _load_rates(args.rates), materialize=args.materialize,
-                      schemas=queries.schemas)
+                      schemas=queries.schemas, tables=queries.tables)
     sys.stdout.write(explain_dot(plan) if args.dot else explain_text(plan))
     return 0
 

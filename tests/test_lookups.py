@@ -205,6 +205,9 @@ def test_dqcep_run_reads_a_lookup_table_alike_on_every_engine(tmp_path, rooms_ur
     assert found and all(m["t.value"] > m["rooms(t.room).threshold"] for m in found)
     assert {m["t.room"] for m in found}.isdisjoint({"site2/room4", "site2/room5"})
     assert all(isinstance(m["rooms(t.room).floor"], int) for m in found)
+    # the plan reads the lookup where it reads t.value: pushed down to the events
+    r = dqcep("explain", queries, cwd=tmp_path)
+    assert "Temperature: has room AND t.value > rooms(t.room).threshold" in r.stdout, r.stdout
 
 
 def test_a_lookup_table_that_is_not_there_is_one_line(tmp_path):

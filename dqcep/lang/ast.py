@@ -116,6 +116,21 @@ class Lookup:
     pos: Pos = _pos()
 
 
+def lookup_attribute(table: str, key: str, column: str) -> str:
+    """The name of the attribute a lookup is read as once planned (dqcep.plan.lookups):
+    ``table(key).column``, which no attribute of the language can be named."""
+    return f"{table}({key}).{column}"
+
+
+def attribute_lookup(attr: str) -> tuple[str, str, str] | None:
+    """(table, key, column) of a ``lookup_attribute`` name; None for a plain one."""
+    if "(" not in attr:
+        return None
+    table, rest = attr.split("(", 1)
+    key, column = rest.split(").", 1)
+    return table, key, column
+
+
 @dataclass(frozen=True)
 class Number:
     value: int | float

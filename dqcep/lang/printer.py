@@ -30,7 +30,11 @@ def format_number(value: int | float) -> str:
 
 def format_expr(e: ast.Expr) -> str:
     if isinstance(e, ast.AttrRef):
-        return f"{e.var}[{e.index}].{e.attr}" if e.index else f"{e.var}.{e.attr}"
+        ref = f"{e.var}[{e.index}]" if e.index else e.var
+        lookup = ast.attribute_lookup(e.attr)  # a planned lookup: shown as written
+        if lookup is not None:
+            return f"{lookup[0]}({ref}.{lookup[1]}).{lookup[2]}"
+        return f"{ref}.{e.attr}"
     if isinstance(e, ast.Aggregate):
         return f"{e.func}({e.var}{'.' + e.attr if e.attr else ''})"
     if isinstance(e, ast.Lookup):

@@ -22,14 +22,10 @@ class LookupColumn:
     the row of ``table`` whose key is the event's attribute ``key`` (ts and id are the
     event's own fields)."""
 
-    attr: str       # the engine attribute's name: lookup_attribute(table, key, column)
+    attr: str       # the engine attribute's name: ast.lookup_attribute(table, key, column)
     table: str
     key: str
     column: str
-
-
-def lookup_attribute(table: str, key: str, column: str) -> str:
-    return f"{table}({key}).{column}"
 
 
 def resolve_lookups(q: ast.Query) -> tuple[ast.Query, tuple[LookupColumn, ...]]:
@@ -40,7 +36,7 @@ def resolve_lookups(q: ast.Query) -> tuple[ast.Query, tuple[LookupColumn, ...]]:
 
     def rewrite(e: ast.Expr) -> ast.Expr:
         if isinstance(e, ast.Lookup):
-            attr = lookup_attribute(e.table, e.key.attr, e.column)
+            attr = ast.lookup_attribute(e.table, e.key.attr, e.column)
             found.setdefault(attr, LookupColumn(attr, e.table, e.key.attr, e.column))
             return ast.AttrRef(e.key.var, attr, e.pos, e.key.index)
         if isinstance(e, ast.Unary):
