@@ -108,19 +108,22 @@ class _RunView:
 
 
 def _event_chunks(args, bad: _BadEvents, chunk_size: int, repeats: list[int], engine=None,
-                  view: _RunView | None = None):
+                  view: _RunView | None = None, schemas=()):
     """The input in arrival order, in pieces the engine takes: ``EventColumns`` where the
     format has a fast path and an ``engine`` is given, else lists of ``Event``; repeated
-    ids dropped (dqcep.runtime.duplicates), counted in ``repeats[0]``."""
+    ids dropped (dqcep.runtime.duplicates), counted in ``repeats[0]``. ``schemas``:
+    the declared event schemas (their STRING attributes are text in CSV)."""
     import numpy as np
 
     from dqcep.io.columnar import read_columns
+    from dqcep.io.readers import csv_text_attrs
     from dqcep.runtime import EventColumns
     from dqcep.runtime.duplicates import recent_ids
 
     recent = recent_ids()
     progress = None if view is None else view.read
-    for piece in read_columns(args.input, args.format, engine, bad, chunk_size, progress):
+    for piece in read_columns(args.input, args.format, engine, bad, chunk_size, progress,
+                              csv_text_attrs(schemas)):
         columns = isinstance(piece, tuple)
         if columns:
             piece = EventColumns(*piece)
@@ -236,7 +239,8 @@ def cmd_run(args) -> int:
         if args.engine == "reference":
             from dqcep.reference import ReferenceMatcher
 
-            events = [e for chunk in _event_chunks(args, bad, 1 << 20, repeats, None, view)
+            events = [e for chunk in _event_chunks(args, bad, 1 << 20, repeats, None, view,
+                                                   query_file.schemas)
                       for e in chunk]
             view.processed(len(events))
             matcher = ReferenceMatcher(queries, query_file.schemas, query_file.tables, tables)
@@ -267,7 +271,8 @@ def cmd_run(args) -> int:
                 if args.returns else None
             started = time.perf_counter()
             fast = None if returns is not None else engine  # --returns reads Events
-            for chunk in _event_chunks(args, bad, args.chunk_size, repeats, fast, view):
+            for chunk in _event_chunks(args, bad, args.chunk_size, repeats, fast, view,
+                                       query_file.schemas):
                 if tables is not None:  # one snapshot per batch, read again when due
                     _refresh(tables)
                 if returns is not None:

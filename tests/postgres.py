@@ -75,8 +75,11 @@ class PostgresServer:
         url = self.new_database()
         with psycopg.connect(host="127.0.0.1", port=self.port, user=USER,
                              dbname=url.rsplit("/", 1)[1], autocommit=True) as conn:
-            conn.execute(f"DROP ROLE IF EXISTS {PASSWORD_USER}")
-            conn.execute(f"CREATE ROLE {PASSWORD_USER} LOGIN PASSWORD '{password}'")
+            # a role is the server's, not the database's: made once, its password set
+            if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s",
+                                (PASSWORD_USER,)).fetchone():
+                conn.execute(f"CREATE ROLE {PASSWORD_USER} LOGIN")
+            conn.execute(f"ALTER ROLE {PASSWORD_USER} PASSWORD '{password}'")
             conn.execute(f"GRANT ALL ON SCHEMA public TO {PASSWORD_USER}")
         return url.replace(f"{USER}@", f"{PASSWORD_USER}@")
 

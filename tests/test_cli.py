@@ -465,3 +465,26 @@ def test_events_a_declared_schema_refuses_are_bad_events(tmp_path):
     r = dqcep("spark", "run", q, "--input", events, "--output", tmp_path / "out")
     assert r.returncode == 2 and "the Spark jobs do not take EVENT declarations yet" in r.stderr
     assert r.stderr.startswith(f"{q}:1:1: ")
+
+
+def test_csv_cells_of_declared_strings_stay_text(tmp_path):
+    """A CSV cell is typed by its look (101 a number, true a boolean) except where the
+    row's type declares the attribute STRING: room 101 of a Door is the string '101'.
+    The fast CSV path and the validator (the reference, --returns) read it alike."""
+    q = tmp_path / "q.cep"
+    q.write_text("EVENT Door(room STRING, code STRING);\n"
+                 "QUERY q PATTERN SEQ(Door d, Motion m) WHERE d.room = '101' AND "
+                 "m.room = 101 AND d.code = 'true' WITHIN 10 RETURN d.room, d.code, m.room")
+    events = tmp_path / "e.csv"
+    rows = ["id,type,ts,room,code"] + [
+        f"{i},{'Door' if i % 2 else 'Motion'},{i},101,true" for i in range(1, 9)]
+    events.write_text("\n".join(rows) + "\n")
+    outputs = []
+    for args in ([], ["--engine", "sase"], ["--engine", "reference"], ["--returns"]):
+        r = dqcep("run", q, "--input", events, *args)
+        assert r.returncode == 0, r.stderr
+        outputs.append(sorted(json.dumps(json.loads(x)["events"]) for x in r.stdout.splitlines()))
+    assert outputs[0] and all(o == outputs[0] for o in outputs)
+    r = dqcep("run", q, "--input", events, "--returns")
+    assert json.loads(r.stdout.splitlines()[0])["return"] == {
+        "d.room": "101", "d.code": "true", "m.room": 101}

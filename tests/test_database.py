@@ -201,11 +201,8 @@ def test_service_sigkill_mid_stream_writes_each_match_once(mosquitto, tmp_path, 
     pub = subprocess.Popen(gen_args(40_000, url, extra + ("--rate", "15000")))
     for seen in (6_000, 20_000):
         svc.wait_for(seen)
-        svc.proc.kill()                     # SIGKILL mid-stream
-        svc.proc.wait()
-        assert table_rows(database_url)     # rows were committed before the kill
-        time.sleep(0.5)                     # the broker queues for the persistent session
-        svc.start()
+        svc.kill_and_restart(  # rows were committed before the kill
+            while_down=lambda: table_rows(database_url) or pytest.fail("no row yet"))
     assert pub.wait(60) == 0
     svc.wait_for(n_events)
     svc.finish()

@@ -299,10 +299,7 @@ def test_the_streaming_service_reads_lookup_tables(mosquitto, tmp_path, postgres
     svc.start()
     pub = subprocess.Popen(gen_args(30_000, url, ("--rate", "10000")))
     svc.wait_for(8_000)
-    svc.proc.kill()
-    svc.proc.wait()
-    time.sleep(0.5)
-    svc.start()
+    svc.kill_and_restart()
     assert pub.wait(60) == 0
     svc.wait_for(len(events))
     svc.finish()

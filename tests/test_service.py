@@ -84,6 +84,15 @@ class Service:
             time.sleep(0.1)
         assert self.events_in(counter) >= n, (self.events_in(counter), n)
 
+    def kill_and_restart(self, while_down=lambda: None):
+        """SIGKILL mid-stream, ``while_down()``, then start again (the broker queues for
+        the persistent session meanwhile)."""
+        self.proc.kill()
+        self.proc.wait()
+        while_down()
+        time.sleep(0.5)
+        self.start()
+
     def stop(self):
         """SIGTERM: a pause for a restart (held matches stay in the checkpoint)."""
         self.proc.send_signal(signal.SIGTERM)
@@ -121,10 +130,7 @@ def test_sigkill_mid_stream_loses_and_repeats_nothing(mosquitto, tmp_path):
     svc.start()
     pub = subprocess.Popen(gen_args(40_000, url, extra + ("--rate", "20000")))
     svc.wait_for(8_000)
-    svc.proc.kill()                         # SIGKILL mid-stream
-    svc.proc.wait()
-    time.sleep(0.5)                         # the broker queues for the persistent session
-    svc.start()
+    svc.kill_and_restart()
     assert pub.wait(60) == 0
     svc.wait_for(n_events)
     svc.finish()
@@ -555,10 +561,7 @@ def test_kleene_items_and_strategies_survive_sigkill(mosquitto, tmp_path):
     svc.start()
     pub = subprocess.Popen(gen_args(12_000, url, ("--rate", "6000")))
     svc.wait_for(3_000)
-    svc.proc.kill()                         # SIGKILL mid-stream
-    svc.proc.wait()
-    time.sleep(0.5)
-    svc.start()
+    svc.kill_and_restart()
     assert pub.wait(60) == 0
     svc.wait_for(len(events))
     svc.finish()

@@ -812,15 +812,21 @@ def test_batch_job_runs_kleene_items_and_strategies(spark, tmp_path, strategy, p
         assert how["by_room"]["keyed"]["*"] == "room" and "keyed" in how["rising"]
 
 
-def test_stream_job_runs_kleene_items_and_strategies(spark, tmp_path):
+def stream_to_the_end(spark, tmp_path, text: str, n: int) -> tuple[list[str], set[str]]:
+    """A generated imperfect stream of n events through the streaming job until its
+    end: (the matches it wrote, the reference's)."""
     from dqcep.spark.stream import run_stream
-    events = generate(tmp_path / "events.msgpack", 3000, *STREAM_IMPERFECT)
-    want, _, _ = expected([events], text=SECTION5)
+    events = generate(tmp_path / "events.msgpack", n, *STREAM_IMPERFECT)
+    want, _, _ = expected([events], text=text)
     journal = journal_of(events, tmp_path)
-    run_stream(spark, SECTION5, str(journal), str(tmp_path / "out"), str(tmp_path / "ck"),
+    run_stream(spark, text, str(journal), str(tmp_path / "out"), str(tmp_path / "ck"),
                partitions=2, lateness=LATENESS, until_idle=True, trigger_seconds=0.5,
                slice_ms=90_000)
-    got = stream_lines(tmp_path / "out")
+    return stream_lines(tmp_path / "out"), want
+
+
+def test_stream_job_runs_kleene_items_and_strategies(spark, tmp_path):
+    got, want = stream_to_the_end(spark, tmp_path, SECTION5, 3000)
     assert len(got) == len(set(got)) and set(got) == want and len(want) > 20
 
 
@@ -858,14 +864,6 @@ def test_stream_job_reads_lookup_tables(spark, tmp_path):
     (This stream also ends with a match inside the last --lateness ms: the end-of-stream
     row once carried the watermark as its time, Spark dropped it as late, and that
     match was lost.)"""
-    from dqcep.spark.stream import run_stream
-    text = thresholds(tmp_path)
-    events = generate(tmp_path / "events.msgpack", 6000, *STREAM_IMPERFECT)
-    want, _, _ = expected([events], text=text)
-    journal = journal_of(events, tmp_path)
-    run_stream(spark, text, str(journal), str(tmp_path / "out"), str(tmp_path / "ck"),
-               partitions=2, lateness=LATENESS, until_idle=True, trigger_seconds=0.5,
-               slice_ms=90_000)
-    got = stream_lines(tmp_path / "out")
+    got, want = stream_to_the_end(spark, tmp_path, thresholds(tmp_path), 6000)
     assert len(got) == len(set(got)) and set(got) == want
     assert any(json.loads(x)["query"] == "hot" for x in want)

@@ -17,6 +17,7 @@ comes as lists of ``Event`` in chunks, from ``read_events``.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import IO, Callable, Iterator, NamedTuple
@@ -30,7 +31,8 @@ from dqcep.errors import UserError
 from dqcep.events import INT64_MAX, TS_LIMIT
 from dqcep.io.readers import (CSV_BOOL, CSV_DEC, CSV_INT, CSV_TRUE, PARQUET_BATCH_ROWS,
                               EventInputError,
-                              csv_header, csv_rows, format_for, jsonl_lines, msgpack_record,
+                              csv_header, csv_rows, csv_text_attrs, format_for, jsonl_lines,
+                              msgpack_record,
                               msgpack_stream, parquet_batches, parquet_rows, read_events)
 
 ErrorHandler = Callable[[EventInputError], None] | None
@@ -51,24 +53,28 @@ KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSI
 
 
 def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = None,
-                 chunk_rows: int = 65_536, progress: Callable[[int], None] | None = None
-                 ) -> Iterator:
+                 chunk_rows: int = 65_536, progress: Callable[[int], None] | None = None,
+                 texts: dict[str, frozenset[str]] | None = None) -> Iterator:
     """Pieces of about ``chunk_rows`` events (whole msgpack records, Parquet record
     batches) of the file (stdin for ``-``), in the column layout of ``engine`` (its
     ``column_decoder()``, ``types``, ``attrs``, ``dictionary``) where the format has
     a fast path; ``engine=None``: lists of ``Event`` only (the reference matcher,
-    ``--returns``). ``progress(bytes)`` hears how far the fast paths have read."""
+    ``--returns``). ``progress(bytes)`` hears how far the fast paths have read.
+    ``texts``: the CSV cells read as text (``readers.csv_text_attrs``; default: the
+    engine's declared schemas')."""
     fmt = format_for(path, fmt)
     progress = progress or (lambda _: None)
+    if texts is None:
+        texts = csv_text_attrs(engine.schemas) if engine is not None else {}
     if fmt == "parquet" and engine is not None and path != "-":
         yield from _parquet_columns(path, engine, on_error, progress)
         return
     if fmt == "csv" and engine is not None and path != "-":
-        yield from _csv_columns(path, engine, on_error, progress, chunk_rows)
+        yield from _csv_columns(path, engine, on_error, progress, chunk_rows, texts=texts)
         return
     if fmt not in ("msgpack", "jsonl") or engine is None:
-        yield from _events_in_chunks(read_events(path, fmt, on_error=on_error), on_error,
-                                     chunk_rows)
+        yield from _events_in_chunks(read_events(path, fmt, on_error=on_error, texts=texts),
+                                     on_error, chunk_rows)
         return
     source = "<stdin>" if path == "-" else path
     stream = sys.stdin.buffer if path == "-" else _open(path)
@@ -94,7 +100,8 @@ def read_sourced(path: str, fmt: str, engine, on_error: ErrorHandler = None,
         yield from _parquet_columns(path, engine, on_error, progress, sourced=True,
                                     row_groups=row_groups, first_row=first_row)
     elif fmt == "csv":
-        yield from _csv_columns(path, engine, on_error, progress, chunk_rows, sourced=True)
+        yield from _csv_columns(path, engine, on_error, progress, chunk_rows, sourced=True,
+                                texts=csv_text_attrs(engine.schemas))
     elif fmt == "jsonl":
         with _open(path) as stream:
             yield from _jsonl_columns(stream, path, engine, on_error, chunk_rows, sourced=True)
@@ -426,7 +433,7 @@ _CSV_INT, _CSV_NUM, _CSV_BOOL, _CSV_TRUE = (f"^(?:{p})$" for p in (CSV_INT, CSV_
 
 
 def _csv_columns(path: str, engine, on_error: ErrorHandler, progress,
-                 chunk_rows: int, sourced: bool = False) -> Iterator:
+                 chunk_rows: int, sourced: bool = False, texts=None) -> Iterator:
     """Blocks of whole lines through pyarrow's CSV reader (every cell read as text,
     then typed by Arrow compute with the validator's patterns) into engine columns;
     a block it cannot take, or that breaks a validator rule, goes to the validator
@@ -449,38 +456,42 @@ def _csv_columns(path: str, engine, on_error: ErrorHandler, progress,
         if header is None:
             return
         if b'"' in first or b"\r" in first.rstrip(b"\r\n") or len(set(header)) != len(header):
-            yield from _events_in_chunks(read_events(path, "csv", on_error=on_error),
-                                         on_error, chunk_rows, sourced)
+            yield from _events_in_chunks(read_events(path, "csv", on_error=on_error,
+                                                     texts=texts), on_error, chunk_rows, sourced)
             return
         csv_header(header, path)
         for block, line, offset in _line_blocks(stream, CSV_BLOCK_BYTES, block[cut:], 2, cut):
             if b'"' in block:  # the rest of the file, from this block on, as the validator reads it
                 f.seek(offset)
                 text = io.TextIOWrapper(f, encoding="utf-8", newline="", errors="surrogateescape")
-                yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, line - 1),
-                                             on_error, chunk_rows, sourced)
+                yield from _events_in_chunks(csv_rows(csv.reader(text), header, path, line - 1,
+                                                      texts), on_error, chunk_rows, sourced)
                 return
-            cols = _csv_block_columns(block, header, engine)
+            cols = _csv_block_columns(block, header, engine, texts)
+            rows = functools.partial(_csv_text, texts=texts)
             if cols is not None:
-                yield Sourced(cols, _records(_csv_text, block, header, path, line)) \
+                yield Sourced(cols, _records(rows, block, header, path, line)) \
                     if sourced else cols
             else:
-                yield from _events_in_chunks(_csv_text(block, header, path, line), on_error,
+                yield from _events_in_chunks(rows(block, header, path, line), on_error,
                                              chunk_rows, sourced)
 
 
-def _csv_text(block: bytes, header: list[str], source: str, line: int) -> Iterator:
+def _csv_text(block: bytes, header: list[str], source: str, line: int,
+              texts=None) -> Iterator:
     """``csv_rows`` of a block of whole lines (no quote character) that starts at ``line``."""
     import csv
     import io
     text = io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
-    return csv_rows(csv.reader(text), header, source, line - 1)
+    return csv_rows(csv.reader(text), header, source, line - 1, texts)
 
 
-def _csv_block_columns(block: bytes, header: list[str], engine):
+def _csv_block_columns(block: bytes, header: list[str], engine, texts=None):
     """Engine columns of a block of CSV rows (whole lines, no quote character) when
     pyarrow reads it with one row per line and every cell obeys the validator's rules
-    (``readers._csv_cell`` typing, ``event_from_mapping``), else None."""
+    (``readers._csv_cell`` typing, ``event_from_mapping``), else None. The cells of
+    attributes the row's type declares STRING (``texts``) are text whatever they look
+    like."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
@@ -546,14 +557,20 @@ def _csv_block_columns(block: bytes, header: list[str], engine):
         a = slot[name]
         present = pc.not_equal(c, "").to_numpy(zero_copy_only=False)
         numeric = nums.to_numpy(zero_copy_only=False)
+        text = [t for t, attrs in (texts or {}).items() if name in attrs]
+        forced = pc.is_in(etype, value_set=pa.array(text, pa.string())).to_numpy(
+            zero_copy_only=False) if text else np.zeros(n, bool)
         if values is not None:
-            val[numeric, a], kind[numeric, a] = values, KIND_NUM
+            keep = ~forced[numeric]
+            numeric = numeric & ~forced
+            val[numeric, a], kind[numeric, a] = values[keep], KIND_NUM
         rest = present & ~numeric
         if not rest.any():
             continue
         rows = np.flatnonzero(rest)
         words = pc.filter(c, pa.array(rest))
-        bools = pc.match_substring_regex(words, _CSV_BOOL).to_numpy(zero_copy_only=False)
+        bools = pc.match_substring_regex(words, _CSV_BOOL).to_numpy(zero_copy_only=False) \
+            & ~forced[rows]
         if bools.any():
             trues = pc.match_substring_regex(words, _CSV_TRUE).to_numpy(zero_copy_only=False)
             val[rows[bools], a] = trues[bools]

@@ -181,14 +181,14 @@ def _csv_cell(text: str):
     return text
 
 
-def _csv(stream: IO[str], source: str) -> Iterator:
+def _csv(stream: IO[str], source: str, texts=None) -> Iterator:
     reader = csv.reader(stream)
     try:
         header = next(reader)
     except StopIteration:
         return
     csv_header(header, source)
-    yield from csv_rows(reader, header, source, 0)
+    yield from csv_rows(reader, header, source, 0, texts)
 
 
 def csv_header(header: list[str], source: str) -> None:
@@ -201,9 +201,20 @@ def csv_header(header: list[str], source: str) -> None:
         raise bad
 
 
-def csv_rows(reader, header: list[str], source: str, lines_before: int) -> Iterator:
+def csv_text_attrs(schemas) -> dict[str, frozenset[str]]:
+    """By event type, the attributes its schema declares STRING (``EVENT Type(...)``): a
+    CSV cell of those is text whatever it looks like (room ``101`` stays ``'101'``);
+    every other cell is typed by its look (``_csv_cell``)."""
+    out = {s.type: frozenset(a.name for a in s.attrs if a.type == "STRING") for s in schemas}
+    return {t: attrs for t, attrs in out.items() if attrs}
+
+
+def csv_rows(reader, header: list[str], source: str, lines_before: int,
+             texts: dict[str, frozenset[str]] | None = None) -> Iterator:
     """The events (or errors) of the rows a ``csv.reader`` yields after the header;
-    ``lines_before``: lines of the file before the reader's first (positions)."""
+    ``lines_before``: lines of the file before the reader's first (positions);
+    ``texts``: ``csv_text_attrs`` of the declared schemas."""
+    type_at = header.index("type") if texts and "type" in header else None
     for row in reader:
         lineno = lines_before + reader.line_num
         if not any(cell.strip() for cell in row):
@@ -217,10 +228,11 @@ def csv_rows(reader, header: list[str], source: str, lines_before: int) -> Itera
                                   f"row has {len(row)} cells, the header has {len(header)}")
             continue
         obj = {}
+        text = texts.get(row[type_at], ()) if type_at is not None else ()
         for name, cell in zip(header, row):
             if cell == "":
                 continue
-            obj[name] = cell if name == "type" else _csv_cell(cell)
+            obj[name] = cell if name == "type" or name in text else _csv_cell(cell)
         yield _event(obj, source, f"{lineno}:1")
 
 
@@ -261,11 +273,13 @@ def parquet_rows(batch, source: str, rows_before: int) -> Iterator:
 
 def read_events(path: str, fmt: str | None = None,
                 on_error: Callable[[EventInputError], None] | None = None,
+                texts: dict[str, frozenset[str]] | None = None,
                 ) -> Iterator[tuple[str, Event]]:
     """Yield (location, event) from a file, or from stdin when path is '-'.
 
     A bad record raises EventInputError, or, when ``on_error`` is given, is passed
-    to it and reading goes on (unless the stream itself is broken).
+    to it and reading goes on (unless the stream itself is broken). ``texts``: the
+    CSV cells read as text (``csv_text_attrs`` of the declared schemas).
     """
     fmt = format_for(path, fmt)
     source = "<stdin>" if path == "-" else path
@@ -279,7 +293,8 @@ def read_events(path: str, fmt: str | None = None,
                                                errors="surrogateescape"))
     except OSError as err:
         raise UserError(f"cannot read event file {path}: {err.strerror}") from None
-    decode = {"jsonl": jsonl_lines, "msgpack": msgpack_stream, "csv": _csv, "parquet": _parquet}[fmt]
+    decode = {"jsonl": jsonl_lines, "msgpack": msgpack_stream, "parquet": _parquet,
+              "csv": lambda stream, source: _csv(stream, source, texts)}[fmt]
     with stream:
         try:
             for item in decode(stream, source):

@@ -450,20 +450,18 @@ def parse(text: str, source: str = "<query>") -> ast.QueryFile:
             raise positioned(err.orig_exc.message, err.orig_exc.pos) from None
         raise
     queries = [s for s in statements if isinstance(s, ast.Query)]
-    schemas: dict[str, ast.EventSchema] = {}
-    for sch in (s for s in statements if isinstance(s, ast.EventSchema)):
-        if sch.type in schemas:
-            first = schemas[sch.type].pos
-            raise positioned(f"event type {sch.type!r} is declared twice (first at line "
-                             f"{first.line}, column {first.col})", sch.pos)
-        schemas[sch.type] = sch
-    tables: dict[str, ast.LookupTable] = {}
-    for t in (s for s in statements if isinstance(s, ast.LookupTable)):
-        if t.name in tables:
-            first = tables[t.name].pos
-            raise positioned(f"table {t.name!r} is declared twice (first at line "
-                             f"{first.line}, column {first.col})", t.pos)
-        tables[t.name] = t
+    def declared_once(kind, name_of, what: str) -> dict:
+        """The declarations of a kind by name; a name declared twice is an error."""
+        found: dict = {}
+        for d in (s for s in statements if isinstance(s, kind)):
+            if name_of(d) in found:
+                first = found[name_of(d)].pos
+                raise positioned(f"{what} {name_of(d)!r} is declared twice (first at line "
+                                 f"{first.line}, column {first.col})", d.pos)
+            found[name_of(d)] = d
+        return found
+    schemas = declared_once(ast.EventSchema, lambda d: d.type, "event type")
+    tables = declared_once(ast.LookupTable, lambda d: d.name, "table")
     if not queries:
         first = min((d.pos for d in [*schemas.values(), *tables.values()]),
                     key=lambda p: (p.line, p.col))

@@ -223,6 +223,7 @@ class EventTimeEngine:
         self.state = state if state is not None else \
             TimeState.fresh(len(self.types), len(self.attrs), lateness)
         self.every_event = False  # store events of types no query names too
+        self.schemas = tuple(s for s in schemas if s.type in self.type_code)
         # declared attribute types (EVENT Type(attr TYPE, ...)) of this engine's types:
         # (type code, store column, declared type, type, attribute)
         self.schema_checks = [(self.type_code[s.type], self.attr_index[a.name], a.type,
