@@ -68,7 +68,7 @@ def point(name: str, text: str, profile: str, events: int, engine_name: str) -> 
 
 def format_point(events: int) -> None:
     """K1's matches (Kleene lists) through ``match_lines`` and through ``match_line``."""
-    from dqcep.io.sinks import match_line, match_lines
+    from dqcep.io.match_text import match_line, match_lines
     from dqcep.lang import parse
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine, MatchBatch

@@ -20,7 +20,7 @@ def demo_queries_path() -> str:
 
 
 def run_demo(events: int = 200_000, seed: int = 1, show: int = 10, out=sys.stdout) -> int:
-    from dqcep.io.sinks import match_line
+    from dqcep.io.match_text import match_line
     from dqcep.lang import parse_file
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine

@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 import pandas as pd
 
-from dqcep.io.sinks import match_lines
+from dqcep.io.match_text import match_lines
 from dqcep.lang import ast, parse
 from dqcep.runtime import Engine, EventColumns, late_rule
 from dqcep.runtime.program import program_for

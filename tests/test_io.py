@@ -128,7 +128,7 @@ def test_format_selection(tmp_path):
 def test_match_lines_writes_what_match_line_writes(parts):
     """The columnar formatter and the per-Match one agree byte for byte, unbound
     variables (OR branches) left out, names escaped as JSON."""
-    from dqcep.io.sinks import match_line, match_lines
+    from dqcep.io.match_text import match_line, match_lines
     from dqcep.runtime import MatchBatch
     queries = (("q", ("a", "b", "c")), ('quoted "q" ü', ("x", "é", "z_1")), ("r", ("u", "v", "w")))
     batch = MatchBatch(queries, [
@@ -239,7 +239,7 @@ def test_background_sink_keeps_the_order_and_raises_a_failed_write():
 def test_match_lines_writes_kleene_lists_as_match_line_does(parts):
     """Kleene lists (spec 5.1): the kernel writes each list as a JSON array of its ids,
     byte for byte what the per-Match formatter writes, beside plain and unbound ids."""
-    from dqcep.io.sinks import match_line, match_lines
+    from dqcep.io.match_text import match_line, match_lines
     from dqcep.runtime import MatchBatch
     from dqcep.runtime.eventtime import LIST_ID, MatchLists
     queries = (("k", ("a", "t[]x", "b", "u")),)

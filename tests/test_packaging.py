@@ -22,12 +22,14 @@ LIBRARY = {
     "dqcep.errors": set(),
     "dqcep.events": set(),
     "dqcep.batch": {"dqcep.events"},
+    "dqcep.tables": {"dqcep.events"},  # lookup tables' snapshots: data, like events
     "dqcep._kernels": set(),
     "dqcep.lang": {"dqcep.errors"},
     "dqcep.plan": {"dqcep.lang", "dqcep.errors", "dqcep._kernels"},  # the bytecode's opcodes
     "dqcep.runtime": {"dqcep.plan", "dqcep.lang", "dqcep._kernels", "dqcep.batch",
-                      "dqcep.errors", "dqcep.events"},
-    "dqcep.io": {"dqcep._kernels", "dqcep.batch", "dqcep.errors", "dqcep.events"},
+                      "dqcep.errors", "dqcep.events", "dqcep.tables"},
+    "dqcep.io": {"dqcep._kernels", "dqcep.batch", "dqcep.errors", "dqcep.events",
+                 "dqcep.tables"},
 }
 
 

@@ -64,8 +64,8 @@ def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = No
     engine's declared schemas')."""
     fmt = format_for(path, fmt)
     progress = progress or (lambda _: None)
-    if texts is None:
-        texts = csv_text_attrs(engine.schemas) if engine is not None else {}
+    if texts is None:  # (an engine-like layout may declare no schema)
+        texts = csv_text_attrs(getattr(engine, "schemas", ())) if engine is not None else {}
     if fmt == "parquet" and engine is not None and path != "-":
         yield from _parquet_columns(path, engine, on_error, progress)
         return
@@ -101,7 +101,7 @@ def read_sourced(path: str, fmt: str, engine, on_error: ErrorHandler = None,
                                     row_groups=row_groups, first_row=first_row)
     elif fmt == "csv":
         yield from _csv_columns(path, engine, on_error, progress, chunk_rows, sourced=True,
-                                texts=csv_text_attrs(engine.schemas))
+                                texts=csv_text_attrs(getattr(engine, "schemas", ())))
     elif fmt == "jsonl":
         with _open(path) as stream:
             yield from _jsonl_columns(stream, path, engine, on_error, chunk_rows, sourced=True)

@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from dqcep.errors import UserError
 from dqcep.events import Match
-from dqcep.io.sinks import formatted_parts
+from dqcep.io.match_text import formatted_parts
 
 DEFAULT_TABLE = "matches"
 PROGRESS_TABLE = "dqcep_progress"

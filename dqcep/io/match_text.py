@@ -1,0 +1,42 @@
+"""Matches as text: the spec's JSON line (section 3), and the events object of each
+match in other framings (a database row, a COPY line), all from one kernel
+(``dqcep._kernels.match_format``)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from dqcep._kernels.match_format import format_matches
+from dqcep.events import Match
+
+
+def match_line(m: Match, with_returns: bool = False) -> str:
+    """A match as the spec's one-line JSON object (section 3)."""
+    return json.dumps(m.to_json_obj(with_returns), ensure_ascii=False)
+
+
+def formatted_parts(batch, head_of, **framing):
+    """(query name, detected times, bytes) per part of a MatchBatch: each match's
+    events object (the spec's ``"events"``: variable -> id, a Kleene list as an
+    array) framed by ``format_matches`` (``head_of(name)``, ``mid``, ``tail``, ...),
+    one line per match. A kernel writes them, without a Match or a dict per match:
+    what keeps output cheap when queries match often."""
+    for q, detected, ids, lists in batch.parts:
+        name, variables = batch.queries[q]
+        keys = [(json.dumps(v, ensure_ascii=False) + ": ").encode() for v in variables]
+        list_args = ()
+        if lists is not None:  # Kleene lists: their ids as JSON arrays
+            list_of = np.full(len(variables), -1, np.int64)
+            list_of[list(lists.columns)] = np.arange(len(lists.columns))
+            list_args = (list_of, lists.offsets, lists.values)
+        detected = np.ascontiguousarray(detected)
+        yield name, detected, format_matches(head_of(name), keys, detected,
+                                             np.ascontiguousarray(ids), *list_args,
+                                             **framing)
+
+
+def match_lines(batch) -> bytes:
+    """Every match of a MatchBatch as ``match_line`` writes it, one per line, in order."""
+    return b"".join(text for _, _, text in formatted_parts(batch, lambda name: (
+        f'{{"query": {json.dumps(name, ensure_ascii=False)}, "detected_at": ').encode()))
