@@ -1,0 +1,113 @@
+"""The response-time model (dqcep.capacity): the Pollaczek-Khinchine formula on cases
+computed by hand, and the placement against the optimum found by trying every
+partition of a few queries."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dqcep.capacity import QueryCost, deviation, load, place, response_times
+
+
+def test_one_query_is_the_m_g_1_formula():
+    """Exponential processing (m2 = 2 b^2) at 50% load: W = b / (1 - rho) = 2 b."""
+    c = QueryCost("q", b=0.002, m2=2 * 0.002 ** 2)
+    assert response_times([c], {"q": 250})["q"] == pytest.approx(0.004)
+    # deterministic processing (m2 = b^2) waits half as long: W = b + b rho / (2 (1 - rho))
+    d = QueryCost("q", b=0.002, m2=0.002 ** 2)
+    assert response_times([d], {"q": 250})["q"] == pytest.approx(0.003)
+
+
+def test_two_classes_share_one_wait():
+    """100/s of 2 ms (m2 8e-6) and 50/s of 4 ms (m2 3.2e-5): rho 0.4, Wq = (8e-4 +
+    1.6e-3) / 1.2 = 2 ms; W = 4 ms and 6 ms."""
+    costs = [QueryCost("a", 0.002, 8e-6), QueryCost("b", 0.004, 3.2e-5)]
+    rates = {"a": 100, "b": 50}
+    assert load(costs, rates) == pytest.approx(0.4)
+    assert response_times(costs, rates) == pytest.approx({"a": 0.004, "b": 0.006})
+    assert deviation(0.006, 0.005) == pytest.approx(0.2)
+
+
+def test_a_saturated_worker_never_answers():
+    c = QueryCost("q", 0.01, 1e-4)
+    assert response_times([c], {"q": 100}) == {"q": math.inf}
+    with pytest.raises(ValueError, match="m2 >= b"):
+        QueryCost("x", 0.01, 1e-5)
+
+
+def fewest_workers(costs, rates, targets, hw, rho_max) -> int:
+    """The optimum: the smallest partition of the queries whose every part is viable."""
+    def partitions(items):
+        if not items:
+            yield []
+            return
+        first, rest = items[0], items[1:]
+        for p in partitions(rest):
+            yield [[first]] + p
+            for i in range(len(p)):
+                yield p[:i] + [[first] + p[i]] + p[i + 1:]
+
+    def viable(part):
+        response = response_times(part, rates)
+        return load(part, rates) <= rho_max and all(
+            deviation(response[c.name], targets[c.name]) <= hw for c in part)
+    return min(len(p) for p in partitions(list(costs)) if all(map(viable, p)))
+
+
+@pytest.mark.parametrize("loads, rho_max, optimum", [
+    ([0.3, 0.3, 0.3, 0.3], 0.7, 2),
+    ([0.5, 0.4, 0.3, 0.2, 0.1], 0.8, 2),
+    ([0.6, 0.5, 0.4, 0.3, 0.2], 0.8, 3),
+    ([0.2] * 6, 0.65, 2),
+])
+def test_placement_finds_the_fewest_workers_on_known_cases(loads, rho_max, optimum):
+    """Targets loose enough that the load threshold decides: the optimum is the
+    classic bin packing's."""
+    costs = [QueryCost(f"q{i}", 0.001, 2e-6) for i in range(len(loads))]
+    rates = {c.name: rho / c.b for c, rho in zip(costs, loads)}
+    targets = {c.name: 1.0 for c in costs}
+    p = place(costs, rates, targets, rho_max=rho_max)
+    assert p.met and len(p.workers) == optimum
+    assert fewest_workers(costs, rates, targets, 0.0, rho_max) == optimum
+    assert all(w.load <= rho_max for w in p.workers)
+
+
+def test_a_tight_target_keeps_a_query_apart():
+    """A 1.2 ms target for a 1 ms query: alone it answers in 1.11 ms, beside a (rho 0.4)
+    in 1.67 ms; so it gets a worker of its own, a and b share one."""
+    costs = [QueryCost("tight", 0.001, 2e-6), QueryCost("a", 0.001, 2e-6),
+             QueryCost("b", 0.001, 2e-6)]
+    rates = {"tight": 100, "a": 300, "b": 300}
+    targets = {"tight": 0.0012, "a": 1.0, "b": 1.0}
+    p = place(costs, rates, targets)
+    assert p.met and len(p.workers) == 2 == fewest_workers(costs, rates, targets, 0.0, 0.8)
+    assert p.worker_of("a") == p.worker_of("b") != p.worker_of("tight")
+    assert p.workers[p.worker_of("tight")].response["tight"] == pytest.approx(0.001 + 1 / 9000)
+    one = place(costs, rates, targets, workers=1)   # all on one: the tight target fails
+    assert not one.met and len(one.workers) == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0005, 0.005), st.floats(1, 3), st.floats(10, 300),
+                          st.floats(0.002, 0.05)), min_size=1, max_size=6))
+def test_placement_is_viable_and_near_the_optimum(specs):
+    """Whatever the queries: every worker meets the conditions, and first-fit
+    decreasing uses at most the optimum's workers * 11/9 + 1 (its bound for classic
+    bin packing; the response-time condition is not additive, so here it is checked,
+    not proven)."""
+    costs = [QueryCost(f"q{i}", b, k * b * b) for i, (b, k, _, _) in enumerate(specs)]
+    rates = {c.name: r for c, (_, _, r, _) in zip(costs, specs)}
+    targets = {c.name: t for c, (_, _, _, t) in zip(costs, specs)}
+    alone = [response_times([c], rates)[c.name] for c in costs]
+    if any(load([c], rates) > 0.8 or deviation(w, targets[c.name]) > 0 for c, w in
+           zip(costs, alone)):
+        return  # no placement can meet this query's target
+    p = place(costs, rates, targets)
+    assert p.met
+    optimum = fewest_workers(costs, rates, targets, 0.0, 0.8)
+    assert optimum <= len(p.workers) <= optimum * 11 / 9 + 1
+    assert sorted(c.name for w in p.workers for c in w.queries) == sorted(rates)
