@@ -123,3 +123,97 @@ def place(costs: Sequence[QueryCost], rates: Mapping[str, float],
         below += [c.name for c in b if deviation(response[c.name], targets[c.name]) < lw]
         out.append(Worker(b, response, rho))
     return Placement(out, met, sorted(below))
+
+
+# ------------------------------------------------------------------ calibration
+
+CALIBRATION_VERSION = 1
+
+
+@dataclass
+class Calibration:
+    """Each query's processing time per event, measured alone (``alone``), and how the
+    shared plan's time is charged to them (``shared``: each query's alone cost scaled
+    by shared plan / sum of alone, so the charges add up to what the shared plan
+    costs). ``batch_events``: the engine batch the times were taken at."""
+
+    batch_events: int
+    events: int
+    alone: dict[str, QueryCost]
+    shared: dict[str, QueryCost]
+    shared_b: float             # the shared plan's time per event (s)
+
+    def costs(self, shared: bool = True) -> dict[str, QueryCost]:
+        return self.shared if shared else self.alone
+
+    def to_json(self) -> dict:
+        def costs(d):
+            return {q: {"b": c.b, "m2": c.m2} for q, c in d.items()}
+        return {"version": CALIBRATION_VERSION, "batch_events": self.batch_events,
+                "events": self.events, "alone": costs(self.alone),
+                "shared": costs(self.shared), "shared_b": self.shared_b}
+
+    @classmethod
+    def from_json(cls, obj: dict, source: str = "calibration") -> "Calibration":
+        from dqcep.errors import UserError
+        try:
+            if obj["version"] != CALIBRATION_VERSION:
+                raise UserError(f"{source}: calibration format {obj['version']}; this dqcep "
+                                f"reads {CALIBRATION_VERSION} (run dqcep calibrate again)")
+
+            def costs(d):
+                return {q: QueryCost(q, float(v["b"]), float(v["m2"])) for q, v in d.items()}
+            return cls(int(obj["batch_events"]), int(obj["events"]), costs(obj["alone"]),
+                       costs(obj["shared"]), float(obj["shared_b"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise UserError(f"{source}: not a calibration written by dqcep calibrate "
+                            f"({type(err).__name__}: {err})") from None
+
+
+def batch_moments(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(b, m2) per event from (events, seconds) per engine batch: every event of a batch
+    is taken to cost the batch's mean, so ``m2`` holds the spread between batches,
+    not within one (an assumption, docs/capacity.md)."""
+    n = sum(k for k, _ in samples)
+    if n == 0:
+        raise ValueError("no event was processed")
+    b = sum(t for _, t in samples) / n
+    m2 = sum(t * t / k for k, t in samples if k) / n
+    return b, max(m2, b * b)
+
+
+def calibrate(query_file, pieces_of, batch_events: int, lookup_source=None,
+              timer=None) -> Calibration:
+    """Every query of a parsed file alone, then the shared plan, over the same input:
+    ``pieces_of(engine)`` gives the input in that engine's columns, in batches of about
+    ``batch_events``; only ``engine.process`` is timed."""
+    import time
+
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+    timer = timer or time.perf_counter
+
+    def measure(queries) -> tuple[float, float, int]:
+        engine = Engine(build_plan(queries, schemas=query_file.schemas,
+                                   tables=query_file.tables), lookup_source=lookup_source)
+        pieces = list(pieces_of(engine))
+        samples = []
+        for piece in pieces:
+            started = timer()
+            engine.process(piece)
+            samples.append((len(piece.ts) if hasattr(piece, "ts") else len(piece),
+                            timer() - started))
+        started = timer()
+        engine.flush()
+        if samples:
+            k, t = samples[-1]
+            samples[-1] = (k, t + timer() - started)
+        return (*batch_moments(samples), sum(k for k, _ in samples))
+    alone = {}
+    for q in query_file.queries:
+        b, m2, n = measure([q])
+        alone[q.name] = QueryCost(q.name, b, m2)
+    shared_b, _, n = measure(list(query_file.queries))
+    scale = shared_b / sum(c.b for c in alone.values())
+    shared = {q: QueryCost(q, c.b * scale, c.m2 * scale * scale) for q, c in alone.items()}
+    return Calibration(batch_events, n, alone, shared, shared_b)

@@ -373,6 +373,126 @@ def _planner_options(parser, only: str = "") -> None:
                         "cost model (default: 1 event/s for every type)")
 
 
+def cmd_calibrate(args) -> int:
+    import json
+
+    from dqcep.capacity import calibrate
+    from dqcep.io.columnar import read_columns
+    from dqcep.runtime import EventColumns
+
+    query_file = _load_queries(args.queries)
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be >= 1")
+    bad = _BadEvents("skip")
+    tables = _open_tables(query_file)
+
+    def pieces_of(engine):  # columns where the format has a fast path, else events,
+        k = args.batch_size  # cut into engine batches of --batch-size events
+        for p in read_columns(args.input, args.format, engine, bad, k):
+            if isinstance(p, tuple):
+                p = EventColumns(*p)
+                yield from (p.take(slice(i, i + k)) for i in range(0, len(p.ts), k))
+            else:
+                yield from (p[i:i + k] for i in range(0, len(p), k))
+    try:
+        result = calibrate(query_file, pieces_of, args.batch_size, tables)
+    finally:
+        if tables is not None:
+            tables.close()
+    with open(args.output, "w", encoding="utf-8") as f:
+        json.dump(result.to_json(), f, indent=2)
+        f.write("\n")
+    print(f"{'query':<20} {'b alone (us/event)':>19} {'sd (us)':>9} {'charged shared':>15}")
+    for name, c in result.alone.items():
+        sd = max(c.m2 - c.b * c.b, 0.0) ** 0.5
+        print(f"{name:<20} {c.b * 1e6:>19.3f} {sd * 1e6:>9.3f} "
+              f"{result.shared[name].b * 1e6:>15.3f}")
+    total = sum(c.b for c in result.alone.values())
+    print(f"shared plan {result.shared_b * 1e6:.3f} us/event ({result.shared_b / total:.2f}x "
+          f"the queries alone); {result.events:,} events in batches of {args.batch_size}; "
+          f"written to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _named_values(items: list[str], what: str, names: list[str]) -> dict[str, float]:
+    """``NAME=VALUE`` options (``*=VALUE``: every query) as {query: value}."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not sep or number <= 0:
+            raise UserError(f"--{what} {item}: give QUERY=NUMBER (a positive number; "
+                            "*=NUMBER for every query)")
+        if name != "*" and name not in names:
+            raise UserError(f"--{what} {item}: no query {name!r} (the queries: "
+                            f"{', '.join(names)})")
+        for q in (names if name == "*" else [name]):
+            out[q] = number
+    return out
+
+
+def cmd_capacity(args) -> int:
+    import json
+    import math
+
+    from dqcep.capacity import Calibration, deviation, place
+
+    query_file = _load_queries(args.queries)
+    names = [q.name for q in query_file.queries]
+    try:
+        with open(args.calibration, encoding="utf-8") as f:
+            calibration = Calibration.from_json(json.load(f), args.calibration)
+    except OSError as err:
+        raise UserError(f"cannot read calibration {args.calibration}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{args.calibration}:{err.lineno}:{err.colno}: invalid JSON: "
+                        f"{err.msg}") from None
+    costs = calibration.costs(shared=not args.separate)
+    missing = [n for n in names if n not in costs]
+    if missing:
+        raise UserError(f"{args.calibration} has no calibration of {', '.join(missing)} "
+                        f"(run dqcep calibrate {args.queries} ...)")
+    rates = _named_values(args.rate, "rate", names)
+    if set(rates) != set(names):
+        raise UserError("give every query's arrival rate in events/s: --rate "
+                        + " ".join(f"{n}=N" for n in names if n not in rates))
+    targets = {q: ms / 1000 for q, ms in _named_values(args.target, "target", names).items()}
+    targets = {n: targets.get(n, math.inf) for n in names}
+    if args.workers is not None and args.workers < 1:
+        raise UserError("--workers must be >= 1")
+    placement = place([costs[n] for n in names], rates, targets, workers=args.workers,
+                      lw=args.lw, hw=args.hw, rho_max=args.rho_max)
+    report = {"met": placement.met, "below_lw": placement.below_lw, "workers": [
+        {"load": w.load, "queries": [
+            {"name": c.name, "rate": rates[c.name], "b_ms": c.b * 1e3,
+             "predicted_ms": w.response[c.name] * 1e3,
+             "target_ms": None if math.isinf(targets[c.name]) else targets[c.name] * 1e3,
+             "deviation": None if math.isinf(targets[c.name])
+             else deviation(w.response[c.name], targets[c.name])}
+            for c in w.queries]} for w in placement.workers]}
+    if args.json:
+        print(json.dumps(report, indent=2, allow_nan=False, default=str))
+        return 0
+    how = (f"on {args.workers} worker(s)" if args.workers is not None else
+           f"on {len(placement.workers)} worker(s), the fewest that meet every target")
+    print(f"{len(names)} queries {how} (load <= {args.rho_max}, deviation <= {args.hw}); "
+          f"{'every target met' if placement.met else 'NOT every target met'}")
+    for i, w in enumerate(report["workers"], 1):
+        print(f"worker {i}: load {w['load']:.3f}")
+        for q in w["queries"]:
+            target = "no target" if q["target_ms"] is None else \
+                f"target {q['target_ms']:g} ms, deviation {q['deviation']:+.2f}"
+            print(f"  {q['name']:<20} {q['rate']:>10,.0f} events/s  predicted "
+                  f"{q['predicted_ms']:.3f} ms  ({target})")
+    if placement.below_lw:
+        print(f"further below their targets than --lw {args.lw}: "
+              f"{', '.join(placement.below_lw)}")
+    return 0
+
+
 def cmd_explain(args) -> int:
     from dqcep.plan import build_plan, explain_dot, explain_text
 
@@ -438,6 +558,50 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--dot", action="store_true", help="print Graphviz DOT instead")
     _planner_options(explain)
     explain.set_defaults(func=cmd_explain)
+
+    cal = sub.add_parser(
+        "calibrate", help="measure each query's processing time per event (for capacity)",
+        description="Run each query of QUERIES alone, then the shared plan, over EVENTS in "
+        "engine batches of --batch-size events, timing the engine on every batch; write "
+        "each query's mean processing time per event b and its second moment (alone, and "
+        "charged from the shared plan in proportion to its cost alone) to --output. "
+        "docs/capacity.md says what is measured and assumed.")
+    cal.add_argument("queries", metavar="QUERIES.cep", help="query file")
+    cal.add_argument("--input", "-i", required=True, metavar="EVENTS", help="event file")
+    cal.add_argument("--format", choices=("jsonl", "msgpack", "csv", "parquet"),
+                     help="input format (default: from the extension)")
+    cal.add_argument("--batch-size", type=int, default=200, metavar="N",
+                     help="events per engine batch (default 200: one MQTT payload of the "
+                     "generator)")
+    cal.add_argument("--output", "-o", default="calibration.json", metavar="FILE",
+                     help="where the calibration goes (default calibration.json)")
+    cal.set_defaults(func=cmd_calibrate)
+
+    cap = sub.add_parser(
+        "capacity", help="predict response times and place queries on workers",
+        description="From a calibration (dqcep calibrate), each query's arrival rate and "
+        "response-time target: the queries of each worker as a multi-class M/G/1 queue "
+        "(Pollaczek-Khinchine), placed by first-fit decreasing on the fewest workers that "
+        "keep every query's deviation (W - T) / T <= --hw and every worker's load <= "
+        "--rho-max, or on --workers N; prints each worker's queries, load and predicted "
+        "mean response times (docs/capacity.md).")
+    cap.add_argument("queries", metavar="QUERIES.cep", help="query file")
+    cap.add_argument("--calibration", required=True, metavar="FILE",
+                     help="written by dqcep calibrate")
+    cap.add_argument("--rate", action="append", metavar="QUERY=EVENTS_PER_S",
+                     help="a query's arrival rate (*=N for every query); every query needs one")
+    cap.add_argument("--target", action="append", metavar="QUERY=MS",
+                     help="a query's mean response-time target (*=MS for every query)")
+    cap.add_argument("--workers", type=int, metavar="N",
+                     help="place on N workers (default: the fewest that meet every target)")
+    cap.add_argument("--separate", action="store_true",
+                     help="cost each query as if alone (default: charged from the shared plan)")
+    cap.add_argument("--lw", type=float, default=-0.5, help="low water-mark (default -0.5)")
+    cap.add_argument("--hw", type=float, default=0.0, help="high water-mark (default 0)")
+    cap.add_argument("--rho-max", type=float, default=0.8,
+                     help="load threshold per worker (default 0.8)")
+    cap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    cap.set_defaults(func=cmd_capacity)
 
     demo = sub.add_parser(
         "demo", help="run example queries over a generated IoT stream (no services needed)",

@@ -3,14 +3,17 @@ computed by hand, and the placement against the optimum found by trying every
 partition of a few queries."""
 from __future__ import annotations
 
-import itertools
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqcep.capacity import QueryCost, deviation, load, place, response_times
+from dqcep.capacity import Calibration, QueryCost, deviation, load, place, response_times
 
 
 def test_one_query_is_the_m_g_1_formula():
@@ -111,3 +114,76 @@ def test_placement_is_viable_and_near_the_optimum(specs):
     optimum = fewest_workers(costs, rates, targets, 0.0, 0.8)
     assert optimum <= len(p.workers) <= optimum * 11 / 9 + 1
     assert sorted(c.name for w in p.workers for c in w.queries) == sorted(rates)
+
+
+# ------------------------------------------------------------------ the commands
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARING = """QUERY a PATTERN SEQ(Temperature t, Smoke s, Door d) WHERE [room] WITHIN 30 s;
+QUERY b PATTERN SEQ(Temperature t, Smoke s, Motion m) WHERE [room] WITHIN 30 s;
+QUERY c PATTERN SEQ(Temperature t, Smoke s) WHERE [room] AND t.value > 30 WITHIN 30 s
+"""
+
+
+def dqcep(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "dqcep", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def test_calibrate_then_capacity(tmp_path):
+    """dqcep calibrate writes every query's b and m2, alone and charged from the shared
+    plan (three queries sharing SEQ(Temperature, Smoke) by room: the charges add up to
+    the shared plan, which costs less than the queries alone, so its predictions are no
+    worse); dqcep capacity places them and predicts from it, as text and JSON."""
+    queries = tmp_path / "shared.cep"
+    queries.write_text(SHARING)
+    assert dqcep("generate", "-n", 40_000, "--seed", 3, "--quiet", "-o", "iot.jsonl",
+                 cwd=tmp_path).returncode == 0
+    r = dqcep("calibrate", queries, "--input", "iot.jsonl", "--batch-size", 500, "-o",
+              "cal.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].split()[:2] == ["query", "b"]
+    from dqcep.capacity import Calibration
+    cal = Calibration.from_json(json.loads((tmp_path / "cal.json").read_text()))
+    assert set(cal.alone) == set(cal.shared) == {"a", "b", "c"} and cal.batch_events == 500
+    assert cal.events == 40_000
+    assert sum(c.b for c in cal.shared.values()) == pytest.approx(cal.shared_b)
+    assert cal.shared_b < sum(c.b for c in cal.alone.values())  # shared work counted once
+    rates = {q: 100_000 for q in "abc"}
+    together = response_times(list(cal.shared.values()), rates)
+    separate = response_times(list(cal.alone.values()), rates)
+    assert all(together[q] <= separate[q] for q in "abc")
+    args = ("capacity", queries, "--calibration", "cal.json", "--rate", "*=100000",
+            "--target", "*=1", "--target", "a=0.5")
+    r = dqcep(*args, cwd=tmp_path)
+    assert r.returncode == 0 and "every target met" in r.stdout, r.stdout + r.stderr
+    report = json.loads(dqcep(*args, "--json", cwd=tmp_path).stdout)
+    placed = {q["name"]: q for w in report["workers"] for q in w["queries"]}
+    assert set(placed) == {"a", "b", "c"} and placed["a"]["target_ms"] == 0.5
+    for w in report["workers"]:  # what it prints is the model's, worker by worker
+        hosted = [cal.shared[q["name"]] for q in w["queries"]]
+        predicted = response_times(hosted, rates)
+        assert w["load"] == pytest.approx(load(hosted, rates))
+        assert all(q["predicted_ms"] == pytest.approx(predicted[q["name"]] * 1000)
+                   for q in w["queries"])
+    r = dqcep(*args, "--workers", "2", "--json", cwd=tmp_path)
+    assert len(json.loads(r.stdout)["workers"]) == 2
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--rate", "a=10"), "give every query's arrival rate in events/s: --rate b=N"),
+    (("--rate", "*=10", "--rate", "zz=3"), "--rate zz=3: no query 'zz'"),
+    (("--rate", "*=ten"), "give QUERY=NUMBER"),
+    (("--rate", "*=10", "--workers", "0"), "--workers must be >= 1"),
+])
+def test_capacity_options_are_checked(tmp_path, extra, message):
+    queries = tmp_path / "q.cep"
+    queries.write_text("QUERY a PATTERN A x WITHIN 1 s; QUERY b PATTERN B y WITHIN 1 s")
+    (tmp_path / "cal.json").write_text(json.dumps(Calibration(
+        200, 1000, {q: QueryCost(q, 1e-6, 2e-12) for q in "ab"},
+        {q: QueryCost(q, 1e-6, 2e-12) for q in "ab"}, 2e-6).to_json()))
+    r = dqcep("capacity", queries, "--calibration", "cal.json", *extra, cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    (tmp_path / "bad.json").write_text('{"version": 1}')
+    r = dqcep("capacity", queries, "--calibration", "bad.json", "--rate", "*=1", cwd=tmp_path)
+    assert r.returncode == 2 and "not a calibration written by dqcep calibrate" in r.stderr
