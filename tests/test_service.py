@@ -13,7 +13,8 @@ import pytest
 from dqcep.events import event_from_mapping
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
-from tests.conftest import free_port, start_mosquitto, stop_mosquitto, subscribed
+from tests.conftest import (LIVE_PROCESSES, free_port, start_mosquitto, stop_mosquitto,
+                            subscribed)
 from tests.test_service_faults import rejected_events
 from tests.test_spark import SECTION5
 
@@ -69,6 +70,7 @@ class Service:
 
     def start(self):
         self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, text=True)
+        LIVE_PROCESSES.append(self.proc)  # killed after the test if it is still running
         line = self.proc.stderr.readline()
         assert "listening on" in line, line + self.proc.stderr.read()
 
