@@ -83,8 +83,9 @@ def _bool(draw, vars_, attrs, depth, numbers=NUMBERS, strings=None):
         return ast.Boolean(draw(st.booleans()))
     if choice == 1:
         return ast.Equivalence(draw(attrs.filter(lambda a: a not in ("ts", "id"))))
-    if choice == 2:
-        return ast.AttrRef(draw(st.sampled_from(vars_)), draw(attrs))
+    if choice == 2:  # any attribute may be a boolean, but ts and id are numbers
+        return ast.AttrRef(draw(st.sampled_from(vars_)),
+                           draw(attrs.filter(lambda a: a not in ("ts", "id"))))
     if choice == 3:
         return ast.Unary("NOT", _bool(draw, vars_, attrs, depth - 1, numbers, strings))
     if choice == 4:
@@ -95,7 +96,8 @@ def _bool(draw, vars_, attrs, depth, numbers=NUMBERS, strings=None):
         text = strings if strings is not None else st.text(st.characters(exclude_characters="\n", codec="utf-8"),
                                   max_size=6)
         return ast.Binary(draw(st.sampled_from(ast.EQUALITY)),
-                          ast.AttrRef(draw(st.sampled_from(vars_)), draw(attrs)),
+                          ast.AttrRef(draw(st.sampled_from(vars_)),
+                                      draw(attrs.filter(lambda a: a not in ("ts", "id")))),
                           ast.String(draw(text)))
     return ast.Binary(draw(st.sampled_from(ast.COMPARISONS)),
                       _num(draw, vars_, attrs, depth - 1, numbers),
