@@ -322,11 +322,10 @@ def _open_tables(query_file):
 
 def _refresh(tables) -> None:
     """Read the lookup tables again where due; a failed read keeps the last snapshot
-    and says so once."""
-    before = tables.stale
-    tables.refresh()
-    if tables.stale and tables.stale != before:
-        print(f"dqcep: cannot read lookup {tables.stale}; going on with the last snapshot",
+    and is said once."""
+    stale = tables.refresh()
+    if stale:
+        print(f"dqcep: cannot read lookup {stale}; going on with the last snapshot",
               file=sys.stderr)
 
 

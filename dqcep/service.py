@@ -144,7 +144,6 @@ class StreamingService:
         # lookup tables: read at the start, again before a batch when due (one snapshot
         # per batch); kept across a recovery
         self.tables = DatabaseTables(query_file.tables) if query_file.tables else None
-        self._stale: str | None = None
         state = self._read_state()
         low = 0 if state is None else max(state["offset"], state["journal_end"])
         self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
@@ -344,13 +343,10 @@ class StreamingService:
     def _refresh_tables(self) -> None:
         """Lookup tables read again where due, before a batch; a failed read keeps the
         last snapshot and is said once."""
-        if self.tables is None:
-            return
-        self.tables.refresh()
-        if self.tables.stale and self.tables.stale != self._stale:
-            print(f"dqcep: cannot read lookup {self.tables.stale}; going on with the last "
-                  "snapshot", file=sys.stderr, flush=True)
-        self._stale = self.tables.stale
+        stale = self.tables.refresh() if self.tables is not None else None
+        if stale:
+            print(f"dqcep: cannot read lookup {stale}; going on with the last snapshot",
+                  file=sys.stderr, flush=True)
 
     def _misdeclared(self, offset_of) -> None:
         """Events a declared schema refused (``EVENT Type(...)``): dead letters with the

@@ -42,6 +42,33 @@ def test_a_saturated_worker_never_answers():
         QueryCost("x", 0.01, 1e-5)
 
 
+def test_a_cheaper_shared_plan_predicts_no_worse_than_separate_queries():
+    """calibrate's charge rule, on a clock of the test's (tests assert no wall-clock
+    figure): every engine batch takes 1 ms whatever runs, so the shared plan of three
+    queries costs a third of the three alone; each query is charged its time alone
+    scaled by that third, the charges add up to the shared plan, and every query's
+    predicted response time is lower than with the costs alone."""
+    from dqcep.capacity import calibrate
+    from dqcep.events import Event
+    from dqcep.lang import parse
+    parsed = parse(SHARING)
+    events = [Event(i, ("Temperature", "Smoke", "Door", "Motion")[i % 4], i * 10,
+                    {"room": "r", "value": 40}) for i in range(1, 401)]
+    ticks = iter(range(10**6))
+    cal = calibrate(parsed, lambda engine: [events[k:k + 100] for k in range(0, 400, 100)],
+                    100, timer=lambda: next(ticks) * 0.0005)
+    assert {q: c.b for q, c in cal.alone.items()} == pytest.approx(
+        {q: 0.0005 * 4 / 400 + 0.0005 / 400 for q in "abc"})  # 4 batches, then the flush
+    assert cal.shared_b == pytest.approx(cal.alone["a"].b)
+    assert {q: c.b for q, c in cal.shared.items()} == pytest.approx(
+        {q: cal.alone[q].b / 3 for q in "abc"})
+    assert sum(c.b for c in cal.costs(shared=True).values()) == pytest.approx(cal.shared_b)
+    rates = {q: 50_000 for q in "abc"}
+    together = response_times(list(cal.costs(shared=True).values()), rates)
+    separate = response_times(list(cal.costs(shared=False).values()), rates)
+    assert all(together[q] < separate[q] for q in "abc")
+
+
 def fewest_workers(costs, rates, targets, hw, rho_max) -> int:
     """The optimum: the smallest partition of the queries whose every part is viable."""
     def partitions(items):
@@ -133,8 +160,9 @@ def dqcep(*args, cwd):
 def test_calibrate_then_capacity(tmp_path):
     """dqcep calibrate writes every query's b and m2, alone and charged from the shared
     plan (three queries sharing SEQ(Temperature, Smoke) by room: the charges add up to
-    the shared plan, which costs less than the queries alone, so its predictions are no
-    worse); dqcep capacity places them and predicts from it, as text and JSON."""
+    the shared plan's time); dqcep capacity places them and predicts from it, as text
+    and JSON. (Whether the shared plan is cheaper is a measurement, not asserted here:
+    0.47x the queries alone on dqcep/data/iot.cep, docs/capacity.md.)"""
     queries = tmp_path / "shared.cep"
     queries.write_text(SHARING)
     assert dqcep("generate", "-n", 40_000, "--seed", 3, "--quiet", "-o", "iot.jsonl",
@@ -148,11 +176,7 @@ def test_calibrate_then_capacity(tmp_path):
     assert set(cal.alone) == set(cal.shared) == {"a", "b", "c"} and cal.batch_events == 500
     assert cal.events == 40_000
     assert sum(c.b for c in cal.shared.values()) == pytest.approx(cal.shared_b)
-    assert cal.shared_b < sum(c.b for c in cal.alone.values())  # shared work counted once
     rates = {q: 100_000 for q in "abc"}
-    together = response_times(list(cal.shared.values()), rates)
-    separate = response_times(list(cal.alone.values()), rates)
-    assert all(together[q] <= separate[q] for q in "abc")
     args = ("capacity", queries, "--calibration", "cal.json", "--rate", "*=100000",
             "--target", "*=1", "--target", "a=0.5")
     r = dqcep(*args, cwd=tmp_path)

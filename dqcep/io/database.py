@@ -102,6 +102,31 @@ def postgres_target(target: str, default: str = DEFAULT_TABLE) -> tuple[dict, st
             _table_param(target, url.query, default))
 
 
+def _connect_postgres(target: str):
+    """A psycopg connection (autocommit: every transaction is an explicit
+    ``transaction()`` block) to a ``postgresql://`` URL; the params and table too."""
+    import psycopg
+    params, table = postgres_target(target)
+    try:
+        return psycopg.connect(**params, autocommit=True), params, table
+    except psycopg.Error as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        if "password" in reason:
+            reason += f" (the password is read from {PASSWORD_ENV})"
+        raise DatabaseUnavailable(target, reason) from None
+
+
+def _sqlite_columns(db, table: str) -> list[str]:
+    """A SQLite table's columns in order (none: no such table). Read from the schema:
+    a quoted unknown name in a SELECT would read as a string literal."""
+    return [row[1] for row in db.execute(f'PRAGMA table_info("{table}")')]
+
+
+_POSTGRES_COLUMNS = ("SELECT column_name FROM information_schema.columns WHERE "
+                     "table_schema = current_schema() AND table_name = %s "
+                     "ORDER BY ordinal_position")
+
+
 class _TableSink:
     """Matches as rows of a table, one transaction per batch; the SQL every database
     shares. A subclass opens the connection and says how rows are sent."""
@@ -231,7 +256,7 @@ class SqliteMatchSink(_TableSink):
                        f'({", ".join("?" * len(self.columns))})')
 
     def _existing_columns(self, table: str) -> list[str]:
-        return [row[1] for row in self.db.execute(f'PRAGMA table_info("{table}")')]
+        return _sqlite_columns(self.db, table)
 
     def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self.db:
@@ -262,15 +287,7 @@ class PostgresMatchSink(_TableSink):
     def __init__(self, target: str, with_returns: bool = False):
         import psycopg
         self.errors = (psycopg.Error,)
-        params, table = postgres_target(target)
-        try:
-            # autocommit: every transaction is an explicit transaction() block
-            self.db = psycopg.connect(**params, autocommit=True)
-        except psycopg.Error as err:
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
-            if "password" in reason:
-                reason += f" (the password is read from {PASSWORD_ENV})"
-            raise DatabaseUnavailable(target, reason) from None
+        self.db, _, table = _connect_postgres(target)
         try:
             super().__init__(target, table, with_returns)
         except psycopg.Error as err:
@@ -279,9 +296,7 @@ class PostgresMatchSink(_TableSink):
         self.copy = f'COPY "{self.table}" ({", ".join(self.columns)}) FROM STDIN'
 
     def _existing_columns(self, table: str) -> list[str]:
-        return [r[0] for r in self._execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
-            "current_schema() AND table_name = %s ORDER BY ordinal_position", (table,))]
+        return [r[0] for r in self._execute(_POSTGRES_COLUMNS, (table,))]
 
     def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self.db.transaction(), self.db.cursor() as cur:
@@ -341,11 +356,8 @@ class _TableReader:
             self.errors, self.sqlite = (sqlite3.Error,), True
         elif scheme in ("postgresql", "postgres"):
             import psycopg
-            params, self.table = postgres_target(decl.url, decl.name)
-            try:
-                self.db = psycopg.connect(**params, autocommit=True)
-            except psycopg.Error as err:
-                raise DatabaseUnavailable(decl.url, err) from None
+            self.table = postgres_target(decl.url, decl.name)[1]
+            self.db = _connect_postgres(decl.url)[0]
             self.errors, self.sqlite = (psycopg.Error,), False
         else:
             raise UserError(f"{self.where}: a lookup table is read from sqlite:///FILE.db "
@@ -366,13 +378,10 @@ class _TableReader:
                             f"{', '.join(missing)} ({there})")
 
     def _existing_columns(self) -> list[str]:
-        if self.sqlite:  # (a quoted unknown name would read as a string literal there)
-            return [r[1] for r in self.db.execute(f'PRAGMA table_info("{self.table}")')]
+        if self.sqlite:
+            return _sqlite_columns(self.db, self.table)
         with self.db.cursor() as cur:
-            return [r[0] for r in cur.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_schema = "
-                "current_schema() AND table_name = %s ORDER BY ordinal_position",
-                (self.table,)).fetchall()]
+            return [r[0] for r in cur.execute(_POSTGRES_COLUMNS, (self.table,)).fetchall()]
 
     def read(self, version: int):
         from dqcep.tables import snapshot_of
@@ -412,7 +421,7 @@ class DatabaseTables:
     (called by the application once per engine batch, before the batch) reads a
     table again when its REFRESH interval (default 10 s) has passed or, for SQLite,
     when the file has changed. A read that fails keeps the last snapshot (``stale``
-    says why) until a later refresh succeeds."""
+    says why, table by table) until a later read of that table succeeds."""
 
     def __init__(self, tables, clock=None):
         import time
@@ -427,12 +436,21 @@ class DatabaseTables:
             raise
         self.reads = len(self.snapshots)       # queries of a table, all tables
         self.read_at = {name: self.clock() for name in self.readers}
-        self.stale: str | None = None
+        self.failed: dict[str, str] = {}    # table -> why its last read failed
 
     def snapshot(self, table: str):
         return self.snapshots[table]
 
-    def refresh(self) -> None:
+    @property
+    def stale(self) -> str | None:
+        """Why some tables hold an old snapshot (None: every last read succeeded)."""
+        return "; ".join(f"table {t}: {why}" for t, why in sorted(self.failed.items())) \
+            or None
+
+    def refresh(self) -> str | None:
+        """Read again the tables that are due; returns ``stale`` when it changed to a
+        new failure (for the caller to say once), else None."""
+        before = self.stale
         now = self.clock()
         for name, reader in self.readers.items():
             refresh = reader.decl.refresh.ms if reader.decl.refresh else DEFAULT_REFRESH_MS
@@ -442,9 +460,10 @@ class DatabaseTables:
             try:
                 self.snapshots[name] = reader.read(self.snapshots[name].version + 1)
                 self.reads += 1
-                self.stale = None
+                self.failed.pop(name, None)
             except (DatabaseUnavailable, UserError) as err:
-                self.stale = f"table {name}: {getattr(err, 'strerror', None) or err}"
+                self.failed[name] = str(getattr(err, "strerror", None) or err)
+        return self.stale if self.stale and self.stale != before else None
 
     def close(self) -> None:
         for r in self.readers.values():
