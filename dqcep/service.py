@@ -47,12 +47,13 @@ from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
                                  write_checkpoint)
 from dqcep.io.journal import Gap, Journal, JournalTail, segments
-from dqcep.io.mqtt import MqttSource, MqttUrl
+from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, dead_letter, decode_payload
 from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming, open_file,
                              open_match_sink)
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
+from dqcep.response import ResponseTimes
 from dqcep.runtime import Engine, EventColumns
 
 CHECKPOINT_VERSION = 3
@@ -156,6 +157,9 @@ class StreamingService:
         if self.database and (state is None or "stream" not in state):
             self.checkpoint()  # the stream named durably before any row is written
         self.started = time.monotonic()
+        # when each journal offset arrived (the MQTT source's, while it runs)
+        self.arrivals: ArrivalTimes | None = None
+        self.response = ResponseTimes([q.name for q in query_file.queries])
 
     # ------------------------------------------------------------ state
     def _read_state(self) -> dict | None:
@@ -307,7 +311,13 @@ class StreamingService:
         self.counts["events_in"] += len(cols.ts)
         if len(cols.ts):
             self._refresh_tables()
-            self._emit(self.engine.process(cols), self._pending[-1][0] + 1)
+            matches = self.engine.process(cols)
+            self._emit(matches, self._pending[-1][0] + 1)
+            if len(matches) and self.arrivals is not None:
+                offsets = np.fromiter((o for o, _, _ in self._pending), np.int64,
+                                      len(self._pending))
+                self.response.observe(matches, cols.id, self.arrivals.at(offsets)[record],
+                                      time.time())
             self._misdeclared(lambda event_id: self._pending[
                 int(record[np.flatnonzero(cols.id == event_id)[0]])][0])
             late = self.engine.take_late()
@@ -333,7 +343,13 @@ class StreamingService:
         self.counts["events_in"] += len(events)
         if events:
             self._refresh_tables()
-            self._emit(self.engine.process(events), offset + 1)
+            matches = self.engine.process(events)
+            self._emit(matches, offset + 1)
+            if len(matches) and self.arrivals is not None:
+                self.response.observe(
+                    matches, np.fromiter((e.id for e in events), np.int64, len(events)),
+                    np.repeat(self.arrivals.at(np.array([offset]))[0], len(events)),
+                    time.time())
             self._misdeclared(lambda event_id: offset)
             late = self.engine.take_late()
             if late:
@@ -429,15 +445,20 @@ class StreamingService:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return {**self.counts, "lag_records": self.journal.durable_offset - self.offset,
                 "events_per_s": self.counts["events_in"] / elapsed,
-                "watermark": self.engine.wm, "error": self.error}
+                "watermark": self.engine.wm, "error": self.error,
+                "response": self.response.totals()}
 
     def _write_stats(self, source: MqttSource | None = None) -> None:
         s = self.stats()
+        s["response_recent"] = recent = self.response.take_recent()
+        measured = ", ".join(f"{q} {r['mean_ms']:.1f}" for q, r in recent.items()
+                             if r["mean_ms"] is not None)
         if source is not None and source.write_error:
             s["error"] = source.write_error
         print(f"dqcep: events in {s['events_in']}, matches out {s['matches_out']}, late "
               f"{s['late']}, malformed {s['malformed']}, duplicates {s['duplicates']}, lag "
               f"{s['lag_records']} records, {s['events_per_s']:,.0f} events/s"
+              + (f"; response ms: {measured}" if measured else "")
               + (f"; journal records lost {s['journal_lost']}" if s["journal_lost"] else "")
               + (f"; FAILING: {s['error']}" if s["error"] else ""),
               file=sys.stderr, flush=True)
@@ -464,6 +485,7 @@ class StreamingService:
         matches are released). Returns the exit code."""
         end_of_stream = end_of_stream or threading.Event()
         source = MqttSource(self.urls, self.journal, self.cfg.client_id)
+        self.arrivals = source.arrivals
         source.start()
         where = f"; state in {self.cfg.state}" if self.cfg.state else ""
         print(f"dqcep: listening on {', '.join(self.cfg.inputs)}{where}", file=sys.stderr,
@@ -472,6 +494,7 @@ class StreamingService:
         failure = None
         try:
             while not stop.is_set() and not end_of_stream.is_set():
+                source.committed.clear()  # set again by the next commit
                 if source.failure:
                     failure = source.failure
                     break
@@ -495,7 +518,7 @@ class StreamingService:
                         now - last_input >= self.cfg.until_idle:
                     end_of_stream.set()
                 else:
-                    stop.wait(0.02)
+                    source.committed.wait(0.02)  # new records, or a look at stop
         finally:
             committed = source.stop()
         if failure is None:

@@ -121,6 +121,17 @@ def test_end_to_end_matches_equal_the_reference(mosquitto, tmp_path):
     svc.wait_for(n_events)
     svc.finish()
     assert svc.output() == want and len(want) > 50
+    # response times measured per query, live (arrival to output); what the end of the
+    # stream released has no arrival of its batch and is not counted
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    names = {json.loads(m)["query"] for m in want}
+    for name, r in stats["response"].items():
+        assert (r["matches"] > 0) == (name in names), (name, r)
+        if r["matches"]:
+            assert 0 < r["mean_ms"] <= r["max_ms"]
+    assert sum(r["matches"] for r in stats["response"].values()) > len(want) // 2
+    assert sum(r["matches"] + r["unmeasured"] for r in stats["response"].values()) <= \
+        stats["matches_out"]
 
 
 def test_sigkill_mid_stream_loses_and_repeats_nothing(mosquitto, tmp_path):

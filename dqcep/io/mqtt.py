@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from dqcep.errors import UserError
 
 DEFAULT_PORT = 1883
@@ -195,12 +197,36 @@ class MqttPublisher:
             self.client.loop_stop()
 
 
+class ArrivalTimes:
+    """When each recent journal offset arrived (``time.time()``), in a ring of
+    ``size`` offsets: older offsets, and those journaled before this process
+    started (a replay), are unknown (NaN)."""
+
+    def __init__(self, size: int = 1 << 16):
+        self.size = size
+        self.offsets = np.full(size, -1, np.int64)
+        self.times = np.zeros(size, np.float64)
+
+    def stamp(self, offset: int, t: float) -> None:
+        i = offset % self.size
+        self.times[i] = t
+        self.offsets[i] = offset
+
+    def at(self, offsets: np.ndarray) -> np.ndarray:
+        i = offsets % self.size
+        return np.where(self.offsets[i] == offsets, self.times[i], np.nan)
+
+
 class MqttSource:
     """Subscribes with QoS 1 in a persistent session; journals messages, acks when durable.
 
     Messages are appended to the journal as they arrive; a committer thread
-    commits the journal every ``commit_interval`` seconds and only then sends the
-    PUBACKs, so a message the broker considers delivered is on disk. The client
+    commits the journal as soon as messages wait (group commit: what arrives
+    during one fsync goes in the next; at most ``commit_interval`` s apart) and
+    only then sends the PUBACKs, so a message the broker considers delivered is
+    on disk. After each commit ``committed`` is set (the service waits on it for
+    new records), and ``arrivals`` holds the wall-clock time each journal offset
+    arrived, for the service's response times. The client
     id is fixed and the session persistent (clean session off), so the broker
     keeps what arrives while the service is away; paho reconnects with backoff.
     A message delivered again (a PUBACK lost in a crash) is journaled twice;
@@ -237,6 +263,9 @@ class MqttSource:
         self.failure: str | None = None
         self._lock = threading.Lock()
         self._pending: list[int] = []
+        self._arrived = threading.Event()   # messages wait for a commit
+        self.committed = threading.Event()  # a commit made records durable
+        self.arrivals = ArrivalTimes()
         self._stop = threading.Event()
         self._subscribed = threading.Event()
         self._answered = threading.Event()  # the broker's CONNACK came
@@ -272,9 +301,10 @@ class MqttSource:
             if len(payload) > self.max_payload:
                 payload = Refused(len(payload))
             with self._lock:
-                self.journal.append(topic, payload)
+                self.arrivals.stamp(self.journal.append(topic, payload), time.time())
                 self._pending.append(msg.mid)
                 self.received += 1
+            self._arrived.set()
         except BaseException as err:  # noqa: BLE001 - the service sees it and stops
             self.failure = f"receiving a message failed: {err!r}"
 
@@ -296,15 +326,18 @@ class MqttSource:
                 print("dqcep: the journal is written again", file=sys.stderr, flush=True)
                 self.write_error = None
             mids, self._pending = self._pending, []
+        self.committed.set()
         for mid in mids:
             self.client.ack(mid, 1)
         return True
 
     def _commit_loop(self) -> None:
         try:
-            interval = self.commit_interval
-            while not self._stop.wait(interval):
-                interval = self.commit_interval if self._commit() else self.retry_interval
+            while not self._stop.is_set():
+                self._arrived.wait(self.commit_interval)
+                self._arrived.clear()
+                if not self._commit():
+                    self._stop.wait(self.retry_interval)
         except BaseException as err:  # noqa: BLE001 - the service sees it and stops
             self.failure = f"the journal committer failed: {err!r}"
 
