@@ -1,16 +1,29 @@
 """Response-time targets (issue 21): predict each query's mean response time on a
 worker, and place queries on the fewest workers that meet every target.
 
-The model (after the configuration scheduler of Chakravarthy-style EPN placement,
-``../shared/papers/002``, sections 4-6):
+The model (after the configuration scheduler of the response-time autoscaling paper,
+``../shared/papers/002``, sections 4-6), with a worker's own work added:
 
-- each query's whole processing is one server, with a calibrated mean processing time
-  ``b`` per event and its second moment ``m2``;
-- the queries one worker hosts share its one FIFO input queue: a multi-class M/G/1
-  queue under Poisson arrivals, so by the Pollaczek-Khinchine formula every query on
-  the worker waits the same mean time in the queue,
-  ``Wq = sum_j(rate_j * m2_j) / (2 * (1 - rho))`` with ``rho = sum_j(rate_j * b_j)``,
-  and its mean response time is ``W_i = b_i + Wq`` (infinite when ``rho >= 1``);
+- a customer is a payload (``batch_events`` events of one stream, as MQTT delivers
+  them); each query's processing of a payload is one server, with a calibrated mean
+  ``b`` and second moment ``m2`` (``QueryCost``);
+- a worker reads each stream its queries need, and every payload of a stream costs
+  it its own work too (``WorkerModel.overhead``: decoding, repeated ids, the journal)
+  besides its queries' processing, which all happens before the payload's matches go
+  out: the stream is one class whose service time is ``S = overhead + sum(s_j)``. The
+  parts of ``S`` grow together with the payload's content, so its second moment is
+  taken as that of perfectly correlated parts, ``(sqrt(m2_o) + sum sqrt(m2_j))^2``
+  (exact for calibrate's charge rule, which scales one measured time);
+- the streams one worker reads share its one FIFO input queue: a multi-class M/G/1
+  queue under Poisson arrivals, so by the Pollaczek-Khinchine formula every payload
+  waits the same mean time ``Wq = sum_k(rate_k * E[S_k^2]) / (2 * (1 - rho))`` with
+  ``rho = sum_k(rate_k * E[S_k])``, and a query of stream k answers in
+  ``W = delay + E[S_k] + Wq`` (infinite when ``rho >= 1``); ``delay`` is the time
+  before a payload can be processed at all (the journal's commit);
+- the worker's checkpoints stop its processing while they last: a class of their own,
+  one every ``checkpoint_every`` s with the calibrated duration (mean, second moment);
+- with no overhead, no delay and no checkpoints, and every query reading a stream of
+  its own, this is the paper's formula, ``W_i = b_i + sum_j(rate_j * m2_j) / (2 * (1 - rho))``;
 - a query's relative deviation from its target ``T_i`` is ``(W_i - T_i) / T_i``; a
   worker is viable when every query on it has a deviation at most the high water-mark
   ``hw`` and its load is at most ``rho_max``;
@@ -28,33 +41,92 @@ from typing import Mapping, Sequence
 
 @dataclass(frozen=True)
 class QueryCost:
-    """A query's calibrated processing time per event: mean ``b`` and second moment
-    ``m2`` (seconds, seconds squared)."""
+    """A query's calibrated processing time per customer (a payload): mean ``b`` and
+    second moment ``m2`` (seconds, seconds squared)."""
 
     name: str
     b: float
     m2: float
 
     def __post_init__(self):
-        if not (self.b > 0 and self.m2 >= self.b * self.b):
-            raise ValueError(f"{self.name}: a processing time needs b > 0 and "
+        if not (self.b >= 0 and self.m2 >= self.b * self.b):
+            raise ValueError(f"{self.name}: a processing time needs b >= 0 and "
                              f"m2 >= b^2 (b={self.b}, m2={self.m2})")
 
 
-def load(costs: Sequence[QueryCost], rates: Mapping[str, float]) -> float:
-    """The share of a worker's time the queries take: sum of rate * b."""
-    return sum(rates[c.name] * c.b for c in costs)
+@dataclass(frozen=True)
+class WorkerModel:
+    """What a worker adds to its queries' processing: ``overhead`` per payload of each
+    stream it reads, ``delay`` before a payload can be processed, which stream each
+    query reads (``stream_of``; a query missing from it reads a stream of its own), and
+    its checkpoints: one every ``checkpoint_every`` s taking ``checkpoint``, during
+    which no payload is processed (a class of customers of its own)."""
+
+    overhead: QueryCost | None = None
+    delay: float = 0.0
+    stream_of: Mapping[str, str] = field(default_factory=dict)
+    checkpoint: QueryCost | None = None
+    checkpoint_every: float = 1.0
 
 
-def response_times(costs: Sequence[QueryCost], rates: Mapping[str, float]
-                   ) -> dict[str, float]:
+PAPER = WorkerModel()  # the paper's: no overhead, no delay, a stream per query
+
+
+@dataclass(frozen=True)
+class StreamLoad:
+    """One stream a worker reads: its rate (payloads/s) and a payload's service time
+    (mean, second moment) on that worker."""
+
+    rate: float
+    mean: float
+    m2: float
+
+
+def stream_loads(costs: Sequence[QueryCost], rates: Mapping[str, float],
+                 model: WorkerModel = PAPER) -> dict[str, StreamLoad]:
+    """Per stream the worker reads: rate and service time of its payloads."""
+    groups: dict[str, list[QueryCost]] = {}
+    for c in costs:
+        groups.setdefault(model.stream_of.get(c.name, "query " + c.name), []).append(c)
+    out = {}
+    for stream, queries in groups.items():
+        rate = {rates[c.name] for c in queries}
+        if len(rate) != 1:
+            raise ValueError(f"the queries of stream {stream} "
+                             f"({', '.join(c.name for c in queries)}) need one rate")
+        parts = queries + ([model.overhead] if model.overhead else [])
+        out[stream] = StreamLoad(rate.pop(), sum(c.b for c in parts),
+                                 sum(math.sqrt(c.m2) for c in parts) ** 2)
+    return out
+
+
+def _classes(costs, rates, model) -> tuple[dict[str, StreamLoad], list[StreamLoad]]:
+    """The worker's streams, and every class its queue serves (the checkpoints too)."""
+    streams = stream_loads(costs, rates, model)
+    classes = list(streams.values())
+    if model.checkpoint is not None:
+        classes.append(StreamLoad(1 / model.checkpoint_every, model.checkpoint.b,
+                                  model.checkpoint.m2))
+    return streams, classes
+
+
+def load(costs: Sequence[QueryCost], rates: Mapping[str, float],
+         model: WorkerModel = PAPER) -> float:
+    """The share of a worker's time its classes take: sum of rate * E[S]."""
+    return sum(s.rate * s.mean for s in _classes(costs, rates, model)[1])
+
+
+def response_times(costs: Sequence[QueryCost], rates: Mapping[str, float],
+                   model: WorkerModel = PAPER) -> dict[str, float]:
     """Mean response time (s) of every query on one worker (Pollaczek-Khinchine,
     multi-class M/G/1, FIFO); ``inf`` when the worker is saturated."""
-    rho = load(costs, rates)
+    streams, classes = _classes(costs, rates, model)
+    rho = sum(s.rate * s.mean for s in classes)
     if rho >= 1:
         return {c.name: math.inf for c in costs}
-    wait = sum(rates[c.name] * c.m2 for c in costs) / (2 * (1 - rho))
-    return {c.name: c.b + wait for c in costs}
+    wait = sum(s.rate * s.m2 for s in classes) / (2 * (1 - rho))
+    return {c.name: model.delay + streams[model.stream_of.get(c.name, "query " + c.name)]
+            .mean + wait for c in costs}
 
 
 def deviation(response: float, target: float) -> float:
@@ -82,9 +154,10 @@ class Placement:
                     if any(c.name == query for c in w.queries))
 
 
-def _viable(costs, rates, targets, hw, rho_max) -> tuple[bool, dict[str, float], float]:
-    response = response_times(costs, rates)
-    rho = load(costs, rates)
+def _viable(costs, rates, targets, hw, rho_max, model
+            ) -> tuple[bool, dict[str, float], float]:
+    response = response_times(costs, rates, model)
+    rho = load(costs, rates, model)
     ok = rho <= rho_max and all(deviation(response[c.name], targets[c.name]) <= hw
                                 for c in costs)
     return ok, response, rho
@@ -92,12 +165,13 @@ def _viable(costs, rates, targets, hw, rho_max) -> tuple[bool, dict[str, float],
 
 def place(costs: Sequence[QueryCost], rates: Mapping[str, float],
           targets: Mapping[str, float], *, workers: int | None = None, lw: float = -0.5,
-          hw: float = 0.0, rho_max: float = 0.8) -> Placement:
+          hw: float = 0.0, rho_max: float = 0.8, model: WorkerModel = PAPER) -> Placement:
     """Queries on workers. Without ``workers``: the fewest that meet every target
     (first-fit decreasing by load: each query, heaviest first, joins the first worker
     that stays viable with it, else a new one). With ``workers``: exactly that many,
     each query joining the worker where the worst deviation after it is least
-    (``met`` says whether the targets hold). ``targets`` in seconds."""
+    (``met`` says whether the targets hold). ``targets`` in seconds, ``rates`` in
+    payloads per second."""
     if lw > hw:
         raise ValueError("the low water-mark must not exceed the high one")
     order = sorted(costs, key=lambda c: (-rates[c.name] * c.b, c.name))
@@ -105,20 +179,20 @@ def place(costs: Sequence[QueryCost], rates: Mapping[str, float],
     for c in order:
         if workers is None:
             for b in bins:
-                if _viable(b + [c], rates, targets, hw, rho_max)[0]:
+                if _viable(b + [c], rates, targets, hw, rho_max, model)[0]:
                     b.append(c)
                     break
             else:
                 bins.append([c])
         else:
             def worst(b):
-                response = response_times(b + [c], rates)
+                response = response_times(b + [c], rates, model)
                 return (max(deviation(response[x.name], targets[x.name]) for x in b + [c]),
-                        load(b + [c], rates))
+                        load(b + [c], rates, model))
             min(bins, key=worst).append(c)
     out, met, below = [], True, []
     for b in bins:
-        ok, response, rho = _viable(b, rates, targets, hw, rho_max)
+        ok, response, rho = _viable(b, rates, targets, hw, rho_max, model)
         met = met and ok
         below += [c.name for c in b if deviation(response[c.name], targets[c.name]) < lw]
         out.append(Worker(b, response, rho))
@@ -127,31 +201,46 @@ def place(costs: Sequence[QueryCost], rates: Mapping[str, float],
 
 # ------------------------------------------------------------------ calibration
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 
 
 @dataclass
 class Calibration:
-    """Each query's processing time per event, measured alone (``alone``), and how the
-    shared plan's time is charged to them (``shared``: each query's alone cost scaled
-    by shared plan / sum of alone, so the charges add up to what the shared plan
-    costs). ``batch_events``: the engine batch the times were taken at."""
+    """Per payload of ``batch_events`` events: each query's processing time measured
+    alone (``alone``) and charged from the shared plan (``shared``: each query's alone
+    cost scaled by shared plan / sum of alone, so the charges add up to what the shared
+    plan costs); the worker's own ``overhead`` per payload; and the ``delay`` before a
+    payload can be processed (the journal's commit); a ``checkpoint``'s duration and
+    the service's interval between them. ``payloads``: how many were timed;
+    ``shared_b``: the shared plan's mean time per payload, its overhead included."""
 
     batch_events: int
-    events: int
+    payloads: int
     alone: dict[str, QueryCost]
     shared: dict[str, QueryCost]
-    shared_b: float             # the shared plan's time per event (s)
+    shared_b: float
+    overhead: QueryCost
+    delay: float
+    checkpoint: QueryCost
+    checkpoint_every: float
 
     def costs(self, shared: bool = True) -> dict[str, QueryCost]:
         return self.shared if shared else self.alone
+
+    def model(self, stream_of: Mapping[str, str]) -> WorkerModel:
+        return WorkerModel(self.overhead, self.delay, stream_of, self.checkpoint,
+                           self.checkpoint_every)
 
     def to_json(self) -> dict:
         def costs(d):
             return {q: {"b": c.b, "m2": c.m2} for q, c in d.items()}
         return {"version": CALIBRATION_VERSION, "batch_events": self.batch_events,
-                "events": self.events, "alone": costs(self.alone),
-                "shared": costs(self.shared), "shared_b": self.shared_b}
+                "payloads": self.payloads, "alone": costs(self.alone),
+                "shared": costs(self.shared), "shared_b": self.shared_b,
+                "overhead": {"b": self.overhead.b, "m2": self.overhead.m2},
+                "delay": self.delay,
+                "checkpoint": {"b": self.checkpoint.b, "m2": self.checkpoint.m2,
+                               "every": self.checkpoint_every}}
 
     @classmethod
     def from_json(cls, obj: dict, source: str = "calibration") -> "Calibration":
@@ -161,59 +250,52 @@ class Calibration:
                 raise UserError(f"{source}: calibration format {obj['version']}; this dqcep "
                                 f"reads {CALIBRATION_VERSION} (run dqcep calibrate again)")
 
+            def cost(q, v):
+                return QueryCost(q, float(v["b"]), float(v["m2"]))
+
             def costs(d):
-                return {q: QueryCost(q, float(v["b"]), float(v["m2"])) for q, v in d.items()}
-            return cls(int(obj["batch_events"]), int(obj["events"]), costs(obj["alone"]),
-                       costs(obj["shared"]), float(obj["shared_b"]))
+                return {q: cost(q, v) for q, v in d.items()}
+            return cls(int(obj["batch_events"]), int(obj["payloads"]), costs(obj["alone"]),
+                       costs(obj["shared"]), float(obj["shared_b"]),
+                       cost("overhead", obj["overhead"]), float(obj["delay"]),
+                       cost("checkpoint", obj["checkpoint"]),
+                       float(obj["checkpoint"]["every"]))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise UserError(f"{source}: not a calibration written by dqcep calibrate "
                             f"({type(err).__name__}: {err})") from None
 
 
-def batch_moments(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """(b, m2) per event from (events, seconds) per engine batch: every event of a batch
-    is taken to cost the batch's mean, so ``m2`` holds the spread between batches,
-    not within one (an assumption, docs/capacity.md)."""
-    n = sum(k for k, _ in samples)
-    if n == 0:
-        raise ValueError("no event was processed")
-    b = sum(t for _, t in samples) / n
-    m2 = sum(t * t / k for k, t in samples if k) / n
-    return b, max(m2, b * b)
+def moments(samples: Sequence[float]) -> tuple[float, float]:
+    """(mean, second moment) of service times."""
+    if not len(samples):
+        raise ValueError("no payload was processed")
+    b = sum(samples) / len(samples)
+    return b, max(sum(t * t for t in samples) / len(samples), b * b)
 
 
-def calibrate(query_file, pieces_of, batch_events: int, lookup_source=None,
-              timer=None) -> Calibration:
-    """Every query of a parsed file alone, then the shared plan, over the same input:
-    ``pieces_of(engine)`` gives the input in that engine's columns, in batches of about
-    ``batch_events``; only ``engine.process`` is timed."""
-    import time
+def without(run: tuple[float, float], overhead: tuple[float, float]) -> QueryCost:
+    """A run's (mean, second moment) per payload less the worker's own work, as a
+    query's cost: the means subtract; the second moment is the run's less what the
+    overhead adds when taken as a constant, ``m2 - 2 o b + o^2`` (at least b^2)."""
+    b = max(run[0] - overhead[0], 0.0)
+    m2 = run[1] - 2 * overhead[0] * run[0] + overhead[0] ** 2
+    return QueryCost("", b, max(m2, b * b))
 
-    from dqcep.plan import build_plan
-    from dqcep.runtime import Engine
-    timer = timer or time.perf_counter
 
-    def measure(queries) -> tuple[float, float, int]:
-        engine = Engine(build_plan(queries, schemas=query_file.schemas,
-                                   tables=query_file.tables), lookup_source=lookup_source)
-        pieces = list(pieces_of(engine))
-        samples = []
-        for piece in pieces:
-            started = timer()
-            engine.process(piece)
-            samples.append((len(piece.ts) if hasattr(piece, "ts") else len(piece),
-                            timer() - started))
-        started = timer()
-        engine.flush()
-        if samples:
-            k, t = samples[-1]
-            samples[-1] = (k, t + timer() - started)
-        return (*batch_moments(samples), sum(k for k, _ in samples))
-    alone = {}
-    for q in query_file.queries:
-        b, m2, n = measure([q])
-        alone[q.name] = QueryCost(q.name, b, m2)
-    shared_b, _, n = measure(list(query_file.queries))
-    scale = shared_b / sum(c.b for c in alone.values())
-    shared = {q: QueryCost(q, c.b * scale, c.m2 * scale * scale) for q, c in alone.items()}
-    return Calibration(batch_events, n, alone, shared, shared_b)
+def from_moments(batch_events: int, payloads: int, alone: Mapping[str, tuple[float, float]],
+                 shared: tuple[float, float], overhead: tuple[float, float],
+                 delay: float, checkpoint: tuple[float, float] = (0.0, 0.0),
+                 checkpoint_every: float = 1.0) -> Calibration:
+    """The calibration from (mean, second moment) of the time per payload of each query
+    alone and of the shared plan, both with the worker's own work, and of that work
+    alone (``overhead``). A query's cost is its run's less the overhead; the shared
+    plan's is charged to the queries in proportion to their means alone."""
+    mine = {q: QueryCost(q, c.b, c.m2) for q, c in
+            ((q, without(run, overhead)) for q, run in alone.items())}
+    plan = without(shared, overhead)
+    total = sum(c.b for c in mine.values())
+    scale = plan.b / total if total > 0 else 0.0
+    charged = {q: QueryCost(q, c.b * scale, c.m2 * scale * scale) for q, c in mine.items()}
+    return Calibration(batch_events, payloads, mine, charged, shared[0],
+                       QueryCost("overhead", *overhead), delay,
+                       QueryCost("checkpoint", *checkpoint), checkpoint_every)

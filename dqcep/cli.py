@@ -208,7 +208,8 @@ def _serve(args) -> int:
         stats_every=args.stats_every, stats_file=args.stats_file,
         until_idle=args.until_idle, journal_retention=args.journal_retention,
         journal_segment_bytes=args.journal_segment, materialize=args.materialize,
-        rates=_load_rates(args.rates)))
+        rates=_load_rates(args.rates),
+        hosted=args.queries_hosted.split(",") if args.queries_hosted else None))
 
 
 def cmd_run(args) -> int:
@@ -374,42 +375,45 @@ def _planner_options(parser, only: str = "") -> None:
 
 def cmd_calibrate(args) -> int:
     import json
+    from pathlib import Path
 
-    from dqcep.capacity import calibrate
-    from dqcep.io.columnar import read_columns
-    from dqcep.runtime import EventColumns
+    from dqcep.calibration import calibrate, payloads_of
+    from dqcep.io.readers import read_events
 
-    query_file = _load_queries(args.queries)
+    _load_queries(args.queries)  # its errors, with positions, before any work
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     bad = _BadEvents("skip")
-    tables = _open_tables(query_file)
-
-    def pieces_of(engine):  # columns where the format has a fast path, else events,
-        k = args.batch_size  # cut into engine batches of --batch-size events
-        for p in read_columns(args.input, args.format, engine, bad, k):
-            if isinstance(p, tuple):
-                p = EventColumns(*p)
-                yield from (p.take(slice(i, i + k)) for i in range(0, len(p.ts), k))
-            else:
-                yield from (p[i:i + k] for i in range(0, len(p), k))
-    try:
-        result = calibrate(query_file, pieces_of, args.batch_size, tables)
-    finally:
-        if tables is not None:
-            tables.close()
+    events = [e.as_mapping() for _, e in read_events(args.input, args.format, bad)]
+    if not events:
+        raise UserError(f"{args.input} holds no event to calibrate with")
+    journal_dir = args.journal or str(Path(args.output).resolve().parent)
+    if args.broker and not args.broker.startswith(("mqtt://", "mqtts://")):
+        raise UserError(f"--broker {args.broker}: give mqtt://host:port/topic")
+    if args.gap < 0:
+        raise UserError("--gap must be >= 0")
+    result = calibrate(args.queries, payloads_of(events, args.batch_size), args.batch_size,
+                       journal_dir, broker=args.broker, gap=args.gap / 1000)
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump(result.to_json(), f, indent=2)
         f.write("\n")
-    print(f"{'query':<20} {'b alone (us/event)':>19} {'sd (us)':>9} {'charged shared':>15}")
+
+    def sd(c):
+        return max(c.m2 - c.b * c.b, 0.0) ** 0.5 * 1e3
+    print(f"{'per payload (ms)':<20} {'alone':>9} {'sd':>9} {'charged shared':>15}")
     for name, c in result.alone.items():
-        sd = max(c.m2 - c.b * c.b, 0.0) ** 0.5
-        print(f"{name:<20} {c.b * 1e6:>19.3f} {sd * 1e6:>9.3f} "
-              f"{result.shared[name].b * 1e6:>15.3f}")
+        print(f"{name:<20} {c.b * 1e3:>9.4f} {sd(c):>9.4f} {result.shared[name].b * 1e3:>15.4f}")
+    print(f"{'own work (overhead)':<20} {result.overhead.b * 1e3:>9.4f} "
+          f"{sd(result.overhead):>9.4f}")
+    print(f"{'delay (commit)':<20} {result.delay * 1e3:>9.4f}")
+    print(f"{'checkpoint':<20} {result.checkpoint.b * 1e3:>9.4f} {sd(result.checkpoint):>9.4f}"
+          f"  every {result.checkpoint_every:g} s")
     total = sum(c.b for c in result.alone.values())
-    print(f"shared plan {result.shared_b * 1e6:.3f} us/event ({result.shared_b / total:.2f}x "
-          f"the queries alone); {result.events:,} events in batches of {args.batch_size}; "
-          f"written to {args.output}", file=sys.stderr)
+    plan = sum(c.b for c in result.shared.values())
+    print(f"shared plan {result.shared_b * 1e3:.4f} ms per payload with the overhead "
+          f"({plan / total if total else 1:.2f}x the queries alone without it); "
+          f"{result.payloads:,} payloads of {args.batch_size} events; written to "
+          f"{args.output}", file=sys.stderr)
     return 0
 
 
@@ -454,19 +458,33 @@ def cmd_capacity(args) -> int:
     if missing:
         raise UserError(f"{args.calibration} has no calibration of {', '.join(missing)} "
                         f"(run dqcep calibrate {args.queries} ...)")
-    rates = _named_values(args.rate, "rate", names)
+    # --rate N (or *=N): the one stream the service reads, for every query without a
+    # rate of its own; --rate Q=N: Q reads a stream of its own
+    items = [("*=" + r if "=" not in r else r) for r in args.rate or []]
+    common = [r for r in items if r.startswith("*=")]
+    if len(common) > 1:
+        raise UserError("--rate N (the stream every query reads) was given twice")
+    stream = _named_values(common, "rate", names)
+    own = _named_values([r for r in items if not r.startswith("*=")], "rate", names)
+    rates = {**stream, **own}
     if set(rates) != set(names):
-        raise UserError("give every query's arrival rate in events/s: --rate "
-                        + " ".join(f"{n}=N" for n in names if n not in rates))
+        raise UserError("give the stream's arrival rate in events/s (--rate N), or each "
+                        "query's: --rate " + " ".join(f"{n}=N" for n in names
+                                                     if n not in rates))
+    stream_of = {n: "the stream" for n in names if n not in own}
     targets = {q: ms / 1000 for q, ms in _named_values(args.target, "target", names).items()}
     targets = {n: targets.get(n, math.inf) for n in names}
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers must be >= 1")
-    placement = place([costs[n] for n in names], rates, targets, workers=args.workers,
-                      lw=args.lw, hw=args.hw, rho_max=args.rho_max)
+    # the model's customer is a payload of the calibration's batch_events events
+    placement = place([costs[n] for n in names],
+                      {n: r / calibration.batch_events for n, r in rates.items()}, targets,
+                      workers=args.workers, lw=args.lw, hw=args.hw, rho_max=args.rho_max,
+                      model=calibration.model(stream_of))
     report = {"met": placement.met, "below_lw": placement.below_lw, "workers": [
         {"load": w.load, "queries": [
-            {"name": c.name, "rate": rates[c.name], "b_ms": c.b * 1e3,
+            {"name": c.name, "rate": rates[c.name],
+             "stream": stream_of.get(c.name, "its own"), "b_ms": c.b * 1e3,
              "predicted_ms": w.response[c.name] * 1e3,
              "target_ms": None if math.isinf(targets[c.name]) else targets[c.name] * 1e3,
              "deviation": None if math.isinf(targets[c.name])
@@ -559,36 +577,48 @@ def build_parser() -> argparse.ArgumentParser:
     explain.set_defaults(func=cmd_explain)
 
     cal = sub.add_parser(
-        "calibrate", help="measure each query's processing time per event (for capacity)",
-        description="Run each query of QUERIES alone, then the shared plan, over EVENTS in "
-        "engine batches of --batch-size events, timing the engine on every batch; write "
-        "each query's mean processing time per event b and its second moment (alone, and "
-        "charged from the shared plan in proportion to its cost alone) to --output. "
-        "docs/capacity.md says what is measured and assumed.")
+        "calibrate", help="measure each query's processing time per payload (for capacity)",
+        description="Cut EVENTS into payloads of --batch-size events, as MQTT delivers "
+        "them, and run the streaming service's own path over them (journal read, decoding, "
+        "repeated ids, engine, match output) hosting each query of QUERIES alone, then all "
+        "of them (the shared plan), timed payload by payload; time the service's own work "
+        "per payload without an engine and the journal's commit (fsync) in --journal. "
+        "Writes each query's mean time per payload and its second moment (alone, and "
+        "charged from the shared plan in proportion to its time alone), the own work and "
+        "the commit to --output. docs/capacity.md says what is measured and assumed.")
     cal.add_argument("queries", metavar="QUERIES.cep", help="query file")
     cal.add_argument("--input", "-i", required=True, metavar="EVENTS", help="event file")
     cal.add_argument("--format", choices=("jsonl", "msgpack", "csv", "parquet"),
                      help="input format (default: from the extension)")
     cal.add_argument("--batch-size", type=int, default=200, metavar="N",
-                     help="events per engine batch (default 200: one MQTT payload of the "
-                     "generator)")
+                     help="events per payload (default 200)")
+    cal.add_argument("--broker", metavar="mqtt://HOST:PORT/TOPIC",
+                     help="calibrate live: run each service as dqcep run against this broker "
+                     "and publish the payloads below TOPIC (default: in this process, no "
+                     "broker)")
+    cal.add_argument("--gap", type=float, default=2.0, metavar="MS",
+                     help="idle time before each payload (default 2 ms: low load)")
+    cal.add_argument("--journal", metavar="DIR",
+                     help="where the service's journal will live, for the commit time "
+                     "(default: the directory of --output)")
     cal.add_argument("--output", "-o", default="calibration.json", metavar="FILE",
                      help="where the calibration goes (default calibration.json)")
     cal.set_defaults(func=cmd_calibrate)
 
     cap = sub.add_parser(
         "capacity", help="predict response times and place queries on workers",
-        description="From a calibration (dqcep calibrate), each query's arrival rate and "
-        "response-time target: the queries of each worker as a multi-class M/G/1 queue "
-        "(Pollaczek-Khinchine), placed by first-fit decreasing on the fewest workers that "
+        description="From a calibration (dqcep calibrate), the stream's arrival rate (or "
+        "each query's) and the response-time targets: the payloads each worker reads as a "
+        "multi-class M/G/1 queue (Pollaczek-Khinchine), its queries placed by first-fit decreasing on the fewest workers that "
         "keep every query's deviation (W - T) / T <= --hw and every worker's load <= "
         "--rho-max, or on --workers N; prints each worker's queries, load and predicted "
         "mean response times (docs/capacity.md).")
     cap.add_argument("queries", metavar="QUERIES.cep", help="query file")
     cap.add_argument("--calibration", required=True, metavar="FILE",
                      help="written by dqcep calibrate")
-    cap.add_argument("--rate", action="append", metavar="QUERY=EVENTS_PER_S",
-                     help="a query's arrival rate (*=N for every query); every query needs one")
+    cap.add_argument("--rate", action="append", metavar="[QUERY=]EVENTS_PER_S",
+                     help="events/s of the stream every query reads (N or *=N); QUERY=N: "
+                     "that query reads a stream of its own at N")
     cap.add_argument("--target", action="append", metavar="QUERY=MS",
                      help="a query's mean response-time target (*=MS for every query)")
     cap.add_argument("--workers", type=int, metavar="N",
@@ -682,6 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default STATE/dead-letter.jsonl)")
     service.add_argument("--late", metavar="FILE",
                          help="events later than --lateness (default STATE/late.jsonl)")
+    service.add_argument("--queries", dest="queries_hosted", metavar="NAME,...",
+                         help="run only these queries of QUERIES (default: all of them)")
     service.add_argument("--client-id", default="dqcep-engine", metavar="ID",
                          help="MQTT client id of the persistent session (default "
                          "dqcep-engine); every service on a broker needs its own")

@@ -94,3 +94,64 @@ def _candidates(ids: np.ndarray, lists) -> np.ndarray:
     k = len(lists.columns)
     last = lists.values[lists.offsets[1:] - 1].reshape(len(ids), k)
     return np.hstack([ids, last])
+
+
+class ServiceTimes:
+    """The service's own measured processing: per payload, the time its step took (a
+    step of k payloads: k payloads of a k-th of it each), and the delay from a step's
+    first payload's arrival to the step's start (the journal's commit and the wake-up).
+    ``utilization``: the share of wall-clock time spent in steps. Checkpoints, which
+    stop processing while they last, are counted apart (count, mean, second moment)."""
+
+    def __init__(self, since: float):
+        self.total, self.recent = _StepTally(since), _StepTally(since)
+
+    def add(self, duration: float, payloads: int, delay: float | None) -> None:
+        for t in (self.total, self.recent):
+            t.add(duration, payloads, delay)
+
+    def add_checkpoint(self, duration: float) -> None:
+        for t in (self.total, self.recent):
+            t.checkpoints += 1
+            t.checkpoint_time += duration
+            t.checkpoint_squares += duration * duration
+
+    def take_recent(self, now: float) -> dict:
+        out = self.recent.as_dict(now)
+        self.recent = _StepTally(now)
+        return out
+
+    def totals(self, now: float) -> dict:
+        return self.total.as_dict(now)
+
+
+class _StepTally:
+    __slots__ = ("since", "payloads", "busy", "squares", "delays", "delayed", "checkpoints",
+                 "checkpoint_time", "checkpoint_squares")
+
+    def __init__(self, since: float):
+        self.since = since
+        self.payloads, self.busy, self.squares, self.delays, self.delayed = 0, 0.0, 0.0, 0.0, 0
+        self.checkpoints, self.checkpoint_time, self.checkpoint_squares = 0, 0.0, 0.0
+
+    def add(self, duration: float, payloads: int, delay: float | None) -> None:
+        self.payloads += payloads
+        self.busy += duration
+        self.squares += duration * duration / payloads
+        if delay is not None and delay == delay:  # NaN: the arrival is not known
+            self.delays += delay
+            self.delayed += 1
+
+    def as_dict(self, now: float) -> dict:
+        n = self.payloads
+        return {"payloads": n,
+                "mean_ms": round(1e3 * self.busy / n, 4) if n else None,
+                "m2_ms2": round(1e6 * self.squares / n, 6) if n else None,
+                "delay_ms": round(1e3 * self.delays / self.delayed, 4) if self.delayed
+                else None,
+                "utilization": round(self.busy / max(now - self.since, 1e-9), 4),
+                "checkpoints": self.checkpoints,
+                "checkpoint_ms": round(1e3 * self.checkpoint_time / self.checkpoints, 4)
+                if self.checkpoints else None,
+                "checkpoint_m2_ms2": round(1e6 * self.checkpoint_squares / self.checkpoints, 6)
+                if self.checkpoints else None}

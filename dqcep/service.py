@@ -53,7 +53,7 @@ from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming,
                              open_match_sink)
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
-from dqcep.response import ResponseTimes
+from dqcep.response import ResponseTimes, ServiceTimes
 from dqcep.runtime import Engine, EventColumns
 
 CHECKPOINT_VERSION = 3
@@ -86,6 +86,7 @@ class ServiceConfig:
     state: str | None = None          # the directory the defaults above live in (shown at start)
     materialize: str = "always"       # which joins keep their records (plan/joins.py)
     rates: dict | None = None         # events/s per type, for the planner's cost model
+    hosted: list[str] | None = None   # the queries of the file this service runs (all)
 
 
 class ServiceError(Exception):
@@ -135,12 +136,27 @@ def _state_problem(state: dict) -> str | None:
     return None
 
 
+def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
+    """The queries of a parsed file named in ``hosted`` (all of them for None), in the
+    file's order; a name the file does not have is an error."""
+    if hosted is None:
+        return list(query_file.queries)
+    names = [q.name for q in query_file.queries]
+    unknown = [n for n in hosted if n not in names]
+    if unknown or not hosted:
+        raise UserError(f"{source} has no query {', '.join(map(repr, unknown))} (its "
+                        f"queries: {', '.join(names)})" if unknown else
+                        "a service hosts at least one query")
+    return [q for q in query_file.queries if q.name in hosted]
+
+
 class StreamingService:
     def __init__(self, cfg: ServiceConfig):
         self.cfg = cfg
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
         query_file = parse_file(cfg.queries)
-        self.plan = build_plan(query_file.queries, cfg.rates, materialize=cfg.materialize,
+        queries = hosted_queries(query_file, cfg.hosted, cfg.queries)
+        self.plan = build_plan(queries, cfg.rates, materialize=cfg.materialize,
                                schemas=query_file.schemas, tables=query_file.tables)
         # lookup tables: read at the start, again before a batch when due (one snapshot
         # per batch); kept across a recovery
@@ -159,7 +175,8 @@ class StreamingService:
         self.started = time.monotonic()
         # when each journal offset arrived (the MQTT source's, while it runs)
         self.arrivals: ArrivalTimes | None = None
-        self.response = ResponseTimes([q.name for q in query_file.queries])
+        self.response = ResponseTimes([q.name for q in queries])
+        self.service_times = ServiceTimes(time.monotonic())
 
     # ------------------------------------------------------------ state
     def _read_state(self) -> dict | None:
@@ -446,11 +463,13 @@ class StreamingService:
         return {**self.counts, "lag_records": self.journal.durable_offset - self.offset,
                 "events_per_s": self.counts["events_in"] / elapsed,
                 "watermark": self.engine.wm, "error": self.error,
-                "response": self.response.totals()}
+                "response": self.response.totals(),
+                "service": self.service_times.totals(time.monotonic())}
 
     def _write_stats(self, source: MqttSource | None = None) -> None:
         s = self.stats()
         s["response_recent"] = recent = self.response.take_recent()
+        s["service_recent"] = self.service_times.take_recent(time.monotonic())
         measured = ", ".join(f"{q} {r['mean_ms']:.1f}" for q, r in recent.items()
                              if r["mean_ms"] is not None)
         if source is not None and source.write_error:
@@ -500,11 +519,17 @@ class StreamingService:
                     break
                 now = time.monotonic()
                 try:
+                    first, arrived = self.offset, time.time()
                     n = self.step(deadline=now + self.cfg.checkpoint_every)
+                    took = time.monotonic() - now
+                    if n:
+                        self.service_times.add(took, n, arrived - float(
+                            self.arrivals.at(np.array([first]))[0]))
                     now = time.monotonic()
                     if now - last_ck >= self.cfg.checkpoint_every:
                         self.checkpoint()
-                        last_ck = now
+                        last_ck = time.monotonic()
+                        self.service_times.add_checkpoint(last_ck - now)
                     self.error = None
                 except OSError as err:
                     self.recover(err, stop)

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqcep.capacity import Calibration, QueryCost, deviation, load, place, response_times
+from dqcep.capacity import (Calibration, QueryCost, WorkerModel, deviation, from_moments, load,
+                            place, response_times)
 
 
 def test_one_query_is_the_m_g_1_formula():
@@ -42,30 +43,54 @@ def test_a_saturated_worker_never_answers():
         QueryCost("x", 0.01, 1e-5)
 
 
+def test_queries_of_one_stream_are_one_class_with_the_workers_own_work():
+    """Two queries read one stream of 100 payloads/s: each payload costs the worker's
+    own work (1 ms, m2 1e-6) and both queries' (2 ms, m2 9e-6; 3 ms, m2 1.6e-5) before
+    its matches go out: E[S] = 6 ms, E[S^2] = (1 + 3 + 4)^2 ms^2 = 6.4e-5 s^2 (the
+    parts grow together), rho = 0.6, Wq = 100 * 6.4e-5 / 0.8 = 8 ms; with a 0.5 ms
+    delay before processing every query answers in 0.5 + 6 + 8 = 14.5 ms."""
+    model = WorkerModel(QueryCost("overhead", 0.001, 1e-6), 0.0005, {"a": "s", "b": "s"})
+    costs = [QueryCost("a", 0.002, 9e-6), QueryCost("b", 0.003, 1.6e-5)]
+    rates = {"a": 100, "b": 100}
+    assert load(costs, rates, model) == pytest.approx(0.6)
+    assert response_times(costs, rates, model) == pytest.approx({"a": 0.0145, "b": 0.0145})
+    # each on a stream of its own (the paper's classes): the own work twice, each
+    # query out after its own payload: rho 0.7, Wq = 100 (1.6e-5 + 2.5e-5) / 0.6
+    apart = WorkerModel(model.overhead, 0.0005, {})
+    wait = 100 * (1.6e-5 + 2.5e-5) / 0.6
+    assert response_times(costs, rates, apart) == pytest.approx(
+        {"a": 0.0005 + 0.003 + wait, "b": 0.0005 + 0.004 + wait})
+    with pytest.raises(ValueError, match="need one rate"):
+        response_times(costs, {"a": 100, "b": 50}, model)
+    # checkpoints of 20 ms (m2 5e-4) every 0.5 s: a class of 2/s, rho 0.64,
+    # Wq = (6.4e-3 + 1e-3) / 0.72
+    checkpointing = WorkerModel(model.overhead, 0.0005, model.stream_of,
+                                QueryCost("checkpoint", 0.02, 5e-4), 0.5)
+    assert load(costs, rates, checkpointing) == pytest.approx(0.64)
+    assert response_times(costs, rates, checkpointing)["a"] == pytest.approx(
+        0.0065 + 7.4e-3 / 0.72)
+
+
 def test_a_cheaper_shared_plan_predicts_no_worse_than_separate_queries():
-    """calibrate's charge rule, on a clock of the test's (tests assert no wall-clock
-    figure): every engine batch takes 1 ms whatever runs, so the shared plan of three
-    queries costs a third of the three alone; each query is charged its time alone
-    scaled by that third, the charges add up to the shared plan, and every query's
-    predicted response time is lower than with the costs alone."""
-    from dqcep.capacity import calibrate
-    from dqcep.events import Event
-    from dqcep.lang import parse
-    parsed = parse(SHARING)
-    events = [Event(i, ("Temperature", "Smoke", "Door", "Motion")[i % 4], i * 10,
-                    {"room": "r", "value": 40}) for i in range(1, 401)]
-    ticks = iter(range(10**6))
-    cal = calibrate(parsed, lambda engine: [events[k:k + 100] for k in range(0, 400, 100)],
-                    100, timer=lambda: next(ticks) * 0.0005)
-    assert {q: c.b for q, c in cal.alone.items()} == pytest.approx(
-        {q: 0.0005 * 4 / 400 + 0.0005 / 400 for q in "abc"})  # 4 batches, then the flush
-    assert cal.shared_b == pytest.approx(cal.alone["a"].b)
-    assert {q: c.b for q, c in cal.shared.items()} == pytest.approx(
-        {q: cal.alone[q].b / 3 for q in "abc"})
-    assert sum(c.b for c in cal.costs(shared=True).values()) == pytest.approx(cal.shared_b)
-    rates = {q: 50_000 for q in "abc"}
-    together = response_times(list(cal.costs(shared=True).values()), rates)
-    separate = response_times(list(cal.costs(shared=False).values()), rates)
+    """calibrate's charge rule (from_moments): three queries alone take 1.1 ms per
+    payload each, the shared plan 1.6 ms, the worker's own work 0.1 ms of either: each
+    query is charged (1.1 - 0.1) * (1.6 - 0.1) / 3 = 0.5 ms, the charges and the own
+    work add up to the shared plan, and every query's predicted response time is lower
+    than with the costs alone."""
+    run = (0.0011, 0.0011 ** 2 * 1.5)
+    cal = from_moments(200, 50, {q: run for q in "abc"}, (0.0016, 0.0016 ** 2 * 1.5),
+                       (0.0001, 0.0001 ** 2), 0.0004)
+    assert {q: c.b for q, c in cal.alone.items()} == pytest.approx({q: 0.001 for q in "abc"})
+    assert {q: c.b for q, c in cal.shared.items()} == pytest.approx({q: 0.0005 for q in "abc"})
+    assert sum(c.b for c in cal.shared.values()) + cal.overhead.b == \
+        pytest.approx(cal.shared_b)
+    # m2 less a constant overhead: 1.815e-6 - 2 * 1e-4 * 1.1e-3 + 1e-8 = 1.605e-6
+    assert cal.alone["a"].m2 == pytest.approx(1.605e-6)
+    assert cal.shared["a"].m2 == pytest.approx(1.605e-6 * 0.25)
+    model = cal.model({q: "the stream" for q in "abc"})
+    rates = {q: 300 for q in "abc"}
+    together = response_times(list(cal.costs(shared=True).values()), rates, model)
+    separate = response_times(list(cal.costs(shared=False).values()), rates, model)
     assert all(together[q] < separate[q] for q in "abc")
 
 
@@ -157,47 +182,76 @@ def dqcep(*args, cwd):
                           capture_output=True, text=True, cwd=cwd)
 
 
+def check_calibration(cal, names, payloads):
+    assert set(cal.alone) == set(cal.shared) == set(names) and cal.batch_events == 200
+    assert cal.payloads == payloads and cal.delay > 0 and cal.overhead.b > 0
+    assert cal.checkpoint.b > 0 and cal.checkpoint_every == 1.0
+    # the charges and the worker's own work add up to the shared plan
+    assert sum(c.b for c in cal.shared.values()) + cal.overhead.b == \
+        pytest.approx(cal.shared_b)
+
+
 def test_calibrate_then_capacity(tmp_path):
-    """dqcep calibrate writes every query's b and m2, alone and charged from the shared
-    plan (three queries sharing SEQ(Temperature, Smoke) by room: the charges add up to
-    the shared plan's time); dqcep capacity places them and predicts from it, as text
-    and JSON. (Whether the shared plan is cheaper is a measurement, not asserted here:
-    0.47x the queries alone on dqcep/data/iot.cep, docs/capacity.md.)"""
+    """dqcep calibrate (in this process, no broker) writes every query's b and m2 per
+    payload, alone and charged from the shared plan (three queries sharing
+    SEQ(Temperature, Smoke) by room), the worker's own work and the delay; dqcep
+    capacity places them and predicts from it, as text and JSON. (Whether the shared
+    plan is cheaper is a measurement, not asserted here: docs/capacity.md.)"""
     queries = tmp_path / "shared.cep"
     queries.write_text(SHARING)
-    assert dqcep("generate", "-n", 40_000, "--seed", 3, "--quiet", "-o", "iot.jsonl",
+    assert dqcep("generate", "-n", 20_000, "--seed", 3, "--quiet", "-o", "iot.jsonl",
                  cwd=tmp_path).returncode == 0
-    r = dqcep("calibrate", queries, "--input", "iot.jsonl", "--batch-size", 500, "-o",
-              "cal.json", cwd=tmp_path)
+    r = dqcep("calibrate", queries, "--input", "iot.jsonl", "--gap", 0.5, "-o", "cal.json",
+              cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0].split()[:2] == ["query", "b"]
-    from dqcep.capacity import Calibration
+    assert r.stdout.splitlines()[0].split()[:3] == ["per", "payload", "(ms)"]
     cal = Calibration.from_json(json.loads((tmp_path / "cal.json").read_text()))
-    assert set(cal.alone) == set(cal.shared) == {"a", "b", "c"} and cal.batch_events == 500
-    assert cal.events == 40_000
-    assert sum(c.b for c in cal.shared.values()) == pytest.approx(cal.shared_b)
-    rates = {q: 100_000 for q in "abc"}
-    args = ("capacity", queries, "--calibration", "cal.json", "--rate", "*=100000",
-            "--target", "*=1", "--target", "a=0.5")
+    check_calibration(cal, "abc", 100)
+    args = ("capacity", queries, "--calibration", "cal.json", "--rate", "100000",
+            "--target", "*=100", "--target", "a=50")
     r = dqcep(*args, cwd=tmp_path)
     assert r.returncode == 0 and "every target met" in r.stdout, r.stdout + r.stderr
     report = json.loads(dqcep(*args, "--json", cwd=tmp_path).stdout)
     placed = {q["name"]: q for w in report["workers"] for q in w["queries"]}
-    assert set(placed) == {"a", "b", "c"} and placed["a"]["target_ms"] == 0.5
+    assert set(placed) == {"a", "b", "c"} and placed["a"]["target_ms"] == 50
+    model = cal.model({q: "the stream" for q in "abc"})
+    rates = {q: 100_000 / 200 for q in "abc"}  # payloads/s
     for w in report["workers"]:  # what it prints is the model's, worker by worker
         hosted = [cal.shared[q["name"]] for q in w["queries"]]
-        predicted = response_times(hosted, rates)
-        assert w["load"] == pytest.approx(load(hosted, rates))
+        predicted = response_times(hosted, rates, model)
+        assert w["load"] == pytest.approx(load(hosted, rates, model))
         assert all(q["predicted_ms"] == pytest.approx(predicted[q["name"]] * 1000)
-                   for q in w["queries"])
+                   and q["stream"] == "the stream" for q in w["queries"])
     r = dqcep(*args, "--workers", "2", "--json", cwd=tmp_path)
     assert len(json.loads(r.stdout)["workers"]) == 2
+    # a query on a stream of its own is a class of its own
+    r = dqcep(*args, "--rate", "a=5000", "--json", cwd=tmp_path)
+    placed = {q["name"]: q for w in json.loads(r.stdout)["workers"] for q in w["queries"]}
+    assert placed["a"]["stream"] == "its own" and placed["a"]["rate"] == 5000
+
+
+def test_live_calibration_against_a_broker(mosquitto, tmp_path):
+    """dqcep calibrate --broker: every run a real dqcep run --queries ... process fed
+    over MQTT, its own measurements read from its stats."""
+    host, port = mosquitto
+    queries = tmp_path / "shared.cep"
+    queries.write_text(SHARING)
+    assert dqcep("generate", "-n", 4_000, "--seed", 3, "--quiet", "-o", "iot.jsonl",
+                 cwd=tmp_path).returncode == 0
+    r = dqcep("calibrate", queries, "--input", "iot.jsonl", "--broker",
+              f"mqtt://{host}:{port}/calibration", "-o", "cal.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    check_calibration(Calibration.from_json(json.loads((tmp_path / "cal.json").read_text())),
+                      "abc", 20)
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--rate", "a=10"), "give every query's arrival rate in events/s: --rate b=N"),
-    (("--rate", "*=10", "--rate", "zz=3"), "--rate zz=3: no query 'zz'"),
-    (("--rate", "*=ten"), "give QUERY=NUMBER"),
+    (("--rate", "a=10"), "give the stream's arrival rate in events/s (--rate N), or each "
+                         "query's: --rate b=N"),
+    (("--rate", "10", "--rate", "zz=3"), "--rate zz=3: no query 'zz'"),
+    (("--rate", "10", "--rate", "*=3"), "--rate N (the stream every query reads) was given "
+                                        "twice"),
+    (("--rate", "ten"), "give QUERY=NUMBER"),
     (("--rate", "*=10", "--workers", "0"), "--workers must be >= 1"),
 ])
 def test_capacity_options_are_checked(tmp_path, extra, message):
@@ -205,9 +259,10 @@ def test_capacity_options_are_checked(tmp_path, extra, message):
     queries.write_text("QUERY a PATTERN A x WITHIN 1 s; QUERY b PATTERN B y WITHIN 1 s")
     (tmp_path / "cal.json").write_text(json.dumps(Calibration(
         200, 1000, {q: QueryCost(q, 1e-6, 2e-12) for q in "ab"},
-        {q: QueryCost(q, 1e-6, 2e-12) for q in "ab"}, 2e-6).to_json()))
+        {q: QueryCost(q, 1e-6, 2e-12) for q in "ab"}, 2e-6, QueryCost("overhead", 0, 0),
+        1e-4, QueryCost("checkpoint", 0.01, 1e-4), 1.0).to_json()))
     r = dqcep("capacity", queries, "--calibration", "cal.json", *extra, cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr, r.stderr
-    (tmp_path / "bad.json").write_text('{"version": 1}')
+    (tmp_path / "bad.json").write_text('{"version": 2}')
     r = dqcep("capacity", queries, "--calibration", "bad.json", "--rate", "*=1", cwd=tmp_path)
     assert r.returncode == 2 and "not a calibration written by dqcep calibrate" in r.stderr

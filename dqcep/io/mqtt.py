@@ -356,7 +356,7 @@ class MqttSource:
                                     f"{self.port}: {err.strerror or err}") from None
                 time.sleep(0.25)
         self.client.loop_start()
-        self._committer.start()
+        self.start_committer()
         if not self._answered.wait(max(0.0, deadline - time.monotonic())):
             self.stop()
             raise UserError(f"the MQTT broker at {self.host}:{self.port} did not answer "
@@ -369,13 +369,22 @@ class MqttSource:
             raise UserError(f"the MQTT broker at {self.host}:{self.port} did not confirm "
                             f"the subscription to {', '.join(self.topics)}")
 
-    def stop(self) -> bool:
-        """Disconnect after a last commit; False if that commit failed (nothing of it
-        was acknowledged: the broker sends it again to the next session)."""
+    def start_committer(self) -> None:
+        """The committer thread alone (``start`` starts it; calibration uses it without
+        a broker)."""
+        self._committer.start()
+
+    def stop_committer(self) -> bool:
+        """The committer stopped after a last commit; False if that commit failed."""
         self._stop.set()
         if self._committer.is_alive():
             self._committer.join()
-        committed = self._commit()
+        return self._commit()
+
+    def stop(self) -> bool:
+        """Disconnect after a last commit; False if that commit failed (nothing of it
+        was acknowledged: the broker sends it again to the next session)."""
+        committed = self.stop_committer()
         self.client.disconnect()
         self.client.loop_stop()
         return committed

@@ -229,10 +229,14 @@ class BackgroundSink:
             self.queue.put((batch, *args))
         return len(batch)
 
-    def sync(self) -> int | None:
-        """Every batch given so far written, then the sink's own sync (its length)."""
+    def drain(self) -> None:
+        """Every batch given so far handed to the sink (written, not synced)."""
         self.queue.join()
         self._raise()
+
+    def sync(self) -> int | None:
+        """Every batch given so far written, then the sink's own sync (its length)."""
+        self.drain()
         return self.sink.sync()
 
     def close(self) -> None:

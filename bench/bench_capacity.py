@@ -1,0 +1,225 @@
+"""Predicted against measured response times (issue 21).
+
+Calibrates the IoT queries (``dqcep.calibration``: the service's own path, payload by
+payload, on the first ``--calibrate`` events), then for each load from 10% to 90% of
+one worker's predicted capacity runs the streaming service against a Mosquitto of its
+own and publishes payloads of 200 IoT events with Poisson arrivals (exponential gaps)
+at that rate. The service measures each query's mean response time (arrival of the
+payload holding a match's completing event to its output; docs/streaming.md); the
+first ``--warmup`` of each run's payloads are left out (the difference of the stats
+totals). The model (``dqcep.capacity``) predicts the same from the calibration. Every
+run is a fresh service (its own client id and state), so one stream of distinct
+events serves every load.
+
+Prints a table (load, rate, per query predicted and measured ms, error), writes a plot
+(``--plot``, PNG), and ends with ``prediction error: median X%, max Y% over N points``
+(the points below 80% load; target: median <= 20%).
+
+    python3 bench/bench_capacity.py [--payloads N] [--loads 0.1,0.2,...] [--plot FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import free_port, wait_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
+BATCH = 200
+
+
+def generate(path: Path, events: int) -> tuple[list[bytes], list[int]]:
+    """Payloads of the IoT stream, and the events before each (cumulative counts)."""
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                    str(events), "--seed", "3", "--batch-size", str(BATCH), "--quiet",
+                    "--chunk-size", str(BATCH * 1000), "-o", str(path)], check=True)
+    payloads, before = [], [0]
+    with open(path, "rb") as f:
+        for obj in msgpack.Unpacker(f, raw=False):
+            payloads.append(msgpack.packb(obj))
+            before.append(before[-1] + len(obj["events"]))
+    return payloads, before
+
+
+class Service:
+    def __init__(self, state: Path, url: str, client_id: str):
+        state.mkdir()
+        self.stats, self.log = state / "stats.json", state / "stderr.txt"
+        self.cmd = [sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input", url,
+                    "--client-id", client_id, "--state", str(state), "-o",
+                    str(state / "out.jsonl"), "--stats-file", str(self.stats),
+                    "--stats-every", "0.1"]
+        with open(self.log, "w") as log:  # a file: a pipe nobody reads would fill
+            self.proc = subprocess.Popen(self.cmd, stderr=log)
+        deadline = time.monotonic() + 30
+        while "listening" not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the service did not start: {self.log.read_text()}")
+            time.sleep(0.02)
+
+    def read(self) -> dict:
+        try:
+            return json.loads(self.stats.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def wait_events(self, n: int, timeout: float = 120) -> dict:
+        """The stats once ``n`` events are in and a stats period has passed after."""
+        deadline = time.monotonic() + timeout
+        while self.read().get("events_in", 0) < n:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise SystemExit(f"the service did not take in {n} events: "
+                                 f"{self.read()} {self.log.read_text()[-2000:]}")
+            time.sleep(0.02)
+        time.sleep(0.25)
+        return self.read()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def poisson_publish(url: str, payloads: list[bytes], rate: float, seed: int) -> float:
+    """Publish with exponential gaps of mean 1/rate s; returns the achieved rate."""
+    from dqcep.io.mqtt import MqttPublisher, MqttUrl
+    pub = MqttPublisher(MqttUrl.parse(url), client_id=f"bench-pub-{seed}")
+    rng = random.Random(seed)
+    start = time.monotonic()
+    due = start
+    for p in payloads:
+        due += rng.expovariate(rate)
+        wait = due - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        pub.publish(p)
+    took = time.monotonic() - start
+    pub.close()
+    return len(payloads) / took
+
+
+def measured_means(before: dict, after: dict) -> dict[str, float | None]:
+    """Per query, the mean response (ms) of the matches between two stats totals."""
+    out = {}
+    for q, a in after["response"].items():
+        b = before.get("response", {}).get(q, {"matches": 0, "mean_ms": None})
+        n = a["matches"] - b["matches"]
+        total = (a["mean_ms"] or 0) * a["matches"] - (b["mean_ms"] or 0) * b["matches"]
+        out[q] = total / n if n > 0 else None
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--payloads", type=int, default=3000, help="payloads per load point")
+    ap.add_argument("--warmup", type=float, default=0.2,
+                    help="share of each run's payloads left out (default 0.2)")
+    ap.add_argument("--calibrate", type=int, default=60_000,
+                    help="events the calibration runs over")
+    ap.add_argument("--offline", action="store_true",
+                    help="calibrate in this process, without the broker")
+    ap.add_argument("--loads", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9")
+    ap.add_argument("--plot", metavar="FILE.png")
+    args = ap.parse_args(argv)
+    from dqcep.calibration import calibrate
+    from dqcep.capacity import response_times
+    from dqcep.lang import parse_file
+
+    loads = [float(x) for x in args.loads.split(",")]
+    names = [q.name for q in parse_file(str(QUERIES)).queries]
+    binary = "/usr/sbin/mosquitto"
+    rows, errors = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        payloads, before = generate(tmp / "iot.msgpack", args.payloads * BATCH)
+        port = free_port()
+        (tmp / "m.conf").write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
+                                    "max_queued_messages 0\npersistence false\n")
+        broker = subprocess.Popen([binary, "-c", str(tmp / "m.conf")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port)
+        url = f"mqtt://127.0.0.1:{port}/bench"
+        try:
+            cal = calibrate(str(QUERIES), payloads[:max(1, args.calibrate // BATCH)], BATCH,
+                            tmp, broker=None if args.offline else url + "/calibrate")
+        except BaseException:
+            broker.terminate()
+            raise
+        model = cal.model({q: "the stream" for q in names})
+        costs = [cal.shared[q] for q in names]
+        # events/s at which the one worker's load is 1 (checkpoints take their share)
+        capacity = BATCH * (1 - cal.checkpoint.b / cal.checkpoint_every) / cal.shared_b
+        print(f"calibration: {cal.payloads} payloads of {BATCH} events; per payload: "
+              f"shared plan {cal.shared_b * 1e3:.3f} ms (own work "
+              f"{cal.overhead.b * 1e3:.3f} ms), delay before processing {cal.delay * 1e3:.3f} ms, "
+              f"a checkpoint {cal.checkpoint.b * 1e3:.1f} ms every {cal.checkpoint_every:g} s; "
+              f"one worker's capacity {capacity:,.0f} events/s")
+        print(f"{'load':>5} {'events/s':>10} {'sent/s':>10} "
+              + " ".join(f"{q[:11]:>11} {'meas':>7} {'err':>6}" for q in names))
+        try:
+            for i, rho in enumerate(loads):
+                rate = rho * capacity
+                svc = Service(tmp / f"run{i}", url, f"bench-capacity-{i}")
+                try:
+                    warm = int(len(payloads) * args.warmup)
+                    sent = poisson_publish(url, payloads[:warm], rate / BATCH, 2 * i)
+                    start = svc.wait_events(before[warm])
+                    sent = poisson_publish(url, payloads[warm:], rate / BATCH, 2 * i + 1)
+                    end = svc.wait_events(before[-1])
+                finally:
+                    svc.stop()
+                measured = measured_means(start, end)
+                predicted = response_times(costs, {q: rate / BATCH for q in names}, model)
+                cells = []
+                for q in names:
+                    p, m = predicted[q] * 1e3, measured[q]
+                    err = abs(p - m) / m if m else None
+                    if err is not None and rho < 0.8:
+                        errors.append(err)
+                    rows.append((rho, q, p, m))
+                    cells.append(f"{p:>11.3f} {m if m is not None else float('nan'):>7.3f} "
+                                 + (f"{err:>6.0%}" if err is not None else f"{'-':>6}"))
+                print(f"{rho:>5.0%} {rate:>10,.0f} {sent * BATCH:>10,.0f} " + " ".join(cells),
+                      flush=True)
+        finally:
+            broker.terminate()
+            broker.wait(10)
+    if args.plot:
+        plot(rows, names, args.plot)
+    if errors:
+        print(f"prediction error: median {statistics.median(errors):.0%}, max "
+              f"{max(errors):.0%} over {len(errors)} points")
+
+
+def plot(rows, names, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for q in names:
+        pts = [(r, p, m) for r, name, p, m in rows if name == q]
+        line, = ax.plot([r for r, _, _ in pts], [p for _, p, _ in pts], "--",
+                        label=f"{q} predicted")
+        ax.plot([r for r, _, _ in pts], [m for _, _, m in pts], "o-",
+                color=line.get_color(), label=f"{q} measured")
+    ax.set_xlabel("load (share of one worker's predicted capacity)")
+    ax.set_ylabel("mean response time (ms)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""``dqcep calibrate``: time the streaming service's own path, payload by payload, at
+low load.
+
+The events are cut into payloads of ``batch_events`` (as MQTT delivers them). A
+service hosting each query alone, then one hosting them all (the shared plan), takes
+them one at a time, ``gap`` seconds apart (low load, as the model's calibration asks:
+a payload processed after an idle gap takes longer than one in a tight loop - caches,
+the core's clock - measured in docs/capacity.md). Each run gives the mean and second
+moment of the time per payload; ``dqcep.capacity.from_moments`` turns them into the
+model's costs.
+
+- **Live** (``broker``: an ``mqtt://host:port/topic`` URL): each run is a real
+  ``dqcep run --input mqtt://...`` process; this process publishes the payloads and
+  reads the service's own measurements from its stats (``service``: the time per
+  payload of its steps, and the delay from a payload's arrival to its step's start:
+  the journal's commit and the wake-up). Everything the service shares a core with
+  (paho's threads, the broker) is in the figures.
+- **Offline** (no broker): a ``StreamingService`` in this process reads a journal
+  holding the payloads, one payload per ``step`` (journal read, decoding, repeated
+  ids, engine, match output, response-time measurement); the delay is timed on the
+  MQTT source's own committer without a broker (a message handed to it as paho would,
+  the journal committed with fsync where ``journal_dir`` lives, the wait for the
+  commit's signal as the service waits).
+
+Both time the worker's own work per payload apart (the journal append at ingest,
+decoding, repeated ids: what a worker does whatever its queries), offline, and the
+shared plan's checkpoints (live: the service's own, at least ``CHECKPOINTS``;
+offline: ``CHECKPOINTS`` taken after the payloads).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Sequence
+
+import msgpack
+
+from dqcep._kernels.recent_ids import RecentIds
+from dqcep.capacity import Calibration, from_moments, moments
+from dqcep.errors import UserError
+from dqcep.io.journal import Journal
+from dqcep.io.mqtt import ArrivalTimes, MqttPublisher, MqttSource, MqttUrl
+from dqcep.lang import parse_file
+from dqcep.plan import build_plan
+from dqcep.runtime import Engine
+from dqcep.runtime.duplicates import RECENT_IDS
+from dqcep.service import ServiceConfig, StreamingService
+
+TOPIC = "calibrate"
+CHECKPOINTS = 3  # timed per run, at least
+CHECKPOINT_EVERY = ServiceConfig.checkpoint_every  # the service's interval (s)
+
+
+def payloads_of(events: Sequence[dict], batch_events: int) -> list[bytes]:
+    """Event maps as msgpack payloads of ``batch_events`` events (the generator's form)."""
+    return [msgpack.packb({"events": list(events[i:i + batch_events])})
+            for i in range(0, len(events), batch_events)]
+
+
+def calibrate(queries: str, payloads: list[bytes], batch_events: int,
+              journal_dir: str | Path | None = None, broker: str | None = None,
+              gap: float = 0.002, commits: int = 100,
+              timer: Callable[[], float] = time.perf_counter,
+              sleep: Callable[[float], None] = time.sleep) -> Calibration:
+    names = [q.name for q in parse_file(queries).queries]
+    if not payloads:
+        raise UserError("no payload to calibrate with")
+    with tempfile.TemporaryDirectory(prefix="dqcep-calibrate-", dir=journal_dir) as tmp:
+        work = Path(tmp)
+        overhead = moments(_overhead(queries, payloads, work / "ingest", gap, timer, sleep))
+        if broker is None:
+            run = _offline(queries, payloads, work, gap, timer, sleep)
+        else:
+            run = _live(queries, payloads, work, broker, gap)
+        alone = {q: run([q], f"alone-{i}")["payload"] for i, q in enumerate(names)}
+        shared = run(names, "shared")
+        delay = shared["delay"] if broker is not None else \
+            _commit_delay(work / "commit", payloads[0], commits, gap, timer, sleep)
+    return from_moments(batch_events, len(payloads), alone, shared["payload"], overhead,
+                        delay, shared["checkpoint"], CHECKPOINT_EVERY)
+
+
+def _offline(queries, payloads, work: Path, gap, timer, sleep):
+    journal = Journal(work / "journal", fsync="never")
+    for p in payloads:
+        journal.append(TOPIC, p)
+    journal.commit()
+    journal.close()
+
+    def run(hosted: list[str], tag: str) -> dict:
+        svc = StreamingService(ServiceConfig(
+            queries=queries, inputs=[f"mqtt://localhost/{TOPIC}"],
+            journal=str(work / "journal"), checkpoint=str(work / f"{tag}.ck"),
+            output=str(work / f"{tag}.jsonl"), dead_letter=str(work / f"{tag}.dead"),
+            late=str(work / f"{tag}.late"), hosted=hosted,
+            journal_retention=1 << 62))  # its checkpoints trim nothing the next run reads
+        svc.arrivals = ArrivalTimes()  # the measurement is part of a payload's work
+        times = []
+        try:
+            for offset in range(len(payloads)):
+                sleep(gap)
+                svc.arrivals.stamp(offset, time.time())
+                started = timer()
+                svc.step(until=offset + 1)
+                svc.out.drain()  # the output written, as part of the payload's time
+                times.append(timer() - started)
+            checkpoints = []
+            for _ in range(CHECKPOINTS):  # with the state the payloads left
+                started = timer()
+                svc.checkpoint()
+                checkpoints.append(timer() - started)
+        finally:
+            svc.close()
+        return {"payload": moments(times), "checkpoint": moments(checkpoints)}
+    return run
+
+
+def _live(queries, payloads, work: Path, broker: str, gap):
+    url = MqttUrl.parse(broker)
+    events = sum(len(msgpack.unpackb(p)["events"]) for p in payloads)
+
+    def run(hosted: list[str], tag: str) -> dict:
+        state = work / tag
+        state.mkdir()
+        stats, log = state / "stats.json", state / "stderr.txt"
+        # a topic of this run's own below the given one (the URL ends with its topic)
+        topic = f"{broker[:len(broker) - len(url.topic)]}{url.topic}/{uuid.uuid4().hex}"
+        with open(log, "w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dqcep", "run", queries, "--input", topic,
+                 "--queries", ",".join(hosted), "--state", str(state),
+                 "-o", str(state / "out.jsonl"), "--client-id", f"dqcep-calibrate-{tag}-"
+                 + uuid.uuid4().hex[:8], "--stats-file", str(stats), "--stats-every", "0.2"],
+                stderr=err)
+        try:
+            _wait(lambda: "listening" in log.read_text(), proc, log, "start")
+            publisher = MqttPublisher(MqttUrl.parse(topic),
+                                      client_id="dqcep-calibrate-" + uuid.uuid4().hex[:8])
+            try:
+                for p in payloads:
+                    time.sleep(gap)
+                    publisher.publish(p)
+            finally:
+                publisher.close()
+
+            def done():
+                s = _read(stats)
+                return s.get("events_in", 0) >= events and s["service"]["payloads"] >= \
+                    len(payloads) and s["service"]["checkpoints"] >= CHECKPOINTS
+            _wait(done, proc, log, f"take in the {len(payloads)} payloads and checkpoint "
+                  f"{CHECKPOINTS} times")
+            s = _read(stats)["service"]
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        if s["delay_ms"] is None:
+            raise UserError(f"the service measured no delay: {log.read_text()[-500:]}")
+        return {"payload": (s["mean_ms"] / 1e3, s["m2_ms2"] / 1e6),
+                "delay": s["delay_ms"] / 1e3,
+                "checkpoint": (s["checkpoint_ms"] / 1e3, s["checkpoint_m2_ms2"] / 1e6)}
+    return run
+
+
+def _read(stats: Path) -> dict:
+    try:
+        return json.loads(stats.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _wait(condition, proc, log: Path, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise UserError(f"the service did not {what}: {log.read_text()[-1000:]}")
+        time.sleep(0.05)
+
+
+def _overhead(queries, payloads, journal_dir: Path, gap, timer, sleep) -> list[float]:
+    """Per payload, what every worker does whatever its queries: the journal append at
+    ingest, decoding into the engine's columns, the repeated-ids check."""
+    query_file = parse_file(queries)
+    engine = Engine(build_plan(query_file.queries, schemas=query_file.schemas,
+                               tables=query_file.tables))
+    decoder, recent = engine.column_decoder(), RecentIds(RECENT_IDS)
+    journal = Journal(journal_dir, fsync="never")
+    times = []
+    try:
+        for p in payloads:
+            sleep(gap)
+            started = timer()
+            journal.append(TOPIC, p)
+            decoder.decode(p)
+            recent.admit(decoder.take()[1])
+            times.append(timer() - started)
+    finally:
+        journal.close()
+    return times
+
+
+class _Message:
+    """What paho hands ``on_message``: topic, payload, message id."""
+
+    def __init__(self, topic: str, payload: bytes, mid: int):
+        self.topic, self.payload, self.mid = topic, payload, mid
+
+
+def _commit_delay(directory: Path, payload: bytes, commits: int, gap, timer, sleep) -> float:
+    """Mean time from a message's arrival to the service's wake-up after its commit:
+    the MQTT source's committer thread (its acks go nowhere: no broker) and a journal
+    in ``directory`` (fsync)."""
+    journal = Journal(directory, fsync="always")
+    source = MqttSource([MqttUrl.parse(f"mqtt://127.0.0.1/{TOPIC}", subscribe=True)],
+                        journal)
+    source.start_committer()
+    total = 0.0
+    try:
+        for mid in range(1, commits + 1):
+            sleep(gap)
+            source.committed.clear()
+            started = timer()
+            source._on_message(None, None, _Message(TOPIC, payload, mid))
+            if not source.committed.wait(10):
+                raise OSError(f"the journal in {directory} took 10 s to commit")
+            total += timer() - started
+    finally:
+        source.stop_committer()
+        journal.close()
+    return total / commits
