@@ -1,10 +1,11 @@
 """Predicted against measured response times (issue 21).
 
-Calibrates the IoT queries (``dqcep.calibration``: the service's own path, payload by
-payload, on the first ``--calibrate`` events), then for each load from 10% to 90% of
-one worker's predicted capacity runs the streaming service against a Mosquitto of its
-own and publishes payloads of 200 IoT events with Poisson arrivals (exponential gaps)
-at that rate. The service measures each query's mean response time (arrival of the
+Calibrates the IoT queries live (``dqcep.calibration``: each query alone and the
+shared plan as ``dqcep run`` processes, on the first ``--calibrate`` events), then for
+each load from 10% to 90% of one worker's predicted capacity runs the streaming
+service against a Mosquitto of its own - as one service (the shared plan) and as
+``--workers 2`` (a consumer per query, placed round robin) - and publishes payloads of
+200 IoT events with Poisson arrivals (exponential gaps) at that rate. The service measures each query's mean response time (arrival of the
 payload holding a match's completing event to its output; docs/streaming.md); the
 first ``--warmup`` of each run's payloads are left out (the difference of the stats
 totals). The model (``dqcep.capacity``) predicts the same from the calibration. Every
@@ -15,7 +16,8 @@ Prints a table (load, rate, per query predicted and measured ms, error), writes 
 (``--plot``, PNG), and ends with ``prediction error: median X%, max Y% over N points``
 (the points below 80% load; target: median <= 20%).
 
-    python3 bench/bench_capacity.py [--payloads N] [--loads 0.1,0.2,...] [--plot FILE]
+    python3 bench/bench_capacity.py [--payloads N] [--loads 0.1,0.2,...] [--workers 1,2]
+                                    [--plot FILE]
 """
 from __future__ import annotations
 
@@ -53,13 +55,14 @@ def generate(path: Path, events: int) -> tuple[list[bytes], list[int]]:
 
 
 class Service:
-    def __init__(self, state: Path, url: str, client_id: str):
+    def __init__(self, state: Path, url: str, client_id: str, workers: int = 1):
         state.mkdir()
         self.stats, self.log = state / "stats.json", state / "stderr.txt"
         self.cmd = [sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input", url,
                     "--client-id", client_id, "--state", str(state), "-o",
                     str(state / "out.jsonl"), "--stats-file", str(self.stats),
-                    "--stats-every", "0.1"]
+                    "--stats-every", "0.1"] + (["--workers", str(workers)] if workers > 1
+                                               else [])
         with open(self.log, "w") as log:  # a file: a pipe nobody reads would fill
             self.proc = subprocess.Popen(self.cmd, stderr=log)
         deadline = time.monotonic() + 30
@@ -130,6 +133,9 @@ def main(argv=None) -> None:
     ap.add_argument("--offline", action="store_true",
                     help="calibrate in this process, without the broker")
     ap.add_argument("--loads", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9")
+    ap.add_argument("--workers", default="1,2",
+                    help="worker counts to run (1: the one service, shared plan; N: dqcep run "
+                    "--workers N, a consumer per query)")
     ap.add_argument("--plot", metavar="FILE.png")
     args = ap.parse_args(argv)
     from dqcep.calibration import calibrate
@@ -165,33 +171,44 @@ def main(argv=None) -> None:
               f"{cal.overhead.b * 1e3:.3f} ms), delay before processing {cal.delay * 1e3:.3f} ms, "
               f"a checkpoint {cal.checkpoint.b * 1e3:.1f} ms every {cal.checkpoint_every:g} s; "
               f"one worker's capacity {capacity:,.0f} events/s")
-        print(f"{'load':>5} {'events/s':>10} {'sent/s':>10} "
+        print(f"{'workers':>7} {'load':>5} {'events/s':>10} {'sent/s':>10} "
               + " ".join(f"{q[:11]:>11} {'meas':>7} {'err':>6}" for q in names))
         try:
-            for i, rho in enumerate(loads):
-                rate = rho * capacity
-                svc = Service(tmp / f"run{i}", url, f"bench-capacity-{i}")
-                try:
-                    warm = int(len(payloads) * args.warmup)
-                    sent = poisson_publish(url, payloads[:warm], rate / BATCH, 2 * i)
-                    start = svc.wait_events(before[warm])
-                    sent = poisson_publish(url, payloads[warm:], rate / BATCH, 2 * i + 1)
-                    end = svc.wait_events(before[-1])
-                finally:
-                    svc.stop()
-                measured = measured_means(start, end)
-                predicted = response_times(costs, {q: rate / BATCH for q in names}, model)
-                cells = []
-                for q in names:
-                    p, m = predicted[q] * 1e3, measured[q]
-                    err = abs(p - m) / m if m else None
-                    if err is not None and rho < 0.8:
-                        errors.append(err)
-                    rows.append((rho, q, p, m))
-                    cells.append(f"{p:>11.3f} {m if m is not None else float('nan'):>7.3f} "
-                                 + (f"{err:>6.0%}" if err is not None else f"{'-':>6}"))
-                print(f"{rho:>5.0%} {rate:>10,.0f} {sent * BATCH:>10,.0f} " + " ".join(cells),
-                      flush=True)
+            for workers in [int(w) for w in args.workers.split(",")]:
+                for i, rho in enumerate(loads):
+                    rate = rho * capacity
+                    tag = f"w{workers}-{i}"
+                    svc = Service(tmp / tag, url, f"bench-capacity-{tag}", workers)
+                    try:
+                        warm = int(len(payloads) * args.warmup)
+                        sent = poisson_publish(url, payloads[:warm], rate / BATCH, 2 * i)
+                        start = svc.wait_events(before[warm])
+                        sent = poisson_publish(url, payloads[warm:], rate / BATCH, 2 * i + 1)
+                        end = svc.wait_events(before[-1])
+                    finally:
+                        svc.stop()
+                    measured = measured_means(start, end)
+                    rates = {q: rate / BATCH for q in names}
+                    if workers == 1:  # the one service: the shared plan
+                        predicted = response_times(costs, rates, model)
+                    else:  # a consumer per query, on the workers the service placed them
+                        predicted, consumers = {}, cal.consumer_costs()
+                        for hosted in end["workers"]:
+                            predicted.update(response_times(
+                                [consumers[q] for q in hosted], rates,
+                                cal.consumer_model(hosted)))
+                    cells = []
+                    for q in names:
+                        p, m = predicted[q] * 1e3, measured[q]
+                        err = abs(p - m) / m if m else None
+                        if err is not None and rho < 0.8:
+                            errors.append(err)
+                        rows.append((workers, rho, q, p, m))
+                        cells.append(f"{p:>11.3f} "
+                                     f"{m if m is not None else float('nan'):>7.3f} "
+                                     + (f"{err:>6.0%}" if err is not None else f"{'-':>6}"))
+                    print(f"{workers:>7} {rho:>5.0%} {rate:>10,.0f} {sent * BATCH:>10,.0f} "
+                          + " ".join(cells), flush=True)
         finally:
             broker.terminate()
             broker.wait(10)
@@ -206,17 +223,20 @@ def plot(rows, names, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for q in names:
-        pts = [(r, p, m) for r, name, p, m in rows if name == q]
-        line, = ax.plot([r for r, _, _ in pts], [p for _, p, _ in pts], "--",
-                        label=f"{q} predicted")
-        ax.plot([r for r, _, _ in pts], [m for _, _, m in pts], "o-",
-                color=line.get_color(), label=f"{q} measured")
-    ax.set_xlabel("load (share of one worker's predicted capacity)")
-    ax.set_ylabel("mean response time (ms)")
-    ax.set_yscale("log")
-    ax.legend(fontsize=7)
+    counts = sorted({w for w, *_ in rows})
+    fig, axes = plt.subplots(1, len(counts), figsize=(6 * len(counts), 4), squeeze=False)
+    for ax, workers in zip(axes[0], counts):
+        for q in names:
+            pts = [(r, p, m) for w, r, name, p, m in rows if name == q and w == workers]
+            line, = ax.plot([r for r, _, _ in pts], [p for _, p, _ in pts], "--",
+                            label=f"{q} predicted")
+            ax.plot([r for r, _, _ in pts], [m for _, _, m in pts], "o-",
+                    color=line.get_color(), label=f"{q} measured")
+        ax.set_title(f"{workers} worker(s)")
+        ax.set_xlabel("arrival rate (share of one worker's predicted capacity)")
+        ax.set_ylabel("mean response time (ms)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

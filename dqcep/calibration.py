@@ -14,7 +14,9 @@ model's costs.
   reads the service's own measurements from its stats (``service``: the time per
   payload of its steps, and the delay from a payload's arrival to its step's start:
   the journal's commit and the wake-up). Everything the service shares a core with
-  (paho's threads, the broker) is in the figures.
+  (paho's threads, the broker) is in the figures. The queries alone are one run of
+  ``--workers 1`` (a journal consumer per query, each measured on its own, as
+  ``dqcep run --workers`` runs them); the shared plan one run of the single service.
 - **Offline** (no broker): a ``StreamingService`` in this process reads a journal
   holding the payloads, one payload per ``step`` (journal read, decoding, repeated
   ids, engine, match output, response-time measurement); the delay is timed on the
@@ -75,14 +77,21 @@ def calibrate(queries: str, payloads: list[bytes], batch_events: int,
         overhead = moments(_overhead(queries, payloads, work / "ingest", gap, timer, sleep))
         if broker is None:
             run = _offline(queries, payloads, work, gap, timer, sleep)
+            alone = {q: run([q], f"alone-{i}")["payload"] for i, q in enumerate(names)}
+            shared = run(names, "shared")
+            delay = consumer_delay = _commit_delay(work / "commit", payloads[0], commits,
+                                                   gap, timer, sleep)
         else:
             run = _live(queries, payloads, work, broker, gap)
-        alone = {q: run([q], f"alone-{i}")["payload"] for i, q in enumerate(names)}
-        shared = run(names, "shared")
-        delay = shared["delay"] if broker is not None else \
-            _commit_delay(work / "commit", payloads[0], commits, gap, timer, sleep)
+            # every query alone: a journal consumer of its own (dqcep run --workers 1)
+            consumers = run(names, "consumers", consumers=True)
+            alone = {q: c["payload"] for q, c in consumers.items()}
+            # a worker takes its consumers in turn: the first one waits for no other
+            consumer_delay = min(c["delay"] for c in consumers.values())
+            shared = run(names, "shared")
+            delay = shared["delay"]
     return from_moments(batch_events, len(payloads), alone, shared["payload"], overhead,
-                        delay, shared["checkpoint"], CHECKPOINT_EVERY)
+                        delay, shared["checkpoint"], CHECKPOINT_EVERY, consumer_delay)
 
 
 def _offline(queries, payloads, work: Path, gap, timer, sleep):
@@ -124,7 +133,9 @@ def _live(queries, payloads, work: Path, broker: str, gap):
     url = MqttUrl.parse(broker)
     events = sum(len(msgpack.unpackb(p)["events"]) for p in payloads)
 
-    def run(hosted: list[str], tag: str) -> dict:
+    def run(hosted: list[str], tag: str, consumers: bool = False) -> dict:
+        """One service hosting ``hosted`` (the shared plan), or with ``consumers`` one
+        worker of a consumer per query; its own measurements per payload."""
         state = work / tag
         state.mkdir()
         stats, log = state / "stats.json", state / "stderr.txt"
@@ -133,7 +144,8 @@ def _live(queries, payloads, work: Path, broker: str, gap):
         with open(log, "w") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "dqcep", "run", queries, "--input", topic,
-                 "--queries", ",".join(hosted), "--state", str(state),
+                 *(["--workers", "1"] if consumers else ["--queries", ",".join(hosted)]),
+                 "--state", str(state),
                  "-o", str(state / "out.jsonl"), "--client-id", f"dqcep-calibrate-{tag}-"
                  + uuid.uuid4().hex[:8], "--stats-file", str(stats), "--stats-every", "0.2"],
                 stderr=err)
@@ -148,21 +160,30 @@ def _live(queries, payloads, work: Path, broker: str, gap):
             finally:
                 publisher.close()
 
+            def measured(s: dict) -> dict[str, dict]:
+                if consumers:
+                    return {q: (s.get("queries", {}).get(q) or {}).get("service") or {}
+                            for q in hosted}
+                return {"": s.get("service") or {}}
+
             def done():
                 s = _read(stats)
-                return s.get("events_in", 0) >= events and s["service"]["payloads"] >= \
-                    len(payloads) and s["service"]["checkpoints"] >= CHECKPOINTS
+                return s.get("events_in", 0) >= events and all(
+                    m.get("payloads", 0) >= len(payloads) and
+                    m.get("checkpoints", 0) >= CHECKPOINTS for m in measured(s).values())
             _wait(done, proc, log, f"take in the {len(payloads)} payloads and checkpoint "
                   f"{CHECKPOINTS} times")
-            s = _read(stats)["service"]
+            found = measured(_read(stats))
         finally:
             proc.terminate()
             proc.wait(60)
-        if s["delay_ms"] is None:
+        if any(m["delay_ms"] is None for m in found.values()):
             raise UserError(f"the service measured no delay: {log.read_text()[-500:]}")
-        return {"payload": (s["mean_ms"] / 1e3, s["m2_ms2"] / 1e6),
-                "delay": s["delay_ms"] / 1e3,
-                "checkpoint": (s["checkpoint_ms"] / 1e3, s["checkpoint_m2_ms2"] / 1e6)}
+        out = {q: {"payload": (m["mean_ms"] / 1e3, m["m2_ms2"] / 1e6),
+                   "delay": m["delay_ms"] / 1e3,
+                   "checkpoint": (m["checkpoint_ms"] / 1e3, m["checkpoint_m2_ms2"] / 1e6)}
+               for q, m in found.items()}
+        return out if consumers else out[""]
     return run
 
 

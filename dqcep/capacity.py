@@ -210,8 +210,9 @@ class Calibration:
     alone (``alone``) and charged from the shared plan (``shared``: each query's alone
     cost scaled by shared plan / sum of alone, so the charges add up to what the shared
     plan costs); the worker's own ``overhead`` per payload; and the ``delay`` before a
-    payload can be processed (the journal's commit); a ``checkpoint``'s duration and
-    the service's interval between them. ``payloads``: how many were timed;
+    payload can be processed (the journal's commit), in the one service and before a
+    worker's consumer (``consumer_delay``: the wake-up crosses processes); a
+    ``checkpoint``'s duration and the service's interval between them. ``payloads``: how many were timed;
     ``shared_b``: the shared plan's mean time per payload, its overhead included."""
 
     batch_events: int
@@ -223,6 +224,7 @@ class Calibration:
     delay: float
     checkpoint: QueryCost
     checkpoint_every: float
+    consumer_delay: float       # the delay before a worker's consumer takes a payload
 
     def costs(self, shared: bool = True) -> dict[str, QueryCost]:
         return self.shared if shared else self.alone
@@ -230,6 +232,21 @@ class Calibration:
     def model(self, stream_of: Mapping[str, str]) -> WorkerModel:
         return WorkerModel(self.overhead, self.delay, stream_of, self.checkpoint,
                            self.checkpoint_every)
+
+    def consumer_costs(self) -> dict[str, QueryCost]:
+        """Each query as a journal consumer of its own (``dqcep run --workers``): its
+        cost alone plus the worker's own work, which every consumer does again
+        (correlated parts: the second moments add as their square roots)."""
+        o = self.overhead
+        return {q: QueryCost(q, c.b + o.b, (math.sqrt(c.m2) + math.sqrt(o.m2)) ** 2)
+                for q, c in self.alone.items()}
+
+    def consumer_model(self, names: Sequence[str]) -> WorkerModel:
+        """The model of a worker of consumers: they take every payload in turn, so a
+        worker's queries are one class (a payload's matches are out when all of them
+        have had it), with the own work in each consumer's cost."""
+        return WorkerModel(None, self.consumer_delay, {q: "the stream" for q in names},
+                           self.checkpoint, self.checkpoint_every)
 
     def to_json(self) -> dict:
         def costs(d):
@@ -240,7 +257,8 @@ class Calibration:
                 "overhead": {"b": self.overhead.b, "m2": self.overhead.m2},
                 "delay": self.delay,
                 "checkpoint": {"b": self.checkpoint.b, "m2": self.checkpoint.m2,
-                               "every": self.checkpoint_every}}
+                               "every": self.checkpoint_every},
+                "consumer_delay": self.consumer_delay}
 
     @classmethod
     def from_json(cls, obj: dict, source: str = "calibration") -> "Calibration":
@@ -259,7 +277,7 @@ class Calibration:
                        costs(obj["shared"]), float(obj["shared_b"]),
                        cost("overhead", obj["overhead"]), float(obj["delay"]),
                        cost("checkpoint", obj["checkpoint"]),
-                       float(obj["checkpoint"]["every"]))
+                       float(obj["checkpoint"]["every"]), float(obj["consumer_delay"]))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise UserError(f"{source}: not a calibration written by dqcep calibrate "
                             f"({type(err).__name__}: {err})") from None
@@ -285,7 +303,8 @@ def without(run: tuple[float, float], overhead: tuple[float, float]) -> QueryCos
 def from_moments(batch_events: int, payloads: int, alone: Mapping[str, tuple[float, float]],
                  shared: tuple[float, float], overhead: tuple[float, float],
                  delay: float, checkpoint: tuple[float, float] = (0.0, 0.0),
-                 checkpoint_every: float = 1.0) -> Calibration:
+                 checkpoint_every: float = 1.0, consumer_delay: float | None = None
+                 ) -> Calibration:
     """The calibration from (mean, second moment) of the time per payload of each query
     alone and of the shared plan, both with the worker's own work, and of that work
     alone (``overhead``). A query's cost is its run's less the overhead; the shared
@@ -298,4 +317,5 @@ def from_moments(batch_events: int, payloads: int, alone: Mapping[str, tuple[flo
     charged = {q: QueryCost(q, c.b * scale, c.m2 * scale * scale) for q, c in mine.items()}
     return Calibration(batch_events, payloads, mine, charged, shared[0],
                        QueryCost("overhead", *overhead), delay,
-                       QueryCost("checkpoint", *checkpoint), checkpoint_every)
+                       QueryCost("checkpoint", *checkpoint), checkpoint_every,
+                       delay if consumer_delay is None else consumer_delay)

@@ -196,8 +196,8 @@ def _serve(args) -> int:
     fmt = args.format or "msgpack"
     if fmt not in ("msgpack", "json"):
         raise UserError("MQTT payloads are msgpack or json (--format)")
-    _load_queries(args.queries)  # positioned errors before anything starts
-    return serve(ServiceConfig(
+    query_file = _load_queries(args.queries)  # positioned errors before anything starts
+    cfg = ServiceConfig(
         queries=args.queries, inputs=args.input,
         journal=args.journal or str(named / "journal"),
         checkpoint=args.checkpoint or str(named / "checkpoint.bin"), output=args.output,
@@ -209,7 +209,51 @@ def _serve(args) -> int:
         until_idle=args.until_idle, journal_retention=args.journal_retention,
         journal_segment_bytes=args.journal_segment, materialize=args.materialize,
         rates=_load_rates(args.rates),
-        hosted=args.queries_hosted.split(",") if args.queries_hosted else None))
+        hosted=args.queries_hosted.split(",") if args.queries_hosted else None)
+    if args.workers is None and not args.target:
+        return serve(cfg)
+    return _serve_workers(args, cfg, [q.name for q in query_file.queries])
+
+
+def _serve_workers(args, cfg, names: list[str]) -> int:
+    """--workers N and/or --target Q=MS --calibration FILE: the service as workers."""
+    from dqcep.io.database import is_database
+    from dqcep.workers import Scaling, round_robin, serve_workers
+
+    if is_database(cfg.output):
+        raise UserError("--workers and --target write a file or a topic (--output); a "
+                        "database output takes one service")
+    if cfg.hosted is not None:
+        raise UserError("--queries runs one service; with --workers every query of the "
+                        "file is placed")
+    if args.workers is not None and args.workers < 1:
+        raise UserError("--workers must be >= 1")
+    calibration = _read_calibration(args.calibration) if args.calibration else None
+    scaling = None
+    if args.target:
+        if calibration is None:
+            raise UserError("--target needs --calibration FILE (dqcep calibrate) to place "
+                            "the queries by")
+        targets = {q: ms / 1000 for q, ms in _named_values(args.target, "target",
+                                                           names).items()}
+        scaling = Scaling({n: targets.get(n, float("inf")) for n in names},
+                          calibration.to_json(), lw=args.lw, hw=args.hw,
+                          replan_every=args.replan_every)
+    workers = args.workers or 1
+    return serve_workers(cfg, round_robin(names, min(workers, len(names))), scaling)
+
+
+def _read_calibration(path: str):
+    import json
+
+    from dqcep.capacity import Calibration
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Calibration.from_json(json.load(f), path)
+    except OSError as err:
+        raise UserError(f"cannot read calibration {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
 
 
 def cmd_run(args) -> int:
@@ -441,18 +485,11 @@ def cmd_capacity(args) -> int:
     import json
     import math
 
-    from dqcep.capacity import Calibration, deviation, place
+    from dqcep.capacity import deviation, place
 
     query_file = _load_queries(args.queries)
     names = [q.name for q in query_file.queries]
-    try:
-        with open(args.calibration, encoding="utf-8") as f:
-            calibration = Calibration.from_json(json.load(f), args.calibration)
-    except OSError as err:
-        raise UserError(f"cannot read calibration {args.calibration}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{args.calibration}:{err.lineno}:{err.colno}: invalid JSON: "
-                        f"{err.msg}") from None
+    calibration = _read_calibration(args.calibration)
     costs = calibration.costs(shared=not args.separate)
     missing = [n for n in names if n not in costs]
     if missing:
@@ -714,6 +751,22 @@ def build_parser() -> argparse.ArgumentParser:
                          help="events later than --lateness (default STATE/late.jsonl)")
     service.add_argument("--queries", dest="queries_hosted", metavar="NAME,...",
                          help="run only these queries of QUERIES (default: all of them)")
+    service.add_argument("--workers", type=int, metavar="N",
+                         help="run the queries as N worker processes, each query a journal "
+                         "consumer of its own, placed round robin (docs/capacity.md)")
+    service.add_argument("--target", action="append", metavar="QUERY=MS",
+                         help="a query's mean response-time target (*=MS for every query): "
+                         "re-plan the workers to meet it; needs --calibration")
+    service.add_argument("--calibration", metavar="FILE",
+                         help="written by dqcep calibrate: the costs --target places by")
+    service.add_argument("--lw", type=float, default=-0.5,
+                         help="with --target: scale down only when every query's deviation "
+                         "(W - T) / T is below this (default -0.5)")
+    service.add_argument("--hw", type=float, default=0.0,
+                         help="with --target: a query above this deviation gets one worker "
+                         "more than the model says (default 0)")
+    service.add_argument("--replan-every", type=float, default=2.0, metavar="S",
+                         help="with --target: re-plan every S seconds (default 2)")
     service.add_argument("--client-id", default="dqcep-engine", metavar="ID",
                          help="MQTT client id of the persistent session (default "
                          "dqcep-engine); every service on a broker needs its own")

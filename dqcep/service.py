@@ -46,7 +46,7 @@ from dqcep.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
                                  write_checkpoint)
-from dqcep.io.journal import Gap, Journal, JournalTail, segments
+from dqcep.io.journal import Gap, Journal, JournalTail, JournalView, segments
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, dead_letter, decode_payload
 from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming, open_file,
@@ -58,7 +58,7 @@ from dqcep.runtime import Engine, EventColumns
 
 CHECKPOINT_VERSION = 3
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
-CONSUMER = "service"  # this service's name among the journal's consumers (retention)
+CONSUMER = "service"  # a service's name among the journal's consumers (retention), default
 RETRY_SECONDS = 1.0   # pause before going back to the checkpoint after a failed write
 SINKS = ("output", "dead_letter", "late")
 
@@ -87,6 +87,7 @@ class ServiceConfig:
     materialize: str = "always"       # which joins keep their records (plan/joins.py)
     rates: dict | None = None         # events/s per type, for the planner's cost model
     hosted: list[str] | None = None   # the queries of the file this service runs (all)
+    consumer: str = CONSUMER          # its name among the journal's consumers (retention)
 
 
 class ServiceError(Exception):
@@ -151,7 +152,12 @@ def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
 
 
 class StreamingService:
-    def __init__(self, cfg: ServiceConfig):
+    """Consumes the journal into the engine and the sinks. It writes the journal itself
+    (``run`` subscribes) unless given ``journal``: a ``JournalView`` of one another
+    process writes (a worker of ``dqcep.workers``, which calls ``step`` and
+    ``checkpoint`` itself)."""
+
+    def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None):
         self.cfg = cfg
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
         query_file = parse_file(cfg.queries)
@@ -163,7 +169,8 @@ class StreamingService:
         self.tables = DatabaseTables(query_file.tables) if query_file.tables else None
         state = self._read_state()
         low = 0 if state is None else max(state["offset"], state["journal_end"])
-        self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
+        self.journal = journal if journal is not None else \
+            Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
         if state is None:
             self._check_fresh_start()
         self.error: str | None = None  # a failed write being retried, while it lasts
@@ -432,7 +439,7 @@ class StreamingService:
             "engine": self.engine.snapshot(),
             "recent": self.recent.ids().astype("<i8").tobytes(),
             "counts": self.counts, "sinks": sinks, "stream": self.stream})
-        self.journal.checkpointed(CONSUMER, self.offset)
+        self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
 
     def recover(self, err: OSError, stop: threading.Event) -> None:

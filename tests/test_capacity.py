@@ -260,7 +260,7 @@ def test_capacity_options_are_checked(tmp_path, extra, message):
     (tmp_path / "cal.json").write_text(json.dumps(Calibration(
         200, 1000, {q: QueryCost(q, 1e-6, 2e-12) for q in "ab"},
         {q: QueryCost(q, 1e-6, 2e-12) for q in "ab"}, 2e-6, QueryCost("overhead", 0, 0),
-        1e-4, QueryCost("checkpoint", 0.01, 1e-4), 1.0).to_json()))
+        1e-4, QueryCost("checkpoint", 0.01, 1e-4), 1.0, 1e-4).to_json()))
     r = dqcep("capacity", queries, "--calibration", "cal.json", *extra, cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     (tmp_path / "bad.json").write_text('{"version": 2}')

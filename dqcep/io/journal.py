@@ -46,7 +46,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Union
+from typing import BinaryIO, Callable, Iterator, Union
 
 import msgpack
 
@@ -344,6 +344,30 @@ class Journal:
     def read(self, start: int = 0, include_open: bool = True) -> Iterator[tuple[int, str, Payload]]:
         """(offset, topic, payload) from ``start`` on: closed segments, then the open one."""
         return read_journal(self.dir, start, include_open, upto=self._durable)
+
+
+class JournalView:
+    """A journal as a consumer in another process than its writer's sees it: the offset
+    below which records are durable comes from the writer (``durable()``, e.g. a
+    shared value it sets after each commit); retention goes through the consumer-offset
+    files, which any process may write."""
+
+    def __init__(self, directory: str | Path, durable: Callable[[], int]):
+        self.dir = Path(directory)
+        self._durable = durable
+
+    @property
+    def durable_offset(self) -> int:
+        return self._durable()
+
+    def checkpointed(self, consumer: str, offset: int) -> None:
+        write_consumer_offset(self.dir, consumer, offset)
+
+    def trim(self, keep_bytes: int = 0) -> int:
+        return trim(self.dir, keep_bytes)
+
+    def close(self) -> None:
+        """Nothing to close: the writer owns the files."""
 
 
 def write_consumer_offset(directory: str | Path, consumer: str, offset: int) -> None:

@@ -200,12 +200,21 @@ class MqttPublisher:
 class ArrivalTimes:
     """When each recent journal offset arrived (``time.time()``), in a ring of
     ``size`` offsets: older offsets, and those journaled before this process
-    started (a replay), are unknown (NaN)."""
+    started (a replay), are unknown (NaN). ``buffer``: memory of ``nbytes(size)``
+    to keep the ring in (shared memory, so that other processes read it)."""
 
-    def __init__(self, size: int = 1 << 16):
+    def __init__(self, size: int = 1 << 16, buffer=None, fresh: bool = True):
         self.size = size
-        self.offsets = np.full(size, -1, np.int64)
-        self.times = np.zeros(size, np.float64)
+        if buffer is None:
+            buffer = bytearray(self.nbytes(size))
+        self.offsets = np.ndarray(size, np.int64, buffer, 0)
+        self.times = np.ndarray(size, np.float64, buffer, 8 * size)
+        if fresh:
+            self.offsets[:] = -1
+
+    @staticmethod
+    def nbytes(size: int) -> int:
+        return 16 * size
 
     def stamp(self, offset: int, t: float) -> None:
         i = offset % self.size
@@ -265,6 +274,7 @@ class MqttSource:
         self._pending: list[int] = []
         self._arrived = threading.Event()   # messages wait for a commit
         self.committed = threading.Event()  # a commit made records durable
+        self.on_commit: list = []           # called with the durable offset after each
         self.arrivals = ArrivalTimes()
         self._stop = threading.Event()
         self._subscribed = threading.Event()
@@ -326,6 +336,8 @@ class MqttSource:
                 print("dqcep: the journal is written again", file=sys.stderr, flush=True)
                 self.write_error = None
             mids, self._pending = self._pending, []
+        for hook in self.on_commit:
+            hook(self.journal.durable_offset)
         self.committed.set()
         for mid in mids:
             self.client.ack(mid, 1)

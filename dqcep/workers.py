@@ -1,0 +1,428 @@
+"""``dqcep run ... --input mqtt://... --workers N``: the streaming service as worker
+processes (issue 21).
+
+    coordinator: MQTT (QoS 1) -> journal (fsync, then PUBACK); placement; stats
+        -> worker 1: a consumer per query it hosts (journal -> engine -> sinks)
+        -> worker 2: ...
+
+The coordinator writes the one journal, as the single service does, and after each
+commit publishes the durable offset (a shared value) and wakes the workers; the
+arrival time of every offset is in shared memory, so workers measure response times.
+Each **query** is a consumer of the journal of its own (``StreamingService`` hosting
+that query, reading through a ``JournalView``) with its own checkpoint, dead-letter
+and late files under ``STATE/queries/NAME/`` and its own output (``OUT.NAME.jsonl``
+beside a file output; a topic output is shared). A worker hosts any number of them.
+
+Moving a query is its checkpoint: the worker that hosts it checkpoints it and lets
+it go; the worker that takes it over restores that checkpoint and goes on from its
+journal offset. The engine is deterministic and the output is cut back to the
+checkpoint's length, so nothing is lost or repeated across a move, as across a
+restart. Queries placed on different workers share no vertex; one worker does not
+share vertices between its queries either (each query's state moves alone).
+
+With ``--target`` and ``--calibration`` the coordinator re-plans: every
+``replan_every`` seconds it places the queries by the model (``dqcep.capacity``) for
+the arrival rate measured over that time, one worker more than the model says when a
+query's measured response time is above its high water-mark, and applies a new
+placement by moving queries and starting or stopping workers; it scales down only
+when every query is below its low water-mark.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import numpy as np
+
+from dqcep.errors import UserError
+from dqcep.io.checkpoint import read_checkpoint
+from dqcep.io.journal import Journal, JournalView
+from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
+from dqcep.io.sinks import is_mqtt
+from dqcep.lang import parse_file
+from dqcep.service import CHECKPOINT_VERSION, ServiceConfig, StreamingService
+
+ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
+
+
+@dataclass
+class Scaling:
+    """Response-time targets (s) per query, the calibration, water-marks."""
+
+    targets: dict[str, float]
+    calibration: dict            # Calibration.to_json()
+    lw: float = -0.5
+    hw: float = 0.0
+    rho_max: float = 0.8
+    replan_every: float = 2.0
+    max_workers: int = 8
+
+
+def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
+    """The consumer of one query: its own state under STATE/queries/NAME/, its own
+    output beside a file output (``out.jsonl`` -> ``out.NAME.jsonl``)."""
+    home = Path(cfg.checkpoint).parent / "queries" / query
+    home.mkdir(parents=True, exist_ok=True)
+    output = cfg.output
+    if not is_mqtt(output):
+        out = Path(output)
+        output = str(out.with_name(f"{out.stem}.{query}{out.suffix}"))
+    return replace(cfg, checkpoint=str(home / "checkpoint.bin"), output=output,
+                   dead_letter=str(home / "dead-letter.jsonl"),
+                   late=str(home / "late.jsonl"), hosted=[query], consumer=f"query-{query}",
+                   stats_file=None)
+
+
+# ------------------------------------------------------------------ a worker process
+
+def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: str,
+                conn) -> None:
+    """A worker: hosts and lets go of query consumers as the coordinator says, steps
+    each after every commit, checkpoints each every ``cfg.checkpoint_every`` s, and
+    reports their stats every ``cfg.stats_every`` s."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the coordinator decides when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
+    memory = shared_memory.SharedMemory(arrivals_name)
+    arrivals = ArrivalTimes(ARRIVALS, memory.buf, fresh=False)
+    view = JournalView(cfg.journal, lambda: durable.value)
+    hosted: dict[str, StreamingService] = {}
+    last_ck: dict[str, float] = {}
+    last_stats = time.monotonic()
+    try:
+        while True:
+            while conn.poll():
+                message = conn.recv()
+                kind = message[0]
+                if kind == "host":
+                    q = message[1]
+                    svc = StreamingService(query_config(cfg, q), journal=view)
+                    svc.arrivals = arrivals
+                    hosted[q], last_ck[q] = svc, time.monotonic()
+                    conn.send(("hosted", q, svc.offset))
+                elif kind == "release":
+                    q = message[1]
+                    svc = hosted.pop(q)
+                    svc.checkpoint()
+                    svc.close()
+                    conn.send(("released", q, svc.offset))
+                elif kind == "stop":
+                    end_of_stream = message[1]
+                    report = {}
+                    for q, svc in hosted.items():
+                        while svc.step():
+                            pass
+                        if end_of_stream:
+                            svc.end_stream()
+                        svc.checkpoint()
+                        report[q] = _report(svc)
+                        svc.close()
+                    hosted.clear()
+                    conn.send(("stopped", index, report))
+                    return
+            if os.getppid() != parent:
+                return  # the coordinator is gone: its restart takes over from the checkpoints
+            wake.wait(0.02)
+            wake.clear()
+            for q, svc in hosted.items():
+                now = time.monotonic()
+                first, arrived = svc.offset, time.time()
+                n = svc.step(deadline=now + cfg.checkpoint_every)
+                if n:
+                    svc.service_times.add(time.monotonic() - now, n, arrived - float(
+                        arrivals.at(np.array([first]))[0]))
+                if time.monotonic() - last_ck[q] >= cfg.checkpoint_every:
+                    started = time.monotonic()
+                    svc.checkpoint()
+                    last_ck[q] = time.monotonic()
+                    svc.service_times.add_checkpoint(last_ck[q] - started)
+            if time.monotonic() - last_stats >= cfg.stats_every:
+                conn.send(("stats", index, {q: _report(svc) for q, svc in hosted.items()}))
+                last_stats = time.monotonic()
+    except BaseException as err:  # noqa: BLE001 - the coordinator says it and stops
+        try:
+            conn.send(("failed", index, f"{type(err).__name__}: {err}"))
+        except OSError:
+            pass
+        raise
+    finally:
+        memory.close()
+
+
+def _report(svc: StreamingService) -> dict:
+    now = time.monotonic()
+    q = svc.response.names[0]
+    return {"events_in": svc.counts["events_in"], "matches_out": svc.counts["matches_out"],
+            "malformed": svc.counts["malformed"], "late": svc.counts["late"],
+            "duplicates": svc.counts["duplicates"], "offset": svc.offset,
+            "response": svc.response.totals()[q],
+            "response_recent": svc.response.take_recent()[q],
+            "service": svc.service_times.totals(now),
+            "service_recent": svc.service_times.take_recent(now)}
+
+
+# ------------------------------------------------------------------ the coordinator
+
+@dataclass
+class _Worker:
+    process: mp.Process
+    conn: object
+    wake: object
+    queries: set[str] = field(default_factory=set)
+
+
+class Coordinator:
+    def __init__(self, cfg: ServiceConfig, placement: list[list[str]],
+                 scaling: Scaling | None = None):
+        self.cfg, self.scaling = cfg, scaling
+        self.names = [q.name for q in parse_file(cfg.queries).queries]
+        self.ctx = mp.get_context("spawn")
+        low = 0
+        for q in self.names:
+            state = read_checkpoint(query_config(cfg, q).checkpoint, CHECKPOINT_VERSION)
+            if state is not None:
+                low = max(low, state["offset"], state["journal_end"])
+        self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
+        self.durable = self.ctx.Value("q", self.journal.durable_offset, lock=False)
+        self.memory = shared_memory.SharedMemory(create=True,
+                                                 size=ArrivalTimes.nbytes(ARRIVALS))
+        self.arrivals = ArrivalTimes(ARRIVALS, self.memory.buf)
+        self.workers: list[_Worker] = []
+        self.reports: dict[str, dict] = {}
+        self.plans: list[dict] = []
+        self._responses: dict[str, tuple[int, float]] = {}  # (matches, mean ms) at the last plan
+        self.failure: str | None = None
+        self.started = time.monotonic()
+        self._apply([list(p) for p in placement if p], why="start")
+
+    # -------------------------------------------------------------- workers
+    def _start_worker(self) -> _Worker:
+        parent, child = self.ctx.Pipe()
+        wake = self.ctx.Event()
+        process = self.ctx.Process(
+            target=worker_main, args=(len(self.workers), self.cfg, self.durable, wake,
+                                      self.memory.name, child),
+            name=f"dqcep-worker-{len(self.workers) + 1}", daemon=False)
+        process.start()
+        child.close()
+        worker = _Worker(process, parent, wake)
+        self.workers.append(worker)
+        return worker
+
+    def _expect(self, worker: _Worker, kind: str, timeout: float = 120.0):
+        """The worker's next answer of ``kind`` (stats that come first are kept)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not worker.conn.poll(left):
+                raise UserError(f"worker {self.workers.index(worker) + 1} did not answer "
+                                f"({kind}) within {timeout:g} s")
+            message = worker.conn.recv()
+            if message[0] == kind:
+                return message
+            self._take(message)
+
+    def _take(self, message) -> None:
+        if message[0] == "stats":
+            self.reports.update(message[2])
+        elif message[0] == "failed":
+            self.failure = f"worker {message[1] + 1} failed: {message[2]}"
+
+    def _apply(self, placement: list[list[str]], why: str) -> None:
+        """Move queries and start or stop workers so that worker i hosts placement[i]
+        (the new parts matched to the workers they overlap most, to move the least)."""
+        parts = sorted((set(p) for p in placement), key=len, reverse=True)
+        free = list(range(len(self.workers)))
+        target: dict[int, set[str]] = {}
+        for part in parts:  # the existing workers first, each the part it overlaps most
+            if free:
+                best = max(free, key=lambda i: len(self.workers[i].queries & part))
+                free.remove(best)
+            else:
+                self._start_worker()
+                best = len(self.workers) - 1
+            target[best] = part
+        for i in free:  # workers left without queries: theirs go, then they stop
+            target[i] = set()
+        released = {}
+        for i, part in target.items():  # let go first: a query is hosted once at a time
+            w = self.workers[i]
+            for q in sorted(w.queries - part):
+                w.conn.send(("release", q))
+                released[q] = self._expect(w, "released")[2]
+                w.queries.discard(q)
+        moved = {}
+        for i, part in target.items():
+            w = self.workers[i]
+            for q in sorted(part - w.queries):
+                w.conn.send(("host", q))
+                offset = self._expect(w, "hosted")[2]
+                if q in released and offset != released[q]:
+                    raise UserError(f"query {q} was let go at journal offset {released[q]} "
+                                    f"but taken over at {offset}")
+                if q in released:
+                    moved[q] = offset
+                w.queries.add(q)
+        for i in sorted(free, reverse=True):
+            self._stop_worker(self.workers[i], end_of_stream=False)
+            del self.workers[i]
+        self.plans.append({"at": round(time.monotonic() - self.started, 3), "why": why,
+                           "workers": [sorted(w.queries) for w in self.workers],
+                           "moved": moved})  # query -> the journal offset it moved at
+        print(f"dqcep: {len(self.workers)} worker(s) ({why}): "
+              + "; ".join(",".join(sorted(w.queries)) for w in self.workers),
+              file=sys.stderr, flush=True)
+
+    def _stop_worker(self, worker: _Worker, end_of_stream: bool) -> None:
+        worker.conn.send(("stop", end_of_stream))
+        _, _, report = self._expect(worker, "stopped")
+        self.reports.update(report)
+        worker.process.join(60)
+
+    def _wake(self, durable: int) -> None:
+        self.durable.value = durable
+        for w in self.workers:
+            w.wake.set()
+
+    # -------------------------------------------------------------- re-planning
+    def _replan(self, rate: float) -> None:
+        from dqcep.capacity import Calibration, deviation, place
+        s = self.scaling
+        cal = Calibration.from_json(s.calibration)
+        measured = self._responses_since_last_plan()
+        above = [q for q, w in measured.items() if deviation(w, s.targets[q]) > s.hw]
+        # a query without a match since the last plan shows no lateness: it counts as below
+        below = all(deviation(w, s.targets[q]) < s.lw for q, w in measured.items())
+        consumers = cal.consumer_costs()
+        costs = [consumers[q] for q in self.names]
+        rates = {q: rate / cal.batch_events for q in self.names}
+        model = cal.consumer_model(self.names)
+        plan = place(costs, rates, s.targets, lw=s.lw, hw=s.hw, rho_max=s.rho_max,
+                     model=model)
+        need = len(plan.workers) + (1 if above else 0)
+        need = max(1, min(need, s.max_workers, len(self.names)))
+        if need == len(self.workers) or (need < len(self.workers) and not below):
+            return
+        if need != len(plan.workers):
+            plan = place(costs, rates, s.targets, workers=need, lw=s.lw, hw=s.hw,
+                         rho_max=s.rho_max, model=model)
+        why = (f"{rate:,.0f} events/s; " + (f"above target: {', '.join(above)}" if above
+                                          else "all below the low water-mark" if below
+                                          else "the model's placement"))
+        self._apply([[c.name for c in w.queries] for w in plan.workers], why)
+
+    def _responses_since_last_plan(self) -> dict[str, float]:
+        """Per query with matches since the last call, their mean response time (s)."""
+        out = {}
+        for q in self.names:
+            r = (self.reports.get(q) or {}).get("response") or {}
+            n, mean = r.get("matches", 0), r.get("mean_ms") or 0.0
+            n0, mean0 = self._responses.get(q, (0, 0.0))
+            if n > n0:
+                out[q] = (mean * n - mean0 * n0) / (n - n0) / 1e3
+            self._responses[q] = (n, mean)
+        return out
+
+    # -------------------------------------------------------------- stats
+    def stats(self) -> dict:
+        reports = [self.reports.get(q, {}) for q in self.names]
+        return {"events_in": min((r.get("events_in", 0) for r in reports), default=0),
+                "matches_out": sum(r.get("matches_out", 0) for r in reports),
+                "lag_records": self.journal.durable_offset - min(
+                    (r.get("offset", 0) for r in reports), default=0),
+                "workers": [sorted(w.queries) for w in self.workers],
+                "plans": self.plans, "error": self.failure,
+                "queries": {q: self.reports.get(q, {}) for q in self.names},
+                "response": {q: self.reports.get(q, {}).get("response") for q in self.names}}
+
+    def _write_stats(self) -> None:
+        s = self.stats()
+        print(f"dqcep: {len(self.workers)} worker(s), events in {s['events_in']}, matches "
+              f"out {s['matches_out']}, lag {s['lag_records']} records", file=sys.stderr,
+              flush=True)
+        if self.cfg.stats_file:
+            tmp = self.cfg.stats_file + ".tmp"
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(s, f)
+                os.replace(tmp, self.cfg.stats_file)
+            except OSError:
+                pass
+
+    # -------------------------------------------------------------- run
+    def run(self, stop: threading.Event, end_of_stream: threading.Event) -> int:
+        urls = [MqttUrl.parse(u, subscribe=True) for u in self.cfg.inputs]
+        source = MqttSource(urls, self.journal, self.cfg.client_id)
+        source.arrivals = self.arrivals
+        source.on_commit.append(self._wake)
+        source.start()
+        print(f"dqcep: listening on {', '.join(self.cfg.inputs)}; {len(self.workers)} "
+              f"worker(s)", file=sys.stderr, flush=True)
+        last_stats = last_plan = last_input = time.monotonic()
+        events_at_plan, seen = 0, self.journal.durable_offset
+        try:
+            while not stop.is_set() and not end_of_stream.is_set() and self.failure is None:
+                if source.failure:
+                    self.failure = source.failure
+                    break
+                for w in self.workers:
+                    while w.conn.poll():
+                        self._take(w.conn.recv())
+                    if not w.process.is_alive():
+                        self.failure = f"worker {self.workers.index(w) + 1} died"
+                now = time.monotonic()
+                if self.journal.durable_offset != seen:
+                    seen, last_input = self.journal.durable_offset, now
+                elif self.cfg.until_idle is not None and \
+                        now - last_input >= self.cfg.until_idle:
+                    end_of_stream.set()
+                if self.scaling and now - last_plan >= self.scaling.replan_every:
+                    events = self.stats()["events_in"]
+                    self._replan((events - events_at_plan) / (now - last_plan))
+                    events_at_plan, last_plan = self.stats()["events_in"], time.monotonic()
+                if now - last_stats >= self.cfg.stats_every:
+                    self._write_stats()
+                    last_stats = now
+                stop.wait(0.05)
+        finally:
+            committed = source.stop()
+            self._wake(self.journal.durable_offset)
+            for w in self.workers:
+                if w.process.is_alive():
+                    try:
+                        self._stop_worker(w, end_of_stream.is_set() and self.failure is None)
+                    except (UserError, OSError) as err:
+                        self.failure = self.failure or str(err)
+            self._write_stats()
+            self.journal.close()
+            self.memory.close()
+            self.memory.unlink()
+        if self.failure is None and not committed:
+            self.failure = (f"{source.write_error}: messages not journaled were not "
+                            "acknowledged; the broker sends them again to the next run")
+        if self.failure is not None:
+            print(f"dqcep: {self.failure}", file=sys.stderr, flush=True)
+            return 1
+        return 0
+
+
+def serve_workers(cfg: ServiceConfig, placement: list[list[str]],
+                  scaling: Scaling | None = None) -> int:
+    stop, end_of_stream = threading.Event(), threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: end_of_stream.set())
+    return Coordinator(cfg, placement, scaling).run(stop, end_of_stream)
+
+
+def round_robin(names: list[str], workers: int) -> list[list[str]]:
+    return [names[i::workers] for i in range(workers)]
+

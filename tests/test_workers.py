@@ -1,0 +1,168 @@
+"""The streaming service as worker processes (dqcep.workers), against a real Mosquitto:
+each query a journal consumer of its own, moved between workers with its checkpoint;
+scaled up and down live; every run compared with the reference matcher."""
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from dqcep.capacity import Calibration, QueryCost
+from dqcep.events import event_from_mapping
+from dqcep.io.mqtt import MqttPublisher, MqttUrl
+from dqcep.lang import parse_file
+from dqcep.reference import ReferenceMatcher
+from tests.conftest import LIVE_PROCESSES
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
+NAMES = [q.name for q in parse_file(str(QUERIES)).queries]
+
+
+def stream(tmp_path, events: int) -> tuple[list[bytes], set[str]]:
+    """Payloads of 200 generated IoT events with planted matches, and the reference's
+    matches of them."""
+    path = tmp_path / "stream.msgpack"
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                    str(events), "--seed", "7", "--batch-size", "200", "--plant", str(QUERIES),
+                    "--plant-every", "130000", "--quiet", "--truth", str(tmp_path / "t"),
+                    "-o", str(path)], check=True)
+    objs = list(msgpack.Unpacker(open(path, "rb"), raw=False))
+    events_ = [event_from_mapping(e) for o in objs for e in o["events"]]
+    want = {json.dumps(m.to_json_obj()) for m in
+            ReferenceMatcher(parse_file(str(QUERIES)).queries).run(events_)}
+    return [msgpack.packb(o) for o in objs], want
+
+
+def publish(url: str, payloads: list[bytes], per_second: float) -> None:
+    pub = MqttPublisher(MqttUrl.parse(url), client_id=f"test-pub-{time.monotonic_ns()}")
+    start = time.monotonic()
+    for i, p in enumerate(payloads):
+        wait = start + i / per_second - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        pub.publish(p)
+    pub.close()
+
+
+class Workers:
+    def __init__(self, tmp_path, url, *extra):
+        self.tmp = tmp_path
+        self.args = [sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input", url,
+                     "--state", str(tmp_path / "state"), "-o", str(tmp_path / "out.jsonl"),
+                     "--stats-file", str(tmp_path / "stats.json"), "--stats-every", "0.2",
+                     *extra]
+
+    def start(self):
+        self.log = open(self.tmp / "stderr.txt", "a")
+        self.proc = subprocess.Popen(self.args, stderr=self.log)
+        LIVE_PROCESSES.append(self.proc)
+        deadline = time.monotonic() + 60
+        while "listening on" not in (self.tmp / "stderr.txt").read_text().split(
+                "--- restart ---")[-1]:
+            assert self.proc.poll() is None and time.monotonic() < deadline, \
+                (self.tmp / "stderr.txt").read_text()
+            time.sleep(0.05)
+
+    def stats(self):
+        try:
+            return json.loads((self.tmp / "stats.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def wait_for(self, events, timeout=60):
+        deadline = time.monotonic() + timeout
+        while self.stats().get("events_in", 0) < events:
+            assert time.monotonic() < deadline, (self.stats(), self.stderr())
+            time.sleep(0.1)
+
+    def stderr(self):
+        return (self.tmp / "stderr.txt").read_text()
+
+    def finish(self):
+        self.proc.send_signal(signal.SIGUSR1)
+        assert self.proc.wait(60) == 0, self.stderr()
+
+    def output(self):
+        lines = [line for q in NAMES
+                 for line in (self.tmp / f"out.{q}.jsonl").read_text().splitlines()]
+        assert len(lines) == len(set(lines)), "a match was written twice"
+        return set(lines)
+
+
+def test_two_workers_match_the_reference_across_a_sigkill(mosquitto, tmp_path):
+    """Each query on a worker, its own output file; the coordinator SIGKILLed mid-stream
+    (its workers see it gone and stop), restarted: every query goes on from its own
+    checkpoint, nothing lost or written twice."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/workers/kill"
+    payloads, want = stream(tmp_path, 30_000)
+    svc = Workers(tmp_path, url, "--workers", "2", "--client-id", "workers-kill")
+    svc.start()
+    assert "2 worker(s) (start)" in svc.stderr()
+    publish(url, payloads[:80], 400)
+    svc.wait_for(80 * 200)
+    svc.proc.kill()
+    svc.proc.wait()
+    time.sleep(0.5)  # the workers notice within one wait
+    svc.log.write("--- restart ---\n")
+    svc.log.flush()
+    publish(url, payloads[80:], 400)  # the broker keeps them for the session
+    svc.start()
+    svc.wait_for(30_000)
+    svc.finish()
+    assert svc.output() == want and len(want) > 20
+    assert svc.stats()["workers"] and all(
+        svc.stats()["queries"][q]["events_in"] == 30_000 for q in NAMES)
+
+
+def test_scale_up_and_down_live_moves_queries_and_loses_nothing(mosquitto, tmp_path):
+    """--target with a calibration where a query takes 2.5 ms per payload: at 20
+    payloads/s one worker holds the three queries (load 0.15), at 160/s a worker holds
+    two at most (load 0.8): the coordinator starts a second worker and moves a query
+    there with its checkpoint; back at 20/s, every query far below its target, it moves
+    it back and stops the worker. The matches are the reference's, each once."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/workers/scale"
+    cost = {q: QueryCost(q, 0.0025, 1e-5) for q in NAMES}
+    (tmp_path / "cal.json").write_text(json.dumps(Calibration(
+        200, 100, cost, cost, 0.003, QueryCost("overhead", 0, 0), 0.0,
+        QueryCost("checkpoint", 0, 0), 1.0, 0.0).to_json()))
+    payloads, want = stream(tmp_path, 116_000)
+    svc = Workers(tmp_path, url, "--target", "*=1000", "--calibration", str(tmp_path / "cal.json"),
+                  "--replan-every", "1", "--client-id", "workers-scale")
+    svc.start()
+    publish(url, payloads[:40], 20)
+    publish(url, payloads[40:520], 160)
+    publish(url, payloads[520:], 20)
+    deadline = time.monotonic() + 30
+    while len(svc.stats().get("workers", [])) != 1 or len(svc.stats()["plans"]) < 3:
+        assert time.monotonic() < deadline, svc.stats().get("plans")
+        time.sleep(0.2)
+    svc.wait_for(116_000)
+    svc.finish()
+    plans = svc.stats()["plans"]
+    counts = [len(p["workers"]) for p in plans]
+    assert counts[0] == 1 and 2 in counts and counts[-1] == 1, plans
+    # moved with its state: taken over at the offset it was let go at, mid-stream
+    assert any(p["moved"] for p in plans[1:]) and all(
+        offset > 0 for p in plans[1:] for offset in p["moved"].values()), plans
+    assert svc.output() == want and len(want) > 20
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--workers", "0"), "--workers must be >= 1"),
+    (("--target", "*=5"), "--target needs --calibration FILE"),
+    (("--workers", "2", "--queries", "stuffy"), "--queries runs one service"),
+    (("--workers", "2", "--output", "sqlite:///m.db"), "a database output takes one service"),
+])
+def test_worker_options_are_checked(tmp_path, extra, message):
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input",
+                        "mqtt://127.0.0.1:1/x", "--state", str(tmp_path / "s"), "-o",
+                        str(tmp_path / "o.jsonl"), *extra], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
