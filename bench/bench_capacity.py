@@ -12,9 +12,10 @@ totals). The model (``dqcep.capacity``) predicts the same from the calibration. 
 run is a fresh service (its own client id and state), so one stream of distinct
 events serves every load.
 
-Prints a table (load, rate, per query predicted and measured ms, error), writes a plot
-(``--plot``, PNG), and ends with ``prediction error: median X%, max Y% over N points``
-(the points below 80% load; target: median <= 20%).
+Prints a table (workers, load, rate, per query predicted and measured ms, error),
+writes a plot (``--plot``, PNG), the error per worker count, and ends with
+``prediction error: median X%, max Y% over N points`` (the points below 80% load;
+target: median <= 20%).
 
     python3 bench/bench_capacity.py [--payloads N] [--loads 0.1,0.2,...] [--workers 1,2]
                                     [--plot FILE]
@@ -202,7 +203,7 @@ def main(argv=None) -> None:
                         p, m = predicted[q] * 1e3, measured[q]
                         err = abs(p - m) / m if m else None
                         if err is not None and rho < 0.8:
-                            errors.append(err)
+                            errors.append((workers, err))
                         rows.append((workers, rho, q, p, m))
                         cells.append(f"{p:>11.3f} "
                                      f"{m if m is not None else float('nan'):>7.3f} "
@@ -214,9 +215,14 @@ def main(argv=None) -> None:
             broker.wait(10)
     if args.plot:
         plot(rows, names, args.plot)
+    for workers in sorted({w for w, _ in errors}):
+        some = [e for w, e in errors if w == workers]
+        print(f"{workers} worker(s): median {statistics.median(some):.0%}, max "
+              f"{max(some):.0%} over {len(some)} points")
     if errors:
-        print(f"prediction error: median {statistics.median(errors):.0%}, max "
-              f"{max(errors):.0%} over {len(errors)} points")
+        every = [e for _, e in errors]
+        print(f"prediction error: median {statistics.median(every):.0%}, max "
+              f"{max(every):.0%} over {len(every)} points")
 
 
 def plot(rows, names, path: str) -> None:

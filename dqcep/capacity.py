@@ -199,6 +199,24 @@ def place(costs: Sequence[QueryCost], rates: Mapping[str, float],
     return Placement(out, met, sorted(below))
 
 
+def executors(cal: "Calibration", rate: float, target: float, hw: float = 0.0,
+              rho_max: float = 0.8, limit: int = 4096) -> int | None:
+    """The fewest executors of one core each, among which a stream of ``rate`` events/s
+    divides evenly (keyed or time-sliced parts), each running the shared plan, such that
+    the response time stays within ``hw`` of ``target`` (s) and the load under
+    ``rho_max``; None if no number up to ``limit`` does (the target is below what one
+    payload takes)."""
+    plan = QueryCost("plan", sum(c.b for c in cal.shared.values()),
+                     sum(math.sqrt(c.m2) for c in cal.shared.values()) ** 2)
+    model = cal.model({"plan": "the stream"})
+    for k in range(1, limit + 1):
+        rates = {"plan": rate / cal.batch_events / k}
+        if load([plan], rates, model) <= rho_max and deviation(
+                response_times([plan], rates, model)["plan"], target) <= hw:
+            return k
+    return None
+
+
 # ------------------------------------------------------------------ calibration
 
 CALIBRATION_VERSION = 2

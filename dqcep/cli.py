@@ -511,6 +511,8 @@ def cmd_capacity(args) -> int:
     stream_of = {n: "the stream" for n in names if n not in own}
     targets = {q: ms / 1000 for q, ms in _named_values(args.target, "target", names).items()}
     targets = {n: targets.get(n, math.inf) for n in names}
+    if args.spark:
+        return _spark_bounds(args, calibration, stream, own, targets)
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers must be >= 1")
     # the model's customer is a payload of the calibration's batch_events events
@@ -544,6 +546,47 @@ def cmd_capacity(args) -> int:
     if placement.below_lw:
         print(f"further below their targets than --lw {args.lw}: "
               f"{', '.join(placement.below_lw)}")
+    return 0
+
+
+def _spark_bounds(args, calibration, stream: dict, own: dict, targets: dict) -> int:
+    """dqcep capacity --spark: spark.dynamicAllocation's bounds for the tightest target,
+    the stream divided evenly among executors of one core (docs/capacity.md)."""
+    import json
+    import math
+
+    from dqcep.capacity import executors
+
+    if own or not stream:
+        raise UserError("--spark sizes the one stream the Spark jobs read: give --rate N "
+                        "(events/s at the peak), not a rate per query")
+    target = min(targets.values())
+    if math.isinf(target):
+        raise UserError("--spark needs a response-time target: --target QUERY=MS")
+    peak = next(iter(stream.values()))
+    if args.rate_low is not None and not 0 < args.rate_low <= peak:
+        raise UserError("--rate-low must be > 0 and at most --rate")
+    most = executors(calibration, peak, target, args.hw, args.rho_max)
+    if most is None:
+        raise UserError(f"no number of executors meets {target * 1000:g} ms: one payload "
+                        f"of {calibration.batch_events} events takes "
+                        f"{calibration.shared_b * 1000:.3f} ms after a delay of "
+                        f"{calibration.delay * 1000:.3f} ms")
+    least = executors(calibration, args.rate_low, target, args.hw, args.rho_max) \
+        if args.rate_low is not None else 1
+    conf = {"spark.dynamicAllocation.enabled": "true",
+            "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+            "spark.dynamicAllocation.minExecutors": str(least),
+            "spark.dynamicAllocation.maxExecutors": str(most),
+            "spark.executor.cores": "1"}
+    if args.json:
+        print(json.dumps({"target_ms": target * 1000, "rate": peak,
+                          "rate_low": args.rate_low, "conf": conf}, indent=2))
+        return 0
+    low = f"{args.rate_low:,.0f}" if args.rate_low is not None else "none given"
+    print(f"Spark executors of one core for {target * 1000:g} ms (the tightest target): "
+          f"{most} at {peak:,.0f} events/s, {least} at the low rate ({low})")
+    print(" ".join(f"--conf {k}={v}" for k, v in conf.items()))
     return 0
 
 
@@ -666,6 +709,12 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--hw", type=float, default=0.0, help="high water-mark (default 0)")
     cap.add_argument("--rho-max", type=float, default=0.8,
                      help="load threshold per worker (default 0.8)")
+    cap.add_argument("--spark", action="store_true",
+                     help="print spark.dynamicAllocation's bounds instead: executors of one "
+                     "core for the tightest --target, --rate the peak, the stream divided "
+                     "evenly among them (docs/capacity.md)")
+    cap.add_argument("--rate-low", type=float, metavar="EVENTS_PER_S",
+                     help="with --spark: the lowest rate, for minExecutors (default: 1)")
     cap.add_argument("--json", action="store_true", help="print JSON instead of text")
     cap.set_defaults(func=cmd_capacity)
 

@@ -266,3 +266,40 @@ def test_capacity_options_are_checked(tmp_path, extra, message):
     (tmp_path / "bad.json").write_text('{"version": 2}')
     r = dqcep("capacity", queries, "--calibration", "bad.json", "--rate", "*=1", cwd=tmp_path)
     assert r.returncode == 2 and "not a calibration written by dqcep calibrate" in r.stderr
+
+
+def test_spark_dynamic_allocation_bounds(tmp_path):
+    """--spark: the shared plan costs 1.5 ms per payload of 200 events (deterministic:
+    m2 = b^2), no own work, delay or checkpoints. At 10^6 events/s (5000 payloads/s)
+    k executors each take 5000/k payloads/s: the load 7.5/k is under 0.8 from k = 10,
+    where W = 1.5 + 500 * 2.25e-6 / 0.5 s = 3.75 ms; a 3 ms target needs k = 12 (2.75 ms;
+    k = 11 gives 3.11 ms). At 10^5 events/s one executor answers in 3.75 ms, two in
+    1.95 ms."""
+    queries = tmp_path / "q.cep"
+    queries.write_text("QUERY a PATTERN A x WITHIN 1 s; QUERY b PATTERN B y WITHIN 1 s")
+    shared = {"a": QueryCost("a", 0.0005, 0.0005 ** 2), "b": QueryCost("b", 0.001, 0.001 ** 2)}
+    (tmp_path / "cal.json").write_text(json.dumps(Calibration(
+        200, 100, shared, shared, 0.0015, QueryCost("overhead", 0, 0), 0.0,
+        QueryCost("checkpoint", 0, 0), 1.0, 0.0).to_json()))
+
+    def bounds(*extra):
+        r = dqcep("capacity", queries, "--calibration", "cal.json", "--spark", "--json",
+                  *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        conf = json.loads(r.stdout)["conf"]
+        return (int(conf["spark.dynamicAllocation.minExecutors"]),
+                int(conf["spark.dynamicAllocation.maxExecutors"]))
+    assert bounds("--rate", "1000000", "--target", "*=4", "--rate-low", "100000") == (1, 10)
+    assert bounds("--rate", "1000000", "--target", "*=3", "--target", "a=5",
+                  "--rate-low", "100000") == (2, 12)
+    r = dqcep("capacity", queries, "--calibration", "cal.json", "--spark", "--rate",
+              "1000000", "--target", "*=3", cwd=tmp_path)
+    assert "spark.dynamicAllocation.maxExecutors=12" in r.stdout
+    for extra, message in ((("--rate", "a=10", "--rate", "b=10", "--target", "*=3"),
+                            "give --rate N"),
+                           (("--rate", "10"), "needs a response-time target"),
+                           (("--rate", "1000000", "--target", "*=1"),
+                            "no number of executors meets 1 ms")):
+        r = dqcep("capacity", queries, "--calibration", "cal.json", "--spark", *extra,
+                  cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr, r.stderr

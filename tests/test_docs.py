@@ -44,7 +44,7 @@ NOT_RUN = [
     (r"postgresql://alice@localhost", "needs a PostgreSQL server: "
      "test_database_commands_against_a_server runs them against a test server"),
     (r"mqtt://localhost:1883", "needs a broker: test_streaming_commands_against_a_broker "
-     "runs it against a test broker"),
+     "and test_worker_commands_against_a_broker run them against a test broker"),
 ]
 
 # Files the docs name without showing how they were made
@@ -250,3 +250,54 @@ def test_streaming_commands_against_a_broker(mosquitto, tmp_path):
     stats = json.loads((cwd / "state" / "stats.json").read_text())
     assert stats["events_in"] > 1000 and stats["malformed"] == 0, stats
     assert (cwd / "state" / "checkpoint.bin").exists() and (cwd / "matches.jsonl").exists()
+
+
+def test_worker_commands_against_a_broker(mosquitto, tmp_path):
+    """docs/capacity.md's service commands as workers (--workers 2; --target with the
+    calibration the doc's commands before them write), as written but for the broker's
+    address: each takes in what a publisher sends and stops cleanly."""
+    host, port = mosquitto
+    doc = ROOT / "docs" / "capacity.md"
+    cwd, env = workdir(tmp_path, Path("capacity.md")), environment()
+    services = []
+    for shown in shown_commands(doc):
+        if "mqtt://localhost:1883" in shown.command:
+            services.append(shlex.split(shown.command.replace("localhost:1883",
+                                                              f"{host}:{port}")))
+            continue
+        r = subprocess.run(["bash", "-c", shown.command], cwd=cwd, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (shown.where, r.stderr)
+    assert [("--workers" in c, "--target" in c) for c in services] == [(True, False),
+                                                                       (False, True)]
+    for i, service in enumerate(services):
+        state = cwd / "matches.state"
+        svc = subprocess.Popen(service + ["--stats-file", str(cwd / "stats.json"),
+                                          "--client-id", f"docs-workers-{i}"],
+                               cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            while "listening on" not in (line := svc.stderr.readline()):
+                assert line, svc.stderr.read()
+            r = subprocess.run(["dqcep", "generate", "-n", "4000", "--seed", str(i),
+                                "--quiet", "-o", f"mqtt://{host}:{port}/sensors/a"],
+                               cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if json.loads((cwd / "stats.json").read_text())["events_in"] >= 4000:
+                        break
+                except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                    pass
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        finally:
+            svc.send_signal(signal.SIGTERM)
+            err = svc.communicate(timeout=60)[1]
+        assert svc.returncode == 0, err
+        assert (state / "queries" / "overheating" / "checkpoint.bin").exists()
+        assert (cwd / "matches.overheating.jsonl").exists()
+        (cwd / "stats.json").unlink()
+        for q in ("overheating", "intrusion", "stuffy"):  # the next run starts afresh
+            (cwd / f"matches.{q}.jsonl").unlink()
+        subprocess.run(["rm", "-rf", str(state)], check=True)
