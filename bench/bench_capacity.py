@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,14 +57,15 @@ def generate(path: Path, events: int) -> tuple[list[bytes], list[int]]:
 
 
 class Service:
-    def __init__(self, state: Path, url: str, client_id: str, workers: int = 1):
+    def __init__(self, state: Path, url: str, client_id: str, workers: int = 1,
+                 extra: tuple = ()):
         state.mkdir()
         self.stats, self.log = state / "stats.json", state / "stderr.txt"
         self.cmd = [sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input", url,
                     "--client-id", client_id, "--state", str(state), "-o",
                     str(state / "out.jsonl"), "--stats-file", str(self.stats),
-                    "--stats-every", "0.1"] + (["--workers", str(workers)] if workers > 1
-                                               else [])
+                    "--stats-every", "0.1", *extra] + (["--workers", str(workers)]
+                                                       if workers > 1 else [])
         with open(self.log, "w") as log:  # a file: a pipe nobody reads would fill
             self.proc = subprocess.Popen(self.cmd, stderr=log)
         deadline = time.monotonic() + 30
@@ -138,7 +140,20 @@ def main(argv=None) -> None:
                     help="worker counts to run (1: the one service, shared plan; N: dqcep run "
                     "--workers N, a consumer per query)")
     ap.add_argument("--plot", metavar="FILE.png")
+    step = ap.add_argument_group("rate step (--step: instead of the loads)")
+    step.add_argument("--step", action="store_true",
+                      help="one service with --target: a step from --step-from to --step-to "
+                      "of one worker's capacity; the time until every query is back within "
+                      "its target, the workers started, and matches lost or repeated")
+    step.add_argument("--step-from", type=float, default=0.2)
+    step.add_argument("--step-to", type=float, default=1.5)
+    step.add_argument("--step-seconds", type=float, default=4.0,
+                      help="seconds at each rate (default 4)")
+    step.add_argument("--target-ms", type=float, default=5.0,
+                      help="every query's target in the step (default 5 ms)")
     args = ap.parse_args(argv)
+    if args.step:
+        return rate_step(args)
     from dqcep.calibration import calibrate
     from dqcep.capacity import response_times
     from dqcep.lang import parse_file
@@ -223,6 +238,108 @@ def main(argv=None) -> None:
         every = [e for _, e in errors]
         print(f"prediction error: median {statistics.median(every):.0%}, max "
               f"{max(every):.0%} over {len(every)} points")
+
+
+def rate_step(args) -> None:
+    """The service with --target through a rate step (see --step)."""
+    import threading
+
+    from dqcep.calibration import calibrate
+    from dqcep.lang import parse_file
+
+    names = [q.name for q in parse_file(str(QUERIES)).queries]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        port = free_port()
+        (tmp / "m.conf").write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
+                                    "max_queued_messages 0\npersistence false\n")
+        broker = subprocess.Popen(["/usr/sbin/mosquitto", "-c", str(tmp / "m.conf")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port)
+        url = f"mqtt://127.0.0.1:{port}/bench"
+        try:
+            sample, _ = generate(tmp / "calibration.msgpack", args.calibrate)
+            cal = calibrate(str(QUERIES), sample, BATCH, tmp, broker=url + "/calibrate")
+            (tmp / "cal.json").write_text(json.dumps(cal.to_json()))
+            capacity = BATCH * (1 - cal.checkpoint.b / cal.checkpoint_every) / cal.shared_b
+            low, high = args.step_from * capacity, args.step_to * capacity
+            n_low = int(low * args.step_seconds / BATCH)
+            n_high = int(high * args.step_seconds / BATCH)
+            payloads, before = generate(tmp / "step.msgpack", (n_low + n_high) * BATCH)
+            print(f"one worker's capacity {capacity:,.0f} events/s; step {low:,.0f} -> "
+                  f"{high:,.0f} events/s after {args.step_seconds:g} s; target "
+                  f"{args.target_ms:g} ms for every query")
+            svc = Service(tmp / "step", url, "bench-step", 1, (
+                "--target", f"*={args.target_ms}", "--calibration", str(tmp / "cal.json"),
+                "--replan-every", "1"))
+            samples, watching = [], threading.Event()
+
+            def watch():
+                while not watching.is_set():
+                    s = svc.read()
+                    if s.get("queries"):
+                        samples.append((time.monotonic(), len(s["workers"]), {
+                            q: (s["queries"][q].get("response_recent") or {}).get("mean_ms")
+                            for q in names}))
+                    time.sleep(0.1)
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            try:
+                poisson_publish(url, payloads[:n_low], low / BATCH, 1)
+                stepped = time.monotonic()
+                poisson_publish(url, payloads[n_low:], high / BATCH, 2)
+                sent = time.monotonic()
+                end = svc.wait_events(before[-1], timeout=600)
+                drained = time.monotonic()
+            finally:
+                watching.set()
+                watcher.join()
+                svc.proc.send_signal(signal.SIGUSR1)  # the end of the stream
+                svc.proc.wait(120)
+            # the same events through dqcep run from the file: what must come out
+            subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input",
+                            str(tmp / "step.msgpack"), "-o", str(tmp / "want.jsonl")],
+                           check=True)
+            want = (tmp / "want.jsonl").read_text().splitlines()
+            got = [line for q in names for line in
+                   (tmp / "step" / f"out.{q}.jsonl").read_text().splitlines()]
+        finally:
+            broker.terminate()
+            broker.wait(10)
+    target = args.target_ms
+    late_since, back = None, None
+    for t, _, means in samples:
+        if t < stepped:
+            continue
+        within = all(m is None or m <= target for m in means.values())
+        if not within and late_since is None:
+            late_since = t
+        if late_since is not None and within and back is None:
+            back = t
+        if not within:
+            back = None
+    workers = [w for t, w, _ in samples]
+    plans = end.get("plans", [])
+    for p in plans:
+        print(f"  plan at {p['at']:7.1f} s: {len(p['workers'])} worker(s) {p['workers']} "
+              f"({p['why']}); moved {p['moved']}")
+    lost, repeated = len(set(want) - set(got)), len(got) - len(set(got))
+    extra = len(set(got) - set(want))
+    print(f"workers: {workers[0] if workers else '?'} before the step, {max(workers)} at most,"
+          f" {workers[-1] if workers else '?'} at the end; published until "
+          f"{sent - stepped:.1f} s after the step, drained at {drained - stepped:.1f} s")
+    if late_since is None:
+        print("every query stayed within its target through the step")
+    elif back is None:
+        print(f"a query left its target {late_since - stepped:.1f} s after the step and was "
+              f"not back within it while measured ({samples[-1][0] - stepped:.1f} s)")
+    else:
+        print(f"back within every target {back - stepped:.1f} s after the step (out since "
+              f"{late_since - stepped:.1f} s)" + (
+                  "; only once the publisher had stopped" if back >= sent else
+                  "; while the high rate went on"))
+    print(f"matches: {len(set(got)):,} of {len(set(want)):,} expected; lost {lost}, "
+          f"repeated {repeated}, unexpected {extra}")
 
 
 def plot(rows, names, path: str) -> None:
