@@ -137,6 +137,19 @@ def _state_problem(state: dict) -> str | None:
     return None
 
 
+def write_stats_file(path: str | None, stats: dict) -> None:
+    """The stats as JSON in ``path`` (replaced whole, so a reader never sees half)."""
+    if not path:
+        return
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(stats, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # stats are a view; the line on stderr says the same
+
+
 def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
     """The queries of a parsed file named in ``hosted`` (all of them for None), in the
     file's order; a name the file does not have is an error."""
@@ -176,14 +189,15 @@ class StreamingService:
         self.error: str | None = None  # a failed write being retried, while it lasts
         # the stream a database output's progress row names (in every checkpoint)
         self.stream = (state or {}).get("stream") or uuid.uuid4().hex
+        # when each journal offset arrived (the MQTT source's, while it runs; a catch-up
+        # at start replays without it), and what the service measures
+        self.arrivals: ArrivalTimes | None = None
+        self.response = ResponseTimes([q.name for q in queries])
+        self.service_times = ServiceTimes(time.monotonic())
         self._load(state)
         if self.database and (state is None or "stream" not in state):
             self.checkpoint()  # the stream named durably before any row is written
         self.started = time.monotonic()
-        # when each journal offset arrived (the MQTT source's, while it runs)
-        self.arrivals: ArrivalTimes | None = None
-        self.response = ResponseTimes([q.name for q in queries])
-        self.service_times = ServiceTimes(time.monotonic())
 
     # ------------------------------------------------------------ state
     def _read_state(self) -> dict | None:
@@ -488,14 +502,7 @@ class StreamingService:
               + (f"; journal records lost {s['journal_lost']}" if s["journal_lost"] else "")
               + (f"; FAILING: {s['error']}" if s["error"] else ""),
               file=sys.stderr, flush=True)
-        if self.cfg.stats_file:
-            tmp = self.cfg.stats_file + ".tmp"
-            try:
-                with open(tmp, "w") as f:
-                    json.dump(s, f)
-                os.replace(tmp, self.cfg.stats_file)
-            except OSError:
-                pass  # stats are a view; the line on stderr says the same
+        write_stats_file(self.cfg.stats_file, s)
 
     def close(self) -> None:
         """Close files without a checkpoint: what a crash leaves, minus the torn writes."""

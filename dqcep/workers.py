@@ -29,7 +29,6 @@ when every query is below its low water-mark.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -48,7 +47,8 @@ from dqcep.io.journal import Journal, JournalView
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.sinks import is_mqtt
 from dqcep.lang import parse_file
-from dqcep.service import CHECKPOINT_VERSION, ServiceConfig, StreamingService
+from dqcep.service import (CHECKPOINT_VERSION, ServiceConfig, StreamingService,
+                           write_stats_file)
 
 ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
 
@@ -348,14 +348,7 @@ class Coordinator:
         print(f"dqcep: {len(self.workers)} worker(s), events in {s['events_in']}, matches "
               f"out {s['matches_out']}, lag {s['lag_records']} records", file=sys.stderr,
               flush=True)
-        if self.cfg.stats_file:
-            tmp = self.cfg.stats_file + ".tmp"
-            try:
-                with open(tmp, "w") as f:
-                    json.dump(s, f)
-                os.replace(tmp, self.cfg.stats_file)
-            except OSError:
-                pass
+        write_stats_file(self.cfg.stats_file, s)
 
     # -------------------------------------------------------------- run
     def run(self, stop: threading.Event, end_of_stream: threading.Event) -> int:
