@@ -187,6 +187,7 @@ def main(argv=None) -> None:
               f"{cal.overhead.b * 1e3:.3f} ms), delay before processing {cal.delay * 1e3:.3f} ms, "
               f"a checkpoint {cal.checkpoint.b * 1e3:.1f} ms every {cal.checkpoint_every:g} s; "
               f"one worker's capacity {capacity:,.0f} events/s")
+        consumer_cal = {}  # per worker count: the consumers calibrated as they run
         print(f"{'workers':>7} {'load':>5} {'events/s':>10} {'sent/s':>10} "
               + " ".join(f"{q[:11]:>11} {'meas':>7} {'err':>6}" for q in names))
         try:
@@ -208,11 +209,17 @@ def main(argv=None) -> None:
                     if workers == 1:  # the one service: the shared plan
                         predicted = response_times(costs, rates, model)
                     else:  # a consumer per query, on the workers the service placed them
-                        predicted, consumers = {}, cal.consumer_costs()
+                        if workers not in consumer_cal:  # calibrated as it will run
+                            consumer_cal[workers] = calibrate(
+                                str(QUERIES), payloads[:max(1, args.calibrate // BATCH)],
+                                BATCH, tmp, broker=url + f"/calibrate-{workers}",
+                                workers=workers)
+                        cw = consumer_cal[workers]
+                        predicted, consumers = {}, cw.consumer_costs()
                         for hosted in end["workers"]:
                             predicted.update(response_times(
                                 [consumers[q] for q in hosted], rates,
-                                cal.consumer_model(hosted)))
+                                cw.consumer_model(hosted)))
                     cells = []
                     for q in names:
                         p, m = predicted[q] * 1e3, measured[q]

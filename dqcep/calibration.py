@@ -15,8 +15,10 @@ model's costs.
   payload of its steps, and the delay from a payload's arrival to its step's start:
   the journal's commit and the wake-up). Everything the service shares a core with
   (paho's threads, the broker) is in the figures. The queries alone are one run of
-  ``--workers 1`` (a journal consumer per query, each measured on its own, as
-  ``dqcep run --workers`` runs them); the shared plan one run of the single service.
+  ``--workers N`` (``workers``: a journal consumer per query, each measured on its
+  own, as ``dqcep run --workers N`` runs them; a consumer's cost grows with the
+  processes beside it, so calibrate with the count the service will run); the shared
+  plan one run of the single service.
 - **Offline** (no broker): a ``StreamingService`` in this process reads a journal
   holding the payloads, one payload per ``step`` (journal read, decoding, repeated
   ids, engine, match output, response-time measurement); the delay is timed on the
@@ -66,7 +68,7 @@ def payloads_of(events: Sequence[dict], batch_events: int) -> list[bytes]:
 
 def calibrate(queries: str, payloads: list[bytes], batch_events: int,
               journal_dir: str | Path | None = None, broker: str | None = None,
-              gap: float = 0.002, commits: int = 100,
+              gap: float = 0.002, commits: int = 100, workers: int = 1,
               timer: Callable[[], float] = time.perf_counter,
               sleep: Callable[[float], None] = time.sleep) -> Calibration:
     names = [q.name for q in parse_file(queries).queries]
@@ -83,8 +85,9 @@ def calibrate(queries: str, payloads: list[bytes], batch_events: int,
                                                    gap, timer, sleep)
         else:
             run = _live(queries, payloads, work, broker, gap)
-            # every query alone: a journal consumer of its own (dqcep run --workers 1)
-            consumers = run(names, "consumers", consumers=True)
+            # every query alone: a journal consumer of its own (dqcep run --workers N, as
+            # the service will run: a consumer's cost grows with the processes beside it)
+            consumers = run(names, "consumers", consumers=workers)
             alone = {q: c["payload"] for q, c in consumers.items()}
             # a worker takes its consumers in turn: the first one waits for no other
             consumer_delay = min(c["delay"] for c in consumers.values())
@@ -133,9 +136,9 @@ def _live(queries, payloads, work: Path, broker: str, gap):
     url = MqttUrl.parse(broker)
     events = sum(len(msgpack.unpackb(p)["events"]) for p in payloads)
 
-    def run(hosted: list[str], tag: str, consumers: bool = False) -> dict:
-        """One service hosting ``hosted`` (the shared plan), or with ``consumers`` one
-        worker of a consumer per query; its own measurements per payload."""
+    def run(hosted: list[str], tag: str, consumers: int = 0) -> dict:
+        """One service hosting ``hosted`` (the shared plan), or ``consumers`` workers
+        of a consumer per query; its own measurements per payload."""
         state = work / tag
         state.mkdir()
         stats, log = state / "stats.json", state / "stderr.txt"
@@ -144,7 +147,8 @@ def _live(queries, payloads, work: Path, broker: str, gap):
         with open(log, "w") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "dqcep", "run", queries, "--input", topic,
-                 *(["--workers", "1"] if consumers else ["--queries", ",".join(hosted)]),
+                 *(["--workers", str(consumers)] if consumers
+                   else ["--queries", ",".join(hosted)]),
                  "--state", str(state),
                  "-o", str(state / "out.jsonl"), "--client-id", f"dqcep-calibrate-{tag}-"
                  + uuid.uuid4().hex[:8], "--stats-file", str(stats), "--stats-every", "0.2"],

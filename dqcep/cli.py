@@ -436,8 +436,11 @@ def cmd_calibrate(args) -> int:
         raise UserError(f"--broker {args.broker}: give mqtt://host:port/topic")
     if args.gap < 0:
         raise UserError("--gap must be >= 0")
+    if args.workers < 1 or args.workers > 1 and not args.broker:
+        raise UserError("--workers N (>= 1) is for the live calibration, with --broker")
     result = calibrate(args.queries, payloads_of(events, args.batch_size), args.batch_size,
-                       journal_dir, broker=args.broker, gap=args.gap / 1000)
+                       journal_dir, broker=args.broker, gap=args.gap / 1000,
+                       workers=args.workers)
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump(result.to_json(), f, indent=2)
         f.write("\n")
@@ -676,6 +679,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="calibrate live: run each service as dqcep run against this broker "
                      "and publish the payloads below TOPIC (default: in this process, no "
                      "broker)")
+    cal.add_argument("--workers", type=int, default=1, metavar="N",
+                     help="with --broker: measure the queries alone as dqcep run --workers N "
+                     "would run them (default 1; a consumer's cost grows with the processes "
+                     "beside it)")
     cal.add_argument("--gap", type=float, default=2.0, metavar="MS",
                      help="idle time before each payload (default 2 ms: low load)")
     cal.add_argument("--journal", metavar="DIR",

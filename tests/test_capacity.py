@@ -231,18 +231,22 @@ def test_calibrate_then_capacity(tmp_path):
 
 
 def test_live_calibration_against_a_broker(mosquitto, tmp_path):
-    """dqcep calibrate --broker: every run a real dqcep run --queries ... process fed
-    over MQTT, its own measurements read from its stats."""
+    """dqcep calibrate --broker --workers 2: the queries alone as a real dqcep run
+    --workers 2 process, the shared plan as a dqcep run --queries ... process, fed over
+    MQTT, their own measurements read from their stats."""
     host, port = mosquitto
     queries = tmp_path / "shared.cep"
     queries.write_text(SHARING)
     assert dqcep("generate", "-n", 4_000, "--seed", 3, "--quiet", "-o", "iot.jsonl",
                  cwd=tmp_path).returncode == 0
     r = dqcep("calibrate", queries, "--input", "iot.jsonl", "--broker",
-              f"mqtt://{host}:{port}/calibration", "-o", "cal.json", cwd=tmp_path)
+              f"mqtt://{host}:{port}/calibration", "--workers", 2, "-o", "cal.json",
+              cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     check_calibration(Calibration.from_json(json.loads((tmp_path / "cal.json").read_text())),
                       "abc", 20)
+    r = dqcep("calibrate", queries, "--input", "iot.jsonl", "--workers", 2, cwd=tmp_path)
+    assert r.returncode == 2 and "is for the live calibration, with --broker" in r.stderr
 
 
 @pytest.mark.parametrize("extra, message", [
