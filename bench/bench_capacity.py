@@ -326,6 +326,9 @@ def rate_step(args) -> None:
         if not within:
             back = None
     workers = [w for t, w, _ in samples]
+    before_step = [w for t, w, _ in samples if t < stepped]
+    added = next((t for t, w, _ in samples if t >= stepped and before_step
+                  and w > before_step[-1]), None)
     plans = end.get("plans", [])
     for p in plans:
         print(f"  plan at {p['at']:7.1f} s: {len(p['workers'])} worker(s) {p['workers']} "
@@ -333,8 +336,10 @@ def rate_step(args) -> None:
     lost, repeated = len(set(want) - set(got)), len(got) - len(set(got))
     extra = len(set(got) - set(want))
     print(f"workers: {workers[0] if workers else '?'} before the step, {max(workers)} at most,"
-          f" {workers[-1] if workers else '?'} at the end; published until "
-          f"{sent - stepped:.1f} s after the step, drained at {drained - stepped:.1f} s")
+          f" {workers[-1] if workers else '?'} at the end; "
+          + (f"more workers {added - stepped:.1f} s after the step; " if added else "")
+          + f"published until {sent - stepped:.1f} s after the step, drained at "
+          f"{drained - stepped:.1f} s")
     if late_since is None:
         print("every query stayed within its target through the step")
     elif back is None:

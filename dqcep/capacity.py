@@ -82,12 +82,17 @@ class StreamLoad:
     m2: float
 
 
+def _stream(model: WorkerModel, query: str) -> str:
+    """The stream a query reads (one of its own unless ``stream_of`` names one)."""
+    return model.stream_of.get(query, "query " + query)
+
+
 def stream_loads(costs: Sequence[QueryCost], rates: Mapping[str, float],
                  model: WorkerModel = PAPER) -> dict[str, StreamLoad]:
     """Per stream the worker reads: rate and service time of its payloads."""
     groups: dict[str, list[QueryCost]] = {}
     for c in costs:
-        groups.setdefault(model.stream_of.get(c.name, "query " + c.name), []).append(c)
+        groups.setdefault(_stream(model, c.name), []).append(c)
     out = {}
     for stream, queries in groups.items():
         rate = {rates[c.name] for c in queries}
@@ -125,8 +130,8 @@ def response_times(costs: Sequence[QueryCost], rates: Mapping[str, float],
     if rho >= 1:
         return {c.name: math.inf for c in costs}
     wait = sum(s.rate * s.m2 for s in classes) / (2 * (1 - rho))
-    return {c.name: model.delay + streams[model.stream_of.get(c.name, "query " + c.name)]
-            .mean + wait for c in costs}
+    return {c.name: model.delay + streams[_stream(model, c.name)].mean + wait
+            for c in costs}
 
 
 def deviation(response: float, target: float) -> float:
@@ -206,13 +211,12 @@ def executors(cal: "Calibration", rate: float, target: float, hw: float = 0.0,
     the response time stays within ``hw`` of ``target`` (s) and the load under
     ``rho_max``; None if no number up to ``limit`` does (the target is below what one
     payload takes)."""
-    plan = QueryCost("plan", sum(c.b for c in cal.shared.values()),
-                     sum(math.sqrt(c.m2) for c in cal.shared.values()) ** 2)
-    model = cal.model({"plan": "the stream"})
+    costs = list(cal.shared.values())  # the shared plan: its queries, one stream
+    model = cal.model({c.name: "the stream" for c in costs})
     for k in range(1, limit + 1):
-        rates = {"plan": rate / cal.batch_events / k}
-        if load([plan], rates, model) <= rho_max and deviation(
-                response_times([plan], rates, model)["plan"], target) <= hw:
+        rates = {c.name: rate / cal.batch_events / k for c in costs}
+        if load(costs, rates, model) <= rho_max and deviation(
+                response_times(costs, rates, model)[costs[0].name], target) <= hw:
             return k
     return None
 

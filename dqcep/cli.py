@@ -228,16 +228,16 @@ def _serve_workers(args, cfg, names: list[str]) -> int:
                         "file is placed")
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers must be >= 1")
-    calibration = _read_calibration(args.calibration) if args.calibration else None
+    if bool(args.target) != bool(args.calibration):
+        raise UserError("--target needs --calibration FILE (dqcep calibrate) to place the "
+                        "queries by" if args.target else
+                        "--calibration is what --target places by; give --target QUERY=MS")
     scaling = None
     if args.target:
-        if calibration is None:
-            raise UserError("--target needs --calibration FILE (dqcep calibrate) to place "
-                            "the queries by")
         targets = {q: ms / 1000 for q, ms in _named_values(args.target, "target",
                                                            names).items()}
         scaling = Scaling({n: targets.get(n, float("inf")) for n in names},
-                          calibration.to_json(), lw=args.lw, hw=args.hw,
+                          _read_calibration(args.calibration), lw=args.lw, hw=args.hw,
                           replan_every=args.replan_every)
     workers = args.workers or 1
     return serve_workers(cfg, round_robin(names, min(workers, len(names))), scaling)
@@ -427,17 +427,17 @@ def cmd_calibrate(args) -> int:
     _load_queries(args.queries)  # its errors, with positions, before any work
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
-    bad = _BadEvents("skip")
-    events = [e.as_mapping() for _, e in read_events(args.input, args.format, bad)]
-    if not events:
-        raise UserError(f"{args.input} holds no event to calibrate with")
-    journal_dir = args.journal or str(Path(args.output).resolve().parent)
     if args.broker and not args.broker.startswith(("mqtt://", "mqtts://")):
         raise UserError(f"--broker {args.broker}: give mqtt://host:port/topic")
     if args.gap < 0:
         raise UserError("--gap must be >= 0")
     if args.workers < 1 or args.workers > 1 and not args.broker:
         raise UserError("--workers N (>= 1) is for the live calibration, with --broker")
+    bad = _BadEvents("skip")
+    events = [e.as_mapping() for _, e in read_events(args.input, args.format, bad)]
+    if not events:
+        raise UserError(f"{args.input} holds no event to calibrate with")
+    journal_dir = args.journal or str(Path(args.output).resolve().parent)
     result = calibrate(args.queries, payloads_of(events, args.batch_size), args.batch_size,
                        journal_dir, broker=args.broker, gap=args.gap / 1000,
                        workers=args.workers)

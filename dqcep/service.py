@@ -166,9 +166,9 @@ def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
 
 class StreamingService:
     """Consumes the journal into the engine and the sinks. It writes the journal itself
-    (``run`` subscribes) unless given ``journal``: a ``JournalView`` of one another
-    process writes (a worker of ``dqcep.workers``, which calls ``step`` and
-    ``checkpoint`` itself)."""
+    (``run`` subscribes) unless given ``journal``: a ``JournalView`` of a journal that
+    another process writes (a worker of ``dqcep.workers``, which calls ``timed_step``
+    and ``timed_checkpoint`` itself)."""
 
     def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None):
         self.cfg = cfg
@@ -336,6 +336,22 @@ class StreamingService:
         self._process_pending()
         return n
 
+    def timed_step(self, deadline: float) -> int:
+        """``step`` until ``deadline``, its time (and the delay since its first record
+        arrived) counted in ``service_times``; returns records consumed."""
+        started, first, arrived = time.monotonic(), self.offset, time.time()
+        n = self.step(deadline=deadline)
+        if n:
+            delay = arrived - self.arrivals.of(first) if self.arrivals is not None else None
+            self.service_times.add(time.monotonic() - started, n, delay)
+        return n
+
+    def timed_checkpoint(self) -> None:
+        """``checkpoint``, its time counted in ``service_times``."""
+        started = time.monotonic()
+        self.checkpoint()
+        self.service_times.add_checkpoint(time.monotonic() - started)
+
     def _process_pending(self) -> None:
         """The decoded payloads held: drop repeated ids, run the engine."""
         if not self._pending:
@@ -386,8 +402,7 @@ class StreamingService:
             if len(matches) and self.arrivals is not None:
                 self.response.observe(
                     matches, np.fromiter((e.id for e in events), np.int64, len(events)),
-                    np.repeat(self.arrivals.at(np.array([offset]))[0], len(events)),
-                    time.time())
+                    np.full(len(events), self.arrivals.of(offset)), time.time())
             self._misdeclared(lambda event_id: offset)
             late = self.engine.take_late()
             if late:
@@ -533,17 +548,11 @@ class StreamingService:
                     break
                 now = time.monotonic()
                 try:
-                    first, arrived = self.offset, time.time()
-                    n = self.step(deadline=now + self.cfg.checkpoint_every)
-                    took = time.monotonic() - now
-                    if n:
-                        self.service_times.add(took, n, arrived - float(
-                            self.arrivals.at(np.array([first]))[0]))
+                    n = self.timed_step(deadline=now + self.cfg.checkpoint_every)
                     now = time.monotonic()
                     if now - last_ck >= self.cfg.checkpoint_every:
-                        self.checkpoint()
+                        self.timed_checkpoint()
                         last_ck = time.monotonic()
-                        self.service_times.add_checkpoint(last_ck - now)
                     self.error = None
                 except OSError as err:
                     self.recover(err, stop)

@@ -39,8 +39,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing import shared_memory
 from pathlib import Path
 
-import numpy as np
-
+from dqcep.capacity import Calibration
 from dqcep.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
 from dqcep.io.journal import Journal, JournalView
@@ -58,7 +57,7 @@ class Scaling:
     """Response-time targets (s) per query, the calibration, water-marks."""
 
     targets: dict[str, float]
-    calibration: dict            # Calibration.to_json()
+    calibration: Calibration
     lw: float = -0.5
     hw: float = 0.0
     rho_max: float = 0.8
@@ -133,17 +132,10 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
             wake.wait(0.02)
             wake.clear()
             for q, svc in hosted.items():
-                now = time.monotonic()
-                first, arrived = svc.offset, time.time()
-                n = svc.step(deadline=now + cfg.checkpoint_every)
-                if n:
-                    svc.service_times.add(time.monotonic() - now, n, arrived - float(
-                        arrivals.at(np.array([first]))[0]))
+                svc.timed_step(deadline=time.monotonic() + cfg.checkpoint_every)
                 if time.monotonic() - last_ck[q] >= cfg.checkpoint_every:
-                    started = time.monotonic()
-                    svc.checkpoint()
+                    svc.timed_checkpoint()
                     last_ck[q] = time.monotonic()
-                    svc.service_times.add_checkpoint(last_ck[q] - started)
             if time.monotonic() - last_stats >= cfg.stats_every:
                 conn.send(("stats", index, {q: _report(svc) for q, svc in hosted.items()}))
                 last_stats = time.monotonic()
@@ -294,9 +286,9 @@ class Coordinator:
 
     # -------------------------------------------------------------- re-planning
     def _replan(self, rate: float) -> None:
-        from dqcep.capacity import Calibration, deviation, place
+        from dqcep.capacity import deviation, place
         s = self.scaling
-        cal = Calibration.from_json(s.calibration)
+        cal = s.calibration
         measured = self._responses_since_last_plan()
         above = [q for q, w in measured.items() if deviation(w, s.targets[q]) > s.hw]
         # a query without a match since the last plan shows no lateness: it counts as below
@@ -360,7 +352,9 @@ class Coordinator:
         print(f"dqcep: listening on {', '.join(self.cfg.inputs)}; {len(self.workers)} "
               f"worker(s)", file=sys.stderr, flush=True)
         last_stats = last_plan = last_input = time.monotonic()
-        events_at_plan, seen = 0, self.journal.durable_offset
+        # events in at the last plan: None until the workers' first reports (restored
+        # counts include what came before this run, which is no rate)
+        events_at_plan, seen = None, self.journal.durable_offset
         try:
             while not stop.is_set() and not end_of_stream.is_set() and self.failure is None:
                 if source.failure:
@@ -379,8 +373,11 @@ class Coordinator:
                     end_of_stream.set()
                 if self.scaling and now - last_plan >= self.scaling.replan_every:
                     events = self.stats()["events_in"]
-                    self._replan((events - events_at_plan) / (now - last_plan))
-                    events_at_plan, last_plan = self.stats()["events_in"], time.monotonic()
+                    if events_at_plan is not None and len(self.reports) == len(self.names):
+                        self._replan((events - events_at_plan) / (now - last_plan))
+                    if len(self.reports) == len(self.names):
+                        events_at_plan = self.stats()["events_in"]
+                    last_plan = time.monotonic()
                 if now - last_stats >= self.cfg.stats_every:
                     self._write_stats()
                     last_stats = now

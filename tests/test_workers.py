@@ -157,6 +157,7 @@ def test_scale_up_and_down_live_moves_queries_and_loses_nothing(mosquitto, tmp_p
 @pytest.mark.parametrize("extra, message", [
     (("--workers", "0"), "--workers must be >= 1"),
     (("--target", "*=5"), "--target needs --calibration FILE"),
+    (("--workers", "2", "--calibration", "c.json"), "--calibration is what --target places by"),
     (("--workers", "2", "--queries", "stuffy"), "--queries runs one service"),
     (("--workers", "2", "--output", "sqlite:///m.db"), "a database output takes one service"),
 ])

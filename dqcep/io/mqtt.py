@@ -1,6 +1,7 @@
 """MQTT endpoints on paho-mqtt 2.x (callback API version 2)."""
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -224,6 +225,11 @@ class ArrivalTimes:
     def at(self, offsets: np.ndarray) -> np.ndarray:
         i = offsets % self.size
         return np.where(self.offsets[i] == offsets, self.times[i], np.nan)
+
+    def of(self, offset: int) -> float:
+        """When one offset arrived (NaN: unknown)."""
+        i = offset % self.size
+        return float(self.times[i]) if self.offsets[i] == offset else math.nan
 
 
 class MqttSource:
