@@ -20,6 +20,11 @@ The model (after the configuration scheduler of the response-time autoscaling pa
   ``rho = sum_k(rate_k * E[S_k])``, and a query of stream k answers in
   ``W = delay + E[S_k] + Wq`` (infinite when ``rho >= 1``); ``delay`` is the time
   before a payload can be processed at all (the journal's commit);
+- a worker of journal consumers (``dqcep run --workers``, ``in_turn``) gives each
+  payload to its queries one after the other, in the order listed: its stream is
+  still one class (the next payload waits for all of them), but query ``i`` answers
+  after its own part, ``W_i = delay + sum(s_j, j <= i) + Wq``; ``place`` orders a
+  worker's consumers by target, the tightest first;
 - the worker's checkpoints stop its processing while they last: a class of their own,
   one every ``checkpoint_every`` s with the calibrated duration (mean, second moment);
 - with no overhead, no delay and no checkpoints, and every query reading a stream of
@@ -60,13 +65,17 @@ class WorkerModel:
     stream it reads, ``delay`` before a payload can be processed, which stream each
     query reads (``stream_of``; a query missing from it reads a stream of its own), and
     its checkpoints: one every ``checkpoint_every`` s taking ``checkpoint``, during
-    which no payload is processed (a class of customers of its own)."""
+    which no payload is processed (a class of customers of its own). ``in_turn``: the
+    queries of a stream are served one after the other in the order given, each
+    answering after its own part (journal consumers), instead of all once the payload
+    is through (one plan)."""
 
     overhead: QueryCost | None = None
     delay: float = 0.0
     stream_of: Mapping[str, str] = field(default_factory=dict)
     checkpoint: QueryCost | None = None
     checkpoint_every: float = 1.0
+    in_turn: bool = False
 
 
 PAPER = WorkerModel()  # the paper's: no overhead, no delay, a stream per query
@@ -124,14 +133,35 @@ def load(costs: Sequence[QueryCost], rates: Mapping[str, float],
 def response_times(costs: Sequence[QueryCost], rates: Mapping[str, float],
                    model: WorkerModel = PAPER) -> dict[str, float]:
     """Mean response time (s) of every query on one worker (Pollaczek-Khinchine,
-    multi-class M/G/1, FIFO); ``inf`` when the worker is saturated."""
+    multi-class M/G/1, FIFO); ``inf`` when the worker is saturated. With
+    ``model.in_turn`` a query's own part of its stream's service is the own work and
+    the parts of the queries before it in ``costs``, its own included."""
     streams, classes = _classes(costs, rates, model)
     rho = sum(s.rate * s.mean for s in classes)
     if rho >= 1:
         return {c.name: math.inf for c in costs}
     wait = sum(s.rate * s.m2 for s in classes) / (2 * (1 - rho))
-    return {c.name: model.delay + streams[_stream(model, c.name)].mean + wait
-            for c in costs}
+    served: dict[str, float] = {}  # per stream: what its queries so far took (in turn)
+    out = {}
+    for c in costs:
+        stream = _stream(model, c.name)
+        if model.in_turn:
+            first = model.overhead.b if model.overhead else 0.0
+            served[stream] = served.get(stream, first) + c.b
+            out[c.name] = model.delay + served[stream] + wait
+        else:
+            out[c.name] = model.delay + streams[stream].mean + wait
+    return out
+
+
+def in_turn_order(costs: Sequence[QueryCost], targets: Mapping[str, float],
+                  model: WorkerModel) -> list[QueryCost]:
+    """The order a worker serves its queries in: as given for one plan; for consumers
+    in turn the tightest target first (then the cheapest), so the queries with the
+    least room answer first."""
+    if not model.in_turn:
+        return list(costs)
+    return sorted(costs, key=lambda c: (targets[c.name], c.b, c.name))
 
 
 def deviation(response: float, target: float) -> float:
@@ -161,7 +191,7 @@ class Placement:
 
 def _viable(costs, rates, targets, hw, rho_max, model
             ) -> tuple[bool, dict[str, float], float]:
-    response = response_times(costs, rates, model)
+    response = response_times(in_turn_order(costs, targets, model), rates, model)
     rho = load(costs, rates, model)
     ok = rho <= rho_max and all(deviation(response[c.name], targets[c.name]) <= hw
                                 for c in costs)
@@ -191,7 +221,8 @@ def place(costs: Sequence[QueryCost], rates: Mapping[str, float],
                 bins.append([c])
         else:
             def worst(b):
-                response = response_times(b + [c], rates, model)
+                response = response_times(in_turn_order(b + [c], targets, model), rates,
+                                          model)
                 return (max(deviation(response[x.name], targets[x.name]) for x in b + [c]),
                         load(b + [c], rates, model))
             min(bins, key=worst).append(c)
@@ -200,7 +231,7 @@ def place(costs: Sequence[QueryCost], rates: Mapping[str, float],
         ok, response, rho = _viable(b, rates, targets, hw, rho_max, model)
         met = met and ok
         below += [c.name for c in b if deviation(response[c.name], targets[c.name]) < lw]
-        out.append(Worker(b, response, rho))
+        out.append(Worker(in_turn_order(b, targets, model), response, rho))
     return Placement(out, met, sorted(below))
 
 
@@ -265,10 +296,11 @@ class Calibration:
 
     def consumer_model(self, names: Sequence[str]) -> WorkerModel:
         """The model of a worker of consumers: they take every payload in turn, so a
-        worker's queries are one class (a payload's matches are out when all of them
-        have had it), with the own work in each consumer's cost."""
+        worker's queries are one class (the next payload waits for all of them) and
+        each answers after the consumers before it; the own work is in each consumer's
+        cost."""
         return WorkerModel(None, self.consumer_delay, {q: "the stream" for q in names},
-                           self.checkpoint, self.checkpoint_every)
+                           self.checkpoint, self.checkpoint_every, in_turn=True)
 
     def to_json(self) -> dict:
         def costs(d):

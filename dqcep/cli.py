@@ -493,7 +493,11 @@ def cmd_capacity(args) -> int:
     query_file = _load_queries(args.queries)
     names = [q.name for q in query_file.queries]
     calibration = _read_calibration(args.calibration)
-    costs = calibration.costs(shared=not args.separate)
+    if args.consumers and (args.separate or args.spark):
+        raise UserError("--consumers is how dqcep run --workers runs the queries; it "
+                        "takes neither --separate nor --spark")
+    costs = calibration.consumer_costs() if args.consumers else \
+        calibration.costs(shared=not args.separate)
     missing = [n for n in names if n not in costs]
     if missing:
         raise UserError(f"{args.calibration} has no calibration of {', '.join(missing)} "
@@ -511,6 +515,9 @@ def cmd_capacity(args) -> int:
         raise UserError("give the stream's arrival rate in events/s (--rate N), or each "
                         "query's: --rate " + " ".join(f"{n}=N" for n in names
                                                      if n not in rates))
+    if args.consumers and own:
+        raise UserError("with --consumers every query reads the one journal: give the "
+                        "stream's rate (--rate N), not a query's own")
     stream_of = {n: "the stream" for n in names if n not in own}
     targets = {q: ms / 1000 for q, ms in _named_values(args.target, "target", names).items()}
     targets = {n: targets.get(n, math.inf) for n in names}
@@ -522,9 +529,10 @@ def cmd_capacity(args) -> int:
     placement = place([costs[n] for n in names],
                       {n: r / calibration.batch_events for n, r in rates.items()}, targets,
                       workers=args.workers, lw=args.lw, hw=args.hw, rho_max=args.rho_max,
-                      model=calibration.model(stream_of))
+                      model=calibration.consumer_model(names) if args.consumers
+                      else calibration.model(stream_of))
     report = {"met": placement.met, "below_lw": placement.below_lw, "workers": [
-        {"load": w.load, "queries": [
+        {"load": w.load, "saturated": w.load >= 1, "queries": [
             {"name": c.name, "rate": rates[c.name],
              "stream": stream_of.get(c.name, "its own"), "b_ms": c.b * 1e3,
              "predicted_ms": w.response[c.name] * 1e3,
@@ -532,11 +540,16 @@ def cmd_capacity(args) -> int:
              "deviation": None if math.isinf(targets[c.name])
              else deviation(w.response[c.name], targets[c.name])}
             for c in w.queries]} for w in placement.workers]}
-    if args.json:
+    if args.json:  # a saturated worker's queries never answer: null, not JSON's missing inf
+        for q in (q for w in report["workers"] for q in w["queries"]):
+            q.update({k: None for k in ("predicted_ms", "deviation")
+                      if q[k] is not None and math.isinf(q[k])})
         print(json.dumps(report, indent=2, allow_nan=False, default=str))
         return 0
     how = (f"on {args.workers} worker(s)" if args.workers is not None else
            f"on {len(placement.workers)} worker(s), the fewest that meet every target")
+    if args.consumers:
+        how += ", a consumer per query, served in the order listed"
     print(f"{len(names)} queries {how} (load <= {args.rho_max}, deviation <= {args.hw}); "
           f"{'every target met' if placement.met else 'NOT every target met'}")
     for i, w in enumerate(report["workers"], 1):
@@ -712,6 +725,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="place on N workers (default: the fewest that meet every target)")
     cap.add_argument("--separate", action="store_true",
                      help="cost each query as if alone (default: charged from the shared plan)")
+    cap.add_argument("--consumers", action="store_true",
+                     help="as dqcep run --workers / --target runs the queries: a journal "
+                     "consumer per query, a worker's consumers served in turn, the tightest "
+                     "target first (default: each worker runs its queries as one plan)")
     cap.add_argument("--lw", type=float, default=-0.5, help="low water-mark (default -0.5)")
     cap.add_argument("--hw", type=float, default=0.0, help="high water-mark (default 0)")
     cap.add_argument("--rho-max", type=float, default=0.8,

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing import shared_memory
 from pathlib import Path
 
-from dqcep.capacity import Calibration
+from dqcep.capacity import Calibration, in_turn_order
 from dqcep.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
 from dqcep.io.journal import Journal, JournalView
@@ -85,8 +85,9 @@ def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
 def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: str,
                 conn) -> None:
     """A worker: hosts and lets go of query consumers as the coordinator says, steps
-    each after every commit, checkpoints each every ``cfg.checkpoint_every`` s, and
-    reports their stats every ``cfg.stats_every`` s."""
+    each after every commit, one after the other in the order the coordinator gives
+    (``order``: the first answers first), checkpoints each every
+    ``cfg.checkpoint_every`` s, and reports their stats every ``cfg.stats_every`` s."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the coordinator decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = os.getppid()
@@ -113,6 +114,11 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                     svc.checkpoint()
                     svc.close()
                     conn.send(("released", q, svc.offset))
+                elif kind == "order":
+                    if sorted(message[1]) != sorted(hosted):
+                        raise RuntimeError(f"order {message[1]} is not the queries hosted "
+                                           f"({sorted(hosted)})")
+                    hosted = {q: hosted[q] for q in message[1]}
                 elif kind == "stop":
                     end_of_stream = message[1]
                     report = {}
@@ -168,7 +174,7 @@ class _Worker:
     process: mp.Process
     conn: object
     wake: object
-    queries: set[str] = field(default_factory=set)
+    queries: list[str] = field(default_factory=list)  # in the order it steps them
 
 
 class Coordinator:
@@ -193,6 +199,12 @@ class Coordinator:
         self._responses: dict[str, tuple[int, float]] = {}  # (matches, mean ms) at the last plan
         self.failure: str | None = None
         self.started = time.monotonic()
+        if scaling is not None:  # in the order the model serves them: tightest target first
+            consumers = scaling.calibration.consumer_costs()
+            model = scaling.calibration.consumer_model(self.names)
+            placement = [[c.name for c in in_turn_order([consumers[q] for q in p],
+                                                        scaling.targets, model)]
+                         for p in placement]
         self._apply([list(p) for p in placement if p], why="start")
 
     # -------------------------------------------------------------- workers
@@ -230,31 +242,32 @@ class Coordinator:
 
     def _apply(self, placement: list[list[str]], why: str) -> None:
         """Move queries and start or stop workers so that worker i hosts placement[i]
-        (the new parts matched to the workers they overlap most, to move the least)."""
-        parts = sorted((set(p) for p in placement), key=len, reverse=True)
+        (the new parts matched to the workers they overlap most, to move the least),
+        and steps them in that part's order."""
+        parts = sorted(placement, key=len, reverse=True)
         free = list(range(len(self.workers)))
-        target: dict[int, set[str]] = {}
+        target: dict[int, list[str]] = {}
         for part in parts:  # the existing workers first, each the part it overlaps most
             if free:
-                best = max(free, key=lambda i: len(self.workers[i].queries & part))
+                best = max(free, key=lambda i: len(set(self.workers[i].queries) & set(part)))
                 free.remove(best)
             else:
                 self._start_worker()
                 best = len(self.workers) - 1
             target[best] = part
         for i in free:  # workers left without queries: theirs go, then they stop
-            target[i] = set()
+            target[i] = []
         released = {}
         for i, part in target.items():  # let go first: a query is hosted once at a time
             w = self.workers[i]
-            for q in sorted(w.queries - part):
+            for q in sorted(set(w.queries) - set(part)):
                 w.conn.send(("release", q))
                 released[q] = self._expect(w, "released")[2]
-                w.queries.discard(q)
+                w.queries.remove(q)
         moved = {}
         for i, part in target.items():
             w = self.workers[i]
-            for q in sorted(part - w.queries):
+            for q in sorted(set(part) - set(w.queries)):
                 w.conn.send(("host", q))
                 offset = self._expect(w, "hosted")[2]
                 if q in released and offset != released[q]:
@@ -262,15 +275,18 @@ class Coordinator:
                                     f"but taken over at {offset}")
                 if q in released:
                     moved[q] = offset
-                w.queries.add(q)
+                w.queries.append(q)
+            if part and w.queries != part:
+                w.conn.send(("order", part))
+                w.queries = list(part)
         for i in sorted(free, reverse=True):
             self._stop_worker(self.workers[i], end_of_stream=False)
             del self.workers[i]
         self.plans.append({"at": round(time.monotonic() - self.started, 3), "why": why,
-                           "workers": [sorted(w.queries) for w in self.workers],
+                           "workers": [list(w.queries) for w in self.workers],
                            "moved": moved})  # query -> the journal offset it moved at
         print(f"dqcep: {len(self.workers)} worker(s) ({why}): "
-              + "; ".join(",".join(sorted(w.queries)) for w in self.workers),
+              + "; ".join(",".join(w.queries) for w in self.workers),
               file=sys.stderr, flush=True)
 
     def _stop_worker(self, worker: _Worker, end_of_stream: bool) -> None:
@@ -330,7 +346,7 @@ class Coordinator:
                 "matches_out": sum(r.get("matches_out", 0) for r in reports),
                 "lag_records": self.journal.durable_offset - min(
                     (r.get("offset", 0) for r in reports), default=0),
-                "workers": [sorted(w.queries) for w in self.workers],
+                "workers": [list(w.queries) for w in self.workers],  # in step order
                 "plans": self.plans, "error": self.failure,
                 "queries": {q: self.reports.get(q, {}) for q in self.names},
                 "response": {q: self.reports.get(q, {}).get("response") for q in self.names}}

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqcep.capacity import (Calibration, QueryCost, WorkerModel, deviation, from_moments, load,
-                            place, response_times)
+from dqcep.capacity import (Calibration, QueryCost, WorkerModel, deviation, from_moments,
+                            in_turn_order, load, place, response_times)
 
 
 def test_one_query_is_the_m_g_1_formula():
@@ -69,6 +69,42 @@ def test_queries_of_one_stream_are_one_class_with_the_workers_own_work():
     assert load(costs, rates, checkpointing) == pytest.approx(0.64)
     assert response_times(costs, rates, checkpointing)["a"] == pytest.approx(
         0.0065 + 7.4e-3 / 0.72)
+
+
+def test_consumers_in_turn_answer_one_after_the_other():
+    """A worker of two journal consumers of one stream (dqcep run --workers): the same
+    class as above without the own work (it is in each consumer's cost), E[S] = 5 ms,
+    E[S^2] = (3 + 4)^2 ms^2, rho 0.5, Wq = 100 * 4.9e-5 / 1 = 4.9 ms; the first
+    consumer answers after its own 2 ms, the second after 2 + 3 ms."""
+    model = WorkerModel(None, 0.0005, {"a": "s", "b": "s"}, in_turn=True)
+    costs = [QueryCost("a", 0.002, 9e-6), QueryCost("b", 0.003, 1.6e-5)]
+    rates = {"a": 100, "b": 100}
+    assert load(costs, rates, model) == pytest.approx(0.5)
+    assert response_times(costs, rates, model) == pytest.approx(
+        {"a": 0.0005 + 0.002 + 0.0049, "b": 0.0005 + 0.005 + 0.0049})
+    assert response_times(costs[::-1], rates, model) == pytest.approx(
+        {"b": 0.0005 + 0.003 + 0.0049, "a": 0.0005 + 0.005 + 0.0049})
+    # the tightest target first, then the cheapest; one plan keeps the order given
+    assert [c.name for c in in_turn_order(costs, {"a": 0.01, "b": 0.008}, model)] == \
+        ["b", "a"]
+    assert [c.name for c in in_turn_order(costs, {"a": 0.01, "b": 0.01}, model)] == \
+        ["a", "b"]
+    assert in_turn_order(costs[::-1], {"a": 0.01, "b": 0.008}, WorkerModel()) == costs[::-1]
+
+
+def test_placement_orders_a_workers_consumers_by_target():
+    """b's 8.5 ms target holds only if b goes first (3.5 + 4.9 = 8.4 ms; second: 10.4
+    ms); a's 12 ms holds either way. On one worker the placement puts b first and
+    meets both; the same two as one plan (all answer after 5 ms of work) miss b's."""
+    model = WorkerModel(None, 0.0005, {"a": "s", "b": "s"}, in_turn=True)
+    costs = [QueryCost("a", 0.002, 9e-6), QueryCost("b", 0.003, 1.6e-5)]
+    rates, targets = {"a": 100, "b": 100}, {"a": 0.012, "b": 0.0085}
+    p = place(costs, rates, targets, rho_max=0.6, model=model)
+    assert p.met and len(p.workers) == 1
+    assert [c.name for c in p.workers[0].queries] == ["b", "a"]
+    assert p.workers[0].response == pytest.approx({"b": 0.0084, "a": 0.0104})
+    plan = WorkerModel(None, 0.0005, {"a": "s", "b": "s"})
+    assert len(place(costs, rates, targets, rho_max=0.6, model=plan).workers) == 2
 
 
 def test_a_cheaper_shared_plan_predicts_no_worse_than_separate_queries():
@@ -224,6 +260,29 @@ def test_calibrate_then_capacity(tmp_path):
                    and q["stream"] == "the stream" for q in w["queries"])
     r = dqcep(*args, "--workers", "2", "--json", cwd=tmp_path)
     assert len(json.loads(r.stdout)["workers"]) == 2
+    # a saturated worker: its queries never answer (JSON has no inf: null)
+    r = dqcep(*args[:4], "--rate", "1e9", *args[6:], "--workers", "1", "--json",
+              cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    [w] = json.loads(r.stdout)["workers"]
+    assert w["saturated"] and all(q["predicted_ms"] is None and q["deviation"] is None
+                                  for q in w["queries"])
+    assert "predicted inf ms" in dqcep(*args[:4], "--rate", "1e9", *args[6:], "--workers",
+                                       "1", cwd=tmp_path).stdout
+    # --consumers: as dqcep run --workers runs them, a consumer per query in turn,
+    # listed in the order served (the tightest target, a's, first)
+    r = dqcep(*args[:4], "--rate", "2000", *args[6:], "--workers", "1", "--consumers",
+              "--json", cwd=tmp_path)
+    [w] = json.loads(r.stdout)["workers"]
+    assert [q["name"] for q in w["queries"]][0] == "a"
+    consumers, model = cal.consumer_costs(), cal.consumer_model("abc")
+    rates = {q: 2000 / 200 for q in "abc"}
+    served = [consumers[q["name"]] for q in w["queries"]]
+    predicted = response_times(served, rates, model)
+    assert all(q["predicted_ms"] == pytest.approx(predicted[q["name"]] * 1000)
+               and q["b_ms"] == pytest.approx(consumers[q["name"]].b * 1000)
+               for q in w["queries"])
+    assert predicted[served[0].name] < predicted[served[1].name] < predicted[served[2].name]
     # a query on a stream of its own is a class of its own
     r = dqcep(*args, "--rate", "a=5000", "--json", cwd=tmp_path)
     placed = {q["name"]: q for w in json.loads(r.stdout)["workers"] for q in w["queries"]}
@@ -257,6 +316,10 @@ def test_live_calibration_against_a_broker(mosquitto, tmp_path):
                                         "twice"),
     (("--rate", "ten"), "give QUERY=NUMBER"),
     (("--rate", "*=10", "--workers", "0"), "--workers must be >= 1"),
+    (("--rate", "10", "--consumers", "--separate"), "--consumers is how dqcep run "
+                                                    "--workers runs the queries"),
+    (("--rate", "10", "--rate", "a=5", "--consumers"), "with --consumers every query "
+                                                       "reads the one journal"),
 ])
 def test_capacity_options_are_checked(tmp_path, extra, message):
     queries = tmp_path / "q.cep"

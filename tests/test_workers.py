@@ -125,7 +125,9 @@ def test_scale_up_and_down_live_moves_queries_and_loses_nothing(mosquitto, tmp_p
     payloads/s one worker holds the three queries (load 0.15), at 160/s a worker holds
     two at most (load 0.8): the coordinator starts a second worker and moves a query
     there with its checkpoint; back at 20/s, every query far below its target, it moves
-    it back and stops the worker. The matches are the reference's, each once."""
+    it back and stops the worker. The matches are the reference's, each once. A
+    worker steps its consumers in the model's order: the tightest target (stuffy's)
+    first."""
     host, port = mosquitto
     url = f"mqtt://{host}:{port}/workers/scale"
     cost = {q: QueryCost(q, 0.0025, 1e-5) for q in NAMES}
@@ -133,8 +135,9 @@ def test_scale_up_and_down_live_moves_queries_and_loses_nothing(mosquitto, tmp_p
         200, 100, cost, cost, 0.003, QueryCost("overhead", 0, 0), 0.0,
         QueryCost("checkpoint", 0, 0), 1.0, 0.0).to_json()))
     payloads, want = stream(tmp_path, 116_000)
-    svc = Workers(tmp_path, url, "--target", "*=1000", "--calibration", str(tmp_path / "cal.json"),
-                  "--replan-every", "1", "--client-id", "workers-scale")
+    svc = Workers(tmp_path, url, "--target", "*=1000", "--target", "stuffy=900",
+                  "--calibration", str(tmp_path / "cal.json"), "--replan-every", "1",
+                  "--client-id", "workers-scale")
     svc.start()
     publish(url, payloads[:40], 20)
     publish(url, payloads[40:520], 160)
@@ -148,6 +151,9 @@ def test_scale_up_and_down_live_moves_queries_and_loses_nothing(mosquitto, tmp_p
     plans = svc.stats()["plans"]
     counts = [len(p["workers"]) for p in plans]
     assert counts[0] == 1 and 2 in counts and counts[-1] == 1, plans
+    assert plans[0]["workers"] == plans[-1]["workers"] == [
+        ["stuffy", "intrusion", "overheating"]], plans
+    assert all(w.index("stuffy") == 0 for p in plans for w in p["workers"] if "stuffy" in w)
     # moved with its state: taken over at the offset it was let go at, mid-stream
     assert any(p["moved"] for p in plans[1:]) and all(
         offset > 0 for p in plans[1:] for offset in p["moved"].values()), plans
