@@ -135,6 +135,9 @@ def main(argv=None) -> None:
                     help="payloads the calibration runs over: the first N the runs measure "
                     "(default 0: all of them; the IoT stream's match rate rises over its "
                     "first hours, so a shorter stretch is cheaper than the runs)")
+    ap.add_argument("--cal-loads", default="0.4,0.8",
+                    help="the calibration's loads (dqcep calibrate --loads; '' for one payload "
+                    "at a time only)")
     ap.add_argument("--offline", action="store_true",
                     help="calibrate in this process, without the broker")
     ap.add_argument("--loads", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9")
@@ -154,6 +157,7 @@ def main(argv=None) -> None:
     step.add_argument("--target-ms", type=float, default=5.0,
                       help="every query's target in the step (default 5 ms)")
     args = ap.parse_args(argv)
+    args.cal_loads = [float(x) for x in args.cal_loads.split(",") if x]
     if args.step:
         return rate_step(args)
     from dqcep.calibration import calibrate
@@ -179,12 +183,13 @@ def main(argv=None) -> None:
             warm = int(len(payloads) * args.warmup)
             sample = payloads[warm:warm + args.calibrate if args.calibrate else None]
             cal = calibrate(str(QUERIES), sample, BATCH, tmp,
-                            broker=None if args.offline else url + "/calibrate")
+                            broker=None if args.offline else url + "/calibrate",
+                            loads=() if args.offline else args.cal_loads,
+                            repeats=1 if args.offline else 3)
         except BaseException:
             broker.terminate()
             raise
         model = cal.model({q: "the stream" for q in names})
-        costs = [cal.shared[q] for q in names]
         # events/s at which the one worker's load is 1 (checkpoints take their share)
         capacity = BATCH * (1 - cal.checkpoint.b / cal.checkpoint_every) / cal.shared_b
         print(f"calibration: {cal.payloads} payloads of {BATCH} events; per payload: "
@@ -210,15 +215,17 @@ def main(argv=None) -> None:
                         svc.stop()
                     measured = measured_means(start, end)
                     rates = {q: rate / BATCH for q in names}
-                    if workers == 1:  # the one service: the shared plan
+                    if workers == 1:  # the one service: the shared plan, costs at the rate
+                        costs = list(cal.costs(True, rates).values())
                         predicted = response_times(costs, rates, model)
                     else:  # a consumer per query, on the workers the service placed them
                         if workers not in consumer_cal:  # calibrated as it will run
                             consumer_cal[workers] = calibrate(
-                                str(QUERIES), sample, BATCH, tmp, broker=url + f"/calibrate-{workers}",
-                                workers=workers)
+                                str(QUERIES), sample, BATCH, tmp,
+                                broker=url + f"/calibrate-{workers}", workers=workers,
+                                loads=args.cal_loads, repeats=3)
                         cw = consumer_cal[workers]
-                        predicted, consumers = {}, cw.consumer_costs()
+                        predicted, consumers = {}, cw.consumer_costs(rate / BATCH)
                         for hosted in end["workers"]:
                             predicted.update(response_times(
                                 [consumers[q] for q in hosted], rates,
@@ -272,7 +279,8 @@ def rate_step(args) -> None:
             # the step stream is the same stream, longer)
             sample, _ = generate(tmp / "calibration.msgpack", 3000 * BATCH)
             sample = sample[600:600 + args.calibrate if args.calibrate else None]
-            cal = calibrate(str(QUERIES), sample, BATCH, tmp, broker=url + "/calibrate")
+            cal = calibrate(str(QUERIES), sample, BATCH, tmp, broker=url + "/calibrate",
+                            loads=args.cal_loads, repeats=3)
             (tmp / "cal.json").write_text(json.dumps(cal.to_json()))
             capacity = BATCH * (1 - cal.checkpoint.b / cal.checkpoint_every) / cal.shared_b
             low, high = args.step_from * capacity, args.step_to * capacity

@@ -26,6 +26,12 @@ model's costs.
   the journal committed with fsync where ``journal_dir`` lives, the wait for the
   commit's signal as the service waits).
 
+Live, ``loads`` measures the queries alone and the shared plan again with Poisson
+arrivals at shares of the shared plan's capacity (default in ``dqcep calibrate
+--broker``: 40% and 80%): a service that falls behind takes the waiting payloads in
+one step, cheaper per payload, so the time per payload falls as the rate rises; the
+model takes the costs at the rate it predicts for (``Calibration.costs``).
+
 Both time the worker's own work per payload apart (the journal append at ingest,
 decoding, repeated ids: what a worker does whatever its queries), offline, and the
 shared plan's checkpoints (live: the service's own, at least ``CHECKPOINTS``;
@@ -34,6 +40,7 @@ offline: ``CHECKPOINTS`` taken after the payloads).
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -69,11 +76,19 @@ def payloads_of(events: Sequence[dict], batch_events: int) -> list[bytes]:
 def calibrate(queries: str, payloads: list[bytes], batch_events: int,
               journal_dir: str | Path | None = None, broker: str | None = None,
               gap: float = 0.002, commits: int = 100, workers: int = 1,
+              loads: Sequence[float] = (), repeats: int = 1,
               timer: Callable[[], float] = time.perf_counter,
               sleep: Callable[[float], None] = time.sleep) -> Calibration:
+    """``loads`` (live only): measure again with Poisson arrivals at these shares of
+    the shared plan's capacity one payload at a time (``1 / its time per payload``).
+    ``repeats`` (live only): every run that many times, the median kept (per query,
+    by time per payload)."""
     names = [q.name for q in parse_file(queries).queries]
     if not payloads:
         raise UserError("no payload to calibrate with")
+    if (loads or repeats > 1) and broker is None:
+        raise UserError("calibrating at loads or repeatedly needs the live calibration "
+                        "(a broker)")
     with tempfile.TemporaryDirectory(prefix="dqcep-calibrate-", dir=journal_dir) as tmp:
         work = Path(tmp)
         overhead = moments(_overhead(queries, payloads, work / "ingest", gap, timer, sleep))
@@ -84,17 +99,32 @@ def calibrate(queries: str, payloads: list[bytes], batch_events: int,
             delay = consumer_delay = _commit_delay(work / "commit", payloads[0], commits,
                                                    gap, timer, sleep)
         else:
-            run = _live(queries, payloads, work, broker, gap)
+            live = _live(queries, payloads, work, broker, gap)
+
+            def run(tag: str, consumers: int = 0, rate: float | None = None) -> dict:
+                """The median of ``repeats`` runs (a shared machine's interference comes
+                and goes; a run takes seconds)."""
+                runs = [live(names, f"{tag}-{k}", consumers, rate) for k in range(repeats)]
+                if consumers:
+                    return {q: _median([r[q] for r in runs]) for q in names}
+                return _median(runs)
             # every query alone: a journal consumer of its own (dqcep run --workers N, as
             # the service will run: a consumer's cost grows with the processes beside it)
-            consumers = run(names, "consumers", consumers=workers)
+            consumers = run("consumers", consumers=workers)
             alone = {q: c["payload"] for q, c in consumers.items()}
             # a worker takes its consumers in turn: the first one waits for no other
             consumer_delay = min(c["delay"] for c in consumers.values())
-            shared = run(names, "shared")
+            shared = run("shared")
             delay = shared["delay"]
+            points = []
+            for i, share in enumerate(loads):
+                rate = share / shared["payload"][0]  # payloads/s
+                at = run(f"consumers-{i}", consumers=workers, rate=rate)
+                points.append((rate, {q: c["payload"] for q, c in at.items()},
+                               run(f"shared-{i}", rate=rate)["payload"]))
     return from_moments(batch_events, len(payloads), alone, shared["payload"], overhead,
-                        delay, shared["checkpoint"], CHECKPOINT_EVERY, consumer_delay)
+                        delay, shared["checkpoint"], CHECKPOINT_EVERY, consumer_delay,
+                        points if broker is not None else ())
 
 
 def _offline(queries, payloads, work: Path, gap, timer, sleep):
@@ -136,9 +166,11 @@ def _live(queries, payloads, work: Path, broker: str, gap):
     url = MqttUrl.parse(broker)
     events = sum(len(msgpack.unpackb(p)["events"]) for p in payloads)
 
-    def run(hosted: list[str], tag: str, consumers: int = 0) -> dict:
+    def run(hosted: list[str], tag: str, consumers: int = 0,
+            rate: float | None = None) -> dict:
         """One service hosting ``hosted`` (the shared plan), or ``consumers`` workers
-        of a consumer per query; its own measurements per payload."""
+        of a consumer per query; its own measurements per payload. The payloads
+        ``gap`` s apart, or at ``rate`` per second with exponential gaps (Poisson)."""
         state = work / tag
         state.mkdir()
         stats, log = state / "stats.json", state / "stderr.txt"
@@ -158,8 +190,14 @@ def _live(queries, payloads, work: Path, broker: str, gap):
             publisher = MqttPublisher(MqttUrl.parse(topic),
                                       client_id="dqcep-calibrate-" + uuid.uuid4().hex[:8])
             try:
+                gaps = random.Random(7)
+                due = time.monotonic()
                 for p in payloads:
-                    time.sleep(gap)
+                    if rate is None:
+                        time.sleep(gap)
+                    else:  # due times, not sleeps: a late publish does not delay the rest
+                        due += gaps.expovariate(rate)
+                        time.sleep(max(due - time.monotonic(), 0.0))
                     publisher.publish(p)
             finally:
                 publisher.close()
@@ -189,6 +227,11 @@ def _live(queries, payloads, work: Path, broker: str, gap):
                for q, m in found.items()}
         return out if consumers else out[""]
     return run
+
+
+def _median(runs: list[dict]) -> dict:
+    """The run with the median time per payload."""
+    return sorted(runs, key=lambda m: m["payload"][0])[len(runs) // 2]
 
 
 def _read(stats: Path) -> dict:

@@ -242,19 +242,47 @@ def executors(cal: "Calibration", rate: float, target: float, hw: float = 0.0,
     the response time stays within ``hw`` of ``target`` (s) and the load under
     ``rho_max``; None if no number up to ``limit`` does (the target is below what one
     payload takes)."""
-    costs = list(cal.shared.values())  # the shared plan: its queries, one stream
-    model = cal.model({c.name: "the stream" for c in costs})
+    names = list(cal.shared)  # the shared plan: its queries, one stream
+    model = cal.model({q: "the stream" for q in names})
     for k in range(1, limit + 1):
-        rates = {c.name: rate / cal.batch_events / k for c in costs}
+        rates = {q: rate / cal.batch_events / k for q in names}
+        costs = list(cal.costs(True, rates).values())
         if load(costs, rates, model) <= rho_max and deviation(
-                response_times(costs, rates, model)[costs[0].name], target) <= hw:
+                response_times(costs, rates, model)[names[0]], target) <= hw:
             return k
     return None
 
 
 # ------------------------------------------------------------------ calibration
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3  # 2: the same without load points (read as such)
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """The costs per payload measured with payloads arriving at ``rate`` per second
+    (Poisson): the same as ``Calibration``'s, which are measured one payload at a time.
+    A service that falls behind takes the waiting payloads in one step, cheaper per
+    payload, so its time per payload falls as the rate rises."""
+
+    rate: float
+    alone: dict[str, QueryCost]
+    shared: dict[str, QueryCost]
+    shared_b: float
+
+
+def _at(name: str, low: QueryCost, points: Sequence[tuple[float, QueryCost]],
+        rate: float) -> QueryCost:
+    """A cost at ``rate`` payloads/s: linear between the measured points (``low``, one
+    payload at a time, at rate 0), the last point's above it."""
+    r0, c0 = 0.0, low
+    for r1, c1 in points:
+        if rate < r1:
+            t = (rate - r0) / (r1 - r0)
+            b = c0.b + t * (c1.b - c0.b)
+            return QueryCost(name, b, max(c0.m2 + t * (c1.m2 - c0.m2), b * b))
+        r0, c0 = r1, c1
+    return QueryCost(name, c0.b, c0.m2)
 
 
 @dataclass
@@ -266,7 +294,10 @@ class Calibration:
     payload can be processed (the journal's commit), in the one service and before a
     worker's consumer (``consumer_delay``: the wake-up crosses processes); a
     ``checkpoint``'s duration and the service's interval between them. ``payloads``: how many were timed;
-    ``shared_b``: the shared plan's mean time per payload, its overhead included."""
+    ``shared_b``: the shared plan's mean time per payload, its overhead included. All
+    of these one payload at a time (low load); ``points``: the costs again at higher
+    arrival rates (live calibration), which ``costs`` and ``consumer_costs``
+    interpolate for the rate a prediction is for."""
 
     batch_events: int
     payloads: int
@@ -278,21 +309,33 @@ class Calibration:
     checkpoint: QueryCost
     checkpoint_every: float
     consumer_delay: float       # the delay before a worker's consumer takes a payload
+    points: list[LoadPoint] = field(default_factory=list)  # by rate
 
-    def costs(self, shared: bool = True) -> dict[str, QueryCost]:
-        return self.shared if shared else self.alone
+    def costs(self, shared: bool = True, rates: Mapping[str, float] | None = None
+              ) -> dict[str, QueryCost]:
+        """Each query's cost (charged from the shared plan, or alone) at its stream's
+        rate in payloads/s (``rates``; without: one payload at a time)."""
+        low = self.shared if shared else self.alone
+        if not rates or not self.points:
+            return low
+        return {q: _at(q, c, [(p.rate, (p.shared if shared else p.alone)[q])
+                              for p in self.points], rates.get(q, 0.0))
+                for q, c in low.items()}
 
     def model(self, stream_of: Mapping[str, str]) -> WorkerModel:
         return WorkerModel(self.overhead, self.delay, stream_of, self.checkpoint,
                            self.checkpoint_every)
 
-    def consumer_costs(self) -> dict[str, QueryCost]:
-        """Each query as a journal consumer of its own (``dqcep run --workers``): its
-        cost alone plus the worker's own work, which every consumer does again
-        (correlated parts: the second moments add as their square roots)."""
+    def consumer_costs(self, rate: float | None = None) -> dict[str, QueryCost]:
+        """Each query as a journal consumer of its own (``dqcep run --workers``) with
+        the stream at ``rate`` payloads/s (None: one payload at a time): its cost alone
+        plus the worker's own work, which every consumer does again (correlated parts:
+        the second moments add as their square roots)."""
         o = self.overhead
+        alone = self.costs(False, None if rate is None else
+                           {q: rate for q in self.alone})
         return {q: QueryCost(q, c.b + o.b, (math.sqrt(c.m2) + math.sqrt(o.m2)) ** 2)
-                for q, c in self.alone.items()}
+                for q, c in alone.items()}
 
     def consumer_model(self, names: Sequence[str]) -> WorkerModel:
         """The model of a worker of consumers: they take every payload in turn, so a
@@ -312,15 +355,18 @@ class Calibration:
                 "delay": self.delay,
                 "checkpoint": {"b": self.checkpoint.b, "m2": self.checkpoint.m2,
                                "every": self.checkpoint_every},
-                "consumer_delay": self.consumer_delay}
+                "consumer_delay": self.consumer_delay,
+                "points": [{"rate": p.rate, "alone": costs(p.alone), "shared": costs(p.shared),
+                            "shared_b": p.shared_b} for p in self.points]}
 
     @classmethod
     def from_json(cls, obj: dict, source: str = "calibration") -> "Calibration":
         from dqcep.errors import UserError
         try:
-            if obj["version"] != CALIBRATION_VERSION:
+            if obj["version"] not in (2, CALIBRATION_VERSION):
                 raise UserError(f"{source}: calibration format {obj['version']}; this dqcep "
-                                f"reads {CALIBRATION_VERSION} (run dqcep calibrate again)")
+                                f"reads 2 and {CALIBRATION_VERSION} (run dqcep calibrate "
+                                "again)")
 
             def cost(q, v):
                 return QueryCost(q, float(v["b"]), float(v["m2"]))
@@ -331,7 +377,10 @@ class Calibration:
                        costs(obj["shared"]), float(obj["shared_b"]),
                        cost("overhead", obj["overhead"]), float(obj["delay"]),
                        cost("checkpoint", obj["checkpoint"]),
-                       float(obj["checkpoint"]["every"]), float(obj["consumer_delay"]))
+                       float(obj["checkpoint"]["every"]), float(obj["consumer_delay"]),
+                       sorted((LoadPoint(float(p["rate"]), costs(p["alone"]),
+                                         costs(p["shared"]), float(p["shared_b"]))
+                               for p in obj.get("points", [])), key=lambda p: p.rate))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise UserError(f"{source}: not a calibration written by dqcep calibrate "
                             f"({type(err).__name__}: {err})") from None
@@ -354,22 +403,33 @@ def without(run: tuple[float, float], overhead: tuple[float, float]) -> QueryCos
     return QueryCost("", b, max(m2, b * b))
 
 
-def from_moments(batch_events: int, payloads: int, alone: Mapping[str, tuple[float, float]],
-                 shared: tuple[float, float], overhead: tuple[float, float],
-                 delay: float, checkpoint: tuple[float, float] = (0.0, 0.0),
-                 checkpoint_every: float = 1.0, consumer_delay: float | None = None
-                 ) -> Calibration:
-    """The calibration from (mean, second moment) of the time per payload of each query
-    alone and of the shared plan, both with the worker's own work, and of that work
-    alone (``overhead``). A query's cost is its run's less the overhead; the shared
-    plan's is charged to the queries in proportion to their means alone."""
+def _charged(alone: Mapping[str, tuple[float, float]], shared: tuple[float, float],
+             overhead: tuple[float, float]) -> tuple[dict, dict]:
+    """Each query's cost alone (its run's less the overhead) and charged from the
+    shared plan (the plan's less the overhead, in proportion to the costs alone)."""
     mine = {q: QueryCost(q, c.b, c.m2) for q, c in
             ((q, without(run, overhead)) for q, run in alone.items())}
     plan = without(shared, overhead)
     total = sum(c.b for c in mine.values())
     scale = plan.b / total if total > 0 else 0.0
-    charged = {q: QueryCost(q, c.b * scale, c.m2 * scale * scale) for q, c in mine.items()}
+    return mine, {q: QueryCost(q, c.b * scale, c.m2 * scale * scale) for q, c in mine.items()}
+
+
+def from_moments(batch_events: int, payloads: int, alone: Mapping[str, tuple[float, float]],
+                 shared: tuple[float, float], overhead: tuple[float, float],
+                 delay: float, checkpoint: tuple[float, float] = (0.0, 0.0),
+                 checkpoint_every: float = 1.0, consumer_delay: float | None = None,
+                 points: Sequence[tuple[float, Mapping[str, tuple[float, float]],
+                                        tuple[float, float]]] = ()) -> Calibration:
+    """The calibration from (mean, second moment) of the time per payload of each query
+    alone and of the shared plan, both with the worker's own work, and of that work
+    alone (``overhead``). A query's cost is its run's less the overhead; the shared
+    plan's is charged to the queries in proportion to their means alone. ``points``:
+    (rate, alone, shared) measured at higher arrival rates, charged the same way."""
+    mine, charged = _charged(alone, shared, overhead)
+    at = sorted((LoadPoint(rate, *_charged(a, sh, overhead), sh[0])
+                 for rate, a, sh in points), key=lambda p: p.rate)
     return Calibration(batch_events, payloads, mine, charged, shared[0],
                        QueryCost("overhead", *overhead), delay,
                        QueryCost("checkpoint", *checkpoint), checkpoint_every,
-                       delay if consumer_delay is None else consumer_delay)
+                       delay if consumer_delay is None else consumer_delay, at)

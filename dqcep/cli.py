@@ -433,6 +433,17 @@ def cmd_calibrate(args) -> int:
         raise UserError("--gap must be >= 0")
     if args.workers < 1 or args.workers > 1 and not args.broker:
         raise UserError("--workers N (>= 1) is for the live calibration, with --broker")
+    if args.loads is not None and not args.broker:
+        raise UserError("--loads is for the live calibration, with --broker")
+    if args.repeat is not None and (args.repeat < 1 or not args.broker):
+        raise UserError("--repeat N (>= 1) is for the live calibration, with --broker")
+    try:
+        loads = [float(x) for x in (args.loads if args.loads is not None else
+                                    "0.4,0.8" if args.broker else "").split(",") if x]
+    except ValueError:
+        raise UserError(f"--loads {args.loads}: give shares such as 0.4,0.8") from None
+    if any(not 0 < x < 1.5 for x in loads):
+        raise UserError(f"--loads {args.loads}: each share must be above 0 and below 1.5")
     bad = _BadEvents("skip")
     events = [e.as_mapping() for _, e in read_events(args.input, args.format, bad)]
     if not events:
@@ -440,7 +451,8 @@ def cmd_calibrate(args) -> int:
     journal_dir = args.journal or str(Path(args.output).resolve().parent)
     result = calibrate(args.queries, payloads_of(events, args.batch_size), args.batch_size,
                        journal_dir, broker=args.broker, gap=args.gap / 1000,
-                       workers=args.workers)
+                       workers=args.workers, loads=loads,
+                       repeats=args.repeat or (3 if args.broker else 1))
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump(result.to_json(), f, indent=2)
         f.write("\n")
@@ -455,6 +467,10 @@ def cmd_calibrate(args) -> int:
     print(f"{'delay (commit)':<20} {result.delay * 1e3:>9.4f}")
     print(f"{'checkpoint':<20} {result.checkpoint.b * 1e3:>9.4f} {sd(result.checkpoint):>9.4f}"
           f"  every {result.checkpoint_every:g} s")
+    for p in result.points:  # the same at a higher rate
+        print(f"at {p.rate * args.batch_size:,.0f} events/s: shared plan "
+              f"{p.shared_b * 1e3:.4f} ms per payload; alone "
+              + ", ".join(f"{q} {c.b * 1e3:.4f}" for q, c in p.alone.items()))
     total = sum(c.b for c in result.alone.values())
     plan = sum(c.b for c in result.shared.values())
     print(f"shared plan {result.shared_b * 1e3:.4f} ms per payload with the overhead "
@@ -496,9 +512,7 @@ def cmd_capacity(args) -> int:
     if args.consumers and (args.separate or args.spark):
         raise UserError("--consumers is how dqcep run --workers runs the queries; it "
                         "takes neither --separate nor --spark")
-    costs = calibration.consumer_costs() if args.consumers else \
-        calibration.costs(shared=not args.separate)
-    missing = [n for n in names if n not in costs]
+    missing = [n for n in names if n not in calibration.alone]
     if missing:
         raise UserError(f"{args.calibration} has no calibration of {', '.join(missing)} "
                         f"(run dqcep calibrate {args.queries} ...)")
@@ -525,9 +539,12 @@ def cmd_capacity(args) -> int:
         return _spark_bounds(args, calibration, stream, own, targets)
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers must be >= 1")
-    # the model's customer is a payload of the calibration's batch_events events
-    placement = place([costs[n] for n in names],
-                      {n: r / calibration.batch_events for n, r in rates.items()}, targets,
+    # the model's customer is a payload of the calibration's batch_events events; the
+    # costs are those at that rate (measured at several: the time per payload falls)
+    payload_rates = {n: r / calibration.batch_events for n, r in rates.items()}
+    costs = calibration.consumer_costs(payload_rates[names[0]]) if args.consumers else \
+        calibration.costs(not args.separate, payload_rates)
+    placement = place([costs[n] for n in names], payload_rates, targets,
                       workers=args.workers, lw=args.lw, hw=args.hw, rho_max=args.rho_max,
                       model=calibration.consumer_model(names) if args.consumers
                       else calibration.model(stream_of))
@@ -698,6 +715,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "beside it)")
     cal.add_argument("--gap", type=float, default=2.0, metavar="MS",
                      help="idle time before each payload (default 2 ms: low load)")
+    cal.add_argument("--loads", metavar="SHARES",
+                     help="with --broker: measure again with Poisson arrivals at these shares "
+                     "of the shared plan's capacity (default 0.4,0.8; '' for none): the time "
+                     "per payload falls as the rate rises (batching)")
+    cal.add_argument("--repeat", type=int, metavar="N",
+                     help="with --broker: every run N times, the median kept (default 3: a "
+                     "shared machine's interference comes and goes)")
     cal.add_argument("--journal", metavar="DIR",
                      help="where the service's journal will live, for the commit time "
                      "(default: the directory of --output)")

@@ -309,7 +309,7 @@ class Coordinator:
         above = [q for q, w in measured.items() if deviation(w, s.targets[q]) > s.hw]
         # a query without a match since the last plan shows no lateness: it counts as below
         below = all(deviation(w, s.targets[q]) < s.lw for q, w in measured.items())
-        consumers = cal.consumer_costs()
+        consumers = cal.consumer_costs(rate / cal.batch_events)  # at the measured rate
         costs = [consumers[q] for q in self.names]
         rates = {q: rate / cal.batch_events for q in self.names}
         model = cal.consumer_model(self.names)

@@ -130,6 +130,39 @@ def test_a_cheaper_shared_plan_predicts_no_worse_than_separate_queries():
     assert all(together[q] < separate[q] for q in "abc")
 
 
+def test_costs_at_a_rate_are_interpolated_between_load_points():
+    """Measured one payload at a time (rate 0) a query alone takes 1.1 ms per payload
+    with the own work (0.1 ms), at 400 payloads/s 0.7 ms, at 800/s 0.5 ms (steps take
+    the waiting payloads together); the shared plan 1.6, 1.0, 0.7 ms. At 200/s the cost
+    alone is halfway, (1.0 + 0.6) / 2 = 0.8 ms; at 600/s 0.5 ms; above 800/s the last
+    point's 0.4 ms; charged from the shared plan by the same rule at every point. The
+    points go through JSON; a calibration of format 2 (none) keeps one cost."""
+    def run(b):
+        return (b, b * b * 1.5)
+    points = [(800.0, {"a": run(0.0005)}, run(0.0007)),
+              (400.0, {"a": run(0.0007)}, run(0.0010))]
+    cal = from_moments(200, 50, {"a": run(0.0011)}, run(0.0016), (0.0001, 1e-8), 0.0004,
+                       points=points)
+    assert [p.rate for p in cal.points] == [400.0, 800.0]
+    assert cal.costs(False, {"a": 200})["a"].b == pytest.approx(0.0008)
+    assert cal.costs(False, {"a": 600})["a"].b == pytest.approx(0.0005)
+    assert cal.costs(False, {"a": 5000})["a"].b == pytest.approx(0.0004)
+    assert cal.costs(False)["a"].b == cal.costs(False, {"a": 0})["a"].b == \
+        pytest.approx(0.001)
+    # one query: the shared plan less the own work is all its charge
+    assert cal.costs(True, {"a": 400})["a"].b == pytest.approx(0.0009)
+    assert cal.consumer_costs(600)["a"].b == pytest.approx(0.0006)
+    m2 = cal.costs(False, {"a": 600})["a"].m2
+    assert m2 >= 0.0005 ** 2 and m2 == pytest.approx(
+        (cal.points[0].alone["a"].m2 + cal.points[1].alone["a"].m2) / 2)
+    again = Calibration.from_json(json.loads(json.dumps(cal.to_json())))
+    assert again.points == cal.points
+    old = cal.to_json()
+    old["version"] = 2
+    del old["points"]
+    assert Calibration.from_json(old).costs(False, {"a": 600}) == cal.costs(False)
+
+
 def fewest_workers(costs, rates, targets, hw, rho_max) -> int:
     """The optimum: the smallest partition of the queries whose every part is viable."""
     def partitions(items):
@@ -292,20 +325,35 @@ def test_calibrate_then_capacity(tmp_path):
 def test_live_calibration_against_a_broker(mosquitto, tmp_path):
     """dqcep calibrate --broker --workers 2: the queries alone as a real dqcep run
     --workers 2 process, the shared plan as a dqcep run --queries ... process, fed over
-    MQTT, their own measurements read from their stats."""
+    MQTT, their own measurements read from their stats, each run twice (--repeat 2,
+    the median kept); with --loads 0.5 both again at half the shared plan's capacity."""
     host, port = mosquitto
     queries = tmp_path / "shared.cep"
     queries.write_text(SHARING)
     assert dqcep("generate", "-n", 4_000, "--seed", 3, "--quiet", "-o", "iot.jsonl",
                  cwd=tmp_path).returncode == 0
     r = dqcep("calibrate", queries, "--input", "iot.jsonl", "--broker",
-              f"mqtt://{host}:{port}/calibration", "--workers", 2, "-o", "cal.json",
-              cwd=tmp_path)
+              f"mqtt://{host}:{port}/calibration", "--workers", 2, "--loads", "0.5",
+              "--repeat", 2, "-o", "cal.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    check_calibration(Calibration.from_json(json.loads((tmp_path / "cal.json").read_text())),
-                      "abc", 20)
-    r = dqcep("calibrate", queries, "--input", "iot.jsonl", "--workers", 2, cwd=tmp_path)
-    assert r.returncode == 2 and "is for the live calibration, with --broker" in r.stderr
+    cal = Calibration.from_json(json.loads((tmp_path / "cal.json").read_text()))
+    check_calibration(cal, "abc", 20)
+    # measured again with Poisson arrivals at half the shared plan's capacity
+    [point] = cal.points
+    assert point.rate == pytest.approx(0.5 / cal.shared_b)
+    assert set(point.alone) == set(point.shared) == set("abc") and point.shared_b > 0
+    assert f"at {point.rate * 200:,.0f} events/s: shared plan" in r.stdout
+    for extra, message in ((("--workers", 2), "is for the live calibration, with --broker"),
+                           (("--loads", "0.5"), "--loads is for the live calibration"),
+                           (("--broker", "mqtt://h:1/t", "--loads", "x"),
+                            "--loads x: give shares such as 0.4,0.8"),
+                           (("--broker", "mqtt://h:1/t", "--loads", "0.5,2"),
+                            "each share must be above 0 and below 1.5"),
+                           (("--repeat", "2"), "--repeat N (>= 1) is for the live"),
+                           (("--broker", "mqtt://h:1/t", "--repeat", "0"),
+                            "--repeat N (>= 1) is for the live")):
+        r = dqcep("calibrate", queries, "--input", "iot.jsonl", *extra, cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("extra, message", [
