@@ -115,6 +115,16 @@ def poisson_publish(url: str, payloads: list[bytes], rate: float, seed: int) -> 
     return len(payloads) / took
 
 
+def measured_service(before: dict, after: dict) -> tuple[float, float, float]:
+    """The service's own figures between two stats totals (``service``): time per
+    payload (ms), delay from a step's first payload's arrival to its start (ms), the
+    share of the time in steps."""
+    a, b = after["service"], before["service"]
+    n = a["payloads"] - b["payloads"]
+    step = (a["mean_ms"] * a["payloads"] - b["mean_ms"] * b["payloads"]) / n
+    return step, a["delay_ms"], a["utilization"]
+
+
 def measured_means(before: dict, after: dict) -> dict[str, float | None]:
     """Per query, the mean response (ms) of the matches between two stats totals."""
     out = {}
@@ -145,6 +155,10 @@ def main(argv=None) -> None:
                     help="worker counts to run (1: the one service, shared plan; N: dqcep run "
                     "--workers N, a consumer per query)")
     ap.add_argument("--plot", metavar="FILE.png")
+    ap.add_argument("--detail", action="store_true",
+                    help="after each row, what the service measured of its own: per service "
+                    "(one per query with workers) its time per payload, the delay before a "
+                    "step (the whole run's) and its utilization, beside the calibrated cost")
     step = ap.add_argument_group("rate step (--step: instead of the loads)")
     step.add_argument("--step", action="store_true",
                       help="one service with --target: a step from --step-from to --step-to "
@@ -242,6 +256,17 @@ def main(argv=None) -> None:
                                      + (f"{err:>6.0%}" if err is not None else f"{'-':>6}"))
                     print(f"{workers:>7} {rho:>5.0%} {rate:>10,.0f} {sent * BATCH:>10,.0f} "
                           + " ".join(cells), flush=True)
+                    if args.detail:
+                        parts = [("the service", start, end,
+                                  sum(c.b for c in costs) + cal.overhead.b)] \
+                            if workers == 1 else [
+                                (q, start["queries"][q], end["queries"][q], consumers[q].b)
+                                for q in names]
+                        for who, a, b, cost in parts:
+                            step, delay, busy = measured_service(a, b)
+                            print(f"{'':>13}{who}: {step:.3f} ms per payload (calibrated "
+                                  f"{cost * 1e3:.3f} at this rate), delay {delay:.3f} ms, "
+                                  f"utilization {busy:.2f}")
         finally:
             broker.terminate()
             broker.wait(10)

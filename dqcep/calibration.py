@@ -112,8 +112,10 @@ def calibrate(queries: str, payloads: list[bytes], batch_events: int,
             # the service will run: a consumer's cost grows with the processes beside it)
             consumers = run("consumers", consumers=workers)
             alone = {q: c["payload"] for q, c in consumers.items()}
-            # a worker takes its consumers in turn: the first one waits for no other
-            consumer_delay = min(c["delay"] for c in consumers.values())
+            # a worker takes its consumers in turn: its first one waits for no other
+            firsts = [c["delay"] for c in consumers.values() if c["first"]]
+            consumer_delay = sum(firsts) / len(firsts) if firsts else \
+                min(c["delay"] for c in consumers.values())
             shared = run("shared")
             delay = shared["delay"]
             points = []
@@ -216,13 +218,14 @@ def _live(queries, payloads, work: Path, broker: str, gap):
             _wait(done, proc, log, f"take in the {len(payloads)} payloads and checkpoint "
                   f"{CHECKPOINTS} times")
             found = measured(_read(stats))
+            firsts = {w[0] for w in _read(stats).get("workers", []) if w}
         finally:
             proc.terminate()
             proc.wait(60)
         if any(m["delay_ms"] is None for m in found.values()):
             raise UserError(f"the service measured no delay: {log.read_text()[-500:]}")
         out = {q: {"payload": (m["mean_ms"] / 1e3, m["m2_ms2"] / 1e6),
-                   "delay": m["delay_ms"] / 1e3,
+                   "delay": m["delay_ms"] / 1e3, "first": q in firsts,
                    "checkpoint": (m["checkpoint_ms"] / 1e3, m["checkpoint_m2_ms2"] / 1e6)}
                for q, m in found.items()}
         return out if consumers else out[""]

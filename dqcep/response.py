@@ -101,12 +101,17 @@ class ServiceTimes:
     step of k payloads: k payloads of a k-th of it each), and the delay from a step's
     first payload's arrival to the step's start (the journal's commit and the wake-up).
     ``utilization``: the share of wall-clock time spent in steps. Checkpoints, which
-    stop processing while they last, are counted apart (count, mean, second moment)."""
+    stop processing while they last, are counted apart (count, mean, second moment),
+    and the delay of the first step after one (``checkpointed``) is left out: its wait
+    is the checkpoint's, which the model counts as a class of its own."""
 
     def __init__(self, since: float):
         self.total, self.recent = _StepTally(since), _StepTally(since)
+        self._after_checkpoint = False
 
     def add(self, duration: float, payloads: int, delay: float | None) -> None:
+        if self._after_checkpoint:
+            delay, self._after_checkpoint = None, False
         for t in (self.total, self.recent):
             t.add(duration, payloads, delay)
 
@@ -115,6 +120,12 @@ class ServiceTimes:
             t.checkpoints += 1
             t.checkpoint_time += duration
             t.checkpoint_squares += duration * duration
+        self.checkpointed()
+
+    def checkpointed(self) -> None:
+        """A checkpoint held the processing (this service's, or another consumer's in
+        the same worker): the next step's delay is not counted."""
+        self._after_checkpoint = True
 
     def take_recent(self, now: float) -> dict:
         out = self.recent.as_dict(now)

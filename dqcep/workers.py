@@ -142,6 +142,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                 if time.monotonic() - last_ck[q] >= cfg.checkpoint_every:
                     svc.timed_checkpoint()
                     last_ck[q] = time.monotonic()
+                    for other in hosted.values():  # it held their next steps too
+                        other.service_times.checkpointed()
             if time.monotonic() - last_stats >= cfg.stats_every:
                 conn.send(("stats", index, {q: _report(svc) for q, svc in hosted.items()}))
                 last_stats = time.monotonic()

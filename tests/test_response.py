@@ -1,8 +1,9 @@
 """Response times per query: which event completed a match, and when it arrived."""
 import numpy as np
+import pytest
 
 from dqcep.io.mqtt import ArrivalTimes
-from dqcep.response import ResponseTimes
+from dqcep.response import ResponseTimes, ServiceTimes
 from dqcep.runtime.eventtime import LIST_ID, MatchBatch, MatchLists
 
 
@@ -41,3 +42,25 @@ def test_arrival_times_forget_offsets_older_than_the_ring():
         times.stamp(offset, 100.0 + offset)
     got = times.at(np.array([0, 1, 2, 5, 9]))
     assert np.isnan(got[[0, 1, 4]]).all() and got[2] == 102.0 and got[3] == 105.0
+
+
+def test_service_times_per_payload_delay_and_checkpoints():
+    """A step of 2 payloads in 4 ms counts 2 payloads of 2 ms (m2: 4 ms^2); the delay is
+    a step's first payload's; a checkpoint is counted apart, and the delay of the step
+    right after it (its wait is the checkpoint's) is left out, as after another
+    consumer's checkpoint in the same worker (``checkpointed``)."""
+    times = ServiceTimes(since=0.0)
+    times.add(0.004, 2, 0.0005)
+    times.add(0.001, 1, 0.0003)
+    times.add_checkpoint(0.010)
+    times.add(0.001, 1, 0.012)       # waited for the checkpoint: not a delay sample
+    times.add(0.001, 1, float("nan"))  # arrival unknown
+    times.checkpointed()
+    times.add(0.002, 1, 0.009)
+    times.add(0.001, 1, 0.0004)
+    t = times.totals(now=1.0)
+    assert t["payloads"] == 7 and t["mean_ms"] == pytest.approx(10 / 7, abs=1e-4)  # rounded
+    assert t["m2_ms2"] == pytest.approx((2 * 4 + 1 + 1 + 1 + 4 + 1) / 7, abs=1e-6)
+    assert t["delay_ms"] == pytest.approx((0.5 + 0.3 + 0.4) / 3, abs=1e-4)
+    assert t["checkpoints"] == 1 and t["checkpoint_ms"] == pytest.approx(10)
+    assert t["utilization"] == pytest.approx(0.010)
