@@ -12,8 +12,8 @@ model's costs.
 - **Live** (``broker``: an ``mqtt://host:port/topic`` URL): each run is a real
   ``dqcep run --input mqtt://...`` process; this process publishes the payloads and
   reads the service's own measurements from its stats (``service``: the time per
-  payload of its steps, and the delay from a payload's arrival to its step's start:
-  the journal's commit and the wake-up). Everything the service shares a core with
+  payload of its steps; ``response``: the matches' mean response time, less the time
+  per payload and the checkpoints' wait, is the model's delay: ``_waited``). Everything the service shares a core with
   (paho's threads, the broker) is in the figures. The queries alone are one run of
   ``--workers N`` (``workers``: a journal consumer per query, each measured on its
   own, as ``dqcep run --workers N`` runs them; a consumer's cost grows with the
@@ -113,11 +113,11 @@ def calibrate(queries: str, payloads: list[bytes], batch_events: int,
             consumers = run("consumers", consumers=workers)
             alone = {q: c["payload"] for q, c in consumers.items()}
             # a worker takes its consumers in turn: its first one waits for no other
-            firsts = [c["delay"] for c in consumers.values() if c["first"]]
-            consumer_delay = sum(firsts) / len(firsts) if firsts else \
-                min(c["delay"] for c in consumers.values())
+            firsts = [_waited(c, [o for o in consumers.values() if o["worker"] == c["worker"]])
+                      for c in consumers.values() if c["first"]]
+            consumer_delay = sum(firsts) / len(firsts)
             shared = run("shared")
-            delay = shared["delay"]
+            delay = _waited(shared, [shared])
             points = []
             for i, share in enumerate(loads):
                 rate = share / shared["payload"][0]  # payloads/s
@@ -217,8 +217,12 @@ def _live(queries, payloads, work: Path, broker: str, gap):
                     m.get("checkpoints", 0) >= CHECKPOINTS for m in measured(s).values())
             _wait(done, proc, log, f"take in the {len(payloads)} payloads and checkpoint "
                   f"{CHECKPOINTS} times")
-            found = measured(_read(stats))
-            firsts = {w[0] for w in _read(stats).get("workers", []) if w}
+            last = _read(stats)
+            found = measured(last)
+            worker_of = {q: i for i, w in enumerate(last.get("workers", [])) for q in w}
+            firsts = {w[0] for w in last.get("workers", []) if w}
+            responses = {q: (last.get("queries", {}).get(q) or {}).get("response") or {}
+                         for q in hosted} if consumers else {"": last.get("response") or {}}
         finally:
             proc.terminate()
             proc.wait(60)
@@ -226,15 +230,38 @@ def _live(queries, payloads, work: Path, broker: str, gap):
             raise UserError(f"the service measured no delay: {log.read_text()[-500:]}")
         out = {q: {"payload": (m["mean_ms"] / 1e3, m["m2_ms2"] / 1e6),
                    "delay": m["delay_ms"] / 1e3, "first": q in firsts,
+                   "worker": worker_of.get(q), "response": _mean_response(responses[q]),
                    "checkpoint": (m["checkpoint_ms"] / 1e3, m["checkpoint_m2_ms2"] / 1e6)}
                for q, m in found.items()}
         return out if consumers else out[""]
     return run
 
 
+def _waited(run: dict, checkpointing: list[dict]) -> float:
+    """The model's delay from a live run: what a match waited beyond its processing, at
+    low load (its mean response less the time per payload, less the checkpoints'
+    mean wait ``sum(m2) / (2 * interval)``, which the model adds as a class of its
+    own). It holds the commit and the wake-up, less whatever of a step comes after its
+    matches are out (in the one service, the ingest threads' share of the step's time);
+    the delay before the step when the run measured no response (no match)."""
+    if run["response"] is None:
+        return run["delay"]
+    held = sum(c["checkpoint"][1] for c in checkpointing) / (2 * CHECKPOINT_EVERY)
+    return max(run["response"] - run["payload"][0] - held, 0.0)
+
+
 def _median(runs: list[dict]) -> dict:
     """The run with the median time per payload."""
     return sorted(runs, key=lambda m: m["payload"][0])[len(runs) // 2]
+
+
+def _mean_response(response: dict) -> float | None:
+    """The mean response time (s) over the matches of a service's ``response`` stats:
+    one query's ``{matches, mean_ms}``, or per query of the one service."""
+    parts = [response] if "matches" in response else list(response.values())
+    parts = [p for p in parts if p and p.get("matches")]
+    n = sum(p["matches"] for p in parts)
+    return sum(p["matches"] * p["mean_ms"] for p in parts) / n / 1e3 if n else None
 
 
 def _read(stats: Path) -> dict:

@@ -290,9 +290,10 @@ class Calibration:
     """Per payload of ``batch_events`` events: each query's processing time measured
     alone (``alone``) and charged from the shared plan (``shared``: each query's alone
     cost scaled by shared plan / sum of alone, so the charges add up to what the shared
-    plan costs); the worker's own ``overhead`` per payload; and the ``delay`` before a
-    payload can be processed (the journal's commit), in the one service and before a
-    worker's consumer (``consumer_delay``: the wake-up crosses processes); a
+    plan costs); the worker's own ``overhead`` per payload; and the ``delay``: what a
+    match waits beyond its processing at low load (the journal's commit and the
+    wake-up, less what of a step comes after the matches are out), in the one service
+    and before a worker's first consumer (``consumer_delay``); a
     ``checkpoint``'s duration and the service's interval between them. ``payloads``: how many were timed;
     ``shared_b``: the shared plan's mean time per payload, its overhead included. All
     of these one payload at a time (low load); ``points``: the costs again at higher

@@ -253,7 +253,7 @@ def dqcep(*args, cwd):
 
 def check_calibration(cal, names, payloads):
     assert set(cal.alone) == set(cal.shared) == set(names) and cal.batch_events == 200
-    assert cal.payloads == payloads and cal.delay > 0 and cal.overhead.b > 0
+    assert cal.payloads == payloads and cal.delay >= 0 and cal.overhead.b > 0
     assert cal.checkpoint.b > 0 and cal.checkpoint_every == 1.0
     # the charges and the worker's own work add up to the shared plan
     assert sum(c.b for c in cal.shared.values()) + cal.overhead.b == \
@@ -276,6 +276,7 @@ def test_calibrate_then_capacity(tmp_path):
     assert r.stdout.splitlines()[0].split()[:3] == ["per", "payload", "(ms)"]
     cal = Calibration.from_json(json.loads((tmp_path / "cal.json").read_text()))
     check_calibration(cal, "abc", 100)
+    assert cal.delay > 0  # offline: the commit timed on the MQTT source's committer
     args = ("capacity", queries, "--calibration", "cal.json", "--rate", "100000",
             "--target", "*=100", "--target", "a=50")
     r = dqcep(*args, cwd=tmp_path)
