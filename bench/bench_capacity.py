@@ -208,7 +208,7 @@ def main(argv=None) -> None:
         capacity = BATCH * (1 - cal.checkpoint.b / cal.checkpoint_every) / cal.shared_b
         print(f"calibration: {cal.payloads} payloads of {BATCH} events; per payload: "
               f"shared plan {cal.shared_b * 1e3:.3f} ms (own work "
-              f"{cal.overhead.b * 1e3:.3f} ms), delay before processing {cal.delay * 1e3:.3f} ms, "
+              f"{cal.overhead.b * 1e3:.3f} ms), delay {cal.delay * 1e3:.3f} ms, "
               f"a checkpoint {cal.checkpoint.b * 1e3:.1f} ms every {cal.checkpoint_every:g} s; "
               f"one worker's capacity {capacity:,.0f} events/s")
         consumer_cal = {}  # per worker count: the consumers calibrated as they run

@@ -22,10 +22,11 @@ share vertices between its queries either (each query's state moves alone).
 
 With ``--target`` and ``--calibration`` the coordinator re-plans: every
 ``replan_every`` seconds it places the queries by the model (``dqcep.capacity``) for
-the arrival rate measured over that time, one worker more than the model says when a
-query's measured response time is above its high water-mark, and applies a new
-placement by moving queries and starting or stopping workers; it scales down only
-when every query is below its low water-mark.
+the arrival rate measured over that time (the journal's records, not what the
+workers take in, which includes catching up after a move), one worker more than the
+model says when a query's measured response time is above its high water-mark, and
+applies a new placement by moving queries and starting or stopping workers; it scales
+down only when every query is below its low water-mark.
 """
 from __future__ import annotations
 
@@ -160,7 +161,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
 def _report(svc: StreamingService) -> dict:
     now = time.monotonic()
     q = svc.response.names[0]
-    return {"events_in": svc.counts["events_in"], "matches_out": svc.counts["matches_out"],
+    return {"events_in": svc.counts["events_in"], "payloads": svc.counts["payloads"],
+            "matches_out": svc.counts["matches_out"],
             "malformed": svc.counts["malformed"], "late": svc.counts["late"],
             "duplicates": svc.counts["duplicates"], "offset": svc.offset,
             "response": svc.response.totals()[q],
@@ -329,6 +331,13 @@ class Coordinator:
                                           else "the model's placement"))
         self._apply([[c.name for c in w.queries] for w in plan.workers], why)
 
+    def _events_per_record(self) -> float:
+        """Events per journal record (payload) so far, as a query's consumer counted
+        them; the calibration's payload size before any was."""
+        counted = [(r.get("events_in", 0), r.get("payloads", 0)) for r in self.reports.values()]
+        events, records = max(counted, default=(0, 0))
+        return events / records if records else self.scaling.calibration.batch_events
+
     def _responses_since_last_plan(self) -> dict[str, float]:
         """Per query with matches since the last call, their mean response time (s)."""
         out = {}
@@ -370,9 +379,9 @@ class Coordinator:
         print(f"dqcep: listening on {', '.join(self.cfg.inputs)}; {len(self.workers)} "
               f"worker(s)", file=sys.stderr, flush=True)
         last_stats = last_plan = last_input = time.monotonic()
-        # events in at the last plan: None until the workers' first reports (restored
-        # counts include what came before this run, which is no rate)
-        events_at_plan, seen = None, self.journal.durable_offset
+        # the arrival rate is the journal's: what the workers take in includes their
+        # catching up after a move or a restart, which is no arrival
+        records_at_plan = seen = self.journal.durable_offset
         try:
             while not stop.is_set() and not end_of_stream.is_set() and self.failure is None:
                 if source.failure:
@@ -390,12 +399,11 @@ class Coordinator:
                         now - last_input >= self.cfg.until_idle:
                     end_of_stream.set()
                 if self.scaling and now - last_plan >= self.scaling.replan_every:
-                    events = self.stats()["events_in"]
-                    if events_at_plan is not None and len(self.reports) == len(self.names):
-                        self._replan((events - events_at_plan) / (now - last_plan))
+                    records = self.journal.durable_offset
                     if len(self.reports) == len(self.names):
-                        events_at_plan = self.stats()["events_in"]
-                    last_plan = time.monotonic()
+                        self._replan((records - records_at_plan) / (now - last_plan)
+                                     * self._events_per_record())
+                    records_at_plan, last_plan = records, time.monotonic()
                 if now - last_stats >= self.cfg.stats_every:
                     self._write_stats()
                     last_stats = now

@@ -121,16 +121,16 @@ def test_two_workers_match_the_reference_across_a_sigkill(mosquitto, tmp_path):
 
 
 def test_scale_up_and_down_live_moves_queries_and_loses_nothing(mosquitto, tmp_path):
-    """--target with a calibration where a query takes 2.5 ms per payload: at 20
-    payloads/s one worker holds the three queries (load 0.15), at 160/s a worker holds
-    two at most (load 0.8): the coordinator starts a second worker and moves a query
+    """--target with a calibration where a query takes 2.2 ms per payload: at 20
+    payloads/s one worker holds the three queries (load 0.13), at 160/s a worker holds
+    two at most (load 0.70; three 1.06): the coordinator starts a second worker and moves a query
     there with its checkpoint; back at 20/s, every query far below its target, it moves
     it back and stops the worker. The matches are the reference's, each once. A
     worker steps its consumers in the model's order: the tightest target (stuffy's)
     first."""
     host, port = mosquitto
     url = f"mqtt://{host}:{port}/workers/scale"
-    cost = {q: QueryCost(q, 0.0025, 1e-5) for q in NAMES}
+    cost = {q: QueryCost(q, 0.0022, 1e-5) for q in NAMES}
     (tmp_path / "cal.json").write_text(json.dumps(Calibration(
         200, 100, cost, cost, 0.003, QueryCost("overhead", 0, 0), 0.0,
         QueryCost("checkpoint", 0, 0), 1.0, 0.0).to_json()))
