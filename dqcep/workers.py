@@ -26,7 +26,9 @@ the arrival rate measured over that time (the journal's records, not what the
 workers take in, which includes catching up after a move), one worker more than the
 model says when a query's measured response time is above its high water-mark, and
 applies a new placement by moving queries and starting or stopping workers; it scales
-down only when every query is below its low water-mark.
+down only when every query has been below its low water-mark for ``down_after``
+re-plans in a row. The responses measured in the re-plan right after a new placement
+show its moves, not the placement: they neither add nor remove a worker.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class Scaling:
     rho_max: float = 0.8
     replan_every: float = 2.0
     max_workers: int = 8
+    down_after: int = 3  # re-plans in a row with every query below lw before fewer workers
 
 
 def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
@@ -202,6 +205,7 @@ class Coordinator:
         self.plans: list[dict] = []
         self._responses: dict[str, tuple[int, float]] = {}  # (matches, mean ms) at the last plan
         self.failure: str | None = None
+        self._settling, self._below = False, 0  # see _replan
         self.started = time.monotonic()
         if scaling is not None:  # in the order the model serves them: tightest target first
             consumers = scaling.calibration.consumer_costs()
@@ -286,6 +290,7 @@ class Coordinator:
         for i in sorted(free, reverse=True):
             self._stop_worker(self.workers[i], end_of_stream=False)
             del self.workers[i]
+        self._settling, self._below = True, 0
         self.plans.append({"at": round(time.monotonic() - self.started, 3), "why": why,
                            "workers": [list(w.queries) for w in self.workers],
                            "moved": moved})  # query -> the journal offset it moved at
@@ -310,9 +315,16 @@ class Coordinator:
         s = self.scaling
         cal = s.calibration
         measured = self._responses_since_last_plan()
-        above = [q for q, w in measured.items() if deviation(w, s.targets[q]) > s.hw]
+        # the responses since a new placement hold its moves (a checkpoint, a restore,
+        # catching up): they show the move, not the placement, so they do not count
+        settling, self._settling = self._settling, False
+        above = [] if settling else [q for q, w in measured.items()
+                                     if deviation(w, s.targets[q]) > s.hw]
         # a query without a match since the last plan shows no lateness: it counts as below
-        below = all(deviation(w, s.targets[q]) < s.lw for q, w in measured.items())
+        low = not settling and all(deviation(w, s.targets[q]) < s.lw
+                                   for q, w in measured.items())
+        self._below = self._below + 1 if low else 0
+        below = self._below >= s.down_after  # fewer workers only after a while below
         consumers = cal.consumer_costs(rate / cal.batch_events)  # at the measured rate
         costs = [consumers[q] for q in self.names]
         rates = {q: rate / cal.batch_events for q in self.names}
