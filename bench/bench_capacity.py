@@ -170,6 +170,9 @@ def main(argv=None) -> None:
                       help="seconds at each rate (default 4)")
     step.add_argument("--target-ms", type=float, default=5.0,
                       help="every query's target in the step (default 5 ms)")
+    step.add_argument("--window", type=float, default=1.0,
+                      help="a query is within its target when its mean response over the "
+                      "last WINDOW s is (default 1 s, the re-plan interval)")
     args = ap.parse_args(argv)
     args.cal_loads = [float(x) for x in args.cal_loads.split(",") if x]
     if args.step:
@@ -323,9 +326,10 @@ def rate_step(args) -> None:
             def watch():
                 while not watching.is_set():
                     s = svc.read()
-                    if s.get("queries"):
+                    if s.get("queries"):  # the totals: (matches, mean ms) per query
                         samples.append((time.monotonic(), len(s["workers"]), {
-                            q: (s["queries"][q].get("response_recent") or {}).get("mean_ms")
+                            q: ((s["queries"][q].get("response") or {}).get("matches", 0),
+                                (s["queries"][q].get("response") or {}).get("mean_ms") or 0.0)
                             for q in names}))
                     time.sleep(0.1)
             watcher = threading.Thread(target=watch, daemon=True)
@@ -354,9 +358,17 @@ def rate_step(args) -> None:
             broker.wait(10)
     target = args.target_ms
     late_since, back = None, None
-    for t, _, means in samples:
+    for i, (t, _, totals) in enumerate(samples):
         if t < stepped:
             continue
+        # each query's mean over the last --window s (the totals' difference)
+        j = max((k for k in range(i) if samples[k][0] <= t - args.window), default=None)
+        if j is None:
+            continue
+        means = {}
+        for q, (n, mean) in totals.items():
+            n0, mean0 = samples[j][2][q]
+            means[q] = (n * mean - n0 * mean0) / (n - n0) if n > n0 else None
         within = all(m is None or m <= target for m in means.values())
         if not within and late_since is None:
             late_since = t
