@@ -132,6 +132,7 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                         if end_of_stream:
                             svc.end_stream()
                         svc.checkpoint()
+                        svc.error = None  # written: a failure retried before is over
                         report[q] = _report(svc)
                         svc.close()
                     hosted.clear()
@@ -142,12 +143,19 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
             wake.wait(0.02)
             wake.clear()
             for q, svc in hosted.items():
-                svc.timed_step(deadline=time.monotonic() + cfg.checkpoint_every)
-                if time.monotonic() - last_ck[q] >= cfg.checkpoint_every:
-                    svc.timed_checkpoint()
-                    last_ck[q] = time.monotonic()
-                    for other in hosted.values():  # it held their next steps too
-                        other.service_times.checkpointed()
+                try:
+                    svc.timed_step(deadline=time.monotonic() + cfg.checkpoint_every)
+                    if time.monotonic() - last_ck[q] >= cfg.checkpoint_every:
+                        svc.timed_checkpoint()
+                        last_ck[q] = time.monotonic()
+                        for other in hosted.values():  # it held their next steps too
+                            other.service_times.checkpointed()
+                    svc.error = None
+                except OSError as err:  # as the single service: back to the checkpoint,
+                    # retried until the write goes through (a full disk), unless the
+                    # coordinator speaks or is gone meanwhile: then the worker fails
+                    svc.recover(err, _Interrupted(conn, parent, lambda: conn.send(
+                        ("stats", index, {q: _report(svc)}))))  # the error, while it lasts
             if time.monotonic() - last_stats >= cfg.stats_every:
                 conn.send(("stats", index, {q: _report(svc) for q, svc in hosted.items()}))
                 last_stats = time.monotonic()
@@ -161,12 +169,32 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
         memory.close()
 
 
+class _Interrupted:
+    """The ``stop`` a consumer's ``recover`` waits on in a worker: set once the
+    coordinator has sent a message or is gone (the worker cannot answer while it
+    retries). Each wait first reports (``report``: the consumer's stats, its error)."""
+
+    def __init__(self, conn, parent: int, report):
+        self.conn, self.parent, self.report = conn, parent, report
+
+    def is_set(self) -> bool:
+        return os.getppid() != self.parent or self.conn.poll()
+
+    def wait(self, timeout: float) -> bool:
+        self.report()
+        deadline = time.monotonic() + timeout
+        while not self.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.is_set()
+
+
 def _report(svc: StreamingService) -> dict:
     now = time.monotonic()
     q = svc.response.names[0]
     return {"events_in": svc.counts["events_in"], "payloads": svc.counts["payloads"],
             "matches_out": svc.counts["matches_out"],
             "malformed": svc.counts["malformed"], "late": svc.counts["late"],
+            "error": svc.error,
             "duplicates": svc.counts["duplicates"], "offset": svc.offset,
             "response": svc.response.totals()[q],
             "response_recent": svc.response.take_recent()[q],
@@ -370,14 +398,17 @@ class Coordinator:
                 "lag_records": self.journal.durable_offset - min(
                     (r.get("offset", 0) for r in reports), default=0),
                 "workers": [list(w.queries) for w in self.workers],  # in step order
-                "plans": self.plans, "error": self.failure,
+                "plans": self.plans,
+                "error": self.failure or next((r["error"] for r in reports if r.get("error")),
+                                              None),
                 "queries": {q: self.reports.get(q, {}) for q in self.names},
                 "response": {q: self.reports.get(q, {}).get("response") for q in self.names}}
 
     def _write_stats(self) -> None:
         s = self.stats()
         print(f"dqcep: {len(self.workers)} worker(s), events in {s['events_in']}, matches "
-              f"out {s['matches_out']}, lag {s['lag_records']} records", file=sys.stderr,
+              f"out {s['matches_out']}, lag {s['lag_records']} records"
+              + (f"; FAILING: {s['error']}" if s["error"] else ""), file=sys.stderr,
               flush=True)
         write_stats_file(self.cfg.stats_file, s)
 

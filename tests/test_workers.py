@@ -160,6 +160,42 @@ def test_scale_up_and_down_live_moves_queries_and_loses_nothing(mosquitto, tmp_p
     assert svc.output() == want and len(want) > 20
 
 
+def test_a_worker_retries_a_failed_write_and_loses_nothing(mosquitto, tmp_path):
+    """A file-size limit on the worker processes stands in for a full disk: the
+    queries' checkpoints (the recent ids alone take 8 bytes an event) cannot be
+    written. Each worker says why, goes back to its consumers' last checkpoints and
+    retries, as the single service does, and the stats say FAILING; once the limit is
+    lifted every query catches up to exactly the reference's matches. A worker used to
+    stop the service on the first failed write."""
+    import resource
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/workers/full"
+    payloads, want = stream(tmp_path, 30_000)
+    svc = Workers(tmp_path, url, "--workers", "2", "--client-id", "workers-full")
+    svc.start()
+
+    def limit(pids, size):
+        for pid in pids:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(svc.proc.pid)],
+                                              capture_output=True, text=True).stdout.split()]
+    assert len(workers) >= 2, workers  # the workers (and multiprocessing's tracker)
+    limit(workers, 100_000)
+    publish(url, payloads, 200)
+    deadline = time.monotonic() + 30
+    while "cannot write" not in svc.stderr() or not svc.stats().get("error"):
+        assert svc.proc.poll() is None and time.monotonic() < deadline, svc.stderr()
+        time.sleep(0.1)
+    assert "File too large" in svc.stderr() and "File too large" in svc.stats()["error"]
+    time.sleep(1.5)  # a few retries
+    assert svc.proc.poll() is None, svc.stderr()
+    limit(workers, resource.RLIM_INFINITY)
+    svc.wait_for(30_000, timeout=90)
+    svc.finish()
+    assert svc.output() == want and len(want) > 20
+    assert svc.stats()["error"] is None
+
+
 @pytest.mark.parametrize("extra, message", [
     (("--workers", "0"), "--workers must be >= 1"),
     (("--target", "*=5"), "--target needs --calibration FILE"),
