@@ -13,8 +13,9 @@ model's costs.
   ``dqcep run --input mqtt://...`` process; this process publishes the payloads and
   reads the service's own measurements from its stats (``service``: the time per
   payload of its steps; ``response``: the matches' mean response time, less the time
-  per payload and the checkpoints' wait, is the model's delay: ``_waited``). Everything the service shares a core with
-  (paho's threads, the broker) is in the figures. The queries alone are one run of
+  per payload and the checkpoints' wait, is the model's delay: ``_waited``).
+  Everything the service shares a core with (paho's threads, the broker) is in the
+  figures. The queries alone are one run of
   ``--workers N`` (``workers``: a journal consumer per query, each measured on its
   own, as ``dqcep run --workers N`` runs them; a consumer's cost grows with the
   processes beside it, so calibrate with the count the service will run); the shared
@@ -89,6 +90,7 @@ def calibrate(queries: str, payloads: list[bytes], batch_events: int,
     if (loads or repeats > 1) and broker is None:
         raise UserError("calibrating at loads or repeatedly needs the live calibration "
                         "(a broker)")
+    points = []  # (rate, alone, shared) at the loads
     with tempfile.TemporaryDirectory(prefix="dqcep-calibrate-", dir=journal_dir) as tmp:
         work = Path(tmp)
         overhead = moments(_overhead(queries, payloads, work / "ingest", gap, timer, sleep))
@@ -118,7 +120,6 @@ def calibrate(queries: str, payloads: list[bytes], batch_events: int,
             consumer_delay = sum(firsts) / len(firsts)
             shared = run("shared")
             delay = _waited(shared, [shared])
-            points = []
             for i, share in enumerate(loads):
                 rate = share / shared["payload"][0]  # payloads/s
                 at = run(f"consumers-{i}", consumers=workers, rate=rate)
@@ -126,7 +127,7 @@ def calibrate(queries: str, payloads: list[bytes], batch_events: int,
                                run(f"shared-{i}", rate=rate)["payload"]))
     return from_moments(batch_events, len(payloads), alone, shared["payload"], overhead,
                         delay, shared["checkpoint"], CHECKPOINT_EVERY, consumer_delay,
-                        points if broker is not None else ())
+                        points)
 
 
 def _offline(queries, payloads, work: Path, gap, timer, sleep):

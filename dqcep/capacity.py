@@ -18,8 +18,8 @@ The model (after the configuration scheduler of the response-time autoscaling pa
   queue under Poisson arrivals, so by the Pollaczek-Khinchine formula every payload
   waits the same mean time ``Wq = sum_k(rate_k * E[S_k^2]) / (2 * (1 - rho))`` with
   ``rho = sum_k(rate_k * E[S_k])``, and a query of stream k answers in
-  ``W = delay + E[S_k] + Wq`` (infinite when ``rho >= 1``); ``delay`` is the time
-  before a payload can be processed at all (the journal's commit);
+  ``W = delay + E[S_k] + Wq`` (infinite when ``rho >= 1``); ``delay`` is what a match
+  waits beyond the processing at low load (the journal's commit, the wake-up);
 - a worker of journal consumers (``dqcep run --workers``, ``in_turn``) gives each
   payload to its queries one after the other, in the order listed: its stream is
   still one class (the next payload waits for all of them), but query ``i`` answers
@@ -293,9 +293,10 @@ class Calibration:
     plan costs); the worker's own ``overhead`` per payload; and the ``delay``: what a
     match waits beyond its processing at low load (the journal's commit and the
     wake-up, less what of a step comes after the matches are out), in the one service
-    and before a worker's first consumer (``consumer_delay``); a
-    ``checkpoint``'s duration and the service's interval between them. ``payloads``: how many were timed;
-    ``shared_b``: the shared plan's mean time per payload, its overhead included. All
+    and before a worker's first consumer (``consumer_delay``); a ``checkpoint``'s
+    duration and the service's interval between them. ``payloads``: how many were
+    timed; ``shared_b``: the shared plan's mean time per payload, its overhead
+    included. All
     of these one payload at a time (low load); ``points``: the costs again at higher
     arrival rates (live calibration), which ``costs`` and ``consumer_costs``
     interpolate for the rate a prediction is for."""
@@ -309,7 +310,7 @@ class Calibration:
     delay: float
     checkpoint: QueryCost
     checkpoint_every: float
-    consumer_delay: float       # the delay before a worker's consumer takes a payload
+    consumer_delay: float       # the delay of a worker's first consumer
     points: list[LoadPoint] = field(default_factory=list)  # by rate
 
     def costs(self, shared: bool = True, rates: Mapping[str, float] | None = None

@@ -464,7 +464,7 @@ def cmd_calibrate(args) -> int:
         print(f"{name:<20} {c.b * 1e3:>9.4f} {sd(c):>9.4f} {result.shared[name].b * 1e3:>15.4f}")
     print(f"{'own work (overhead)':<20} {result.overhead.b * 1e3:>9.4f} "
           f"{sd(result.overhead):>9.4f}")
-    print(f"{'delay (commit)':<20} {result.delay * 1e3:>9.4f}")
+    print(f"{'delay':<20} {result.delay * 1e3:>9.4f}")
     print(f"{'checkpoint':<20} {result.checkpoint.b * 1e3:>9.4f} {sd(result.checkpoint):>9.4f}"
           f"  every {result.checkpoint_every:g} s")
     for p in result.points:  # the same at a higher rate
@@ -733,8 +733,8 @@ def build_parser() -> argparse.ArgumentParser:
         "capacity", help="predict response times and place queries on workers",
         description="From a calibration (dqcep calibrate), the stream's arrival rate (or "
         "each query's) and the response-time targets: the payloads each worker reads as a "
-        "multi-class M/G/1 queue (Pollaczek-Khinchine), its queries placed by first-fit decreasing on the fewest workers that "
-        "keep every query's deviation (W - T) / T <= --hw and every worker's load <= "
+        "multi-class M/G/1 queue (Pollaczek-Khinchine), its queries placed by first-fit "
+        "decreasing on the fewest workers that keep every query's deviation (W - T) / T <= --hw and every worker's load <= "
         "--rho-max, or on --workers N; prints each worker's queries, load and predicted "
         "mean response times (docs/capacity.md).")
     cap.add_argument("queries", metavar="QUERIES.cep", help="query file")
