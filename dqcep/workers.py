@@ -53,6 +53,41 @@ from dqcep.service import (CHECKPOINT_VERSION, ServiceConfig, StreamingService,
                            write_stats_file)
 
 ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
+RESTARTS = 3        # a worker that dies more often than this ...
+RESTART_WINDOW = 60.0  # ... within this many seconds ends the service (exit 1)
+
+
+class _Wake:
+    """The coordinator's nudge to a worker after a commit: a byte on a pipe of its
+    own. A ``multiprocessing.Event`` cannot be used: its ``set()`` blocks forever once
+    a process that waited on it has died holding its lock (a SIGKILLed worker hung the
+    coordinator, SIGTERM included). A write here never blocks: a full pipe already
+    holds a nudge, a closed one is a dead worker, which the coordinator's loop sees."""
+
+    def __init__(self, ctx):
+        self.reader, self.writer = ctx.Pipe(duplex=False)
+        os.set_blocking(self.writer.fileno(), False)
+
+    def set(self) -> None:
+        try:
+            os.write(self.writer.fileno(), b"\0")
+        except (BlockingIOError, BrokenPipeError, ValueError, OSError):
+            pass  # a nudge is waiting already / the worker is gone (noticed elsewhere)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.writer.close()
+
+
+def _wait_for_wake(reader, timeout: float) -> None:
+    """In a worker: wait for a nudge (or ``timeout``), then take every byte waiting."""
+    if reader.poll(timeout):
+        os.set_blocking(reader.fileno(), False)
+        try:
+            while os.read(reader.fileno(), 4096):
+                pass
+        except BlockingIOError:
+            pass
 
 
 @dataclass
@@ -140,8 +175,7 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                     return
             if os.getppid() != parent:
                 return  # the coordinator is gone: its restart takes over from the checkpoints
-            wake.wait(0.02)
-            wake.clear()
+            _wait_for_wake(wake, 0.02)
             for q, svc in hosted.items():
                 try:
                     svc.timed_step(deadline=time.monotonic() + cfg.checkpoint_every)
@@ -159,6 +193,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
             if time.monotonic() - last_stats >= cfg.stats_every:
                 conn.send(("stats", index, {q: _report(svc) for q, svc in hosted.items()}))
                 last_stats = time.monotonic()
+    except (EOFError, ConnectionError):
+        return  # the coordinator is gone (SIGKILL): its restart takes over, nothing to say
     except BaseException as err:  # noqa: BLE001 - the coordinator says it and stops
         try:
             conn.send(("failed", index, f"{type(err).__name__}: {err}"))
@@ -208,8 +244,14 @@ def _report(svc: StreamingService) -> dict:
 class _Worker:
     process: mp.Process
     conn: object
-    wake: object
+    wake: _Wake
     queries: list[str] = field(default_factory=list)  # in the order it steps them
+    deaths: list[float] = field(default_factory=list)  # when it died (time.monotonic)
+
+
+class _WorkerDied(Exception):
+    """A worker died where it cannot be restarted (while answering the coordinator, or
+    too often): the service ends with this reason, exit 1."""
 
 
 class Coordinator:
@@ -244,28 +286,75 @@ class Coordinator:
         self._apply([list(p) for p in placement if p], why="start")
 
     # -------------------------------------------------------------- workers
-    def _start_worker(self) -> _Worker:
+    def _spawn(self, index: int) -> _Worker:
         parent, child = self.ctx.Pipe()
-        wake = self.ctx.Event()
+        wake = _Wake(self.ctx)
         process = self.ctx.Process(
-            target=worker_main, args=(len(self.workers), self.cfg, self.durable, wake,
+            target=worker_main, args=(index, self.cfg, self.durable, wake.reader,
                                       self.memory.name, child),
-            name=f"dqcep-worker-{len(self.workers) + 1}", daemon=False)
+            name=f"dqcep-worker-{index + 1}", daemon=False)
         process.start()
         child.close()
-        worker = _Worker(process, parent, wake)
+        return _Worker(process, parent, wake)
+
+    def _start_worker(self) -> _Worker:
+        worker = self._spawn(len(self.workers))
         self.workers.append(worker)
         return worker
 
+    def _restart_dead(self) -> None:
+        """A worker that died (SIGKILL, the OOM killer, a crash) is started again and
+        hosts its queries from their checkpoints, as after a restart of the whole
+        service: their outputs are cut back to the checkpoints and the journal replayed
+        from there, so nothing is lost or written twice. One that dies more than
+        RESTARTS times within RESTART_WINDOW s ends the service with the reason."""
+        for i, w in enumerate(self.workers):
+            if w.process.is_alive():
+                continue
+            w.process.join()
+            code = w.process.exitcode
+            how = f"killed by signal {-code}" if code is not None and code < 0 else \
+                f"exit code {code}"
+            now = time.monotonic()
+            deaths = [t for t in w.deaths if now - t < RESTART_WINDOW] + [now]
+            if len(deaths) > RESTARTS:
+                raise _WorkerDied(f"worker {i + 1} died ({how}) {len(deaths)} times within "
+                                  f"{RESTART_WINDOW:g} s; not restarted again")
+            print(f"dqcep: worker {i + 1} died ({how}); restarting it from the checkpoints "
+                  f"of {', '.join(w.queries) or 'no query'}", file=sys.stderr, flush=True)
+            w.conn.close()
+            w.wake.close()
+            fresh = self._spawn(i)
+            fresh.deaths = deaths
+            self.workers[i] = fresh
+            for q in w.queries:
+                fresh.conn.send(("host", q))
+                self._expect(fresh, "hosted")
+            fresh.queries = list(w.queries)
+            if len(fresh.queries) > 1:
+                fresh.conn.send(("order", fresh.queries))
+            fresh.wake.set()  # what was committed meanwhile
+
     def _expect(self, worker: _Worker, kind: str, timeout: float = 120.0):
-        """The worker's next answer of ``kind`` (stats that come first are kept)."""
+        """The worker's next answer of ``kind`` (stats that come first are kept); a
+        worker that died meanwhile is said at once, not waited for."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not worker.conn.poll(left):
+            if left <= 0:
                 raise UserError(f"worker {self.workers.index(worker) + 1} did not answer "
                                 f"({kind}) within {timeout:g} s")
-            message = worker.conn.recv()
+            if not worker.conn.poll(min(left, 0.2)):
+                if not worker.process.is_alive() and not worker.conn.poll():
+                    raise _WorkerDied(f"worker {self.workers.index(worker) + 1} died "
+                                      f"(exit code {worker.process.exitcode}) before it "
+                                      f"answered ({kind})")
+                continue
+            try:
+                message = worker.conn.recv()
+            except (EOFError, ConnectionError):
+                raise _WorkerDied(f"worker {self.workers.index(worker) + 1} died before it "
+                                  f"answered ({kind})") from None
             if message[0] == kind:
                 return message
             self._take(message)
@@ -331,6 +420,7 @@ class Coordinator:
         _, _, report = self._expect(worker, "stopped")
         self.reports.update(report)
         worker.process.join(60)
+        worker.wake.close()
 
     def _wake(self, durable: int) -> None:
         self.durable.value = durable
@@ -431,10 +521,14 @@ class Coordinator:
                     self.failure = source.failure
                     break
                 for w in self.workers:
-                    while w.conn.poll():
-                        self._take(w.conn.recv())
-                    if not w.process.is_alive():
-                        self.failure = f"worker {self.workers.index(w) + 1} died"
+                    try:
+                        while w.conn.poll():
+                            self._take(w.conn.recv())
+                    except (EOFError, ConnectionError):
+                        pass  # it died: restarted below
+                self._restart_dead()
+                if self.failure is not None:
+                    break
                 now = time.monotonic()
                 if self.journal.durable_offset != seen:
                     seen, last_input = self.journal.durable_offset, now
@@ -451,6 +545,8 @@ class Coordinator:
                     self._write_stats()
                     last_stats = now
                 stop.wait(0.05)
+        except _WorkerDied as err:
+            self.failure = str(err)
         finally:
             committed = source.stop()
             self._wake(self.journal.durable_offset)
@@ -458,8 +554,10 @@ class Coordinator:
                 if w.process.is_alive():
                     try:
                         self._stop_worker(w, end_of_stream.is_set() and self.failure is None)
-                    except (UserError, OSError) as err:
+                    except (UserError, OSError, _WorkerDied) as err:
                         self.failure = self.failure or str(err)
+                else:
+                    w.process.join()
             self._write_stats()
             self.journal.close()
             self.memory.close()
@@ -479,7 +577,12 @@ def serve_workers(cfg: ServiceConfig, placement: list[list[str]],
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: end_of_stream.set())
-    return Coordinator(cfg, placement, scaling).run(stop, end_of_stream)
+    try:
+        coordinator = Coordinator(cfg, placement, scaling)
+    except _WorkerDied as err:
+        print(f"dqcep: {err}", file=sys.stderr, flush=True)
+        return 1
+    return coordinator.run(stop, end_of_stream)
 
 
 def round_robin(names: list[str], workers: int) -> list[list[str]]:

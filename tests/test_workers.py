@@ -2,6 +2,7 @@
 each query a journal consumer of its own, moved between workers with its checkpoint;
 scaled up and down live; every run compared with the reference matcher."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -118,6 +119,74 @@ def test_two_workers_match_the_reference_across_a_sigkill(mosquitto, tmp_path):
     assert svc.output() == want and len(want) > 20
     assert svc.stats()["workers"] and all(
         svc.stats()["queries"][q]["events_in"] == 30_000 for q in NAMES)
+    # the orphaned workers of the killed coordinator left quietly (they printed
+    # EOFError tracebacks)
+    assert "Traceback" not in svc.stderr() and "EOFError" not in svc.stderr(), svc.stderr()
+
+
+def worker_pids(coordinator: int) -> list[int]:
+    """The worker processes of a coordinator (not multiprocessing's resource tracker)."""
+    pids = [int(p) for p in subprocess.run(["pgrep", "-P", str(coordinator)],
+                                           capture_output=True, text=True).stdout.split()]
+    return [p for p in pids if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def test_a_killed_worker_is_restarted_from_its_checkpoints(mosquitto, tmp_path):
+    """SIGKILL of a worker mid-stream: the coordinator notices within a second, starts
+    it again and it hosts its queries from their checkpoints; the stream goes on to
+    exactly the reference's matches, each once. Then the other worker is killed, and a
+    SIGTERM soon after still stops the service (it used to hang for good: waking the
+    workers through a multiprocessing.Event blocked once a waiter had died)."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/workers/killone"
+    payloads, want = stream(tmp_path, 30_000)
+    svc = Workers(tmp_path, url, "--workers", "2", "--client-id", "workers-killone")
+    svc.start()
+    first = worker_pids(svc.proc.pid)
+    assert len(first) == 2, first
+    publish(url, payloads[:60], 400)
+    svc.wait_for(60 * 200)
+    os.kill(first[0], signal.SIGKILL)
+    publish(url, payloads[60:], 400)
+    deadline = time.monotonic() + 10
+    while "restarting it from the checkpoints" not in svc.stderr():
+        assert svc.proc.poll() is None and time.monotonic() < deadline, svc.stderr()
+        time.sleep(0.05)
+    assert "killed by signal 9" in svc.stderr()
+    svc.wait_for(30_000)
+    second = worker_pids(svc.proc.pid)
+    assert len(second) == 2 and first[1] in second and first[0] not in second, second
+    os.kill(first[1], signal.SIGKILL)
+    time.sleep(0.3)
+    svc.proc.send_signal(signal.SIGTERM)
+    assert svc.proc.wait(60) == 0, svc.stderr()
+    assert "Traceback" not in svc.stderr(), svc.stderr()
+    svc.log.write("--- restart ---\n")
+    svc.log.flush()
+    svc.start()   # the end of stream releases what a trailing NOT held at the pause
+    svc.finish()
+    assert svc.output() == want and len(want) > 20
+
+
+def test_a_worker_that_keeps_dying_ends_the_service_with_the_reason(mosquitto, tmp_path):
+    """A worker killed again and again is not restarted for ever: after RESTARTS
+    deaths within RESTART_WINDOW s the coordinator exits 1 and says why."""
+    from dqcep.workers import RESTARTS
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/workers/crashloop"
+    svc = Workers(tmp_path, url, "--workers", "1", "--client-id", "workers-crashloop")
+    svc.start()
+    for death in range(RESTARTS + 1):
+        deadline = time.monotonic() + 30
+        while not worker_pids(svc.proc.pid) or svc.stderr().count(
+                "restarting it from") < death:
+            assert time.monotonic() < deadline and svc.proc.poll() is None, svc.stderr()
+            time.sleep(0.05)
+        time.sleep(0.3)  # the restarted worker hosts its queries
+        for pid in worker_pids(svc.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert svc.proc.wait(30) == 1, svc.stderr()
+    assert f"died (killed by signal 9) {RESTARTS + 1} times within" in svc.stderr()
 
 
 def test_scale_up_and_down_live_moves_queries_and_loses_nothing(mosquitto, tmp_path):
