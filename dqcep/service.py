@@ -122,6 +122,8 @@ def _state_problem(state: dict) -> str | None:
         return isinstance(x, int) and not isinstance(x, bool) and x >= 0
     if not is_int(state.get("offset")) or not is_int(state.get("journal_end")):
         return "no journal offset"
+    if state.get("ended_at") is not None and not is_int(state["ended_at"]):
+        return "no end-of-stream offset"
     if not isinstance(state.get("engine"), bytes):
         return "no engine state"
     recent = state.get("recent")
@@ -229,6 +231,7 @@ class StreamingService:
         engine = Engine(self.plan, cfg.lateness, lookup_source=self.tables)
         sizes = dict.fromkeys(SINKS, 0)
         self.offset, self.counts = 0, {}
+        self.ended_at: int | None = None  # the journal offset of the last end of stream
         self.recent = RecentIds(cfg.recent_ids)
         if state is not None:
             try:
@@ -238,6 +241,7 @@ class StreamingService:
                                       f"for these queries ({err}); "
                                       f"{recovery_hint(cfg.checkpoint)}") from None
             self.offset, sizes, self.counts = state["offset"], state["sinks"], state["counts"]
+            self.ended_at = state.get("ended_at")
             self.recent.admit(np.frombuffer(state["recent"], dtype="<i8").astype(np.int64))
         self.engine = engine
         self.counts = {"payloads": 0, "events_in": 0, "matches_out": 0, "malformed": 0,
@@ -276,13 +280,20 @@ class StreamingService:
                 f"but the journal {self.cfg.journal} ends at {self.journal.durable_offset}: "
                 "that table was not written from this journal; give the service a table "
                 "of its own (?table=NAME)")
+        # The table's end of stream is one the checkpoint's state has not seen when the
+        # checkpoint is older: before its offset, or at it but taken before the end.
+        # A checkpoint past it, or taken after it, holds matches of a later stream (a
+        # pause's held matches): ending the stream again here would count them and never
+        # write them.
+        flush = written.flushed and (self.offset < written.offset or (
+            self.offset == written.offset and self.ended_at != written.offset))
         self._replaying = True
         try:
             while self.offset < written.offset:
                 if not self.step(until=written.offset):
                     raise CheckpointError(f"the journal {self.cfg.journal} cannot be read "
                                           f"up to offset {written.offset}")
-            if written.flushed:
+            if flush:
                 self.end_stream()
         finally:
             self._replaying = False
@@ -459,6 +470,7 @@ class StreamingService:
     def end_stream(self) -> None:
         """The stream is closed: the matches held for a trailing NOT go out."""
         self._emit(self.engine.flush(), self.offset, flushed=True)
+        self.ended_at = self.offset
 
     def checkpoint(self) -> None:
         sinks = {"output": self.out.sync(), "dead_letter": self.dead.sync(),
@@ -467,7 +479,8 @@ class StreamingService:
             "offset": self.offset, "journal_end": self.journal.durable_offset,
             "engine": self.engine.snapshot(),
             "recent": self.recent.ids().astype("<i8").tobytes(),
-            "counts": self.counts, "sinks": sinks, "stream": self.stream})
+            "counts": self.counts, "sinks": sinks, "stream": self.stream,
+            "ended_at": self.ended_at})
         self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
 

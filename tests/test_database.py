@@ -12,6 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from dqcep.io.journal import Journal
 from tests.conftest import free_port
 from tests.test_service import Service, expected_matches, gen_args
 
@@ -308,3 +309,42 @@ def test_the_service_waits_out_a_postgresql_outage(mosquitto, tmp_path):
     assert len(got) == len(set(got)) and sorted(got) == sorted(as_rows("\n".join(want)))
     log = svc.proc.stderr.read()
     assert "going back to the last checkpoint" in log and "Traceback" not in log
+
+
+def test_a_match_held_at_a_pause_after_an_end_of_stream_is_written(tmp_path, database_url):
+    """The stream ended once (its held matches written, the progress row says
+    flushed), then went on; a pause (SIGTERM) checkpoints a match held for a trailing
+    NOT, no row written since. The restart used to end the stream again while
+    catching up, without writing: the held match was counted and lost. It is the
+    checkpoint's own state (past the recorded end of stream), nothing to catch up."""
+    from tests.test_service_faults import config
+    from dqcep.service import StreamingService
+    queries = tmp_path / "held.cep"
+    queries.write_text("QUERY dry PATTERN SEQ(Temperature t, NOT Humidity h) WHERE [room] "
+                       "WITHIN 5 s")
+    cfg = config(tmp_path, fmt="json", queries=queries)
+    cfg.output = database_url
+
+    def publish(event_id: int, ts: int) -> None:  # as the service's MQTT source would
+        journal = Journal(tmp_path / "journal", fsync="never")
+        journal.append("t", json.dumps({"events": [{"id": event_id, "type": "Temperature",
+                                                    "ts": ts, "room": "r1"}]}).encode())
+        journal.commit()
+        journal.close()
+
+    def run(end_of_stream: bool) -> None:
+        svc = StreamingService(cfg)
+        while svc.step():
+            pass
+        if end_of_stream:
+            svc.end_stream()
+        svc.checkpoint()
+        svc.close()
+    publish(1, 1_000)
+    run(end_of_stream=True)                 # --until-idle / SIGUSR1: t=1 written
+    assert [json.loads(r[2]) for r in table_rows(database_url)] == [{"t": 1}]
+    publish(2, 20_000)
+    run(end_of_stream=False)                # SIGTERM: t=2 held, in the checkpoint
+    assert len(table_rows(database_url)) == 1
+    run(end_of_stream=True)                 # restart, then the end of the stream
+    assert sorted(json.loads(r[2])["t"] for r in table_rows(database_url)) == [1, 2]
