@@ -557,12 +557,15 @@ def cmd_capacity(args) -> int:
              "deviation": None if math.isinf(targets[c.name])
              else deviation(w.response[c.name], targets[c.name])}
             for c in w.queries]} for w in placement.workers]}
+    model = calibration.consumer_model(names) if args.consumers else \
+        calibration.model(stream_of)
+    report["missed"] = _missed_targets(report, costs, targets, model, args)
     if args.json:  # a saturated worker's queries never answer: null, not JSON's missing inf
         for q in (q for w in report["workers"] for q in w["queries"]):
             q.update({k: None for k in ("predicted_ms", "deviation")
                       if q[k] is not None and math.isinf(q[k])})
         print(json.dumps(report, indent=2, allow_nan=False, default=str))
-        return 0
+        return 0 if placement.met else 1
     how = (f"on {args.workers} worker(s)" if args.workers is not None else
            f"on {len(placement.workers)} worker(s), the fewest that meet every target")
     if args.consumers:
@@ -579,7 +582,40 @@ def cmd_capacity(args) -> int:
     if placement.below_lw:
         print(f"further below their targets than --lw {args.lw}: "
               f"{', '.join(placement.below_lw)}")
-    return 0
+    for why in report["missed"]:
+        print(f"missed: {why}")
+    return 0 if placement.met else 1
+
+
+def _missed_targets(report: dict, costs: dict, targets: dict, model, args) -> list[str]:
+    """Why a placement does not meet every target, one line per worker over --rho-max
+    and per query above its target (what its response is made of)."""
+    from dqcep.capacity import deviation, response_times
+    out = []
+    for i, w in enumerate(report["workers"], 1):
+        if w["load"] >= 1:
+            out.append(f"worker {i} is saturated (load {w['load']:.3f} >= 1): its queries "
+                       "never catch up; more workers (--workers) or a lower rate")
+        elif w["load"] > args.rho_max:
+            out.append(f"worker {i}'s load {w['load']:.3f} exceeds --rho-max {args.rho_max}")
+        for q in w["queries"]:
+            if q["deviation"] is None or q["deviation"] <= args.hw or w["load"] >= 1:
+                continue
+            name = q["name"]
+            # what the query takes alone on an idle worker: the calibrated delay and its
+            # own processing; no placement answers sooner
+            idle = response_times([costs[name]], {name: 0.0}, model)[name] * 1e3
+            why = (f"alone on an idle worker it answers in {idle:.3f} ms (the calibrated "
+                   f"delay {model.delay * 1e3:.3f} ms and its processing "
+                   f"{costs[name].b * 1e3:.3f} ms): no placement meets the target"
+                   if deviation(idle, q["target_ms"]) > args.hw else
+                   f"waiting behind worker {i}'s other work (load {w['load']:.3f}) adds "
+                   f"{q['predicted_ms'] - idle:.3f} ms: more workers (--workers) or a "
+                   "looser target")
+            out.append(f"{name}: predicted {q['predicted_ms']:.3f} ms, target "
+                       f"{q['target_ms']:g} ms (deviation {q['deviation']:+.2f} > --hw "
+                       f"{args.hw}); {why}")
+    return out
 
 
 def _spark_bounds(args, calibration, stream: dict, own: dict, targets: dict) -> int:

@@ -102,6 +102,14 @@ def shown_commands(doc: Path) -> list[Shown]:
     return out
 
 
+def missed_targets(command: str, r) -> bool:
+    """``dqcep capacity`` exits 1 when the calibration this machine measured (slower
+    when loaded) does not meet the command's targets: a measurement, not a failure of
+    the command, when it says which targets are missed."""
+    return command.startswith("dqcep capacity") and r.returncode == 1 and \
+        "NOT every target met" in r.stdout and "missed: " in r.stdout
+
+
 def not_run_reason(command: str) -> str | None:
     for pattern, why in NOT_RUN:
         if re.search(pattern, command):
@@ -162,8 +170,9 @@ def test_the_commands_of_a_doc_run_as_written(doc, tmp_path):
         previous, ran = r.returncode, ran + 1
         error_shown = bool(shown.output) and ERROR_LINE.match(shown.output[0])
         if not error_shown:
-            assert r.returncode == 0, f"{shown.where}: `{command}` exit {r.returncode}\n" \
-                                      + r.stderr[-3000:]
+            assert r.returncode == 0 or missed_targets(command, r), \
+                f"{shown.where}: `{command}` exit {r.returncode}\n" \
+                + r.stderr[-3000:]
         else:
             assert r.returncode == 2, f"{shown.where}: `{command}` exit {r.returncode}"
         check_output(shown, (r.stdout + r.stderr).splitlines())
@@ -284,7 +293,7 @@ def _run_worker_commands(tmp_path, host, port):
             continue
         r = subprocess.run(["bash", "-c", shown.command], cwd=cwd, env=env,
                            capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, (shown.where, r.stderr)
+        assert r.returncode == 0 or missed_targets(shown.command, r), (shown.where, r.stderr)
     assert [("--workers" in c, "--target" in c) for c in services] == [(True, False),
                                                                        (False, True)]
     for i, service in enumerate(services):

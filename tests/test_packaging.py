@@ -149,10 +149,20 @@ def test_the_wheel_holds_only_the_dqcep_package_and_no_generated_c(wheel):
 
 
 def test_a_fresh_venv_install_runs_the_commands_and_has_no_top_level_generator(wheel, tmp_path):
-    # The venv sees the machine's packages (numpy, pyarrow, pyspark) but its own dqcep first.
+    # The venv sees the packages of the interpreter running the tests (numpy, lark,
+    # pyarrow, pyspark), but its own dqcep first. Those are the base interpreter's
+    # site-packages when the tests run with the system's Python (CI), and the venv's
+    # when the README's command runs inside a venv: its site-packages are added after
+    # the new venv's own by a .pth file (a plain path: the editable dqcep installed
+    # there is a .pth finder, which a path entry does not load).
+    import sysconfig
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)
     py, dqcep = env_dir / "bin/python", env_dir / "bin/dqcep"
+    own = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    outer = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    Path(own, "tests-outer-site.pth").write_text("".join(f"{p}\n" for p in outer))
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
