@@ -13,6 +13,7 @@ from dqcep import __version__
 from dqcep.errors import UserError
 
 EXIT_USER_ERROR = 2
+STATE_BUDGET_DEFAULT = 1 << 20  # dqcep.runtime.STATE_BUDGET (not imported: --help stays fast)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -208,7 +209,7 @@ def _serve(args) -> int:
         stats_every=args.stats_every, stats_file=args.stats_file,
         until_idle=args.until_idle, journal_retention=args.journal_retention,
         journal_segment_bytes=args.journal_segment, materialize=args.materialize,
-        rates=_load_rates(args.rates),
+        rates=_load_rates(args.rates), budget=args.max_partial_matches,
         hosted=args.queries_hosted.split(",") if args.queries_hosted else None)
     if args.workers is None and not args.target:
         return serve(cfg)
@@ -278,7 +279,7 @@ def cmd_run(args) -> int:
         sink = BackgroundSink(sink)  # a file's output overlaps matching
     bad, repeats = _BadEvents(args.on_bad_event), [0]
     view = _RunView(args.input, sys.stderr.isatty())
-    late = 0
+    late = stopped = 0
     tables = _open_tables(query_file)
     try:
         if args.engine == "reference":
@@ -310,7 +311,8 @@ def cmd_run(args) -> int:
                                            materialize=args.materialize,
                                            schemas=query_file.schemas,
                                            tables=query_file.tables),
-                                lateness=args.lateness, lookup_source=tables)
+                                lateness=args.lateness, lookup_source=tables,
+                                budget=args.max_partial_matches)
             from dqcep.runtime import ReturnValues
             returns = ReturnValues(queries, engine, query_file.tables, tables) \
                 if args.returns else None
@@ -323,11 +325,13 @@ def cmd_run(args) -> int:
                 if returns is not None:
                     returns.remember(chunk)
                 matches = engine.process(chunk)
+                stopped += _report_stopped(engine)
                 _report_rejected(engine.take_rejected(), bad, args.input)
                 view.processed(len(chunk.ts) if isinstance(chunk, tuple) else len(chunk))
                 view.count(matches)
                 _write(matches, sink, returns)
             matches = engine.flush()
+            stopped += _report_stopped(engine)
             view.count(matches)
             _write(matches, sink, returns)
             elapsed = time.perf_counter() - started
@@ -349,7 +353,16 @@ def cmd_run(args) -> int:
               "(the first copy is kept)", file=sys.stderr)
     _report_never_seen(query_file, *seen)
     view.summary(late, bad.skipped, repeats[0])
-    return 0
+    return 1 if stopped else 0  # the matches of a stopped query are not all there
+
+
+def _report_stopped(engine) -> int:
+    """The queries the engine stopped by their budget since the last call, a line
+    each on stderr; how many."""
+    stopped = engine.take_stopped() if hasattr(engine, "take_stopped") else []
+    for _, why in stopped:
+        print(f"dqcep run: {why}", file=sys.stderr)
+    return len(stopped)
 
 
 def _open_tables(query_file):
@@ -856,6 +869,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "(a K-slack buffer); later ones are counted and left out (default 0)")
     run.add_argument("--chunk-size", type=int, default=65_536, metavar="N",
                      help="native, sase: events read and processed per step (default 65536)")
+    run.add_argument("--max-partial-matches", type=int, default=STATE_BUDGET_DEFAULT,
+                     metavar="N",
+                     help="native: the partial matches one buffer of a query may hold (a "
+                     "join queue, a Kleene item's lists, a batch's new records; rounded up "
+                     "to a power of two; default 1048576, 0: no limit). A query over it is "
+                     "stopped with one line; the other queries go on (docs/runtime.md)")
     run.add_argument("--stats", action="store_true",
                      help="native: print per-vertex inputs, outputs, queue high-water marks "
                      "and evictions; sase: per query, instances pushed, matches, peak live "

@@ -54,7 +54,7 @@ from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming,
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
 from dqcep.response import ResponseTimes, ServiceTimes
-from dqcep.runtime import Engine, EventColumns
+from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
 
 CHECKPOINT_VERSION = 3
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
@@ -88,6 +88,7 @@ class ServiceConfig:
     rates: dict | None = None         # events/s per type, for the planner's cost model
     hosted: list[str] | None = None   # the queries of the file this service runs (all)
     consumer: str = CONSUMER          # its name among the journal's consumers (retention)
+    budget: int = STATE_BUDGET        # partial matches one buffer of a query may hold
 
 
 class ServiceError(Exception):
@@ -228,7 +229,8 @@ class StreamingService:
     def _load(self, state: dict | None) -> None:
         """Engine, offsets and sinks as the checkpoint left them (fresh without one)."""
         cfg = self.cfg
-        engine = Engine(self.plan, cfg.lateness, lookup_source=self.tables)
+        engine = Engine(self.plan, cfg.lateness, lookup_source=self.tables,
+                        budget=cfg.budget)
         sizes = dict.fromkeys(SINKS, 0)
         self.offset, self.counts = 0, {}
         self.ended_at: int | None = None  # the journal offset of the last end of stream
@@ -385,6 +387,7 @@ class StreamingService:
                                       time.time())
             self._misdeclared(lambda event_id: self._pending[
                 int(record[np.flatnonzero(cols.id == event_id)[0]])][0])
+            self._stopped(self._pending[-1][0])
             late = self.engine.take_late()
             if late:  # rare: decode those payloads again for the late sink
                 rows = np.flatnonzero(np.isin(cols.id, late))
@@ -415,6 +418,7 @@ class StreamingService:
                     matches, np.fromiter((e.id for e in events), np.int64, len(events)),
                     np.full(len(events), self.arrivals.of(offset)), time.time())
             self._misdeclared(lambda event_id: offset)
+            self._stopped(offset)
             late = self.engine.take_late()
             if late:
                 self._write_late(offset, events, set(late))
@@ -435,6 +439,15 @@ class StreamingService:
             self.counts["malformed"] += 1
             self.dead.write({"offset": offset_of(event_id), "event": event_id,
                              "reason": why})
+
+    def _stopped(self, offset: int) -> None:
+        """Queries the engine stopped by their budget in the batch that ends at journal
+        offset ``offset``: a line on stderr and a dead letter each (the stats list them).
+        The stop is in the engine's state: a replay from an earlier checkpoint stops the
+        query again, and the dead-letter file is cut back to the checkpoint with it."""
+        for query, why in self.engine.take_stopped():
+            print(f"dqcep: {why}", file=sys.stderr, flush=True)
+            self.dead.write({"offset": offset, "query": query, "reason": why})
 
     def _lost(self, offset: int, gap: Gap) -> None:
         """Journal records that cannot be read: reported, counted, and passed over."""
@@ -470,6 +483,7 @@ class StreamingService:
     def end_stream(self) -> None:
         """The stream is closed: the matches held for a trailing NOT go out."""
         self._emit(self.engine.flush(), self.offset, flushed=True)
+        self._stopped(self.offset)
         self.ended_at = self.offset
 
     def checkpoint(self) -> None:
@@ -512,6 +526,7 @@ class StreamingService:
         return {**self.counts, "lag_records": self.journal.durable_offset - self.offset,
                 "events_per_s": self.counts["events_in"] / elapsed,
                 "watermark": self.engine.wm, "error": self.error,
+                "stopped": self.engine.stopped,
                 "response": self.response.totals(),
                 "service": self.service_times.totals(time.monotonic())}
 
@@ -528,6 +543,8 @@ class StreamingService:
               f"{s['lag_records']} records, {s['events_per_s']:,.0f} events/s"
               + (f"; response ms: {measured}" if measured else "")
               + (f"; journal records lost {s['journal_lost']}" if s["journal_lost"] else "")
+              + (f"; STOPPED by their budget: {', '.join(s['stopped'])}" if s["stopped"]
+                 else "")
               + (f"; FAILING: {s['error']}" if s["error"] else ""),
               file=sys.stderr, flush=True)
         write_stats_file(self.cfg.stats_file, s)

@@ -230,7 +230,7 @@ def _report(svc: StreamingService) -> dict:
     return {"events_in": svc.counts["events_in"], "payloads": svc.counts["payloads"],
             "matches_out": svc.counts["matches_out"],
             "malformed": svc.counts["malformed"], "late": svc.counts["late"],
-            "error": svc.error,
+            "error": svc.error, "stopped": svc.engine.stopped,
             "duplicates": svc.counts["duplicates"], "offset": svc.offset,
             "response": svc.response.totals()[q],
             "response_recent": svc.response.take_recent()[q],
@@ -491,6 +491,7 @@ class Coordinator:
                 "plans": self.plans,
                 "error": self.failure or next((r["error"] for r in reports if r.get("error")),
                                               None),
+                "stopped": {q: why for r in reports for q, why in r.get("stopped", {}).items()},
                 "queries": {q: self.reports.get(q, {}) for q in self.names},
                 "response": {q: self.reports.get(q, {}).get("response") for q in self.names}}
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from dqcep.io.match_text import match_lines
 from dqcep.lang import ast, parse
-from dqcep.runtime import Engine, EventColumns, late_rule
+from dqcep.runtime import STATE_BUDGET, Engine, EventColumns, late_rule
 from dqcep.runtime.program import program_for
 from dqcep.tables import StaticTables
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
@@ -108,15 +108,19 @@ class JobSpec:
     partitions: int         # keyed: number of key partitions
     slice_ms: int = 0       # time slices: length L
     tables: Any = None      # broadcast snapshots of the lookup tables (None: no table)
+    budget: int = STATE_BUDGET  # partial matches one buffer of a query may hold
 
     def engine(self, names=None, lateness: int = 0) -> Engine:
         """A fresh engine for the queries named (all when None). Its program is
         compiled once per worker process (``program_for``), however many engines
         are made (one per part and micro-batch in the streaming job); every engine
-        reads the same snapshots of the lookup tables."""
+        reads the same snapshots of the lookup tables. A query over its budget fails
+        the task with the engine's line (a UserError the driver says), not an executor
+        out of memory: one part of a query stopped would be a wrong result."""
         source = None if self.tables is None else StaticTables(self.tables.value)
         return Engine(program_for(self.queries_text, None if names is None else tuple(names)),
-                      lateness, lookup_source=source)
+                      lateness, lookup_source=source, budget=self.budget,
+                      stop_over_budget=False)
 
 
 @dataclass(frozen=True)

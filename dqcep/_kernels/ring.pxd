@@ -23,6 +23,9 @@ cdef class RingBuffer:
     cdef idx_t mask                   # capacity - 1, turns a logical index into a row
     cdef readonly idx_t min_capacity  # shrinking never goes below this
     cdef readonly idx_t high_water    # largest size ever held (for --stats)
+    cdef public idx_t limit           # records it may hold, at most (0: no limit): the
+                                      # per-query budget; growing past it raises
+                                      # StateBudgetExceeded
 
     cdef int _resize(self, idx_t new_capacity) except -1 nogil
     cdef int reserve(self, idx_t extra) except -1 nogil

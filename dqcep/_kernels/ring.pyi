@@ -2,7 +2,10 @@
 import numpy as np
 import numpy.typing as npt
 
+class StateBudgetExceeded(Exception): ...
+
 class RingBuffer:
+    limit: int          # idx_t: records it may hold (0: no limit), else StateBudgetExceeded
     n_ids: int          # idx_t: event-id slots per record
     width: int          # idx_t: int64 words per record (3 + n_ids)
     capacity: int       # idx_t: rows allocated, a power of two

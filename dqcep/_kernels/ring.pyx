@@ -22,6 +22,12 @@ from dqcep._kernels._types cimport idx_t, id_t, ts_t
 DEF_MIN_CAPACITY = 16
 
 
+class StateBudgetExceeded(Exception):
+    """A buffer would grow past its ``limit`` (records): the state of the query that
+    fills it exceeds its budget. Raised before any memory is asked for; the buffer
+    holds what it held."""
+
+
 cdef inline idx_t next_pow2(idx_t n) noexcept nogil:
     cdef idx_t p = 1
     while p < n:
@@ -87,6 +93,9 @@ cdef class RingBuffer:
         cdef idx_t need = self.size + extra
         if need <= self.capacity:
             return 0
+        if self.limit > 0 and need > self.limit:
+            with gil:
+                raise StateBudgetExceeded(f"{need} records, the budget is {self.limit}")
         return self._resize(next_pow2(need))
 
     cdef int shrink_if_sparse(self) except -1 nogil:

@@ -2,11 +2,11 @@
 
 ``Program`` is a plan compiled once (shared, never changed); ``EngineState`` is what
 one engine holds (serializable as whole arrays); ``Engine`` pairs the two."""
-from dqcep.runtime.engine import Engine, EventColumns, MatchBatch, run_events
+from dqcep.runtime.engine import STATE_BUDGET, Engine, EventColumns, MatchBatch, run_events
 from dqcep.runtime.eventtime import late_rule
 from dqcep.runtime.program import Program, program_for
 from dqcep.runtime.returns import ReturnValues
 from dqcep.runtime.state import EngineState
 
-__all__ = ["Engine", "EngineState", "EventColumns", "MatchBatch", "Program", "ReturnValues",
+__all__ = ["STATE_BUDGET", "Engine", "EngineState", "EventColumns", "MatchBatch", "Program", "ReturnValues",
            "late_rule", "program_for", "run_events"]

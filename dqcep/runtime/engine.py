@@ -38,26 +38,40 @@ import numpy as np
 
 from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
-from dqcep._kernels.ring import RingBuffer
-from dqcep._kernels.runs import run_step
+from dqcep._kernels.ring import KeyedQueue, RingBuffer, StateBudgetExceeded
+from dqcep._kernels.runs import RunTable, run_step
+from dqcep.errors import UserError
 from dqcep.plan import Kind, Plan
 from dqcep.runtime.eventtime import (LIST_ID, EventColumns, EventTimeEngine, MatchBatch,
                                      MatchLists, ready_in_stream_order, wait_for_stream_order)
 from dqcep.runtime.program import Program, QueryProgram
 from dqcep.runtime.state import EngineState, Records, VertexStats
 
-__all__ = ["Engine", "Records", "VertexStats", "run_events"]
+__all__ = ["Engine", "Records", "VertexStats", "run_events", "STATE_BUDGET"]
+
+# The partial matches (records) one buffer of a query may hold: a join queue, a
+# Kleene vertex's growing lists, a negation's store, one batch's new records. A query
+# whose state would grow past it is stopped; every other query goes on. 2^20 records
+# are 32-80 MB a buffer (4-10 words each).
+STATE_BUDGET = 1 << 20
 
 
 class Engine(EventTimeEngine):
     """Runs a plan over event batches; see the module docstring."""
 
     def __init__(self, plan: Plan | Program, lateness: int = 0,
-                 state: EngineState | None = None, lookup_source=None):
+                 state: EngineState | None = None, lookup_source=None,
+                 budget: int = STATE_BUDGET, stop_over_budget: bool = True):
         """A plan (compiled here) or a compiled ``Program``, and a fresh state with
         ``lateness`` or a given ``state`` (which carries its own lateness).
         ``lookup_source`` (``dqcep.tables.LookupSource``) gives the snapshots of the
-        tables the plan's lookups read."""
+        tables the plan's lookups read. ``budget``: the partial matches one buffer of a
+        query may hold (rounded up to a power of two; 0: no limit); a query whose state
+        would grow past it is stopped (``take_stopped``), the others go on; without
+        ``stop_over_budget`` the batch fails instead (UserError: a Spark task, whose
+        engine holds one partition of the queries)."""
+        if budget < 0:
+            raise ValueError(f"a state budget is >= 0 records, got {budget}")
         program = plan if isinstance(plan, Program) else Program(plan)
         if state is None:
             state = EngineState.fresh(program, lateness)
@@ -73,6 +87,9 @@ class Engine(EventTimeEngine):
         # parent's join takes them (see _keep_inputs)
         self._new_inputs: dict[int, tuple[Records, Records]] = {}
         self._swept_at: dict[int, int] = {}  # RUN: the watermark of its last sweep
+        self.budget, self.stop_over_budget = budget, stop_over_budget
+        self._stopped_news: list[tuple[str, str]] = []  # (query, why), for take_stopped
+        self._budget_state()
 
     stats = property(lambda self: self.state.stats, doc="``self.state.stats``")
 
@@ -123,39 +140,16 @@ class Engine(EventTimeEngine):
         inputs, taken = prog.leaves.route(state.store, seqs, ts, types)
         for v in prog.topo:
             k = prog.kind[v]
-            if k == Kind.EVENT:  # the events its type, key and filters let through
-                j = prog.leaf_index[v]
-                t, keys, s = taken[j]
-                recs = Records(t, t, keys, s.reshape(-1, 1))
-                stats[v].inputs += int(inputs[j])
-            elif k == Kind.OR:
-                left, right = delta[prog.children[v][0]], delta[prog.children[v][1]]
-                nl, nr = prog.n_slots[prog.children[v][0]], prog.n_slots[prog.children[v][1]]
-                recs = Records(
-                    np.concatenate([left.start, right.start]),
-                    np.concatenate([left.end, right.end]),
-                    np.concatenate([left.key, right.key]),
-                    np.concatenate([
-                        np.hstack([left.slots, np.full((len(left), nr), -1, np.int64)]),
-                        np.hstack([np.full((len(right), nl), -1, np.int64), right.slots])]),
-                ).sorted_by_end()
-                stats[v].inputs += len(left) + len(right)
-            elif k in (Kind.SEQ, Kind.AND) and self.plan.on_demand[v]:
-                recs = self._keep_inputs(v, delta)
-            elif k in (Kind.SEQ, Kind.AND):
-                recs = self._join(v, delta)
-            elif k == Kind.KLEENE:
-                recs = self._lists(v, delta[prog.kleene[v].child])
-            elif k == Kind.RUN:
-                continue  # its events wait in run_pending (see _step_runs)
-            elif k == Kind.NOT:
-                child = delta[prog.children[v][2]]
-                if len(child):
-                    state.not_store[v].push_batch(child.start, child.end, child.key,
-                                                  np.ascontiguousarray(child.slots))
-                stats[v].inputs += len(child)
-                recs = child
-            else:  # OUTPUT
+            if v in self._dead:  # every query reading it was stopped by its budget
+                delta[v] = Records.empty(prog.n_slots[v])
+                self._new_inputs.pop(v, None)
+                continue
+            try:
+                recs = self._vertex(v, k, delta, inputs, taken)
+            except StateBudgetExceeded as err:
+                self._stop(v, err)
+                recs = Records.empty(prog.n_slots[v])
+            if recs is None:
                 continue
             delta[v] = recs
             stats[v].outputs += len(recs)
@@ -167,6 +161,96 @@ class Engine(EventTimeEngine):
                 out += self._output(q, delta[q.spec.root])
         self._measure_state()
         return out
+
+    def _vertex(self, v: int, k, delta: dict[int, Records], inputs, taken) -> Records | None:
+        """Vertex v's new records of this batch (None: it makes none here)."""
+        prog, state = self.program, self.state
+        stats = state.stats
+        if k == Kind.EVENT:  # the events its type, key and filters let through
+            j = prog.leaf_index[v]
+            t, keys, s = taken[j]
+            recs = Records(t, t, keys, s.reshape(-1, 1))
+            stats[v].inputs += int(inputs[j])
+        elif k == Kind.OR:
+            left, right = delta[prog.children[v][0]], delta[prog.children[v][1]]
+            nl, nr = prog.n_slots[prog.children[v][0]], prog.n_slots[prog.children[v][1]]
+            recs = Records(
+                np.concatenate([left.start, right.start]),
+                np.concatenate([left.end, right.end]),
+                np.concatenate([left.key, right.key]),
+                np.concatenate([
+                    np.hstack([left.slots, np.full((len(left), nr), -1, np.int64)]),
+                    np.hstack([np.full((len(right), nl), -1, np.int64), right.slots])]),
+            ).sorted_by_end()
+            stats[v].inputs += len(left) + len(right)
+        elif k in (Kind.SEQ, Kind.AND) and self.plan.on_demand[v]:
+            recs = self._keep_inputs(v, delta)
+        elif k in (Kind.SEQ, Kind.AND):
+            recs = self._join(v, delta)
+        elif k == Kind.KLEENE:
+            recs = self._lists(v, delta[prog.kleene[v].child])
+        elif k == Kind.RUN:
+            return None  # its events wait in run_pending (see _step_runs)
+        elif k == Kind.NOT:
+            child = delta[prog.children[v][2]]
+            if len(child):
+                state.not_store[v].push_batch(child.start, child.end, child.key,
+                                              np.ascontiguousarray(child.slots))
+            stats[v].inputs += len(child)
+            recs = child
+        else:  # OUTPUT
+            return None
+        return recs
+
+    # ------------------------------------------------------------ the budget
+    def _budget_state(self) -> None:
+        """Every buffer of the state (and the scratch rings) limited to the budget; the
+        vertices of stopped queries known (after a restore too)."""
+        state = self.state
+        for queues in (state.left_q, state.right_q, state.growing):
+            for q in queues.values():
+                q.records.limit = self.budget
+        for ring in (*state.not_store.values(), *self._out_rings.values()):
+            ring.limit = self.budget
+        readers = self.program.readers
+        self._dead = {v for v, qs in readers.items()
+                      if qs and all(q in state.stopped for q in qs)}
+
+    def _stop(self, v: int, err: StateBudgetExceeded) -> None:
+        """Vertex v's buffer would exceed the budget: every query reading v stops (its
+        matches end here, its vertices' state is let go); the others go on."""
+        prog, state = self.program, self.state
+        names = [prog.queries[qi].name for qi in prog.readers[v]]
+        why = budget_line(names, f"{self.plan.label(v)} (vertex {v})", self.budget)
+        if not self.stop_over_budget:
+            raise UserError(why) from None
+        for qi in prog.readers[v]:
+            if qi in state.stopped:
+                continue
+            state.stopped[qi] = why
+            state.pending[qi] = Records.empty(prog.queries[qi].n_slots)
+            self._stopped_news.append((prog.queries[qi].name, why))
+        self._budget_state()
+        for u in self._dead:  # their state goes: fresh, empty buffers
+            for queues in (state.left_q, state.right_q, state.growing):
+                if u in queues:
+                    queues[u] = KeyedQueue(queues[u].n_ids)
+            if u in state.not_store:
+                state.not_store[u] = RingBuffer(state.not_store[u].n_ids)
+            if u in state.runs:
+                state.runs[u] = RunTable(len(self.plan.run[u].types))
+            self._new_inputs.pop(u, None)
+        self._budget_state()
+
+    def take_stopped(self) -> list[tuple[str, str]]:
+        """The queries stopped by their budget since the last call: (name, why)."""
+        out, self._stopped_news = self._stopped_news, []
+        return out
+
+    @property
+    def stopped(self) -> dict[str, str]:
+        """Every query stopped by its budget (kept in snapshots): name -> why."""
+        return {self.program.queries[q].name: why for q, why in self.state.stopped.items()}
 
     def _step_runs(self, limit: int | None) -> MatchBatch:
         """RUN vertices take the waiting events with ts < ``limit`` (all when None):
@@ -181,13 +265,16 @@ class Engine(EventTimeEngine):
             return out
         seqs, ts, types = ready
         for v, run in prog.runs.items():
-            ring = self._out_rings.get(v)
-            if ring is None:  # scratch, reused every batch: neither program nor state
-                ring = self._out_rings[v] = RingBuffer(prog.n_slots[v], 1024)
-            ring.reset()
+            if v in self._dead:
+                continue
+            ring = self._scratch(v, prog.n_slots[v])
             ok, keys = leaf_keys(state.store, seqs, run.key)
-            run_step(run.spec, state.runs[v], state.store, state.lists, seqs, ts, types, keys,
-                     ok.view(np.uint8), ring)
+            try:
+                run_step(run.spec, state.runs[v], state.store, state.lists, seqs, ts, types,
+                         keys, ok.view(np.uint8), ring)
+            except StateBudgetExceeded as err:
+                self._stop(v, err)
+                continue
             recs = Records.from_ring(ring)
             state.stats[v].inputs += len(seqs)
             state.stats[v].outputs += len(recs)
@@ -201,14 +288,21 @@ class Engine(EventTimeEngine):
         state.stats[v].inputs += len(elements)
         if not len(elements):
             return Records.empty(1)
-        out_ring = self._out_rings.get(v)
-        if out_ring is None:  # scratch, reused every batch: neither program nor state
-            out_ring = self._out_rings[v] = RingBuffer(1, 1024)
-        out_ring.reset()
+        out_ring = self._scratch(v, 1)
         kleene_step(state.lists, state.store, state.growing[v], spec.window,
                     np.ascontiguousarray(elements.slots[:, 0]), elements.end, elements.key,
                     *spec.sets, out_ring)
         return Records.from_ring(out_ring)  # in the end-ts order the events came in
+
+    def _scratch(self, v: int, n_slots: int) -> RingBuffer:
+        """Vertex v's ring for one batch's new records, emptied: scratch, reused every
+        batch (neither program nor state), limited to the budget as the state is."""
+        ring = self._out_rings.get(v)
+        if ring is None:
+            ring = self._out_rings[v] = RingBuffer(n_slots, 1024)
+            ring.limit = self.budget
+        ring.reset()
+        return ring
 
     def _keep(self, guard_vertex: int, recs: Records) -> Records:
         """The records the NOT at ``guard_vertex`` does not forbid."""
@@ -251,10 +345,7 @@ class Engine(EventTimeEngine):
         on_demand = self._on_demand(left) if self.plan.on_demand[left] else None
         if not len(dl) and not len(dr) and on_demand is None:
             return Records.empty(n_out)
-        out_ring = self._out_rings.get(v)
-        if out_ring is None:  # scratch, reused every batch: neither program nor state
-            out_ring = self._out_rings[v] = RingBuffer(n_out, 1024)
-        out_ring.reset()
+        out_ring = self._scratch(v, n_out)
         state.stats[v].evictions += join_delta(
             prog.joins[v], state.store, state.left_q.get(v), state.right_q.get(v),
             dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
@@ -270,7 +361,7 @@ class Engine(EventTimeEngine):
 
     def _output(self, q: QueryProgram, recs: Records) -> MatchBatch:
         out = MatchBatch(self.match_queries)
-        if q.never or not len(recs):
+        if q.never or not len(recs) or q.index in self.state.stopped:
             return out
         inside = recs.end - recs.start <= q.window
         if not inside.all():
@@ -389,6 +480,17 @@ class Engine(EventTimeEngine):
         """Load a snapshot taken by ``snapshot()`` of an engine running the same plan;
         nothing is recompiled."""
         self.state = EngineState.from_bytes(self.program, blob)
+        self._budget_state()
+
+
+def budget_line(queries: list[str], where: str, budget: int) -> str:
+    """The one line that says a query was stopped by its budget, and what bounds it."""
+    which = f"query {queries[0]}" if len(queries) == 1 else \
+        f"queries {', '.join(queries)} (sharing it)"
+    return (f"{which} stopped: {where} would hold over {budget:,} partial matches, the "
+            "budget of a query's buffer (--max-partial-matches); the other queries go on. "
+            "A selection strategy (USING skip-till-next-match, strict-contiguity or "
+            "partition-contiguity) or a shorter window bounds it")
 
 
 def run_events(plan: Plan, batches: Iterable, lateness: int = 0) -> tuple[MatchBatch, Engine]:

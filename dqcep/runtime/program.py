@@ -164,6 +164,19 @@ class Program:
         self.store_retention = 2 * max(windows) + 2
         self.constants = tuple(constants.values)
         self._fingerprint: str | None = None
+        # per vertex, the queries whose matches it takes part in (its root's descendants,
+        # and their negations'): a query stopped by its budget takes its vertices' state
+        self.readers: dict[int, tuple[int, ...]] = {v: () for v in range(plan.n_vertices)}
+        for q in self.queries:
+            seen, todo = set(), [q.spec.root, q.spec.output, *q.now_guards, *q.held_guards]
+            while todo:
+                v = todo.pop()
+                if v < 0 or v in seen:
+                    continue
+                seen.add(v)
+                todo += [*self.children[v], *self.host_guards.get(v, ())]
+            for v in seen:
+                self.readers[v] += (q.index,)
 
     def _query(self, index: int, spec, guards: list[int], constants) -> QueryProgram:
         plan = self.plan

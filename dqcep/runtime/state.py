@@ -94,6 +94,7 @@ class EngineState(TimeState):
     # RUN: released events not yet stepped (seq, ts, id, type): the events of the newest
     # ts may still be joined by others of that ts, and runs take events in (ts, id) order
     run_pending: tuple = NOTHING_WAITING  # RUN vertices' events, until stream order is known
+    stopped: dict[int, str] = field(default_factory=dict)  # query index -> why (its budget)
 
     @classmethod
     def fresh(cls, program, lateness: int = 0) -> "EngineState":
@@ -159,6 +160,7 @@ class EngineState(TimeState):
             "growing": {str(v): queue(q) for v, q in self.growing.items()},
             "runs": {str(v): arr(r.dump()) for v, r in self.runs.items()},
             "run_pending": [arr(a) for a in self.run_pending],
+            "stopped": {str(q): why for q, why in self.stopped.items()},
         }
         return SNAPSHOT_MAGIC + struct.pack("<I", SNAPSHOT_VERSION) + \
             msgpack.packb(body, use_bin_type=True)
@@ -211,4 +213,5 @@ class EngineState(TimeState):
             state.runs[int(v_str)].load(np.ascontiguousarray(view(rows)))
         if "run_pending" in body:
             state.run_pending = tuple(arr(a) for a in body["run_pending"])
+        state.stopped = {int(q): why for q, why in body.get("stopped", {}).items()}
         return state

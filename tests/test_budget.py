@@ -1,0 +1,166 @@
+"""The per-query budget of partial matches (issue 36): a query whose state would grow
+past it is stopped with one line while every other query goes on, on every path that
+runs the native engine (dqcep run, the streaming service, a Spark task), and the stop
+is part of the engine's state (a replay stops it again)."""
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from dqcep.errors import UserError
+from dqcep.events import event_from_mapping
+from dqcep.lang import parse
+from dqcep.plan import build_plan
+from dqcep.reference import ReferenceMatcher
+from dqcep.runtime import Engine
+
+# the issue's: any-match Kleene over 10 min; 27 rising temperatures make 2^27 lists
+QUERIES = """
+QUERY rising PATTERN SEQ(Temperature+ t[], Smoke s) WHERE [room] WITHIN 10 min;
+QUERY hot PATTERN SEQ(Temperature t, Smoke s) WHERE [room] AND t.value > 50 WITHIN 10 min;
+QUERY dry PATTERN SEQ(Temperature t, NOT Humidity h) WHERE [room] WITHIN 5 s;
+"""
+
+
+def events(rooms=("r1", "r2"), n=27) -> list[dict]:
+    out, i = [], 0
+    for k, room in enumerate(rooms):
+        for j in range(n):
+            i += 1
+            out.append({"id": i, "type": "Temperature", "ts": 1000 * j + k, "room": room,
+                        "value": 40.0 + j})
+        i += 1
+        out.append({"id": i, "type": "Smoke", "ts": 1000 * n + k, "room": room,
+                    "density": 5.0})
+    out.sort(key=lambda e: (e["ts"], e["id"]))
+    return out
+
+
+def reference(text: str, evs: list[dict], names: set[str]) -> set[str]:
+    """The reference matcher's matches of the queries named (only those run: the
+    stopped one's result is 2^27 lists)."""
+    queries = [q for q in parse(text).queries if q.name in names]
+    return {json.dumps(m.to_json_obj()) for m in ReferenceMatcher(queries).run(
+        [event_from_mapping(e) for e in evs])}
+
+
+def lines(batch) -> set[str]:
+    return {json.dumps(m.to_json_obj()) for m in batch.to_matches()}
+
+
+def test_a_query_over_its_budget_stops_and_the_others_go_on():
+    """Budget 4096: 'rising' (2^13 lists after 13 events of a room) stops with its
+    line; 'hot' and 'dry' give exactly the reference's matches. Stopped queries stay
+    stopped across a snapshot and restore, and nothing of theirs comes out after."""
+    evs = events()
+    plan = build_plan(parse(QUERIES).queries)
+    engine = Engine(plan, budget=4096)
+    got = set()
+    for half in (evs[:20], evs[20:]):
+        got |= lines(engine.process([event_from_mapping(e) for e in half]))
+    [(query, why)] = engine.take_stopped()
+    assert query == "rising" and why.startswith("query rising stopped: KLEENE Temperature+")
+    assert "4,096 partial matches" in why and "skip-till-next-match" in why
+    again = Engine(plan, budget=4096)
+    again.restore(engine.snapshot())
+    assert again.stopped == {"rising": why} and again.take_stopped() == []
+    got |= lines(again.flush())
+    assert got == reference(QUERIES, evs, {"hot", "dry"}) and got
+    assert not any('"rising"' in m for m in got)
+
+
+def test_under_its_budget_nothing_changes():
+    """A budget the state never reaches: every query's matches, 'rising' included (a
+    run of 12 events a room: 4095 lists), are the reference's."""
+    evs = events(n=12)
+    engine = Engine(build_plan(parse(QUERIES).queries), budget=1 << 14)
+    got = lines(engine.process([event_from_mapping(e) for e in evs])) | lines(engine.flush())
+    assert engine.take_stopped() == [] and engine.stopped == {}
+    assert got == reference(QUERIES, evs, {"rising", "hot", "dry"})
+
+
+def test_a_join_over_its_budget_stops_its_query():
+    """Not only Kleene lists: a SEQ whose queue outgrows the budget (many A before a B
+    in one window) stops its query; the negation-free other query goes on."""
+    text = ("QUERY pairs PATTERN SEQ(A a, B b) WITHIN 1 min; "
+            "QUERY bs PATTERN SEQ(B x, C y) WITHIN 1 min")
+    evs = [{"id": i + 1, "type": "A", "ts": i} for i in range(300)] + \
+        [{"id": 1000, "type": "B", "ts": 400}, {"id": 1001, "type": "C", "ts": 500}]
+    engine = Engine(build_plan(parse(text).queries), budget=128)
+    got = lines(engine.process([event_from_mapping(e) for e in evs])) | lines(engine.flush())
+    assert [q for q, _ in engine.take_stopped()] == ["pairs"]
+    assert got == reference(text, evs, {"bs"}) and got
+
+
+def test_without_stopping_the_batch_fails_with_the_line():
+    """A Spark task's engine: one partition of a query stopped would be a wrong result,
+    so the task fails with the line (a UserError, which the driver says)."""
+    from dqcep.spark.executor import JobSpec
+    from dqcep.spark.partitioning import plan_partitioning
+    parsed = parse(QUERIES)
+    spec = JobSpec(QUERIES, plan_partitioning(parsed.queries), 1, budget=4096)
+    engine = spec.engine()
+    with pytest.raises(UserError, match="query rising stopped: KLEENE Temperature"):
+        engine.process([event_from_mapping(e) for e in events()])
+
+
+def test_dqcep_run_survives_the_issues_stream_in_4_gb(tmp_path):
+    """The issue's query on 27 events of one room took a 4 GB address space down
+    (MemoryError). With the default budget: one line, exit 1, and the other queries'
+    matches, exactly the reference's."""
+    (tmp_path / "q.cep").write_text(QUERIES)
+    evs = events(rooms=("r1",))
+    (tmp_path / "e.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", "q.cep", "--input", "e.jsonl"],
+                       cwd=tmp_path, capture_output=True, text=True, preexec_fn=limit,
+                       timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr
+    stops = [x for x in r.stderr.splitlines() if "stopped" in x]
+    assert len(stops) == 1 and stops[0].startswith("dqcep run: query rising stopped"), r.stderr
+    assert set(r.stdout.splitlines()) == reference(QUERIES, evs, {"hot", "dry"})
+
+
+def test_the_service_stops_the_query_the_same_way_after_a_replay(tmp_path):
+    """The streaming service: the query is stopped with a line and a dead letter, the
+    service goes on; a restart from a checkpoint taken before the stop replays the
+    journal and stops it at the same journal offset, with the same dead letter and the
+    same output (it used to die at every restart)."""
+    from tests.test_service_faults import config, journal_payloads, lines as jsonl
+    from dqcep.service import StreamingService
+    (tmp_path / "q.cep").write_text(QUERIES)
+    evs = events(rooms=("r1", "r2", "r3"))
+    payloads = [msgpack.packb({"events": evs[i:i + 8]}) for i in range(0, len(evs), 8)]
+    journal_payloads(tmp_path, payloads[:2])
+    cfg = config(tmp_path, queries=tmp_path / "q.cep", budget=4096)
+    svc = StreamingService(cfg)
+    while svc.step():
+        pass
+    svc.checkpoint()          # before the stop: 16 events, at most 2^8 lists a room
+    assert svc.engine.stopped == {}
+    svc.close()
+    journal_payloads(tmp_path, payloads[2:])
+
+    def run_to_end():
+        svc = StreamingService(cfg)
+        while svc.step():
+            pass
+        svc.end_stream()
+        stats = {k: svc.stats()[k] for k in ("events_in", "matches_out", "stopped")}
+        svc.close()           # a crash: no checkpoint after the stop
+        return stats, (tmp_path / "out.jsonl").read_bytes(), jsonl(tmp_path / "dead.jsonl")
+    first = run_to_end()
+    second = run_to_end()     # the restart replays from the same checkpoint
+    assert first == second
+    stats, out, dead = first
+    assert list(stats["stopped"]) == ["rising"]
+    [letter] = dead
+    assert letter["query"] == "rising" and letter["reason"].startswith("query rising stopped")
+    assert set(out.decode().splitlines()) == reference(QUERIES, evs, {"hot", "dry"})
