@@ -198,6 +198,7 @@ def _serve(args) -> int:
     if fmt not in ("msgpack", "json"):
         raise UserError("MQTT payloads are msgpack or json (--format)")
     query_file = _load_queries(args.queries)  # positioned errors before anything starts
+    _warn_plan(query_file, _load_rates(args.rates))
     cfg = ServiceConfig(
         queries=args.queries, inputs=args.input,
         journal=args.journal or str(named / "journal"),
@@ -269,6 +270,8 @@ def cmd_run(args) -> int:
     queries = query_file.queries
     if args.chunk_size < 1:
         raise UserError("--chunk-size must be >= 1")
+    if args.engine == "native":
+        _warn_plan(query_file, _load_rates(args.rates))
     if args.engine != "native" and (args.materialize != "always" or args.rates):
         raise UserError("--materialize and --rates plan the native engine's joins; "
                         f"--engine {args.engine} has none")
@@ -676,10 +679,19 @@ def cmd_explain(args) -> int:
     from dqcep.plan import build_plan, explain_dot, explain_text
 
     queries = _load_queries(args.queries)
-    plan = build_plan(queries.queries, _load_rates(args.rates), materialize=args.materialize,
+    rates = _load_rates(args.rates)
+    plan = build_plan(queries.queries, rates, materialize=args.materialize,
                       schemas=queries.schemas, tables=queries.tables)
+    _warn_plan(queries, rates)
     sys.stdout.write(explain_dot(plan) if args.dot else explain_text(plan))
     return 0
+
+
+def _warn_plan(query_file, rates: dict[str, float]) -> None:
+    """What the queries as written may cost (``dqcep.plan.warnings``), on stderr."""
+    from dqcep.plan.warnings import kleene_warnings
+    for message, pos in kleene_warnings(query_file.queries, rates):
+        print(f"{query_file.source}:{pos.line}:{pos.col}: {message}", file=sys.stderr)
 
 
 def cmd_generate(args) -> int:

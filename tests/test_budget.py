@@ -123,7 +123,7 @@ def test_dqcep_run_survives_the_issues_stream_in_4_gb(tmp_path):
                        timeout=300)
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr
-    stops = [x for x in r.stderr.splitlines() if "stopped" in x]
+    stops = [x for x in r.stderr.splitlines() if "stopped:" in x]
     assert len(stops) == 1 and stops[0].startswith("dqcep run: query rising stopped"), r.stderr
     assert set(r.stdout.splitlines()) == reference(QUERIES, evs, {"hot", "dry"})
 
@@ -164,3 +164,35 @@ def test_the_service_stops_the_query_the_same_way_after_a_replay(tmp_path):
     [letter] = dead
     assert letter["query"] == "rising" and letter["reason"].startswith("query rising stopped")
     assert set(out.decode().splitlines()) == reference(QUERIES, evs, {"hot", "dry"})
+
+
+def test_explain_and_run_warn_about_a_kleene_item_under_any_match(tmp_path):
+    """At plan time: a Kleene item under skip-till-any-match whose window holds more
+    than 20 of its events at the cost model's rates (1 event/s unless --rates says)
+    gets a positioned warning naming the strategies that bound it; none under another
+    strategy or over a short window."""
+    from dqcep.plan.warnings import kleene_warnings
+    (tmp_path / "q.cep").write_text(QUERIES)
+    r = subprocess.run([sys.executable, "-m", "dqcep", "explain", "q.cep"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout
+    [line] = r.stderr.splitlines()
+    assert line.startswith("q.cep:2:26: warning: query rising: Temperature+ t[] under "
+                           "skip-till-any-match") and "window of 10 min holds ~600" in line
+    assert "USING skip-till-next-match, strict-contiguity or partition-contiguity" in line
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", "q.cep", "--input", "e.jsonl"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert "q.cep:2:26: warning: query rising" in r.stderr
+    for text, warned in (
+            ("QUERY a PATTERN SEQ(T+ t[], S s) WITHIN 10 min USING skip-till-next-match", 0),
+            ("QUERY a PATTERN SEQ(T+ t[], S s) WITHIN 20 s", 0),
+            ("QUERY a PATTERN SEQ(T+ t[], S s) WITHIN 21 s", 1),
+            ("QUERY a PATTERN SEQ(S s, NOT T+ t[]) WITHIN 1 h", 0)):
+        try:
+            queries = parse(text).queries
+        except UserError:
+            continue  # a negated Kleene item is not in the language: nothing to warn
+        assert len(kleene_warnings(queries)) == warned, text
+    slow = kleene_warnings(parse("QUERY a PATTERN SEQ(T+ t[], S s) WITHIN 10 min").queries,
+                           {"T": 0.01})
+    assert slow == []  # 6 events a window at 0.01/s
