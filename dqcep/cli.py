@@ -189,6 +189,9 @@ def _serve(args) -> int:
         raise UserError("MQTT inputs cannot be mixed with files")
     if args.engine != "native":
         raise UserError("the streaming service runs the native engine")
+    if args.returns:  # it was ignored: no returns column, no "return" (issue 36)
+        raise UserError("--returns is for an event file: the streaming service does not "
+                        "write RETURN values (its matches name the events: join them on id)")
     if not args.output or args.output == "-":
         raise UserError("an MQTT input needs --output FILE or mqtt://... (not stdout: a restart "
                         "cuts a file back to the checkpoint)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from dqcep.batch import Malformed
 from dqcep.errors import UserError
 from dqcep.io.event_writers import EVENT_FORMATS, BatchEncoder, ParquetSink
+from dqcep.io.readers import TRUTH_SUFFIX
 from dqcep.io.sinks import create_file
 
 DESCRIPTION = """Generate a synthetic event stream (profiles iot, stock, uniform) with
@@ -137,7 +138,7 @@ def run(args) -> int:
         if args.output == "-" or mqtt:
             raise UserError("with --plant and output to stdout or MQTT, say where the ground "
                             "truth goes: --truth FILE")
-        truth_path = args.output + ".truth.jsonl"
+        truth_path = args.output + TRUTH_SUFFIX  # a directory of events leaves it out
 
     encoder = BatchEncoder(gen.schema, fmt, args.batch_size)
     publisher = sink = stream = None

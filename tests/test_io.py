@@ -1,5 +1,7 @@
 """Event readers: every format, and a positioned error for every kind of bad record;
 the match line formatters."""
+from pathlib import Path
+
 import msgpack
 import numpy as np
 import pytest
@@ -255,3 +257,24 @@ def test_match_lines_writes_kleene_lists_as_match_line_does(parts):
     batch = MatchBatch(queries, built)
     assert match_lines(batch).decode() == "".join(match_line(m) + "\n"
                                                   for m in batch.to_matches())
+
+
+def test_a_walked_directory_leaves_out_the_generators_ground_truth(tmp_path):
+    """docs/spark.md's quick start generates events/iot.msgpack with its ground truth
+    beside it (events/iot.msgpack.truth.jsonl); `dqcep spark run --input events/` read
+    the truth as events (35 dead letters). A walked directory leaves it out; named
+    alone, a file is read as given."""
+    import subprocess
+    import sys
+    from dqcep.io.readers import list_event_files
+    events = tmp_path / "events"
+    r = subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                        "2000", "--plant", "dqcep/data/iot.cep", "--plant-every", "130000",
+                        "--quiet", "-o", str(events / "iot.msgpack")],
+                       cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert (events / "iot.msgpack.truth.jsonl").stat().st_size > 0
+    assert list_event_files([str(events)]) == [str((events / "iot.msgpack").resolve())]
+    truth = str(events / "iot.msgpack.truth.jsonl")
+    assert list_event_files([truth]) == [str(Path(truth).resolve())]

@@ -42,16 +42,23 @@ class EventInputError(UserError):
         super().__init__(f"{source}:{where}: {reason}")
 
 
+# the generator's ground truth beside its events (``dqcep generate --plant``): JSON
+# Lines of matches, not events, so a walked directory leaves it out
+TRUTH_SUFFIX = ".truth.jsonl"
+
+
 def list_event_files(paths: list[str]) -> list[str]:
-    """Files of the inputs (directories walked), sorted within each input, in order;
-    absolute, since Spark executors run in other working directories."""
+    """Files of the inputs (directories walked, ground-truth files left out), sorted
+    within each input, in order; absolute, since Spark executors run in other working
+    directories."""
     out = []
     for p in paths:
         path = Path(p).resolve()  # executors run in other working directories
         if path.is_dir():
             found = sorted(str(f) for f in path.rglob("*") if f.is_file()
                            and f.suffix.lower() in EXTENSIONS
-                           and not f.name.startswith((".", "_")))
+                           and not f.name.startswith((".", "_"))
+                           and not f.name.endswith(TRUTH_SUFFIX))
             if not found:
                 raise UserError(f"no event files ({', '.join(sorted(EXTENSIONS))}) under {p}")
             out += found
