@@ -43,6 +43,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from dqcep.numbers import COUNT, POSITIVE, Number
+
+# a calibrated time: at most a day per payload (a larger one is no measurement, and its
+# predictions would overflow)
+SECONDS = Number(low=0, high=86_400)
+SECONDS_SQUARED = Number(low=0, high=86_400.0 ** 2)
+
 
 @dataclass(frozen=True)
 class QueryCost:
@@ -370,18 +377,28 @@ class Calibration:
                                 f"reads 2 and {CALIBRATION_VERSION} (run dqcep calibrate "
                                 "again)")
 
+            # every field by the rule of its kind (dqcep.numbers): a zero batch, a NaN
+            # or an infinity is one line here, not a ZeroDivisionError or a NaN later
+            def seconds(v, what, rule=SECONDS):
+                return rule.field(v, f"{source}: {what}")
+
             def cost(q, v):
-                return QueryCost(q, float(v["b"]), float(v["m2"]))
+                return QueryCost(q, seconds(v["b"], f"{q} b"),
+                                 seconds(v["m2"], f"{q} m2", SECONDS_SQUARED))
 
             def costs(d):
                 return {q: cost(q, v) for q, v in d.items()}
-            return cls(int(obj["batch_events"]), int(obj["payloads"]), costs(obj["alone"]),
-                       costs(obj["shared"]), float(obj["shared_b"]),
-                       cost("overhead", obj["overhead"]), float(obj["delay"]),
+            return cls(COUNT.field(obj["batch_events"], f"{source}: batch_events"),
+                       COUNT.field(obj["payloads"], f"{source}: payloads"),
+                       costs(obj["alone"]),
+                       costs(obj["shared"]), seconds(obj["shared_b"], "shared_b"),
+                       cost("overhead", obj["overhead"]), seconds(obj["delay"], "delay"),
                        cost("checkpoint", obj["checkpoint"]),
-                       float(obj["checkpoint"]["every"]), float(obj["consumer_delay"]),
-                       sorted((LoadPoint(float(p["rate"]), costs(p["alone"]),
-                                         costs(p["shared"]), float(p["shared_b"]))
+                       seconds(obj["checkpoint"]["every"], "checkpoint every", POSITIVE),
+                       seconds(obj["consumer_delay"], "consumer_delay"),
+                       sorted((LoadPoint(seconds(p["rate"], "point rate", POSITIVE),
+                                         costs(p["alone"]), costs(p["shared"]),
+                                         seconds(p["shared_b"], "point shared_b"))
                                for p in obj.get("points", [])), key=lambda p: p.rate))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise UserError(f"{source}: not a calibration written by dqcep calibrate "

@@ -11,8 +11,11 @@ from typing import Sequence
 
 from dqcep import __version__
 from dqcep.errors import UserError
+from dqcep.numbers import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
+                           POSITIVE, SHARE)
 
 EXIT_USER_ERROR = 2
+MAX_WORKERS = 1024  # --workers of dqcep run and dqcep capacity, at most
 STATE_BUDGET_DEFAULT = 1 << 20  # dqcep.runtime.STATE_BUDGET (not imported: --help stays fast)
 
 
@@ -231,8 +234,9 @@ def _serve_workers(args, cfg, names: list[str]) -> int:
     if cfg.hosted is not None:
         raise UserError("--queries runs one service; with --workers every query of the "
                         "file is placed")
-    if args.workers is not None and args.workers < 1:
-        raise UserError("--workers must be >= 1")
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UserError(f"--workers must be >= 1 and <= {MAX_WORKERS}")
+    _check_water_marks(args)
     if bool(args.target) != bool(args.calibration):
         raise UserError("--target needs --calibration FILE (dqcep calibrate) to place the "
                         "queries by" if args.target else
@@ -499,17 +503,23 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _check_water_marks(args) -> None:
+    if args.lw > args.hw:
+        raise UserError(f"--lw {args.lw:g} must not exceed --hw {args.hw:g} (the low "
+                        "water-mark is below the high one)")
+
+
 def _named_values(items: list[str], what: str, names: list[str]) -> dict[str, float]:
     """``NAME=VALUE`` options (``*=VALUE``: every query) as {query: value}."""
     out: dict[str, float] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
         try:
-            number = float(value)
+            number = POSITIVE.check(value)
         except ValueError:
-            number = -1.0
-        if not sep or number <= 0:
-            raise UserError(f"--{what} {item}: give QUERY=NUMBER (a positive number; "
+            number = None
+        if not sep or number is None:
+            raise UserError(f"--{what} {item}: give QUERY=NUMBER (a finite number > 0; "
                             "*=NUMBER for every query)")
         if name != "*" and name not in names:
             raise UserError(f"--{what} {item}: no query {name!r} (the queries: "
@@ -525,6 +535,7 @@ def cmd_capacity(args) -> int:
 
     from dqcep.capacity import deviation, place
 
+    _check_water_marks(args)
     query_file = _load_queries(args.queries)
     names = [q.name for q in query_file.queries]
     calibration = _read_calibration(args.calibration)
@@ -556,8 +567,8 @@ def cmd_capacity(args) -> int:
     targets = {n: targets.get(n, math.inf) for n in names}
     if args.spark:
         return _spark_bounds(args, calibration, stream, own, targets)
-    if args.workers is not None and args.workers < 1:
-        raise UserError("--workers must be >= 1")
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UserError(f"--workers must be >= 1 and <= {MAX_WORKERS}")
     # the model's customer is a payload of the calibration's batch_events events; the
     # costs are those at that rate (measured at several: the time per payload falls)
     payload_rates = {n: r / calibration.batch_events for n, r in rates.items()}
@@ -767,7 +778,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--input", "-i", required=True, metavar="EVENTS", help="event file")
     cal.add_argument("--format", choices=("jsonl", "msgpack", "csv", "parquet"),
                      help="input format (default: from the extension)")
-    cal.add_argument("--batch-size", type=int, default=200, metavar="N",
+    cal.add_argument("--batch-size", type=COUNT.option, default=200, metavar="N",
                      help="events per payload (default 200)")
     cal.add_argument("--broker", metavar="mqtt://HOST:PORT/TOPIC",
                      help="calibrate live: run each service as dqcep run against this broker "
@@ -777,7 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --broker: measure the queries alone as dqcep run --workers N "
                      "would run them (default 1; a consumer's cost grows with the processes "
                      "beside it)")
-    cal.add_argument("--gap", type=float, default=2.0, metavar="MS",
+    cal.add_argument("--gap", type=NON_NEGATIVE.option, default=2.0, metavar="MS",
                      help="idle time before each payload (default 2 ms: low load)")
     cal.add_argument("--loads", metavar="SHARES",
                      help="with --broker: measure again with Poisson arrivals at these shares "
@@ -817,15 +828,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="as dqcep run --workers / --target runs the queries: a journal "
                      "consumer per query, a worker's consumers served in turn, the tightest "
                      "target first (default: each worker runs its queries as one plan)")
-    cap.add_argument("--lw", type=float, default=-0.5, help="low water-mark (default -0.5)")
-    cap.add_argument("--hw", type=float, default=0.0, help="high water-mark (default 0)")
-    cap.add_argument("--rho-max", type=float, default=0.8,
+    cap.add_argument("--lw", type=ANY.option, default=-0.5, help="low water-mark (default -0.5)")
+    cap.add_argument("--hw", type=ANY.option, default=0.0, help="high water-mark (default 0)")
+    cap.add_argument("--rho-max", type=SHARE.option, default=0.8,
                      help="load threshold per worker (default 0.8)")
     cap.add_argument("--spark", action="store_true",
                      help="print spark.dynamicAllocation's bounds instead: executors of one "
                      "core for the tightest --target, --rate the peak, the stream divided "
                      "evenly among them (docs/capacity.md)")
-    cap.add_argument("--rate-low", type=float, metavar="EVENTS_PER_S",
+    cap.add_argument("--rate-low", type=POSITIVE.option, metavar="EVENTS_PER_S",
                      help="with --spark: the lowest rate, for minExecutors (default: 1)")
     cap.add_argument("--json", action="store_true", help="print JSON instead of text")
     cap.set_defaults(func=cmd_capacity)
@@ -835,10 +846,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate an IoT sensor stream with planted occurrences of the demo "
         "queries (dqcep/data/iot.cep), run it through the native engine and print matches, "
         "recall of the planted occurrences and the engine's figures.")
-    demo.add_argument("--events", "-n", type=int, default=None,
+    demo.add_argument("--events", "-n", type=COUNT.option, default=None,
                       help="events to generate (default 200000; 50000 with --mqtt)")
     demo.add_argument("--seed", type=int, default=1, help="generator seed (default 1)")
-    demo.add_argument("--show", type=int, default=10, help="matches to print (default 10)")
+    demo.add_argument("--show", type=NON_NEGATIVE_COUNT.option, default=10, help="matches to print (default 10)")
     demo.add_argument("--mqtt", action="store_true",
                       help="go through a real MQTT broker and the streaming service: the one "
                       "at --broker, else localhost:1883, else a Mosquitto started for the demo")
@@ -879,12 +890,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "only), or the reference matcher (simple and exact, holds the whole "
                      "input)")
     _planner_options(run, "native: ")
-    run.add_argument("--lateness", type=int, default=0, metavar="MS",
+    run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                      help="native, sase: events may arrive up to MS ms out of event-time order "
                      "(a K-slack buffer); later ones are counted and left out (default 0)")
-    run.add_argument("--chunk-size", type=int, default=65_536, metavar="N",
+    run.add_argument("--chunk-size", type=COUNT.option, default=65_536, metavar="N",
                      help="native, sase: events read and processed per step (default 65536)")
-    run.add_argument("--max-partial-matches", type=int, default=STATE_BUDGET_DEFAULT,
+    run.add_argument("--max-partial-matches", type=NON_NEGATIVE_COUNT.option, default=STATE_BUDGET_DEFAULT,
                      metavar="N",
                      help="native: the partial matches one buffer of a query may hold (a "
                      "join queue, a Kleene item's lists, a batch's new records; rounded up "
@@ -926,18 +937,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "re-plan the workers to meet it; needs --calibration")
     service.add_argument("--calibration", metavar="FILE",
                          help="written by dqcep calibrate: the costs --target places by")
-    service.add_argument("--lw", type=float, default=-0.5,
+    service.add_argument("--lw", type=ANY.option, default=-0.5,
                          help="with --target: scale down only when every query's deviation "
                          "(W - T) / T is below this (default -0.5)")
-    service.add_argument("--hw", type=float, default=0.0,
+    service.add_argument("--hw", type=ANY.option, default=0.0,
                          help="with --target: a query above this deviation gets one worker "
                          "more than the model says (default 0)")
-    service.add_argument("--replan-every", type=float, default=2.0, metavar="S",
+    service.add_argument("--replan-every", type=POSITIVE.option, default=2.0, metavar="S",
                          help="with --target: re-plan every S seconds (default 2)")
     service.add_argument("--client-id", default="dqcep-engine", metavar="ID",
                          help="MQTT client id of the persistent session (default "
                          "dqcep-engine); every service on a broker needs its own")
-    service.add_argument("--until-idle", type=float, metavar="S",
+    service.add_argument("--until-idle", type=NON_NEGATIVE.option, metavar="S",
                          help="end the stream after S seconds without input: release the "
                          "matches held for a trailing NOT, checkpoint, exit 0 (SIGUSR1 does "
                          "the same at once; SIGTERM/SIGINT only pause: held matches stay in "
@@ -950,7 +961,7 @@ def build_parser() -> argparse.ArgumentParser:
                          metavar="BYTES", help="a journal segment is closed once it holds "
                          "BYTES (default 64M); retention deletes whole closed segments")
     service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, rewritten with each stats line")
-    service.add_argument("--stats-every", type=float, default=10.0, metavar="S",
+    service.add_argument("--stats-every", type=POSITIVE.option, default=10.0, metavar="S",
                          help="seconds between stats lines on stderr (default 10)")
     run.add_argument("--returns", action="store_true",
                      help="add each match's RETURN values as a \"return\" object")

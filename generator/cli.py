@@ -14,6 +14,7 @@ from dqcep.batch import Malformed
 from dqcep.errors import UserError
 from dqcep.io.event_writers import EVENT_FORMATS, BatchEncoder, ParquetSink
 from dqcep.io.readers import TRUTH_SUFFIX
+from dqcep.numbers import COUNT, FRACTION, MILLISECONDS, NON_NEGATIVE_COUNT, POSITIVE
 from dqcep.io.sinks import create_file
 
 DESCRIPTION = """Generate a synthetic event stream (profiles iot, stock, uniform) with
@@ -26,26 +27,26 @@ See docs/generator.md."""
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=("iot", "stock", "uniform"),
                    help="event profile (default: iot, or the scenario's)")
-    p.add_argument("--events", "-n", type=int, help="number of distinct events (default 10000)")
+    p.add_argument("--events", "-n", type=NON_NEGATIVE_COUNT.option, help="number of distinct events (default 10000)")
     p.add_argument("--seed", type=int, help="random seed (default 0)")
     p.add_argument("--format", "-f", choices=EVENT_FORMATS,
                    help="output format (default: from the file extension, else jsonl; "
                    "msgpack for MQTT)")
     p.add_argument("--output", "-o", default="-",
                    help="file path, - for stdout (default), or mqtt://host:port/topic")
-    p.add_argument("--rate", type=float,
+    p.add_argument("--rate", type=POSITIVE.option,
                    help="target events per second of wall-clock time (default: as fast as "
                    "possible)")
     p.add_argument("--scenario", metavar="FILE", help="JSON or TOML scenario (docs/generator.md)")
-    p.add_argument("--chunk-size", type=int, default=65_536,
+    p.add_argument("--chunk-size", type=COUNT.option, default=65_536,
                    help="events generated and written per step (bounds memory)")
-    p.add_argument("--batch-size", type=int, default=1000,
+    p.add_argument("--batch-size", type=COUNT.option, default=1000,
                    help="events per msgpack payload {\"events\": [...]} (default 1000)")
     plant = p.add_argument_group("planted patterns")
     plant.add_argument("--plant", metavar="QUERIES.cep",
                        help="plant occurrences of these queries' patterns")
     plant.add_argument("--plant-query", metavar="NAME", help="only this query of the file")
-    plant.add_argument("--plant-every", type=int, metavar="MS",
+    plant.add_argument("--plant-every", type=COUNT.option, metavar="MS",
                        help="one occurrence per MS of event time (default 10000, or more "
                        "than 2 x (the longest window + clock skew) when that is larger)")
     plant.add_argument("--truth", metavar="FILE",
@@ -60,7 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             ("--missing-attributes", float, "share with one attribute left out"),
             ("--malformed", float, "share written malformed (no type, bad ts, undecodable)"),
             ("--clock-skew", int, "per-source clock offset, uniform in [-skew, +skew]")):
-        imp.add_argument(flag, type=kind, help=help_)
+        # a share is in [0, 1], a delay or skew a count of ms
+        imp.add_argument(flag, type=(FRACTION if kind is float else MILLISECONDS).option,
+                         help=help_)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
 
 

@@ -8,6 +8,24 @@ from pathlib import Path
 
 from dqcep.errors import UserError
 from dqcep.io.readers import FORMATS
+from dqcep.numbers import COUNT, MILLISECONDS, POSITIVE, Number
+
+SLICE_MS = Number(integer=True, low=1, high=2**61)   # a time slice's length, ms
+WORKERS = Number(integer=True, low=1, high=1024)     # a local cluster's workers, cores
+# the masters Spark takes (its SparkMasterRegex and URL schemes), checked before the
+# JVM starts: a typo was a Spark error after the JVM's start
+_MASTER = re.compile(r"(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
+                     r"(spark|k8s|mesos)://\S+)\Z")
+
+
+def master_url(text: str) -> str:
+    """An argparse ``type``: a Spark master URL of a form Spark takes."""
+    import argparse
+    if not _MASTER.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Spark master: local, local[N], local[*], "
+            "local-cluster[N,CORES,MB], spark://HOST:PORT, yarn or k8s://URL")
+    return text
 
 
 def _require_spark() -> None:
@@ -172,21 +190,21 @@ def add_spark_parser(sub, parser_class) -> None:
     run.add_argument("--input", "-i", nargs="+", required=True, metavar="PATH",
                      help="event files or directories, in arrival order")
     run.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
-    run.add_argument("--master", default=None,
+    run.add_argument("--master", default=None, type=master_url,
                      help="Spark master: local[N], local-cluster[N,C,MB], spark://host:port "
                      "(default: spark-submit's, else local[*])")
-    run.add_argument("--partitions", type=int, default=4, metavar="N",
+    run.add_argument("--partitions", type=COUNT.option, default=4, metavar="N",
                      help="key partitions and shuffle partitions (default 4)")
     run.add_argument("--format", choices=FORMATS,
                      help="input format (default: from each file's extension)")
-    run.add_argument("--lateness", type=int, default=0, metavar="MS",
+    run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                      help="allowed out-of-orderness in arrival order (default 0)")
     run.add_argument("--output-format", choices=("json", "parquet"), default="json",
                      help="matches as JSON Lines (default) or Parquet")
     run.add_argument("--partitioning", choices=("auto", "time"), default="auto",
                      help="auto: by each query's key where it has one, else time slices; "
                      "time: time slices for every query")
-    run.add_argument("--slice-ms", type=int, default=None, metavar="MS",
+    run.add_argument("--slice-ms", type=SLICE_MS.option, default=None, metavar="MS",
                      help="time-slice length (default: a few slices per partition, at least "
                      "the window)")
     run.add_argument("--overwrite", action="store_true", help="replace DIR's contents")
@@ -209,18 +227,18 @@ def add_spark_parser(sub, parser_class) -> None:
     stream.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
     stream.add_argument("--checkpoint", required=True, metavar="DIR",
                         help="Spark checkpoint (offsets, state) and the journal index")
-    stream.add_argument("--master", default=None, help="Spark master (as for 'spark run')")
-    stream.add_argument("--partitions", type=int, default=4, metavar="N",
+    stream.add_argument("--master", default=None, type=master_url, help="Spark master (as for 'spark run')")
+    stream.add_argument("--partitions", type=COUNT.option, default=4, metavar="N",
                         help="key partitions and shuffle partitions (default 4; fixed by the "
                         "first run of a checkpoint)")
     stream.add_argument("--format", choices=("msgpack", "json"), default="msgpack",
                         help="payload encoding (default msgpack)")
-    stream.add_argument("--lateness", type=int, default=0, metavar="MS",
+    stream.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                         help="allowed out-of-orderness in arrival order (default 0)")
     stream.add_argument("--partitioning", choices=("auto", "time"), default="auto")
-    stream.add_argument("--slice-ms", type=int, default=None, metavar="MS",
+    stream.add_argument("--slice-ms", type=SLICE_MS.option, default=None, metavar="MS",
                         help="time-slice length (default 10 windows, at least 1 s)")
-    stream.add_argument("--trigger", type=float, default=1.0, metavar="S",
+    stream.add_argument("--trigger", type=POSITIVE.option, default=1.0, metavar="S",
                         help="seconds between micro-batches (default 1)")
     stream.add_argument("--until-idle", action="store_true",
                         help="stop when every closed segment is processed (and timers fired)")
@@ -253,7 +271,7 @@ def add_spark_parser(sub, parser_class) -> None:
     cluster.add_argument("action", choices=("start", "stop"))
     cluster.add_argument("--dir", default=".dqcep-spark", metavar="DIR",
                          help="state and logs (default .dqcep-spark)")
-    cluster.add_argument("--workers", type=int, default=2, help="workers (default 2)")
-    cluster.add_argument("--cores", type=int, default=1, help="cores per worker (default 1)")
+    cluster.add_argument("--workers", type=WORKERS.option, default=2, help="workers (default 2)")
+    cluster.add_argument("--cores", type=WORKERS.option, default=1, help="cores per worker (default 1)")
     cluster.add_argument("--memory", default="1g", help="memory per worker (default 1g)")
     cluster.set_defaults(func=cmd_spark_cluster)
