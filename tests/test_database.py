@@ -348,3 +348,37 @@ def test_a_match_held_at_a_pause_after_an_end_of_stream_is_written(tmp_path, dat
     assert len(table_rows(database_url)) == 1
     run(end_of_stream=True)                 # restart, then the end of the stream
     assert sorted(json.loads(r[2])["t"] for r in table_rows(database_url)) == [1, 2]
+
+
+def test_a_locked_sqlite_output_is_waited_out(mosquitto, tmp_path):
+    """Another program holds the output database locked (an exclusive transaction) for
+    longer than SQLite's busy timeout: the service says so (stats `error`, FAILING),
+    goes back to its checkpoint and retries, and once the lock is gone the table holds
+    exactly the reference's matches, each once. It used to exit 2 on the retry's
+    reopen ('database is locked' read as a bad database URL)."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/locked"
+    db = tmp_path / "alerts.db"
+    want, n_events = expected_matches(20_000, tmp_path)
+    svc = Service(tmp_path, url)
+    svc.args[svc.args.index("-o") + 1] = f"sqlite:///{db}"
+    svc.args += ["--state", str(tmp_path / "state")]
+    svc.start()
+    pub = subprocess.Popen(gen_args(20_000, url, ("--rate", "4000")))
+    svc.wait_for(2_000)
+    lock = sqlite3.connect(db, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    deadline = time.monotonic() + 30
+    while not svc.events_in("error") and time.monotonic() < deadline:
+        assert svc.proc.poll() is None, svc.proc.stderr.read()
+        time.sleep(0.1)
+    assert "locked" in (svc.events_in("error") or ""), svc.events_in("error")
+    time.sleep(7)   # past the busy timeout again: retried, still up
+    assert svc.proc.poll() is None, svc.proc.stderr.read()
+    lock.execute("ROLLBACK")
+    lock.close()
+    assert pub.wait(60) == 0
+    svc.wait_for(n_events)
+    svc.finish()
+    got = table_rows(f"sqlite:///{db}")
+    assert len(got) == len(set(got)) and sorted(got) == sorted(as_rows("\n".join(want)))

@@ -245,11 +245,17 @@ class SqliteMatchSink(_TableSink):
 
     def __init__(self, target: str, with_returns: bool = False):
         path, table = _sqlite_target(target)
+        if path.is_dir():
+            raise UserError(f"{target}: cannot open the database: {path} is a directory")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # written by the run's output thread (BackgroundSink), one at a time
             self.db = sqlite3.connect(path, check_same_thread=False)
             super().__init__(target, table, with_returns)
+        except sqlite3.OperationalError as err:
+            # locked by another program, read-only, an I/O error: a failed write, which
+            # the service waits out from its checkpoint (it exited 2 on the retry)
+            raise DatabaseUnavailable(target, err) from None
         except (sqlite3.Error, OSError) as err:
             raise UserError(f"{target}: cannot open the database: {err}") from None
         self.insert = (f'INSERT INTO "{self.table}" VALUES '
