@@ -123,8 +123,9 @@ def _state_problem(state: dict) -> str | None:
         return isinstance(x, int) and not isinstance(x, bool) and x >= 0
     if not is_int(state.get("offset")) or not is_int(state.get("journal_end")):
         return "no journal offset"
-    if state.get("ended_at") is not None and not is_int(state["ended_at"]):
-        return "no end-of-stream offset"
+    for name in ("ended_at", "db_written"):
+        if state.get(name) is not None and not is_int(state[name]):
+            return f"no valid {name}"
     if not isinstance(state.get("engine"), bytes):
         return "no engine state"
     recent = state.get("recent")
@@ -256,9 +257,13 @@ class StreamingService:
         self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"])
         try:
             written = self.out.claim(self.stream) if self.database else None
+            self._check_table(written, (state or {}).get("db_written"))
         except BaseException:
             self.out.close()
             raise
+        # the journal offset the table's rows are known to cover (in every checkpoint)
+        self.db_written = max((state or {}).get("db_written") or 0,
+                              written.offset if written else 0) if self.database else None
         if not is_mqtt(cfg.output):
             self.out = BackgroundSink(self.out)  # output overlaps matching; sync waits
         self.dead = _Sink(cfg.dead_letter, sizes["dead_letter"])
@@ -271,6 +276,23 @@ class StreamingService:
             except BaseException:
                 self._unload()
                 raise
+
+    def _check_table(self, written: Progress | None, checkpointed: int | None) -> None:
+        """A database output must still hold what the checkpoint says was written to
+        it, as a file output its length: a table deleted, replaced or restored from an
+        older copy would lose those rows silently (120 of 186 were left)."""
+        if not checkpointed or (written is not None and written.offset >= checkpointed):
+            return
+        holds = "no matches of this service" if written is None else \
+            f"matches up to journal offset {written.offset}"
+        prev = f" and {self.cfg.checkpoint}.prev" if Path(
+            self.cfg.checkpoint + ".prev").exists() else ""
+        raise CheckpointError(
+            f"{self.cfg.output} holds {holds}, but the checkpoint {self.cfg.checkpoint} says "
+            f"matches up to offset {checkpointed} were written there: the database was "
+            "deleted, replaced or restored from an older copy; put it back, or drop the "
+            f"table and delete {self.cfg.checkpoint}{prev} to write it again from the "
+            "journal (which must still start at offset 0: --journal-retention)")
 
     def _catch_up(self, written: Progress) -> None:
         """The journal from the checkpoint up to what the database output already
@@ -477,6 +499,7 @@ class StreamingService:
             self.counts["matches_out"] += len(batch)
         elif self.database:
             self.counts["matches_out"] += self.out.write_batch(batch, Progress(end, flushed))
+            self.db_written = end  # committed once the sink is synced (a checkpoint)
         else:
             self.counts["matches_out"] += self.out.write_batch(batch)
 
@@ -494,7 +517,7 @@ class StreamingService:
             "engine": self.engine.snapshot(),
             "recent": self.recent.ids().astype("<i8").tobytes(),
             "counts": self.counts, "sinks": sinks, "stream": self.stream,
-            "ended_at": self.ended_at})
+            "ended_at": self.ended_at, "db_written": self.db_written})
         self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
 

@@ -382,3 +382,60 @@ def test_a_locked_sqlite_output_is_waited_out(mosquitto, tmp_path):
     svc.finish()
     got = table_rows(f"sqlite:///{db}")
     assert len(got) == len(set(got)) and sorted(got) == sorted(as_rows("\n".join(want)))
+
+
+def test_a_deleted_or_older_output_database_is_refused_with_how_to_recover(tmp_path):
+    """The checkpoint says rows up to some journal offset were written; the database
+    file is then deleted, or replaced by an older copy of itself: the service refuses
+    to start (it went on, and the rows before the checkpoint were lost), and following
+    the message (drop the table, delete the checkpoint) writes the table again from the
+    journal: exactly the reference's rows."""
+    import re
+    import shutil
+    from tests.test_service_faults import config, iot_payloads, journal_payloads
+    from dqcep.io.checkpoint import CheckpointError
+    from dqcep.events import event_from_mapping
+    from dqcep.lang import parse_file
+    from dqcep.reference import ReferenceMatcher
+    from dqcep.service import StreamingService
+    payloads = iot_payloads(20_000)
+    journal_payloads(tmp_path, payloads[:50])
+    db = tmp_path / "alerts.db"
+    cfg = config(tmp_path, journal_retention=1 << 40)
+    cfg.output = f"sqlite:///{db}"
+
+    def run():
+        svc = StreamingService(cfg)
+        while svc.step():
+            pass
+        svc.checkpoint()
+        svc.close()
+    run()
+    older = tmp_path / "older.db"
+    shutil.copy(db, older)
+    journal_payloads(tmp_path, payloads[50:])
+    run()
+    assert table_rows(cfg.output)
+    for damage in ("older copy", "deleted"):
+        db.unlink()
+        if damage == "older copy":
+            shutil.copy(older, db)
+        with pytest.raises(CheckpointError) as err:
+            StreamingService(cfg)
+        message = str(err.value)
+        assert "the database was deleted, replaced or restored from an older copy" in message
+    # follow it: drop the table (the file holds nothing else), delete the checkpoints
+    for path in re.search(r"delete (\S+?)( and (\S+))? to write it", message).group(1, 3):
+        if path:
+            Path(path).unlink()
+    svc = StreamingService(cfg)
+    while svc.step():
+        pass
+    svc.end_stream()
+    svc.checkpoint()
+    svc.close()
+    events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
+    want = as_rows("\n".join(json.dumps(m.to_json_obj()) for m in ReferenceMatcher(
+        parse_file(cfg.queries).queries).run(events)))
+    got = table_rows(cfg.output)
+    assert len(got) == len(set(got)) and sorted(got) == sorted(want)

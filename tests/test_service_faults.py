@@ -294,6 +294,42 @@ def test_a_damaged_checkpoint_is_refused_with_how_to_recover(tmp_path):
     assert output(tmp_path) == want == reference_lines(payloads)
 
 
+def test_every_recovery_hint_does_what_it_says_when_followed(tmp_path):
+    """A damaged checkpoint with a previous one beside it: both hints of the message,
+    followed to the letter (the paths taken from the message), start the service and
+    end with the reference's matches. 'delete FILE to rebuild' used to resume from
+    FILE.prev instead (and skip the rebuild)."""
+    import re
+    import shutil
+    from dqcep.errors import UserError
+    payloads = iot_payloads(5_000)
+    journal_payloads(tmp_path, payloads)
+    cfg = config(tmp_path, journal_retention=1 << 40)
+    run_once(cfg)
+    run_once(cfg)  # ck.bin.prev exists
+    assert (tmp_path / "ck.bin.prev").exists()
+    saved = tmp_path / "saved"
+    shutil.copytree(tmp_path, saved, ignore=shutil.ignore_patterns("saved"))
+    for hint in ("resume", "rebuild"):
+        for name in ("ck.bin", "ck.bin.prev", "out.jsonl", "dead.jsonl", "late.jsonl"):
+            if (saved / name).exists():
+                shutil.copy(saved / name, tmp_path / name)
+        (tmp_path / "ck.bin").write_bytes(b"damaged")
+        with pytest.raises(UserError) as err:
+            StreamingService(cfg)
+        message = str(err.value)
+        if hint == "resume":
+            src, dst = re.search(r"move (\S+) to (\S+?);", message).groups()
+            Path(src).rename(dst)
+        else:
+            for path in re.search(r"delete (\S+) and (\S+)$", message).groups():
+                Path(path).unlink()
+        svc = finish(cfg)
+        assert output(tmp_path) == reference_lines(payloads), hint
+        if hint == "rebuild":  # from offset 0: every payload again
+            assert svc.counts["payloads"] == len(payloads)
+
+
 def test_the_previous_checkpoint_takes_over_after_a_crash_between_renames(tmp_path):
     payloads = iot_payloads(5_000)
     journal_payloads(tmp_path, payloads)

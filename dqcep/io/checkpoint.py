@@ -54,10 +54,12 @@ def write_checkpoint(path: str | Path, version: int, state: dict) -> None:
 
 def recovery_hint(path: str | Path) -> str:
     prev = previous(path)
-    hint = f"to rebuild everything from the journal, delete {path}"
-    if prev.exists():
-        hint = f"to resume from the previous checkpoint, move {prev} to {path}; " + hint
-    return hint
+    if not prev.exists():
+        return f"to rebuild everything from the journal, delete {path}"
+    # without FILE the service resumes from FILE.prev (read_checkpoint): a rebuild
+    # deletes both (the hint said FILE alone, which resumed from FILE.prev)
+    return (f"to resume from the previous checkpoint, move {prev} to {path}; to rebuild "
+            f"everything from the journal, delete {path} and {prev}")
 
 
 def read_checkpoint(path: str | Path, version: int) -> dict | None:
