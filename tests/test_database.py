@@ -439,3 +439,29 @@ def test_a_deleted_or_older_output_database_is_refused_with_how_to_recover(tmp_p
         parse_file(cfg.queries).queries).run(events)))
     got = table_rows(cfg.output)
     assert len(got) == len(set(got)) and sorted(got) == sorted(want)
+
+
+def test_names_of_one_table_are_compared_as_the_database_does(tmp_path, postgres):
+    """SQLite: `matches` and `MATCHES` are one table; PostgreSQL: two names sharing their
+    first 63 bytes are one table. A second service (a stream of its own) into the other
+    spelling is refused as into the same spelling (both used to write: 90 rows for 45
+    matches); ?table=DQCEP_PROGRESS is refused as dqcep_progress is (it exited 1)."""
+    from dqcep.errors import UserError
+    from dqcep.io.database import Progress, open_database_sink
+    long = "m" * 63
+    for first, second in ((f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'a.db'}"
+                                                             "?table=MATCHES"),
+                          (f"{postgres}?table={long}x", f"{postgres}?table={long}y")):
+        a = open_database_sink(first)
+        a.claim("stream-one")
+        a._insert([], Progress(5, False))
+        a.close()
+        b = open_database_sink(second)
+        with pytest.raises(UserError, match="holds the matches of another service"):
+            b.claim("stream-two")
+        b.close()
+    for url in (f"sqlite:///{tmp_path / 'b.db'}?table=DQCEP_PROGRESS",
+                f"{postgres}?table=Dqcep_Progress"):
+        r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl",
+                  "--output", url)
+        assert r.returncode == 2 and "other than dqcep_progress" in r.stderr, r.stderr

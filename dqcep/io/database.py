@@ -33,6 +33,7 @@ from dqcep.io.match_text import formatted_parts
 DEFAULT_TABLE = "matches"
 PROGRESS_TABLE = "dqcep_progress"
 PASSWORD_ENV = "DQCEP_DB_PASSWORD"
+POSTGRES_NAME_BYTES = 63
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -64,7 +65,7 @@ def _table_param(target: str, query: str, default: str = DEFAULT_TABLE) -> str:
         raise UserError(f"{target}: unknown parameter(s) {', '.join(sorted(unknown))}; "
                         "a database URL takes ?table=NAME")
     table = params.get("table", [default])[-1]
-    if not _TABLE_NAME.match(table) or table == PROGRESS_TABLE:
+    if not _TABLE_NAME.match(table) or table.lower() == PROGRESS_TABLE:
         raise UserError(f"{target}: table name {table!r} must be a plain identifier "
                         f"([A-Za-z_][A-Za-z0-9_]*) other than {PROGRESS_TABLE}")
     return table
@@ -134,6 +135,12 @@ class _TableSink:
     columns_sql = "query TEXT NOT NULL, detected_at BIGINT NOT NULL, events TEXT NOT NULL"
     errors: tuple = ()  # the driver's exceptions
 
+    @property
+    def key(self) -> str:
+        """The table's name as the database compares names: its row in the progress
+        table (two spellings of one table are one service's table)."""
+        return self.table
+
     def __init__(self, target: str, table: str, with_returns: bool):
         self.target, self.table, self.with_returns = target, table, with_returns
         self.columns = ["query", "detected_at", "events"] + (["returns"] if with_returns else [])
@@ -189,7 +196,7 @@ class _TableSink:
                       "PRIMARY KEY, stream TEXT NOT NULL, journal_offset BIGINT NOT NULL, "
                       "flushed BOOLEAN NOT NULL)")
         return self._execute(f"SELECT stream, journal_offset, flushed FROM {PROGRESS_TABLE} "
-                             f"WHERE output_table = {self.mark}", (self.table,))
+                             f"WHERE output_table = {self.mark}", (self.key,))
 
     def _row(self, m: Match) -> tuple:
         row = (m.query, m.detected_at, json.dumps(dict(m.events), ensure_ascii=False))
@@ -201,7 +208,7 @@ class _TableSink:
         if through is not None and self.stream is None:
             raise ValueError("claim the table before writing progress")
         progress = None if through is None else \
-            (self.table, self.stream, through.offset, through.flushed)
+            (self.key, self.stream, through.offset, through.flushed)
         try:
             self._commit(rows, progress)
         except self.errors as err:
@@ -242,6 +249,10 @@ class SqliteMatchSink(_TableSink):
 
     mark = "?"
     errors = (sqlite3.Error,)
+
+    @property
+    def key(self) -> str:
+        return self.table.lower()  # SQLite: `matches` and `MATCHES` are one table
 
     def __init__(self, target: str, with_returns: bool = False):
         path, table = _sqlite_target(target)
@@ -294,6 +305,9 @@ class PostgresMatchSink(_TableSink):
         import psycopg
         self.errors = (psycopg.Error,)
         self.db, _, table = _connect_postgres(target)
+        # PostgreSQL keeps the first 63 bytes of a name (NAMEDATALEN - 1; the names are
+        # ASCII): two names sharing them are one table, and that is the name it has
+        table = table[:POSTGRES_NAME_BYTES]
         try:
             super().__init__(target, table, with_returns)
         except psycopg.Error as err:
