@@ -8,7 +8,11 @@ column, ``dqcep.runtime.lookups``) and the readers (``dqcep.io.database``):
   a number is the same number whatever its written form (3 = 3.0); a value of
   another kind, or a fraction for an INT key, finds no row;
 - a row's cells are read as their declared types (``cell_value``): NULL, or a cell
-  of another type (SQLite does not enforce types), reads as missing;
+  of another type (SQLite does not enforce types), reads as missing; so does a cell
+  that is no number, string or boolean at all (a BLOB, a jsonb object, a timestamp:
+  a driver's bytes, dict, list or datetime), a string that is not Unicode (a lone
+  surrogate), and a number the engines cannot hold (NaN, an infinity, an integer
+  beyond 64 bits);
 - no row for the key: missing, which makes the conjunct false, like a missing
   attribute.
 """
@@ -35,8 +39,31 @@ def lookup_key(value: Any, key_type: str) -> Hashable | None:
     return value
 
 
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def cell_kind(value: Any) -> str | None:
+    """"num", "str" or "bool" for a cell an engine can hold (None: missing, or any
+    other object a database driver gives: bytes, a dict, a datetime, ...)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "num" if INT64[0] <= value <= INT64[1] else None
+    if isinstance(value, float):
+        return "num" if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return None  # a lone surrogate: no text any sink can write
+        return "str"
+    return None
+
+
 def cell_value(value: Any, declared: str) -> Any:
     """A database cell as a value of its column's declared type (None: missing)."""
+    if cell_kind(value) is None:
+        return None
     if declared == "BOOL":
         if isinstance(value, bool):
             return value
