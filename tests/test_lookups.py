@@ -278,6 +278,9 @@ def test_tables_are_read_again_on_change_or_when_their_refresh_is_due(tmp_path, 
     assert tables.reads == 2  # nothing changed, nothing due
     with sqlite3.connect(tmp_path / "rooms.db") as db:
         db.execute("UPDATE rooms SET threshold = 99 WHERE room = 'site1/room1'")
+    tables.refresh()
+    assert tables.reads == 2  # changed, but read at most every CHANGE_READS_S
+    now[0] = 1.0
     import psycopg
     from dqcep.io.database import postgres_target
     with psycopg.connect(**postgres_target(postgres)[0], autocommit=True) as db:
@@ -289,12 +292,72 @@ def test_tables_are_read_again_on_change_or_when_their_refresh_is_due(tmp_path, 
     tables.refresh()
     assert tables.snapshot("pg").value("site1/room1", "threshold") == 77.0
     assert tables.reads == 4
-    tables.readers["pg"].db.close()  # the server is gone: the last snapshot stays
+    tables.readers["pg"].db.close()  # a closed connection is opened again
     now[0] = 62.0
     tables.refresh()
-    assert tables.stale and tables.stale.startswith("table pg: ")
-    assert tables.snapshot("pg").value("site1/room1", "threshold") == 77.0
+    assert tables.stale is None and tables.reads == 5
     tables.close()
+
+
+def test_lookup_tables_do_not_go_stale(tmp_path):
+    """A SQLite lookup file replaced by an atomic rename is read again (its
+    data_version watched the old file for ever); a PostgreSQL server restarted under
+    a lookup source: the reads fail meanwhile (the last snapshot stays, said once),
+    then go on on a new connection (it stayed on its old snapshot for ever: 'the
+    connection is closed'); a SQLite file committed to before every batch is read
+    again at most every CHANGE_READS_S (it was read whole before every batch)."""
+    import os
+    import psycopg
+    from dqcep.io.database import CHANGE_READS_S, DatabaseTables, postgres_target
+    from tests.postgres import PostgresServer
+    load_rooms("sqlite:///rooms.db", tmp_path)
+    with PostgresServer() as server:
+        pg = server.new_database()
+        load_rooms(pg, tmp_path)
+        parsed = parse(
+            f"TABLE rooms(room STRING, threshold DOUBLE) KEY room FROM "
+            f"'sqlite:///{tmp_path}/rooms.db' REFRESH 1 h;\n"
+            f"TABLE pg(room STRING, threshold DOUBLE) KEY room FROM '{pg}?table=rooms' "
+            "REFRESH 30 s;\n"
+            "QUERY q PATTERN Temperature t WHERE t.value > rooms(t.room).threshold AND "
+            "t.value > pg(t.room).threshold WITHIN 1 s")
+        now = [0.0]
+        tables = DatabaseTables(parsed.tables, clock=lambda: now[0])
+        # an atomic replace of the SQLite file
+        new = tmp_path / "rooms.new.db"
+        with sqlite3.connect(new) as db:
+            db.execute("CREATE TABLE rooms (room TEXT, threshold REAL)")
+            db.execute("INSERT INTO rooms VALUES ('site1/room1', 55)")
+        os.replace(new, tmp_path / "rooms.db")
+        now[0] = 2.0
+        tables.refresh()
+        assert tables.snapshot("rooms").value("site1/room1", "threshold") == 55.0
+        # the PostgreSQL server restarts, with a change meanwhile
+        server.stop()
+        now[0] = 40.0
+        assert tables.refresh() and tables.stale.startswith("table pg: ")
+        assert tables.snapshot("pg").value("site1/room1", "threshold") == 30.0
+        server.start()
+        with psycopg.connect(**postgres_target(pg)[0], autocommit=True) as db:
+            db.execute("UPDATE rooms SET threshold = 66 WHERE room = 'site1/room1'")
+        now[0] = 80.0
+        tables.refresh()
+        assert tables.stale is None
+        assert tables.snapshot("pg").value("site1/room1", "threshold") == 66.0
+        # commits before every batch: one read per CHANGE_READS_S, not per batch
+        reads = tables.reads
+        with sqlite3.connect(tmp_path / "rooms.db") as db:
+            for batch in range(100):
+                db.execute("UPDATE rooms SET threshold = ? WHERE room = 'site1/room1'",
+                           (batch,))
+                db.commit()
+                now[0] = 80.0 + batch * 0.1
+                tables.refresh()
+        assert tables.reads - reads == int(100 * 0.1 / CHANGE_READS_S)
+        now[0] = 200.0
+        tables.refresh()
+        assert tables.snapshot("rooms").value("site1/room1", "threshold") == 99.0
+        tables.close()
 
 
 def test_the_streaming_service_reads_lookup_tables(mosquitto, tmp_path, postgres):
