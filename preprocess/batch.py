@@ -56,6 +56,7 @@ class BatchStats:
     partitioning: dict   # per query: PartitionPlan.describe()
     slice_ms: int
     assigned: int | None = None  # event copies after partition assignment (count_copies)
+    partitions: int = 0          # key partitions and shuffle partitions of the run
 
 
 @dataclass
@@ -192,7 +193,7 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
         duplicates=counts["duplicates"], late=counts["late"],
         after_pushdown=counts["after_pushdown"], matches=counts["matches"],
         partitioning=plan.describe(), slice_ms=spec.slice_ms,
-        assigned=counts["assigned"] if count_copies else None)
+        assigned=counts["assigned"] if count_copies else None, partitions=partitions)
     (out / "_stats.json").write_text(json.dumps(asdict(stats), indent=2) + "\n")
     return stats
 
