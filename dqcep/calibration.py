@@ -168,12 +168,21 @@ def _offline(queries, payloads, work: Path, gap, timer, sleep):
 def _live(queries, payloads, work: Path, broker: str, gap):
     url = MqttUrl.parse(broker)
     events = sum(len(msgpack.unpackb(p)["events"]) for p in payloads)
+    started = [0]  # runs so far
 
     def run(hosted: list[str], tag: str, consumers: int = 0,
             rate: float | None = None) -> dict:
         """One service hosting ``hosted`` (the shared plan), or ``consumers`` workers
         of a consumer per query; its own measurements per payload. The payloads
         ``gap`` s apart, or at ``rate`` per second with exponential gaps (Poisson)."""
+        # a live calibration is many service runs (18 with the defaults): each said
+        # as it starts, so a minute and a half is not silent
+        started[0] += 1
+        what = (f"each query alone, {consumers} worker(s)" if consumers
+                else f"{', '.join(hosted)} in one service")
+        pace = f"{rate:,.0f} payloads/s" if rate else f"one payload every {gap * 1e3:g} ms"
+        print(f"dqcep calibrate: run {started[0]}: {what}, {len(payloads)} payloads at "
+              f"{pace}", file=sys.stderr, flush=True)
         state = work / tag
         state.mkdir()
         stats, log = state / "stats.json", state / "stderr.txt"

@@ -146,7 +146,7 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
               fmt: str | None = None, partitions: int = 4, lateness: int = 0,
               output_format: str = "json", strategy: str = "auto",
               slice_ms: int | None = None, overwrite: bool = False,
-              count_copies: bool = False) -> BatchStats:
+              count_copies: bool = False, say=lambda line: None) -> BatchStats:
     from dqcep.lang import parse
     if output_format not in ("json", "parquet"):
         raise UserError("--output-format must be json or parquet")
@@ -157,7 +157,11 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
     parsed = parse(queries_text)
     plan = plan_partitioning(parsed.queries, strategy)
 
+    say(f"stage 1 of 2: indexing {len(inputs)} input(s) (repeats, lateness, which "
+        "events each query needs)")
     index = job_index(spark, inputs, fmt)
+    say(f"stage 2 of 2: routing the events to {partitions} partition(s), matching, "
+        "writing")
     tables = broadcast_tables(spark, parsed)
     spec = JobSpec(queries_text, plan, partitions, tables=tables)
     if plan.sliced:

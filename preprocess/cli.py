@@ -85,6 +85,8 @@ def cmd_spark_run(args) -> int:
     from dqcep.spark.session import spark_session
 
     text = Path(args.queries).read_text(encoding="utf-8")
+    say = _progress("run")
+    say(f"starting Spark ({args.master or 'master from spark-submit or local[*]'})")
     spark = spark_session(args.master, "dqcep spark run", args.partitions,
                           archive_conf(args.archive))
     # one partition per core by default: more partitions than cores wait for each other
@@ -97,11 +99,23 @@ def cmd_spark_run(args) -> int:
             stats = run_batch(spark, text, args.input, args.output, fmt=args.format,
                               partitions=partitions, lateness=args.lateness,
                               output_format=args.output_format, strategy=args.partitioning,
-                              slice_ms=args.slice_ms, overwrite=args.overwrite)
+                              slice_ms=args.slice_ms, overwrite=args.overwrite, say=say)
     finally:
         spark.stop()
     _summary("run", stats, args.output)
     return 0
+
+
+def _progress(command: str):
+    """A step of a long job on stderr as it starts, with the time since the first (a
+    run was 50-66 s of Spark's own warnings only)."""
+    import time
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"dqcep spark {command} [{time.monotonic() - started:5.1f} s]: {line}",
+              file=sys.stderr, flush=True)
+    return say
 
 
 def _summary(command: str, stats, output: str) -> None:

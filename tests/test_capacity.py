@@ -351,6 +351,8 @@ def test_live_calibration_against_a_broker(mosquitto, tmp_path):
     assert point.rate == pytest.approx(0.5 / cal.shared_b)
     assert set(point.alone) == set(point.shared) == set("abc") and point.shared_b > 0
     assert f"at {point.rate * 200:,.0f} events/s: shared plan" in r.stdout
+    # every service run said as it starts (93 s were silent): (1 + 1) x 2 repeats x 2 rates
+    assert r.stderr.count("dqcep calibrate: run ") == 8, r.stderr
     for extra, message in ((("--workers", 2), "is for the live calibration, with --broker"),
                            (("--loads", "0.5"), "--loads is for the live calibration"),
                            (("--broker", "mqtt://h:1/t", "--loads", "x"),

@@ -398,6 +398,8 @@ def test_batch_job_on_a_multi_process_cluster(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(job_lines(out)) == want and want
     assert json.loads((out / "_stats.json").read_text())["partitions"] == 2
+    # its steps as they start (it was Spark's warnings only for a minute)
+    assert "dqcep spark run [" in proc.stderr and "stage 2 of 2: routing" in proc.stderr
     assert "matches ->" in proc.stderr
 
 
