@@ -6,7 +6,6 @@ import json
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import msgpack
 import pytest

@@ -12,7 +12,6 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from dqcep.io.journal import Journal
 from tests.conftest import free_port
 from tests.test_service import Service, expected_matches, gen_args
 
@@ -317,8 +316,7 @@ def test_a_match_held_at_a_pause_after_an_end_of_stream_is_written(tmp_path, dat
     NOT, no row written since. The restart used to end the stream again while
     catching up, without writing: the held match was counted and lost. It is the
     checkpoint's own state (past the recorded end of stream), nothing to catch up."""
-    from tests.test_service_faults import config
-    from dqcep.service import StreamingService
+    from tests.test_service_faults import config, finish, journal_payloads, run_once
     queries = tmp_path / "held.cep"
     queries.write_text("QUERY dry PATTERN SEQ(Temperature t, NOT Humidity h) WHERE [room] "
                        "WITHIN 5 s")
@@ -326,27 +324,15 @@ def test_a_match_held_at_a_pause_after_an_end_of_stream_is_written(tmp_path, dat
     cfg.output = database_url
 
     def publish(event_id: int, ts: int) -> None:  # as the service's MQTT source would
-        journal = Journal(tmp_path / "journal", fsync="never")
-        journal.append("t", json.dumps({"events": [{"id": event_id, "type": "Temperature",
-                                                    "ts": ts, "room": "r1"}]}).encode())
-        journal.commit()
-        journal.close()
-
-    def run(end_of_stream: bool) -> None:
-        svc = StreamingService(cfg)
-        while svc.step():
-            pass
-        if end_of_stream:
-            svc.end_stream()
-        svc.checkpoint()
-        svc.close()
+        journal_payloads(tmp_path, [json.dumps({"events": [
+            {"id": event_id, "type": "Temperature", "ts": ts, "room": "r1"}]}).encode()])
     publish(1, 1_000)
-    run(end_of_stream=True)                 # --until-idle / SIGUSR1: t=1 written
+    finish(cfg)                             # --until-idle / SIGUSR1: t=1 written
     assert [json.loads(r[2]) for r in table_rows(database_url)] == [{"t": 1}]
     publish(2, 20_000)
-    run(end_of_stream=False)                # SIGTERM: t=2 held, in the checkpoint
+    run_once(cfg)                           # SIGTERM: t=2 held, in the checkpoint
     assert len(table_rows(database_url)) == 1
-    run(end_of_stream=True)                 # restart, then the end of the stream
+    finish(cfg)                             # restart, then the end of the stream
     assert sorted(json.loads(r[2])["t"] for r in table_rows(database_url)) == [1, 2]
 
 
@@ -392,7 +378,8 @@ def test_a_deleted_or_older_output_database_is_refused_with_how_to_recover(tmp_p
     journal: exactly the reference's rows."""
     import re
     import shutil
-    from tests.test_service_faults import config, iot_payloads, journal_payloads
+    from tests.test_service_faults import (config, finish, iot_payloads, journal_payloads,
+                                           run_once)
     from dqcep.io.checkpoint import CheckpointError
     from dqcep.events import event_from_mapping
     from dqcep.lang import parse_file
@@ -403,18 +390,11 @@ def test_a_deleted_or_older_output_database_is_refused_with_how_to_recover(tmp_p
     db = tmp_path / "alerts.db"
     cfg = config(tmp_path, journal_retention=1 << 40)
     cfg.output = f"sqlite:///{db}"
-
-    def run():
-        svc = StreamingService(cfg)
-        while svc.step():
-            pass
-        svc.checkpoint()
-        svc.close()
-    run()
+    run_once(cfg)
     older = tmp_path / "older.db"
     shutil.copy(db, older)
     journal_payloads(tmp_path, payloads[50:])
-    run()
+    run_once(cfg)
     assert table_rows(cfg.output)
     for damage in ("older copy", "deleted"):
         db.unlink()
@@ -428,12 +408,7 @@ def test_a_deleted_or_older_output_database_is_refused_with_how_to_recover(tmp_p
     for path in re.search(r"delete (\S+?)( and (\S+))? to write it", message).group(1, 3):
         if path:
             Path(path).unlink()
-    svc = StreamingService(cfg)
-    while svc.step():
-        pass
-    svc.end_stream()
-    svc.checkpoint()
-    svc.close()
+    finish(cfg)
     events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
     want = as_rows("\n".join(json.dumps(m.to_json_obj()) for m in ReferenceMatcher(
         parse_file(cfg.queries).queries).run(events)))

@@ -256,13 +256,10 @@ def test_a_lookup_table_that_is_not_there_is_one_line(tmp_path):
         assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
 
 
-def test_tables_are_read_again_on_change_or_when_their_refresh_is_due(tmp_path, postgres):
-    """SQLite: a commit by another connection is seen before the next batch (its
-    data_version), not before; PostgreSQL: when REFRESH has passed (the clock is the
-    test's). Reads are counted; a failed read keeps the last snapshot."""
+def two_tables(tmp_path, postgres: str, clock):
+    """The rooms of tmp_path/rooms.db (REFRESH 1 h) and of a PostgreSQL database
+    (REFRESH 30 s), read on the test's clock."""
     from dqcep.io.database import DatabaseTables
-    load_rooms("sqlite:///rooms.db", tmp_path)
-    load_rooms(postgres, tmp_path)
     parsed = parse(
         f"TABLE rooms(room STRING, threshold DOUBLE) KEY room FROM "
         f"'sqlite:///{tmp_path}/rooms.db' REFRESH 1 h;\n"
@@ -270,8 +267,18 @@ def test_tables_are_read_again_on_change_or_when_their_refresh_is_due(tmp_path, 
         "REFRESH 30 s;\n"
         "QUERY q PATTERN Temperature t WHERE t.value > rooms(t.room).threshold AND "
         "t.value > pg(t.room).threshold WITHIN 1 s")
+    return DatabaseTables(parsed.tables, clock=clock)
+
+
+def test_tables_are_read_again_on_change_or_when_their_refresh_is_due(tmp_path, postgres):
+    """SQLite: a commit by another connection is seen before a batch (its
+    data_version) a second after the last read, not before; PostgreSQL: when REFRESH has
+    passed (the clock is the test's). Reads are counted; a closed connection is opened
+    again."""
+    load_rooms("sqlite:///rooms.db", tmp_path)
+    load_rooms(postgres, tmp_path)
     now = [0.0]
-    tables = DatabaseTables(parsed.tables, clock=lambda: now[0])
+    tables = two_tables(tmp_path, postgres, lambda: now[0])
     assert tables.reads == 2
     assert tables.snapshot("rooms").value("site1/room1", "threshold") == 30.0
     tables.refresh()
@@ -308,21 +315,14 @@ def test_lookup_tables_do_not_go_stale(tmp_path):
     again at most every CHANGE_READS_S (it was read whole before every batch)."""
     import os
     import psycopg
-    from dqcep.io.database import CHANGE_READS_S, DatabaseTables, postgres_target
+    from dqcep.io.database import CHANGE_READS_S, postgres_target
     from tests.postgres import PostgresServer
     load_rooms("sqlite:///rooms.db", tmp_path)
     with PostgresServer() as server:
         pg = server.new_database()
         load_rooms(pg, tmp_path)
-        parsed = parse(
-            f"TABLE rooms(room STRING, threshold DOUBLE) KEY room FROM "
-            f"'sqlite:///{tmp_path}/rooms.db' REFRESH 1 h;\n"
-            f"TABLE pg(room STRING, threshold DOUBLE) KEY room FROM '{pg}?table=rooms' "
-            "REFRESH 30 s;\n"
-            "QUERY q PATTERN Temperature t WHERE t.value > rooms(t.room).threshold AND "
-            "t.value > pg(t.room).threshold WITHIN 1 s")
         now = [0.0]
-        tables = DatabaseTables(parsed.tables, clock=lambda: now[0])
+        tables = two_tables(tmp_path, pg, lambda: now[0])
         # an atomic replace of the SQLite file
         new = tmp_path / "rooms.new.db"
         with sqlite3.connect(new) as db:
