@@ -325,14 +325,16 @@ class Coordinator:
             w.conn.close()
             w.wake.close()
             fresh = self._spawn(i)
-            fresh.deaths = deaths
+            fresh.deaths, fresh.queries = deaths, list(w.queries)
             self.workers[i] = fresh
-            for q in w.queries:
-                fresh.conn.send(("host", q))
-                self._expect(fresh, "hosted")
-            fresh.queries = list(w.queries)
-            if len(fresh.queries) > 1:
-                fresh.conn.send(("order", fresh.queries))
+            try:
+                for q in fresh.queries:
+                    fresh.conn.send(("host", q))
+                    self._expect(fresh, "hosted")
+                if len(fresh.queries) > 1:
+                    fresh.conn.send(("order", fresh.queries))
+            except (_WorkerDied, OSError):
+                continue  # died again while taking its queries: the next pass counts it
             fresh.wake.set()  # what was committed meanwhile
 
     def _expect(self, worker: _Worker, kind: str, timeout: float = 120.0):
