@@ -359,7 +359,7 @@ def test_a_locked_sqlite_output_is_waited_out(mosquitto, tmp_path):
         assert svc.proc.poll() is None, svc.proc.stderr.read()
         time.sleep(0.1)
     assert "locked" in (svc.events_in("error") or ""), svc.events_in("error")
-    time.sleep(7)   # past the busy timeout again: retried, still up
+    time.sleep(6)   # past the busy timeout again: retried, still up
     assert svc.proc.poll() is None, svc.proc.stderr.read()
     lock.execute("ROLLBACK")
     lock.close()
