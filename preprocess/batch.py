@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from pyspark.sql import functions as F
 
+from dqcep.runtime import STATE_BUDGET
 from dqcep.errors import UserError
 from dqcep.spark.executor import (OUTPUT_SCHEMA, STATS, JobSpec, Router, broadcast_tables,
                                   engine_batches)
@@ -146,7 +147,8 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
               fmt: str | None = None, partitions: int = 4, lateness: int = 0,
               output_format: str = "json", strategy: str = "auto",
               slice_ms: int | None = None, overwrite: bool = False,
-              count_copies: bool = False, say=lambda line: None) -> BatchStats:
+              count_copies: bool = False, say=lambda line: None,
+              budget: int = STATE_BUDGET) -> BatchStats:
     from dqcep.lang import parse
     if output_format not in ("json", "parquet"):
         raise UserError("--output-format must be json or parquet")
@@ -163,10 +165,11 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
     say(f"stage 2 of 2: routing the events to {partitions} partition(s), matching, "
         "writing")
     tables = broadcast_tables(spark, parsed)
-    spec = JobSpec(queries_text, plan, partitions, tables=tables)
+    spec = JobSpec(queries_text, plan, partitions, tables=tables, budget=budget)
     if plan.sliced:
         spec = JobSpec(queries_text, plan, partitions,
-                       slice_ms or slice_length(index, plan.slice_window, partitions), tables)
+                       slice_ms or slice_length(index, plan.slice_window, partitions), tables,
+                       budget)
     router = Router(spec, lateness, index.earlier, index.repeated, index.first_file,
                     index.first_seq)
     lines = (load_events(spark, inputs, fmt, mode="route", router=router, only=index.kept,

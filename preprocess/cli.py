@@ -12,6 +12,7 @@ from dqcep.numbers import COUNT, MILLISECONDS, POSITIVE, Number
 
 SLICE_MS = Number(integer=True, low=1, high=2**61)   # a time slice's length, ms
 WORKERS = Number(integer=True, low=1, high=1024)     # a local cluster's workers, cores
+BUDGET = Number(integer=True, low=0, high=2**62)    # --max-partial-matches (0: no limit)
 # the masters Spark takes (its SparkMasterRegex and URL schemes), checked before the
 # JVM starts: a typo was a Spark error after the JVM's start
 _MASTER = re.compile(r"(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
@@ -99,7 +100,8 @@ def cmd_spark_run(args) -> int:
             stats = run_batch(spark, text, args.input, args.output, fmt=args.format,
                               partitions=partitions, lateness=args.lateness,
                               output_format=args.output_format, strategy=args.partitioning,
-                              slice_ms=args.slice_ms, overwrite=args.overwrite, say=say)
+                              slice_ms=args.slice_ms, overwrite=args.overwrite, say=say,
+                              budget=args.max_partial_matches)
     finally:
         spark.stop()
     _summary("run", stats, args.output)
@@ -145,7 +147,7 @@ def cmd_spark_stream(args) -> int:
                                partitions=args.partitions, lateness=args.lateness,
                                fmt=args.format, strategy=args.partitioning,
                                slice_ms=args.slice_ms, trigger_seconds=args.trigger,
-                               until_idle=args.until_idle)
+                               until_idle=args.until_idle, budget=args.max_partial_matches)
             if not args.until_idle:
                 print(f"dqcep spark stream: running on {args.input}; Ctrl-C stops it",
                       file=sys.stderr)
@@ -215,6 +217,10 @@ def add_spark_parser(sub, parser_class) -> None:
     run.add_argument("--partitions", type=COUNT.option, default=None, metavar="N",
                      help="key partitions and shuffle partitions (default: the cluster's "
                      "cores, Spark's default parallelism)")
+    run.add_argument("--max-partial-matches", type=BUDGET.option, default=1 << 20,
+                     metavar="N", help="the partial matches one buffer of a query may hold "
+                     "in a task's engine (default 1048576, 0: no limit); a task over it "
+                     "fails with the query's name (docs/spark.md)")
     run.add_argument("--format", choices=FORMATS,
                      help="input format (default: from each file's extension)")
     run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
@@ -251,6 +257,8 @@ def add_spark_parser(sub, parser_class) -> None:
     stream.add_argument("--partitions", type=COUNT.option, default=4, metavar="N",
                         help="key partitions and shuffle partitions (default 4; fixed by the "
                         "first run of a checkpoint)")
+    stream.add_argument("--max-partial-matches", type=BUDGET.option, default=1 << 20,
+                        metavar="N", help="as for 'spark run'")
     stream.add_argument("--format", choices=("msgpack", "json"), default="msgpack",
                         help="payload encoding (default msgpack)")
     stream.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",

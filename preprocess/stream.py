@@ -29,6 +29,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from dqcep.runtime import STATE_BUDGET
 from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
                                   event_columns, late_flags, read_tables, record_lines)
 from dqcep.spark.journal_source import END_WHERE
@@ -191,7 +192,8 @@ def processor_class(spec: JobSpec, lateness: int):
 def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: str, *,
                partitions: int = 4, lateness: int = 0, fmt: str = "msgpack",
                strategy: str = "auto", slice_ms: int | None = None,
-               trigger_seconds: float = 1.0, until_idle: bool = False):
+               trigger_seconds: float = 1.0, until_idle: bool = False,
+               budget: int = STATE_BUDGET):
     """Start the streaming query; with ``until_idle``, stop once the journal's closed
     segments are all processed (and event-time timers have fired)."""
     from pyspark.sql import functions as F
@@ -207,7 +209,7 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     # shipped by value with the tasks: the stateful processor's runner loads no
     # broadcast variable (BROADCAST_VARIABLE_NOT_LOADED)
     spec = JobSpec(queries_text, plan, partitions, slice_ms or max(10 * window, 1000),
-                   read_tables(parsed))
+                   read_tables(parsed), budget)
     out, ck = Path(output).resolve(), Path(checkpoint).resolve()
     spark.dataSource.register(JournalSource)
     end_marker = ck / "end-of-stream"

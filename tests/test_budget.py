@@ -195,3 +195,4 @@ def test_explain_and_run_warn_about_a_kleene_item_under_any_match(tmp_path):
     slow = kleene_warnings(parse("QUERY a PATTERN SEQ(T+ t[], S s) WITHIN 10 min").queries,
                            {"T": 0.01})
     assert slow == []  # 6 events a window at 0.01/s
+

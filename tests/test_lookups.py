@@ -138,7 +138,7 @@ ODD_CELLS = [b"x", memoryview(b"x"), {"a": 1}, [1], __import__("datetime").datet
     2026, 11, 27, 10, 0), "\ud800", 2**70, -2**70, math.nan, math.inf]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data(), small_query_files(), small_event_streams(), CUTS,
        st.sampled_from(ast.ATTRIBUTE_TYPES))
 def test_cells_of_unexpected_kinds_read_as_missing_on_every_engine(data, f, events, cuts,

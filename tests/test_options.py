@@ -47,7 +47,7 @@ def capacity_files(tmp_path_factory):
     return tmp
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rate=HOSTILE, target=HOSTILE, lw=HOSTILE, hw=HOSTILE, rho=HOSTILE, workers=HOSTILE,
        spark=st.booleans(), low=HOSTILE)

@@ -872,3 +872,19 @@ def test_stream_job_reads_lookup_tables(spark, tmp_path):
     got, want = stream_to_the_end(spark, tmp_path, thresholds(tmp_path), 6000)
     assert len(got) == len(set(got)) and set(got) == want
     assert any(json.loads(x)["query"] == "hot" for x in want)
+
+
+def test_a_task_over_the_budget_fails_the_job_with_the_line(spark, tmp_path):
+    """A batch job whose task engine outgrows the budget (--max-partial-matches) fails
+    with the query's line, as the CLI says it (exit 2), not an executor out of memory
+    (tests/test_budget.py has the rule on the task's engine)."""
+    from dqcep.errors import UserError
+    from dqcep.spark.batch import run_batch
+    from dqcep.spark.cli import _executor_errors
+    from tests.test_budget import QUERIES as KLEENE, events
+    path = tmp_path / "e.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events(rooms=("r1",), n=14)))
+    with pytest.raises(UserError, match="^query rising stopped: KLEENE Temperature"):
+        with _executor_errors():  # 2^14 lists: past a budget of 4096
+            run_batch(spark, KLEENE, [str(path)], str(tmp_path / "out"), partitions=2,
+                      budget=4096)
