@@ -441,25 +441,3 @@ def test_names_of_one_table_are_compared_as_the_database_does(tmp_path, postgres
                   "--output", url)
         assert r.returncode == 2 and "other than dqcep_progress" in r.stderr, r.stderr
 
-
-def test_a_read_only_sqlite_output_is_a_failed_write_not_a_bad_url(tmp_path):
-    """`chattr +i` on the output file: the write, and the reopen when the service
-    retries, are failed writes (an OSError the service waits out), not a user error
-    that ended the service (exit 2)."""
-    import shutil
-    from dqcep.io.database import DatabaseUnavailable, Progress, SqliteMatchSink
-    if shutil.which("chattr") is None:
-        pytest.fail("chattr (e2fsprogs) is needed to make a file immutable")
-    db = tmp_path / "ro.db"
-    sink = SqliteMatchSink(f"sqlite:///{db}")
-    sink.claim("stream")
-    sink.close()
-    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode:
-        pytest.skip("this file system takes no immutable flag")
-    try:
-        with pytest.raises(DatabaseUnavailable, match="readonly"):
-            sink = SqliteMatchSink(f"sqlite:///{db}")
-            sink.claim("stream")
-            sink._insert([("q", 1, "{}")], Progress(1, False))
-    finally:
-        subprocess.run(["chattr", "-i", str(db)], check=True)
