@@ -303,7 +303,7 @@ def _overhead(queries, payloads, journal_dir: Path, gap, timer, sleep) -> list[f
         for p in payloads:
             sleep(gap)
             started = timer()
-            journal.append(TOPIC, p)
+            journal.append(TOPIC, p, int(time.time() * 1e6), 1)
             decoder.decode(p)
             recent.admit(decoder.take()[1])
             times.append(timer() - started)

@@ -349,7 +349,7 @@ class StreamingService:
         n = 0
         upto = self.journal.durable_offset if until is None else \
             min(until, self.journal.durable_offset)
-        for offset, topic, payload in self.tail.read(upto):
+        for offset, topic, payload, *_ in self.tail.read(upto):
             n += 1
             if isinstance(payload, Gap):
                 self._process_pending()

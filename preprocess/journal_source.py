@@ -79,7 +79,7 @@ def read_segment(n: int, path: str, earlier, fmt: str, index: str, after: int):
     out = _Batches(n, earlier)
     decoder = ColumnDecoder([], [], None)
     journal = str(Path(path).parent)
-    for offset, _topic, payload in segment_items(path):
+    for offset, _topic, payload, *_ in segment_items(path):
         prefix = f"{journal}:offset {offset}"
         if isinstance(payload, Gap):  # damaged records: reported where they were
             out.bad(prefix, f"{payload.count} journal record(s) lost: {payload.reason}")

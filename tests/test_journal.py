@@ -22,18 +22,18 @@ def test_offsets_segments_and_replay(tmp_path):
         if i % 7 == 0:
             assert j.commit() == i + 1
     j.commit()
-    names = sorted(x.name for x in tmp_path.iterdir())
+    names = sorted(x.name for x in tmp_path.iterdir() if x.name != "FORMAT")
     assert len(names) > 5 and names[-1].endswith(".open")
     assert all(n.endswith(".seg") for n in names[:-1])
     firsts = [int(n.split(".")[0]) for n in names]
     assert firsts == sorted(firsts) and firsts[0] == 0
     got = list(j.read())
-    assert [(t, p) for _, t, p in got] == payloads(100) and [o for o, _, _ in got] == list(range(100))
-    assert [o for o, _, _ in j.read(57)] == list(range(57, 100))
+    assert [(t, p) for _, t, p, *_ in got] == payloads(100) and [o for o, *_ in got] == list(range(100))
+    assert [o for o, *_ in j.read(57)] == list(range(57, 100))
     closed = list(read_journal(tmp_path))          # only closed segments
-    assert closed and [o for o, _, _ in closed] == list(range(len(closed)))
+    assert closed and [o for o, *_ in closed] == list(range(len(closed)))
     j.close()
-    assert [o for o, _, _ in read_journal(tmp_path)] == list(range(100))
+    assert [o for o, *_ in read_journal(tmp_path)] == list(range(100))
     assert [p.stat().st_size for p in tmp_path.glob("*.open")] == [0]  # keeps the offset
     j2 = Journal(tmp_path, segment_bytes=500)     # reopening continues the offsets
     assert j2.append("x", b"y") == 100
@@ -51,7 +51,7 @@ def test_torn_tail_is_cut_at_recovery(tmp_path):
     assert j2.truncated_bytes == 6 and j2.next_offset == 10
     assert j2.append("t", b"after") == 10
     j2.commit()
-    assert [p for _, _, p in j2.read(9)] == [payloads(10)[9][1], b"after"]
+    assert [p for _, _, p, *_ in j2.read(9)] == [payloads(10)[9][1], b"after"]
 
 
 def test_corrupt_record_ends_the_open_segment(tmp_path):
@@ -111,7 +111,7 @@ def test_sigkill_loses_nothing_committed(tmp_path):
     j = Journal(tmp_path, segment_bytes=4000)
     records = list(j.read())
     assert len(records) >= committed
-    assert [p for _, _, p in records] == [b"event %d" % i for i in range(len(records))]
+    assert [p for _, _, p, *_ in records] == [b"event %d" % i for i in range(len(records))]
 
 
 def test_tail_follows_appends_and_segment_rolls(tmp_path):
@@ -123,11 +123,11 @@ def test_tail_follows_appends_and_segment_rolls(tmp_path):
         for topic, p in payloads(13, start):
             j.append(topic, p)
         j.commit()
-        seen += [(o, t, p) for o, t, p in tail.read(j.durable_offset)]
+        seen += list(tail.read(j.durable_offset))
     assert seen == list(j.read()) and len(seen) == len(payloads(13)) * 16
     assert len(list(tmp_path.glob("*.seg"))) > 10
     late = JournalTail(tmp_path, 150)   # starting in the middle of a closed segment
-    assert [o for o, _, _ in late.read(j.durable_offset)] == list(range(150, 208))
+    assert [o for o, *_ in late.read(j.durable_offset)] == list(range(150, 208))
     assert list(late.read(j.durable_offset)) == []
 
 
@@ -146,7 +146,7 @@ def tail_all(tmp_path, upto, start=0):
 
 def gaps(items):
     from dqcep.io.journal import Gap
-    return [(o, p.count) for o, _, p in items if isinstance(p, Gap)]
+    return [(o, p.count) for o, _, p, *_ in items if isinstance(p, Gap)]
 
 
 def flip(path, at):
@@ -170,7 +170,7 @@ def test_a_flipped_byte_in_a_closed_segment_loses_one_record(tmp_path, where):
     items = tail_all(tmp_path, j.durable_offset)
     assert gaps(items) == [(victim, 1)]
     assert "damaged at byte" in items[victim][2].reason
-    assert [o for o, _, p in items if isinstance(p, bytes)] == \
+    assert [o for o, _, p, *_ in items if isinstance(p, bytes)] == \
         [o for o in range(60) if o != victim]
 
 
@@ -187,7 +187,7 @@ def test_a_flipped_byte_in_the_open_segment_is_no_torn_tail(tmp_path):
     assert j2.append("t", b"after") == 10
     j2.commit()
     items = tail_all(tmp_path, j2.durable_offset)
-    assert gaps(items) == [(4, 1)] and [o for o, _, _ in items] == list(range(11))
+    assert gaps(items) == [(4, 1)] and [o for o, *_ in items] == list(range(11))
 
 
 def test_a_cut_closed_segment_is_a_gap_not_a_stall(tmp_path):
@@ -200,7 +200,7 @@ def test_a_cut_closed_segment_is_a_gap_not_a_stall(tmp_path):
     items = tail_all(tmp_path, j.durable_offset)
     assert gaps(items) == [(cut_at, first_after - cut_at)]
     assert "damaged at byte" in items[cut_at][2].reason
-    assert [o for o, _, _ in items] == list(range(cut_at + 1)) + list(range(first_after, 60))
+    assert [o for o, *_ in items] == list(range(cut_at + 1)) + list(range(first_after, 60))
 
 
 def test_lost_segments_never_give_their_offsets_to_new_records(tmp_path):
@@ -236,9 +236,9 @@ def test_a_failed_commit_keeps_the_records_and_recovers(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert j.durable_offset == 5 and next(tmp_path.glob("*.open")).stat().st_size == size
     assert j.commit() == 55                       # space came back
-    assert [p for _, _, p in j.read()] == [p for _, p in payloads(55)]
+    assert [p for _, _, p, *_ in j.read()] == [p for _, p in payloads(55)]
     j.close()
-    assert [p for _, _, p in Journal(tmp_path).read()] == [p for _, p in payloads(55)]
+    assert [p for _, _, p, *_ in Journal(tmp_path).read()] == [p for _, p in payloads(55)]
 
 
 def test_refused_payloads_keep_their_place(tmp_path):
@@ -248,7 +248,8 @@ def test_refused_payloads_keep_their_place(tmp_path):
     j.append("big", Refused(70_000_000))
     j.append("t", b"b")
     j.commit()
-    assert list(j.read()) == [(0, "t", b"a"), (1, "big", Refused(70_000_000)), (2, "t", b"b")]
+    assert [r[:3] for r in j.read()] == [(0, "t", b"a"), (1, "big", Refused(70_000_000)),
+                                         (2, "t", b"b")]
 
 
 def test_trim_deletes_only_what_every_consumer_is_past(tmp_path):
@@ -260,10 +261,41 @@ def test_trim_deletes_only_what_every_consumer_is_past(tmp_path):
     assert j.trim() > 0
     left = sorted(tmp_path.glob("*.seg"))
     assert int(left[0].stem) <= 30 < int(left[1].stem) and len(left) < len(before)
-    assert [o for o, _, _ in tail_all(tmp_path, j.durable_offset, start=30)] == \
+    assert [o for o, *_ in tail_all(tmp_path, j.durable_offset, start=30)] == \
         list(range(30, 100))
     j.checkpointed("spark", 100)
     j.checkpointed("service", 100)
     total = sum(p.stat().st_size for p in sorted(tmp_path.glob("*.seg"))[-3:])
     j.trim(keep_bytes=total)                      # retention keeps the newest bytes
     assert len(list(tmp_path.glob("*.seg"))) == 3
+
+
+def test_format_2_records_keep_arrival_and_packet_id_and_older_ones_are_read(tmp_path):
+    import struct
+    import zlib
+
+    import msgpack
+
+    from dqcep.io.journal import FORMAT_FILE, FORMAT_VERSION
+    # a format-1 journal: three-field bodies, no FORMAT file
+    old = tmp_path / "old"
+    old.mkdir()
+    body = msgpack.packb([0, "t", b"before"], use_bin_type=True)
+    (old / "00000000000000000000.open").write_bytes(
+        struct.pack("<II", len(body), zlib.crc32(body)) + body)
+    j = Journal(old)
+    assert (old / FORMAT_FILE).read_text() == f"{FORMAT_VERSION}\n"
+    j.append("t", b"after", arrival_us=1_764_151_200_000_123, mid=7)
+    j.commit()
+    assert [tuple(r) for r in j.read()] == [(0, "t", b"before", None, None),
+                                            (1, "t", b"after", 1_764_151_200_000_123, 7)]
+    j.close()
+
+
+def test_a_journal_of_a_newer_format_is_refused_with_one_line(tmp_path):
+    from dqcep.errors import UserError
+    from dqcep.io.journal import FORMAT_FILE, JournalTail
+    (tmp_path / FORMAT_FILE).write_text("9\n")
+    for open_it in (Journal, JournalTail, lambda d: list(read_journal(d))):
+        with pytest.raises(UserError, match="is format 9; this dqcep reads formats up to 2"):
+            open_it(tmp_path)

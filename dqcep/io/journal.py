@@ -8,14 +8,23 @@ Layout of a journal directory::
     consumers/NAME.offset      how far each consumer has checkpointed (retention)
 
 Every record is ``[u32 length][u32 crc32][body]`` (little-endian), ``body`` the
-msgpack array ``[offset, topic, payload]``; ``payload`` is the bytes received,
-or an integer: the size of a payload refused at ingest (over the size limit),
-kept so that the refusal is reported in stream order. Offsets count records
+msgpack array ``[offset, topic, payload, arrival_us, mid]``; ``payload`` is the
+bytes received, or an integer: the size of a payload refused at ingest (over the
+size limit), kept so that the refusal is reported in stream order; ``arrival_us``
+the wall-clock time it was received (microseconds since the epoch, taken once at
+ingest: an event without a time of its own gets this one, on every replay and in
+every consumer); ``mid`` the MQTT packet id it came with (a redelivery after a
+crash comes with the same one, see ``dqcep.io.mqtt``); either may be nil. Offsets count records
 across the whole journal and are written in each record, so that damage, a cut
 segment or a deleted one shows as a gap in the offsets instead of shifting
 every later record. A segment's name is the offset of its first record, so the
-sorted names give the order. (Journals written before offsets were stored hold
-``[topic, payload]`` bodies; their offsets are their positions.)
+sorted names give the order.
+
+Format: the file ``FORMAT`` holds the journal's format number (``FORMAT_VERSION``).
+Older records are still read: format 1 bodies ``[offset, topic, payload]`` have no
+arrival time and no packet id, and journals written before offsets were stored
+hold ``[topic, payload]`` bodies, their offsets their positions. A journal of a
+newer format than this code knows is refused with one line.
 
 Durability: ``append`` keeps the record in memory; ``commit`` writes what was
 appended in one write and fsyncs (policy ``fsync="always"``; ``"never"``
@@ -46,7 +55,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Union
+from typing import BinaryIO, Callable, Iterator, NamedTuple, Union
 
 import msgpack
 
@@ -57,7 +66,10 @@ SEG, OPEN = ".seg", ".open"
 FSYNC_POLICIES = ("always", "never")
 MAX_RECORD = 64 * 1024 * 1024
 CONSUMERS = "consumers"
-_BODY_START = (0x93, 0x92)  # msgpack fixarray of 3 (offset, topic, payload) or 2 (old)
+# msgpack fixarray of 5 (format 2), 3 (format 1: offset, topic, payload) or 2 (topic, payload)
+_BODY_START = (0x95, 0x93, 0x92)
+FORMAT_VERSION = 2
+FORMAT_FILE = "FORMAT"
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,15 @@ class Gap:
 
 
 Payload = Union[bytes, Refused, Gap]
+
+
+class Record(NamedTuple):
+    """One journal record as the readers give it back."""
+    offset: int
+    topic: str
+    payload: Payload
+    arrival_us: int | None = None  # received at (µs since the epoch); None: unknown
+    mid: int | None = None         # the MQTT packet id it came with
 
 
 class JournalWriteError(UserError):
@@ -103,7 +124,7 @@ def segments(directory: str | Path, include_open: bool = True) -> list[Path]:
 
 # ---------------------------------------------------------------- records
 def _record_at(data, pos: int, positional: int):
-    """(end, offset, topic, payload) of an intact record at ``pos``, else None.
+    """(end, Record) of an intact record at ``pos``, else None.
 
     ``positional`` is the offset an old two-field record at this place has.
     """
@@ -121,17 +142,22 @@ def _record_at(data, pos: int, positional: int):
         fields = msgpack.unpackb(body, raw=False)
     except Exception:  # a checksum that matches by chance over bytes that are no record
         return None
+    arrival = mid = None
     if len(fields) == 2:
         offset, (topic, payload) = positional, fields
-    else:
+    elif len(fields) == 3:
         offset, topic, payload = fields
-    if not isinstance(offset, int) or not isinstance(topic, str):
+    else:
+        offset, topic, payload, arrival, mid = fields
+    if not isinstance(offset, int) or not isinstance(topic, str) \
+            or not (arrival is None or isinstance(arrival, int)) \
+            or not (mid is None or isinstance(mid, int)):
         return None
     if isinstance(payload, int):
         payload = Refused(payload)
     elif not isinstance(payload, bytes):
         return None
-    return end, offset, topic, payload
+    return end, Record(offset, topic, payload, arrival, mid)
 
 
 def _resync(data, pos: int, after: int):
@@ -145,21 +171,21 @@ def _resync(data, pos: int, after: int):
             return None
         q = min(starts) - HEADER.size
         rec = _record_at(data, q, after + 1)
-        if rec is not None and rec[1] > after:
+        if rec is not None and rec[1].offset > after:
             return q
         pos = q + 1
 
 
 def scan(data, first: int) -> Iterator[tuple]:
-    """Everything in a segment's bytes: ``("record", start, end, offset, topic, payload)``
+    """Everything in a segment's bytes: ``("record", start, end, offset, Record)``
     for intact records and ``("damaged", start, end)`` for the bytes between them."""
     pos, last = 0, first - 1
     while pos < len(data):
         rec = _record_at(data, pos, last + 1)
-        if rec is not None and rec[1] > last:
-            end, offset, topic, payload = rec
-            yield "record", pos, end, offset, topic, payload
-            pos, last = end, offset
+        if rec is not None and rec[1].offset > last:
+            end, record = rec
+            yield "record", pos, end, record.offset, record
+            pos, last = end, record.offset
             continue
         nxt = _resync(data, pos + 1, last)
         yield "damaged", pos, len(data) if nxt is None else nxt
@@ -168,9 +194,9 @@ def scan(data, first: int) -> Iterator[tuple]:
         pos = nxt
 
 
-def segment_items(path: str | Path) -> Iterator[tuple[int, str, Payload]]:
-    """(offset, topic, payload) of one segment file, in order; a damaged stretch
-    between intact records is one ``Gap`` (damage at the very end of a segment
+def segment_items(path: str | Path) -> Iterator[Record]:
+    """The records of one segment file, in order; a damaged stretch
+    between intact records is one record whose payload is a ``Gap`` (damage at the very end of a segment
     cannot be counted here: the next segment's name tells, see ``JournalTail``)."""
     path = Path(path)
     data = path.read_bytes()
@@ -180,21 +206,21 @@ def segment_items(path: str | Path) -> Iterator[tuple[int, str, Payload]]:
         if item[0] == "damaged":
             damaged_at = item[1]
             continue
-        _, _, _, offset, topic, payload = item
-        if offset > expected:
+        record = item[4]
+        if record.offset > expected:
             why = (f"damaged at byte {damaged_at} of {path.name}" if damaged_at is not None
                    else f"missing from {path.name}")
-            yield expected, "", Gap(offset - expected, why)
+            yield Record(expected, "", Gap(record.offset - expected, why))
         damaged_at = None
-        yield offset, topic, payload
-        expected = offset + 1
+        yield record
+        expected = record.offset + 1
 
 
-def segment_records(path: str | Path) -> Iterator[tuple[int, str, Payload]]:
-    """(offset, topic, payload) of the intact records of one segment file."""
-    for offset, topic, payload in segment_items(path):
-        if not isinstance(payload, Gap):
-            yield offset, topic, payload
+def segment_records(path: str | Path) -> Iterator[Record]:
+    """The intact records of one segment file."""
+    for record in segment_items(path):
+        if not isinstance(record.payload, Gap):
+            yield record
 
 
 def _segment_end(path: Path) -> int:
@@ -215,6 +241,8 @@ class Journal:
             raise UserError(f"journal fsync policy must be one of {', '.join(FSYNC_POLICIES)}")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        if check_format(self.dir) != FORMAT_VERSION:
+            write_format(self.dir)  # older records stay readable; new ones are this format
         self.segment_bytes, self.fsync = segment_bytes, fsync
         self.truncated_bytes = 0   # torn tail cut off at recovery
         self.damaged_bytes = 0     # damaged stretches kept in place (the readers report them)
@@ -264,10 +292,12 @@ class Journal:
         and reported by the readers."""
         return self._durable
 
-    def append(self, topic: str, payload: bytes | Refused) -> int:
+    def append(self, topic: str, payload: bytes | Refused, arrival_us: int | None = None,
+               mid: int | None = None) -> int:
+        """Append a record (durable after ``commit``); returns its offset."""
         offset = self._next
         body = msgpack.packb([offset, topic, payload.size if isinstance(payload, Refused)
-                              else payload], use_bin_type=True)
+                              else payload, arrival_us, mid], use_bin_type=True)
         if len(body) > MAX_RECORD:
             raise UserError(f"a payload of {len(payload)} bytes exceeds the journal's record "
                             f"limit of {MAX_RECORD} bytes")
@@ -341,8 +371,8 @@ class Journal:
         return trim(self.dir, keep_bytes)
 
     # ------------------------------------------------------------------ reading
-    def read(self, start: int = 0, include_open: bool = True) -> Iterator[tuple[int, str, Payload]]:
-        """(offset, topic, payload) from ``start`` on: closed segments, then the open one."""
+    def read(self, start: int = 0, include_open: bool = True) -> Iterator[Record]:
+        """Records from offset ``start`` on: closed segments, then the open one."""
         return read_journal(self.dir, start, include_open, upto=self._durable)
 
 
@@ -368,6 +398,35 @@ class JournalView:
 
     def close(self) -> None:
         """Nothing to close: the writer owns the files."""
+
+
+def check_format(directory: str | Path) -> int | None:
+    """The format number of a journal directory (None: written before formats were
+    numbered, read as format 1); a newer format than this code reads is an error."""
+    path = Path(directory) / FORMAT_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        version = int(text.strip())
+    except ValueError:
+        raise UserError(f"{path} holds no journal format number ({text[:40]!r}); "
+                        f"this dqcep writes format {FORMAT_VERSION}") from None
+    if version > FORMAT_VERSION:
+        raise UserError(f"the journal {directory} is format {version}; this dqcep reads "
+                        f"formats up to {FORMAT_VERSION}: run a newer dqcep on it")
+    return version
+
+
+def write_format(directory: str | Path) -> None:
+    path = Path(directory) / FORMAT_FILE
+    tmp = path.with_name(FORMAT_FILE + ".tmp")
+    tmp.write_text(f"{FORMAT_VERSION}\n")
+    os.replace(tmp, path)
+    _fsync_dir(Path(directory))
 
 
 def write_consumer_offset(directory: str | Path, consumer: str, offset: int) -> None:
@@ -403,10 +462,11 @@ def trim(directory: str | Path, keep_bytes: int = 0) -> int:
 
 
 def read_journal(directory: str | Path, start: int = 0, include_open: bool = False,
-                 upto: int | None = None) -> Iterator[tuple[int, str, Payload]]:
+                 upto: int | None = None) -> Iterator[Record]:
     """Intact records of a journal directory from offset ``start`` (another process may
     write it). Without ``include_open`` only closed segments are read: what a
     replayable source may consume. ``upto`` stops before that offset."""
+    check_format(directory)
     names = segments(directory, include_open)
     for i, seg in enumerate(names):
         nxt = int(names[i + 1].stem) if i + 1 < len(names) else None
@@ -414,26 +474,27 @@ def read_journal(directory: str | Path, start: int = 0, include_open: bool = Fal
             continue
         if not seg.exists():  # an open segment closed (renamed) since the listing
             seg = seg.with_suffix(SEG)
-        for offset, topic, payload in segment_records(seg):
-            if upto is not None and offset >= upto:
+        for record in segment_records(seg):
+            if upto is not None and record.offset >= upto:
                 return
-            if offset >= start:
-                yield offset, topic, payload
+            if record.offset >= start:
+                yield record
 
 
 class JournalTail:
     """Follows a journal from an offset: keeps its file and position between calls.
 
-    ``read(upto)`` yields ``(offset, topic, payload)`` from where the previous call
+    ``read(upto)`` yields records from where the previous call
     stopped up to (not including) offset ``upto``: pass the writer's durable
     offset, so only committed records are read. Offsets that the journal cannot
     give back (damaged bytes, a cut or deleted segment, records trimmed away)
-    come as one ``(first offset, "", Gap(count, reason))`` each, in their place,
+    come as one ``Record(first offset, "", Gap(count, reason))`` each, in their place,
     so a consumer reports them and goes on with the records after them.
     """
 
     def __init__(self, directory: str | Path, offset: int = 0):
         self.dir = Path(directory)
+        check_format(self.dir)
         self.offset = offset
         self._file: BinaryIO | None = None
         self._first = 0           # name (first offset) of the segment being read
@@ -453,7 +514,7 @@ class JournalTail:
 
     def _gap(self, upto_offset: int, reason: str):
         count = upto_offset - self.offset
-        item = (self.offset, "", Gap(count, reason))
+        item = Record(self.offset, "", Gap(count, reason))
         self.offset = upto_offset
         return item
 
@@ -473,7 +534,7 @@ class JournalTail:
                     f.seek(start)
                     return "partial"
                 rec = _record_at(head + body, 0, self._last + 1)
-                if rec is not None and rec[1] > self._last:
+                if rec is not None and rec[1].offset > self._last:
                     self._record_start = start
                     return rec
         else:
@@ -491,7 +552,7 @@ class JournalTail:
         f.seek(start + (len(data) if nxt is None else nxt))
         return self._next_record() if nxt is not None else "eof"
 
-    def read(self, upto: int) -> Iterator[tuple[int, str, Payload]]:
+    def read(self, upto: int) -> Iterator[Record]:
         while self.offset < upto:
             if self._file is None:
                 names = segments(self.dir)
@@ -526,7 +587,8 @@ class JournalTail:
                 yield self._gap(upto, self._damage or "missing from the journal")
                 self._damage = None
                 return
-            _end, offset, topic, payload = rec
+            record = rec[1]
+            offset = record.offset
             if offset >= upto:  # appended after the caller's snapshot: read it next time
                 self._file.seek(self._record_start)
                 return
@@ -537,7 +599,7 @@ class JournalTail:
                 yield self._gap(offset, self._damage or "missing from the journal")
             self._damage = None
             self.offset = offset + 1  # before the yield: a caller may stop after any record
-            yield offset, topic, payload
+            yield record
 
     def close(self) -> None:
         if self._file is not None:

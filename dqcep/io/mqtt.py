@@ -317,7 +317,9 @@ class MqttSource:
             if len(payload) > self.max_payload:
                 payload = Refused(len(payload))
             with self._lock:
-                self.arrivals.stamp(self.journal.append(topic, payload), time.time())
+                now = time.time()  # the arrival time, taken once: journaled with the record
+                self.arrivals.stamp(self.journal.append(topic, payload, int(now * 1e6), msg.mid),
+                                    now)
                 self._pending.append(msg.mid)
                 self.received += 1
             self._arrived.set()
