@@ -1,7 +1,9 @@
 """MQTT payloads -> events, and a reason for everything that is not an event.
 
-A payload is msgpack (default) or JSON (``fmt="json"``): one event map, or a
-batch ``{"events": [<event map>, ...]}`` (spec section 1). ``decode_payload``
+A payload is msgpack or JSON: one event map, or a batch ``{"events": [<event
+map>, ...]}`` (spec section 1). Without a format (``fmt=None``) each payload is
+read as what it is (``detect_format``); a payload that fails to decode as the
+format given, and looks like the other one, says which flag to use. ``decode_payload``
 never raises on bad input: it returns the good events and one ``Rejected``
 per bad payload or bad event of a batch, with the reason, for the dead-letter
 sink. Limits keep a hostile payload from costing more than its size.
@@ -78,28 +80,68 @@ def dead_letter(offset: int, topic: str, payload: bytes | None, size: int,
     return record
 
 
-def _decode(payload: bytes, fmt: str):
-    if fmt == "json":
-        return json.loads(payload.decode("utf-8"),
-                          parse_constant=lambda c: (_ for _ in ()).throw(
-                              ValueError(f"{c} is not a valid number")))
-    return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+# a msgpack map or array starts with one of these bytes (fixmap, fixarray, map16/32,
+# array16/32); a JSON object or array with { or [ after white space, which msgpack
+# reads as small integers: the two cannot be confused
+_MSGPACK_CONTAINER = frozenset(range(0x80, 0xA0)) | {0xDC, 0xDD, 0xDE, 0xDF}
+_JSON_SPACE = b" \t\r\n"
+
+
+def detect_format(payload: bytes) -> str | None:
+    """"json" for a JSON object or array, "msgpack" for a msgpack map or array, else
+    None (the one rule for every reader of payloads without a format)."""
+    if not payload:
+        return None
+    if payload[0] in _MSGPACK_CONTAINER:
+        return "msgpack"
+    start = payload.lstrip(_JSON_SPACE)[:1]
+    return "json" if start in (b"{", b"[") else None
+
+
+def _reject_constant(c):
+    raise ValueError(f"{c} is not a valid number")
+
+
+def decode_as(payload: bytes, fmt: str):
+    """The object a payload holds in ``fmt`` ("json" or "msgpack"); ValueError says
+    why it holds none."""
+    try:
+        if fmt == "json":
+            return json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except RecursionError:
+        raise ValueError(f"{fmt} nested too deeply") from None
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError, UnicodeDecodeError) as err:
+        raise ValueError(f"not valid {fmt}: {err}") from None
+
+
+def _undecodable(payload: bytes, fmt: str | None) -> str:
+    """Why a payload that is no JSON or msgpack container is refused, with the flag."""
+    if fmt is None:
+        head = payload[:24]
+        return (f"neither a JSON object or array nor a msgpack map or array (starts "
+                f"{head!r}); a bare value needs a [[topic]] rule (--map)")
+    other = detect_format(payload)
+    return f"the payload looks like {other}: leave --format out (payloads are " \
+        f"detected) or pass --format {other}" if other not in (None, fmt) else ""
 
 
 def decode_payload(payload: bytes | Refused,
-                   fmt: str = "msgpack") -> tuple[list[Event], list[Rejected]]:
+                   fmt: str | None = None) -> tuple[list[Event], list[Rejected]]:
     if isinstance(payload, Refused):
         return [], [Rejected(f"payload of {payload.size} bytes exceeds {MAX_PAYLOAD}; refused "
                              "at ingest, only its size was kept", None)]
     if len(payload) > MAX_PAYLOAD:
         return [], [Rejected(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}", None)]
+    kind = fmt or detect_format(payload)
+    if kind is None:
+        return [], [Rejected(_undecodable(payload, None), None)]
     try:
-        obj = _decode(payload, fmt)
-    except RecursionError:
-        return [], [Rejected(f"{fmt} nested too deeply", None)]
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError, UnicodeDecodeError) as err:
-        return [], [Rejected(f"not valid {fmt}: {err}", None)]
+        obj = decode_as(payload, kind)
+    except ValueError as err:
+        hint = _undecodable(payload, kind) if fmt else ""
+        return [], [Rejected(f"{err}; {hint}" if hint else str(err), None)]
     try:
         batch = batch_items(obj)
     except EventError as err:

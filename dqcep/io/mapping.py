@@ -1,0 +1,372 @@
+"""Topics and payloads as IoT devices send them -> events (``--map FILE``).
+
+A map file is TOML: ``[[topic]]`` rules, tried in order, the first whose MQTT
+filter matches a record's topic reads it::
+
+    [[topic]]
+    filter = "sensors/+/+"   # which topics the rule reads (MQTT filter: + one level, # the rest)
+    levels = "_/room/type"   # topic level -> attribute; `type` names the event type; `_` skips
+    format = "json"          # json | msgpack | value (a bare number/string/bool); omitted: detect
+    ts = "time"              # payload field (a dotted path into nested objects); omitted: arrival
+    ts_unit = "s"            # s | ms | us | ns | iso8601; omitted: ms for numbers, ISO 8601 text
+    ts_zone = "UTC"          # the zone of ISO 8601 times written without an offset
+    type = "Temperature"     # a fixed event type (the topic's `type` level and a payload
+                             # field `type` come after it, in that order)
+    rename = { temp = "value" }  # payload field (dotted path) -> attribute
+    id = "seq"               # a payload field holding the event's integer id; omitted: derived
+
+A payload is one event (an object / map, or a bare value: the attribute
+``value``) or several (an array of them). Nested objects flatten to
+``parent_child`` attributes, nested arrays to ``parent_0``, ``parent_1``...; a
+``null`` is an absent attribute. An event's id, unless the rule names a field
+for it, is derived from its place in the journal: ``offset * 2**24 + index in
+the payload``, so a replay after a crash gives the same ids. Its time, unless
+the rule names a field for it, is the record's arrival time, journaled once at
+ingest. Payload fields called ``id``, ``ts`` or ``type`` that the rule does not
+read as such are not attributes (spec section 1: they are the event's own
+fields); ``rename`` keeps them under another name.
+
+``TopicMap.read(record)`` never raises on a payload: it returns the events and a
+``Rejected`` (with the rule and the reason) for each one it cannot read.
+Everything wrong with the file itself is a ``UserError`` naming the rule.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import msgpack
+
+from dqcep.errors import UserError
+from dqcep.events import Event, EventError, event_from_mapping
+from dqcep.io.journal import Record, Refused
+from dqcep.io.mqtt import topic_problem
+from dqcep.io.payloads import MAX_PAYLOAD, Rejected, decode_as, detect_format
+
+ID_SHIFT = 24          # a derived id is offset << ID_SHIFT | index: 16 Mi events per payload
+MAX_EVENTS = 1 << ID_SHIFT
+FORMATS = ("json", "msgpack", "value")
+TS_UNITS = {"s": 1000, "ms": 1, "us": 0.001, "ns": 0.000001, "iso8601": None}
+RULE_KEYS = ("filter", "levels", "format", "ts", "ts_unit", "ts_zone", "type", "rename", "id")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+EVENT_FIELDS = ("id", "ts", "type")
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+TOPIC_CACHE = 1 << 16  # topics whose rule and level attributes are kept
+
+
+def derived_id(offset: int, index: int) -> int:
+    """The id of the ``index``-th event of the payload at journal offset ``offset``."""
+    return (offset << ID_SHIFT) | index
+
+
+def filter_matches(levels: list[str], topic: list[str]) -> bool:
+    """MQTT 3.1.1 section 4.7: ``+`` is one level, ``#`` the rest (also none); a topic
+    starting with ``$`` is matched by no wildcard in the first level."""
+    if topic and topic[0].startswith("$") and levels and levels[0] in ("+", "#"):
+        return False
+    for i, level in enumerate(levels):
+        if level == "#":
+            return True
+        if i >= len(topic) or (level != "+" and level != topic[i]):
+            return False
+    return len(topic) == len(levels)
+
+
+def _path(text: str) -> tuple[str, ...]:
+    return tuple(text.split("."))
+
+
+@dataclass(frozen=True)
+class TopicRule:
+    number: int                       # 1-based place in the file
+    filter: str
+    levels: tuple[str | None, ...]    # attribute per topic level (None: skipped)
+    format: str | None
+    ts: tuple[str, ...] | None
+    ts_unit: str | None
+    ts_zone: object
+    type: str | None
+    rename: dict = field(default_factory=dict)  # flattened name -> attribute
+    id: tuple[str, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"rule {self.number} ({self.filter})"
+
+
+def _rule(number: int, raw, source: str) -> TopicRule:
+    where = f"{source}: [[topic]] {number}"
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} is not a table")
+    unknown = [k for k in raw if k not in RULE_KEYS]
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r} (a rule has "
+                        f"{', '.join(RULE_KEYS)})")
+
+    def text(key, default=None):
+        v = raw.get(key, default)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise UserError(f"{where}: {key} must be a non-empty string")
+        return v
+
+    flt = text("filter")
+    if flt is None:
+        raise UserError(f"{where} has no filter (e.g. filter = \"sensors/+/+\")")
+    problem = topic_problem(flt, subscribe=True)
+    if problem:
+        raise UserError(f"{where}: filter {flt!r}: {problem}")
+    where = f"{source}: [[topic]] {number} ({flt})"
+    flt_levels = flt.split("/")
+    levels: tuple = ()
+    if "levels" in raw:
+        spec = text("levels").split("/")
+        wild = flt_levels[-1] == "#"
+        if (len(spec) != len(flt_levels) and not wild) or \
+                (wild and len(spec) < len(flt_levels) - 1):
+            raise UserError(f"{where}: levels {raw['levels']!r} names {len(spec)} levels, "
+                            f"the filter has {len(flt_levels)}")
+        seen = set()
+        for name in spec:
+            if name == "_":
+                continue
+            if not NAME.match(name) or name in ("id", "ts"):
+                raise UserError(f"{where}: levels: {name!r} is no attribute name (letters, "
+                                "digits and _, not id or ts; _ skips a level)")
+            if name in seen:
+                raise UserError(f"{where}: levels names {name!r} twice")
+            seen.add(name)
+        levels = tuple(None if n == "_" else n for n in spec)
+    fmt = text("format")
+    if fmt is not None and fmt not in FORMATS:
+        raise UserError(f"{where}: format {fmt!r} is not one of {', '.join(FORMATS)} "
+                        "(omit it to detect each payload's)")
+    ts = text("ts")
+    unit = text("ts_unit")
+    if unit is not None and unit not in TS_UNITS:
+        raise UserError(f"{where}: ts_unit {unit!r} is not one of {', '.join(TS_UNITS)}")
+    if unit is not None and ts is None:
+        raise UserError(f"{where}: ts_unit without ts (the field that holds the time)")
+    zone_name = text("ts_zone", "UTC")
+    try:
+        from zoneinfo import ZoneInfo
+        zone = timezone.utc if zone_name == "UTC" else ZoneInfo(zone_name)
+    except (ValueError, OSError, LookupError) as err:
+        raise UserError(f"{where}: ts_zone {zone_name!r} is no time zone ({err})") from None
+    rename = raw.get("rename", {})
+    if not isinstance(rename, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in rename.items()):
+        raise UserError(f"{where}: rename must be a table of field = \"attribute\"")
+    for target in rename.values():
+        if not NAME.match(target) or target in EVENT_FIELDS:
+            raise UserError(f"{where}: rename: {target!r} is no attribute name (letters, "
+                            "digits and _, not id, ts or type)")
+    return TopicRule(number, flt, levels, fmt, None if ts is None else _path(ts), unit, zone,
+                     text("type"), {k.replace(".", "_"): v for k, v in rename.items()},
+                     None if raw.get("id") is None else _path(text("id")))
+
+
+class TopicMap:
+    """The rules of a map file; ``read`` turns a journal record into events."""
+
+    def __init__(self, rules: list[TopicRule], source: str = "the map"):
+        self.rules = rules
+        self.source = source
+        self._filters = [r.filter.split("/") for r in rules]
+        self._topics: dict[str, tuple] = {}
+
+    @classmethod
+    def parse(cls, text: str, source: str = "the map") -> "TopicMap":
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise UserError(f"{source}: not valid TOML: {err}") from None
+        extra = [k for k in doc if k != "topic"]
+        if extra:
+            raise UserError(f"{source}: unknown key {extra[0]!r} (a map holds [[topic]] rules)")
+        rules = doc.get("topic")
+        if not isinstance(rules, list) or not rules:
+            raise UserError(f"{source} has no [[topic]] rule")
+        return cls([_rule(i + 1, r, source) for i, r in enumerate(rules)], source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TopicMap":
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"cannot read the map {path}: "
+                            f"{getattr(err, 'strerror', None) or err}") from None
+        return cls.parse(text, str(path))
+
+    # ---------------------------------------------------------------- reading
+    def _for_topic(self, topic: str):
+        """(rule, attributes from the topic's levels, type from a level) or None."""
+        hit = self._topics.get(topic)
+        if hit is not None:
+            return hit
+        parts = topic.split("/")
+        hit = (None, {}, None)
+        for rule, levels in zip(self.rules, self._filters):
+            if filter_matches(levels, parts):
+                attrs = {name: parts[i] for i, name in enumerate(rule.levels)
+                         if name is not None and i < len(parts)}
+                hit = (rule, attrs, attrs.pop("type", None))
+                break
+        if len(self._topics) >= TOPIC_CACHE:
+            self._topics.clear()
+        self._topics[topic] = hit
+        return hit
+
+    def read(self, record: Record) -> tuple[list[Event], list[Rejected]]:
+        """The events of one journal record, and why any part of it is no event."""
+        rule, level_attrs, level_type = self._for_topic(record.topic)
+        payload = record.payload
+        if rule is None:
+            return [], [Rejected(f"no [[topic]] rule of {self.source} matches the topic "
+                                 f"{record.topic!r}", None)]
+        if isinstance(payload, Refused):
+            return [], [Rejected(f"payload of {payload.size} bytes exceeds {MAX_PAYLOAD}; "
+                                 "refused at ingest, only its size was kept", None)]
+        if len(payload) > MAX_PAYLOAD:
+            return [], [Rejected(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}", None)]
+        fmt = rule.format or detect_format(payload) or "value"
+        try:
+            obj = _read_value(payload) if fmt == "value" else decode_as(payload, fmt)
+        except ValueError as err:
+            return [], [Rejected(f"{rule.name}: {err}", None)]
+        items = obj if isinstance(obj, list) else [obj]
+        if len(items) > MAX_EVENTS:
+            return [], [Rejected(f"{rule.name}: {len(items)} events in one payload; at most "
+                                 f"{MAX_EVENTS}", None)]
+        arrival = record.arrival_us
+        events, rejected = [], []
+        single = not isinstance(obj, list)
+        for i, item in enumerate(items):
+            try:
+                events.append(self._event(rule, item, record.offset, i, arrival,
+                                          level_attrs, level_type))
+            except (EventError, RecursionError) as err:
+                why = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+                rejected.append(Rejected(f"{rule.name}: {why}", None if single else i))
+        return events, rejected
+
+    def _event(self, rule: TopicRule, item, offset: int, index: int, arrival: int | None,
+               level_attrs: dict, level_type: str | None) -> Event:
+        if isinstance(item, dict):
+            flat: dict = {}
+            _flatten(item, "", flat)
+        elif isinstance(item, list):
+            raise EventError("an array inside the payload's array is no event")
+        else:
+            flat = {"value": item}
+        if rule.ts is not None:
+            ts = _time(_lookup(item, rule.ts), rule)
+            flat.pop("_".join(rule.ts), None)
+        elif arrival is None:
+            raise EventError("the journal record has no arrival time (written before journal "
+                             "format 2); name the payload's time field (ts)")
+        else:
+            ts = arrival // 1000
+        if rule.id is not None:
+            event_id = _lookup(item, rule.id)
+            flat.pop("_".join(rule.id), None)
+            if not isinstance(event_id, int) or isinstance(event_id, bool):
+                raise EventError(f"the id field {'.'.join(rule.id)!r} must hold an integer, "
+                                 f"got {event_id!r}"[:200])
+        else:
+            event_id = derived_id(offset, index)
+        for src, dst in rule.rename.items():
+            if src in flat:
+                flat[dst] = flat.pop(src)
+        payload_type = flat.pop("type", None)
+        flat.pop("id", None)
+        flat.pop("ts", None)
+        etype = rule.type or level_type or payload_type
+        if etype is None:
+            raise EventError("no event type: the rule names none (type = ...), nor does the "
+                             "topic (a `type` level) or the payload (a field `type`)")
+        flat.update(level_attrs)
+        flat["id"], flat["ts"], flat["type"] = event_id, ts, etype
+        return event_from_mapping(flat)
+
+
+def _read_value(payload: bytes):
+    """A bare value: JSON's number, string, true or false, else the text itself."""
+    try:
+        text = payload.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError("a value payload must be UTF-8 text") from None
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(v, (dict, list)):
+        return v
+    return text if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _flatten(obj: dict, prefix: str, out: dict) -> None:
+    for k, v in obj.items():
+        if not isinstance(k, str):
+            raise EventError(f"field names must be strings, got {k!r}"[:120])
+        name = prefix + k
+        if isinstance(v, dict):
+            _flatten(v, name + "_", out)
+        elif isinstance(v, list):
+            _flatten({str(i): x for i, x in enumerate(v)}, name + "_", out)
+        elif v is not None:
+            if name in out:
+                raise EventError(f"two fields flatten to the attribute {name!r}")
+            out[name] = v
+
+
+def _lookup(obj, path: tuple[str, ...]):
+    for part in path:
+        if isinstance(obj, dict) and part in obj:
+            obj = obj[part]
+        elif isinstance(obj, list) and part.isdigit() and int(part) < len(obj):
+            obj = obj[int(part)]
+        else:
+            raise EventError(f"no field {'.'.join(path)!r} in the payload")
+    return obj
+
+
+def _time(value, rule: TopicRule) -> int:
+    """A payload's time in ms since the epoch, as the rule's ts_unit reads it."""
+    unit = rule.ts_unit
+    name = ".".join(rule.ts)
+    if isinstance(value, bool) or value is None:
+        raise EventError(f"the time field {name!r} holds {value!r}, no time")
+    if unit == "iso8601" or (unit is None and isinstance(value, str)):
+        if not isinstance(value, str):
+            raise EventError(f"the time field {name!r} holds {value!r}, no ISO 8601 text")
+        try:
+            dt = datetime.fromisoformat(value)
+        except ValueError:
+            raise EventError(f"the time field {name!r} holds {value[:60]!r}, no ISO 8601 "
+                             "time") from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=rule.ts_zone)
+        return (dt - EPOCH) // timedelta(milliseconds=1)
+    if isinstance(value, str):
+        try:
+            value = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise EventError(f"the time field {name!r} holds {value[:60]!r}, no number") \
+                from None
+    if not isinstance(value, (int, float)) or (isinstance(value, float)
+                                               and not math.isfinite(value)):
+        raise EventError(f"the time field {name!r} holds {value!r}, no time"[:200])
+    unit = unit or "ms"
+    if isinstance(value, int):
+        if unit == "s":
+            return value * 1000
+        return value if unit == "ms" else value // (1000 if unit == "us" else 1_000_000)
+    ms = value * TS_UNITS[unit]
+    if abs(ms) >= 2.0**63:
+        raise EventError(f"the time field {name!r} holds {value!r}, out of range")
+    return round(ms)
