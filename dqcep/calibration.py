@@ -316,7 +316,7 @@ class _Message:
     """What paho hands ``on_message``: topic, payload, message id."""
 
     def __init__(self, topic: str, payload: bytes, mid: int):
-        self.topic, self.payload, self.mid = topic, payload, mid
+        self.topic, self.payload, self.mid, self.dup = topic, payload, mid, False
 
 
 def _commit_delay(directory: Path, payload: bytes, commits: int, gap, timer, sleep) -> float:

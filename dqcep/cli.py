@@ -11,6 +11,7 @@ from typing import Sequence
 
 from dqcep import __version__
 from dqcep.errors import UserError
+from dqcep.events import MAX_FUTURE_MS, RECENT_IDS  # light: no numpy, --help stays fast
 from dqcep.numbers import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
                            POSITIVE, SHARE)
 
@@ -200,9 +201,13 @@ def _serve(args) -> int:
                         "cuts a file back to the checkpoint)")
     state = _state_dir(args)
     named = Path(".") if state is None else state  # every path named: nothing derived
-    fmt = args.format or "msgpack"
-    if fmt not in ("msgpack", "json"):
-        raise UserError("MQTT payloads are msgpack or json (--format)")
+    from dqcep.io.mapping import TopicMap
+    if args.topic_map:
+        TopicMap.load(args.topic_map)  # a bad rule is refused before anything starts
+    fmt = args.format
+    if fmt not in (None, "msgpack", "json"):
+        raise UserError("MQTT payloads are msgpack or json (--format; omitted: each "
+                        "payload's own)")
     query_file = _load_queries(args.queries)  # positioned errors before anything starts
     _warn_plan(query_file, _load_rates(args.rates))
     cfg = ServiceConfig(
@@ -211,7 +216,8 @@ def _serve(args) -> int:
         checkpoint=args.checkpoint or str(named / "checkpoint.bin"), output=args.output,
         dead_letter=args.dead_letter or str(named / "dead-letter.jsonl"),
         late=args.late or str(named / "late.jsonl"), state=state and str(state),
-        fmt=fmt, lateness=args.lateness,
+        fmt=fmt, lateness=args.lateness, topic_map=args.topic_map,
+        max_future=MAX_FUTURE_MS if args.max_future is None else args.max_future,
         output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,
         until_idle=args.until_idle, journal_retention=args.journal_retention,
@@ -272,6 +278,9 @@ def cmd_run(args) -> int:
         return _serve(args)
     if len(args.input) != 1:
         raise UserError("give one event file (--input), or MQTT URLs")
+    if args.topic_map or args.max_future is not None:
+        raise UserError(f"{'--map' if args.topic_map else '--max-future'} is for MQTT input "
+                        "(an event file holds events with their ids and times)")
     args.input = args.input[0]
     query_file = _load_queries(args.queries)
     queries = query_file.queries
@@ -746,7 +755,6 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dqcep.events import RECENT_IDS
     p = _Parser(prog="dqcep", description="Complex event processing over IoT streams: "
                 "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
     p.add_argument("--version", action="version", version=f"dqcep {__version__}")
@@ -875,7 +883,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "mqtt://host:port/topic (repeatable) to run as a streaming service")
     run.add_argument("--format", choices=("jsonl", "msgpack", "csv", "parquet", "json"),
                      help="event format (default: from the file extension; jsonl for -; "
-                     "MQTT payloads: msgpack, or json)")
+                     "MQTT payloads: msgpack or json, omitted: each payload read as what it is)")
     run.add_argument("--output", "-o", metavar="OUT",
                      help="match file, mqtt://host:port/topic, or a database table: "
                      "sqlite:///FILE.db or postgresql://USER@HOST:PORT/DB, with "
@@ -927,6 +935,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default STATE/dead-letter.jsonl)")
     service.add_argument("--late", metavar="FILE",
                          help="events later than --lateness (default STATE/late.jsonl)")
+    service.add_argument("--map", dest="topic_map", metavar="FILE",
+                         help="read topics and payloads as devices send them: [[topic]] "
+                         "rules in TOML (which topics, which levels are attributes or the "
+                         "type, payload format, time field and unit, renames); events without "
+                         "an id or a time get them from the journal (docs/streaming.md)")
+    service.add_argument("--max-future", type=MILLISECONDS.option, metavar="MS",
+                         help="an event whose ts is ahead of its arrival by more than MS ms "
+                         "is dead-lettered and never moves the watermark (a device clock "
+                         f"that runs ahead; default {MAX_FUTURE_MS:,}: 5 minutes; 0: off)")
     service.add_argument("--queries", dest="queries_hosted", metavar="NAME,...",
                          help="run only these queries of QUERIES (default: all of them)")
     service.add_argument("--workers", type=int, metavar="N",

@@ -16,6 +16,9 @@ TS_LIMIT = 2**62 - 1
 # that streams (dqcep.runtime.duplicates holds the rule; the constant lives here, where
 # the CLI's help can read it without loading the runtime).
 RECENT_IDS = 100_000
+# An event whose ts is ahead of its arrival by more than this many ms is rejected on the
+# streaming paths (--max-future; dqcep.io.ingest holds the rule).
+MAX_FUTURE_MS = 300_000
 
 
 class EventError(ValueError):

@@ -46,9 +46,11 @@ from dqcep.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
                                  write_checkpoint)
-from dqcep.io.journal import Gap, Journal, JournalTail, JournalView, segments
+from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader, ahead_reason, ahead_rows
+from dqcep.io.journal import Gap, Journal, JournalTail, JournalView, Record, segments
+from dqcep.io.mapping import TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
-from dqcep.io.payloads import MAX_PAYLOAD, dead_letter, decode_payload
+from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
 from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming, open_file,
                              open_match_sink)
 from dqcep.lang import parse_file
@@ -72,7 +74,9 @@ class ServiceConfig:
     output: str
     dead_letter: str
     late: str
-    fmt: str = "msgpack"
+    fmt: str | None = None            # payload format; None: each payload's own (detected)
+    topic_map: str | None = None      # a map file (--map): topics and payloads -> events
+    max_future: int = MAX_FUTURE_MS   # ms an event's ts may be ahead of its arrival
     lateness: int = 0
     checkpoint_every: float = 1.0
     stats_every: float = 10.0
@@ -177,6 +181,8 @@ class StreamingService:
     def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None):
         self.cfg = cfg
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
+        self.reader = PayloadReader(cfg.fmt, TopicMap.load(cfg.topic_map) if cfg.topic_map
+                                    else None, cfg.max_future)
         query_file = parse_file(cfg.queries)
         queries = hosted_queries(query_file, cfg.hosted, cfg.queries)
         self.plan = build_plan(queries, cfg.rates, materialize=cfg.materialize,
@@ -250,8 +256,12 @@ class StreamingService:
         self.counts = {"payloads": 0, "events_in": 0, "matches_out": 0, "malformed": 0,
                        "duplicates": 0, "late": 0, "journal_lost": 0, **self.counts}
         self.decoder = engine.column_decoder()  # after restore, which replaces it
-        self._pending: list[tuple[int, bytes, int]] = []  # decoded: (offset, payload, rows)
+        # records the kernel decoded (its rows wait in the decoder): (record, rows)
+        self._pending: list[tuple[Record, int]] = []
         self._pending_rows = 0
+        # records read in Python (the map, JSON, what the kernel left): (record, events)
+        self._read: list[tuple[Record, list]] = []
+        self._read_rows = 0
         self.out = self.dead = self.late = None
         self.database = is_database(cfg.output)
         self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"])
@@ -339,37 +349,47 @@ class StreamingService:
         given); returns records consumed.
 
         Stops early once ``deadline`` (time.monotonic) has passed, so that a long
-        backlog does not hold checkpoints back. Well-formed msgpack payloads are
-        decoded by the ColumnDecoder kernel and go to the engine together, up to
-        CHUNK_ROWS events at a time; any other payload (JSON, or one the kernel
-        leaves to the validator) is decoded in Python, which names what is
-        wrong. Both keep arrival order, and the engine's results do not depend
-        on how the events are batched.
+        backlog does not hold checkpoints back. Well-formed msgpack event payloads
+        are decoded by the ColumnDecoder kernel; any other record (mapped by
+        ``--map``, JSON, or one the kernel leaves to the validator) is read in
+        Python by the service's ``PayloadReader``, which names what is wrong. Either
+        kind goes to the engine in batches of up to CHUNK_ROWS events; both keep
+        arrival order, and the engine's results do not depend on how the events
+        are batched.
         """
         n = 0
         upto = self.journal.durable_offset if until is None else \
             min(until, self.journal.durable_offset)
-        for offset, topic, payload, *_ in self.tail.read(upto):
+        kernel = self.reader.event_payloads
+        for record in self.tail.read(upto):
             n += 1
+            payload = record.payload
             if isinstance(payload, Gap):
-                self._process_pending()
-                self._lost(offset, payload)
+                self._flush()
+                self._lost(record.offset, payload)
                 continue
             self.counts["payloads"] += 1
-            rows = self.decoder.decode(payload) if self.cfg.fmt == "msgpack" and isinstance(
+            rows = self.decoder.decode(payload) if kernel and isinstance(
                 payload, bytes) and len(payload) <= MAX_PAYLOAD else -1
             if rows >= 0:
-                self._pending.append((offset, payload, rows))
+                if self._read:
+                    self._process_read()
+                self._pending.append((record, rows))
                 self._pending_rows += rows
                 if self._pending_rows >= CHUNK_ROWS:
                     self._process_pending()
             else:
                 self._process_pending()
-                self._process_payload(offset, topic, payload)
+                self._read_record(record)
             if deadline is not None and n % 256 == 0 and time.monotonic() > deadline:
                 break
-        self._process_pending()
+        self._flush()
         return n
+
+    def _flush(self) -> None:
+        """Process what is held (at most one of the two kinds holds records)."""
+        self._process_pending()
+        self._process_read()
 
     def timed_step(self, deadline: float) -> int:
         """``step`` until ``deadline``, its time (and the delay since its first record
@@ -388,11 +408,21 @@ class StreamingService:
         self.service_times.add_checkpoint(time.monotonic() - started)
 
     def _process_pending(self) -> None:
-        """The decoded payloads held: drop repeated ids, run the engine."""
+        """The records the kernel decoded: events ahead of their arrival out, repeated
+        ids dropped, the engine run."""
         if not self._pending:
             return
+        pending = self._pending
         cols = EventColumns(*self.decoder.take())
-        record = np.repeat(np.arange(len(self._pending)), [r for _, _, r in self._pending])
+        rows = np.fromiter((r for _, r in pending), np.int64, len(pending))
+        record = np.repeat(np.arange(len(pending)), rows)
+        if self.cfg.max_future:
+            arrival = np.fromiter((-1 if rec.arrival_us is None else rec.arrival_us // 1000
+                                   for rec, _ in pending), np.int64, len(pending))
+            ahead = ahead_rows(cols.ts, arrival[record], self.cfg.max_future)
+            if ahead.any():
+                self._dead_ahead(cols.ts, record, rows, arrival, ahead)
+                cols, record = cols.take(~ahead), record[~ahead]
         fresh = self.recent.admit(cols.id)
         if not fresh.all():
             self.counts["duplicates"] += int((~fresh).sum())
@@ -401,50 +431,90 @@ class StreamingService:
         if len(cols.ts):
             self._refresh_tables()
             matches = self.engine.process(cols)
-            self._emit(matches, self._pending[-1][0] + 1)
+            self._emit(matches, pending[-1][0].offset + 1)
             if len(matches) and self.arrivals is not None:
-                offsets = np.fromiter((o for o, _, _ in self._pending), np.int64,
-                                      len(self._pending))
+                offsets = np.fromiter((rec.offset for rec, _ in pending), np.int64,
+                                      len(pending))
                 self.response.observe(matches, cols.id, self.arrivals.at(offsets)[record],
                                       time.time())
-            self._misdeclared(lambda event_id: self._pending[
-                int(record[np.flatnonzero(cols.id == event_id)[0]])][0])
-            self._stopped(self._pending[-1][0])
+            self._misdeclared(lambda event_id: pending[
+                int(record[np.flatnonzero(cols.id == event_id)[0]])][0].offset)
+            self._stopped(pending[-1][0].offset)
             late = self.engine.take_late()
             if late:  # rare: decode those payloads again for the late sink
-                rows = np.flatnonzero(np.isin(cols.id, late))
-                for r in np.unique(record[rows]):
-                    offset, payload, _ = self._pending[r]
-                    self._write_late(offset, decode_payload(payload)[0], set(late))
-        self.offset = self._pending[-1][0] + 1
+                late_rows = np.flatnonzero(np.isin(cols.id, late))
+                for r in np.unique(record[late_rows]):
+                    rec = pending[r][0]
+                    self._write_late(rec.offset, decode_payload(rec.payload)[0], set(late))
+        self.offset = pending[-1][0].offset + 1
         self._pending, self._pending_rows = [], 0
 
-    def _process_payload(self, offset: int, topic: str, payload) -> None:
-        events, rejected = decode_payload(payload, self.cfg.fmt)
+    def _dead_ahead(self, ts, record, rows, arrival, ahead) -> None:
+        """Dead letters for the kernel-decoded events too far ahead of their arrival:
+        one per payload, the events named by their places in it."""
+        starts = np.concatenate(([0], np.cumsum(rows)[:-1]))
+        by_record: dict[int, list[Rejected]] = {}
+        for row in np.flatnonzero(ahead):
+            r = int(record[row])
+            place = None if rows[r] == 1 else int(row - starts[r])
+            by_record.setdefault(r, []).append(Rejected(
+                ahead_reason(int(ts[row]), int(arrival[r]), self.cfg.max_future), place))
+        for r, rejected in by_record.items():
+            rec = self._pending[r][0]
+            self.counts["malformed"] += len(rejected)
+            self.dead.write(dead_letter(rec.offset, rec.topic, rec.payload, len(rec.payload),
+                                        rejected))
+
+    def _read_record(self, record: Record) -> None:
+        """A record read in Python: its rejections dead-lettered now, its events held
+        for the next batch."""
+        events, rejected = self.reader.read(record)
         if rejected:
+            payload = record.payload
             self.counts["malformed"] += len(rejected)
             kept = payload if isinstance(payload, bytes) and len(payload) <= MAX_PAYLOAD \
                 else None  # never the bytes of a payload over the limit
             size = len(payload) if isinstance(payload, bytes) else payload.size
-            self.dead.write(dead_letter(offset, topic, kept, size, rejected))
+            self.dead.write(dead_letter(record.offset, record.topic, kept, size, rejected))
+        self._read.append((record, events))
+        self._read_rows += len(events)
+        if self._read_rows >= CHUNK_ROWS:
+            self._process_read()
+
+    def _process_read(self) -> None:
+        """The records read in Python: repeated ids dropped, the engine run."""
+        if not self._read:
+            return
+        held = self._read
+        events = [e for _, evs in held for e in evs]
+        where = np.repeat(np.arange(len(held)), [len(evs) for _, evs in held])
         fresh = self.recent.admit(np.fromiter((e.id for e in events), np.int64, len(events)))
-        self.counts["duplicates"] += int((~fresh).sum())
-        events = [e for e, f in zip(events, fresh) if f]
+        if not fresh.all():
+            self.counts["duplicates"] += int((~fresh).sum())
+            events = [e for e, f in zip(events, fresh) if f]
+            where = where[fresh]
         self.counts["events_in"] += len(events)
+        end = held[-1][0].offset
         if events:
             self._refresh_tables()
             matches = self.engine.process(events)
-            self._emit(matches, offset + 1)
+            self._emit(matches, end + 1)
+            ids = np.fromiter((e.id for e in events), np.int64, len(events))
             if len(matches) and self.arrivals is not None:
-                self.response.observe(
-                    matches, np.fromiter((e.id for e in events), np.int64, len(events)),
-                    np.full(len(events), self.arrivals.of(offset)), time.time())
-            self._misdeclared(lambda event_id: offset)
-            self._stopped(offset)
+                offsets = np.fromiter((rec.offset for rec, _ in held), np.int64, len(held))
+                self.response.observe(matches, ids, self.arrivals.at(offsets)[where],
+                                      time.time())
+            self._misdeclared(lambda event_id: held[
+                int(where[np.flatnonzero(ids == event_id)[0]])][0].offset)
+            self._stopped(end)
             late = self.engine.take_late()
             if late:
-                self._write_late(offset, events, set(late))
-        self.offset = offset + 1
+                late = set(late)
+                for e, w in zip(events, where):
+                    if e.id in late:
+                        self._write_late(held[w][0].offset, [e], late)
+        self.offset = end + 1
+        self._read, self._read_rows = [], 0
 
     def _refresh_tables(self) -> None:
         """Lookup tables read again where due, before a batch; a failed read keeps the

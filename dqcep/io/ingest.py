@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dqcep.events import Event
+from dqcep.events import MAX_FUTURE_MS, Event
 from dqcep.io.journal import Record
 from dqcep.io.mapping import TopicMap
 from dqcep.io.payloads import Rejected, decode_payload
-
-MAX_FUTURE_MS = 300_000  # --max-future default: 5 minutes
 
 
 def ahead_reason(ts: int, arrival_ms: int, max_future: int) -> str:

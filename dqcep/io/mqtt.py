@@ -13,6 +13,7 @@ import numpy as np
 from dqcep.errors import UserError
 
 DEFAULT_PORT = 1883
+REDELIVERY_WINDOW = 4096  # journal records a redelivered message is looked for among
 REACH_TIMEOUT = 2.0  # s until a broker that cannot be reached is reported
 
 
@@ -232,6 +233,13 @@ class ArrivalTimes:
         return float(self.times[i]) if self.offsets[i] == offset else math.nan
 
 
+def _fingerprint(topic: str, payload, crc32) -> tuple[str, int, int]:
+    """A message's topic, size and checksum (a payload refused at ingest: its size)."""
+    if isinstance(payload, (bytes, bytearray)):
+        return topic, len(payload), crc32(payload)
+    return topic, payload.size, -1
+
+
 class MqttSource:
     """Subscribes with QoS 1 in a persistent session; journals messages, acks when durable.
 
@@ -244,8 +252,12 @@ class MqttSource:
     arrived, for the service's response times. The client
     id is fixed and the session persistent (clean session off), so the broker
     keeps what arrives while the service is away; paho reconnects with backoff.
-    A message delivered again (a PUBACK lost in a crash) is journaled twice;
-    the service drops repeated event ids.
+    A message delivered again (its PUBACK lost in a crash or a dropped
+    connection) comes with the DUP flag and the packet id it had: when the journal's
+    last ``REDELIVERY_WINDOW`` records hold one with that packet id, topic and
+    payload, it is acknowledged and not journaled again (``redelivered`` counts
+    them), so events whose ids the journal derives (``--map``) are not taken in
+    twice; the service also drops repeated event ids.
 
     A payload over ``max_payload`` bytes is journaled as its size only
     (``journal.Refused``) and acknowledged: the service dead-letters it in its
@@ -274,6 +286,9 @@ class MqttSource:
         self.connect_timeout = connect_timeout
         self.max_payload = MAX_PAYLOAD if max_payload is None else max_payload
         self.received = 0
+        self.redelivered = 0
+        # packet id -> (topic, size, crc32) of the journal's last records, oldest first
+        self._recent: dict[int, tuple[str, int, int]] = self._last_records(journal)
         self.write_error: str | None = None
         self.failure: str | None = None
         self._lock = threading.Lock()
@@ -298,6 +313,22 @@ class MqttSource:
         self._committer = threading.Thread(target=self._commit_loop, daemon=True,
                                            name="journal-committer")
 
+    @staticmethod
+    def _last_records(journal) -> dict[int, tuple[str, int, int]]:
+        """What a redelivery of the previous run's last messages is recognised by."""
+        import zlib
+
+        from dqcep.io.journal import Gap, Refused
+        recent: dict[int, tuple[str, int, int]] = {}
+        start = max(0, journal.durable_offset - REDELIVERY_WINDOW)
+        for record in journal.read(start):
+            payload = record.payload
+            if record.mid is None or isinstance(payload, Gap):
+                continue
+            recent.pop(record.mid, None)
+            recent[record.mid] = _fingerprint(record.topic, payload, zlib.crc32)
+        return recent
+
     def _on_connect(self, client, userdata, flags, reason_code, properties):
         self._answered.set()
         if reason_code.is_failure:
@@ -307,6 +338,8 @@ class MqttSource:
             client.subscribe([(t, 1) for t in self.topics])
 
     def _on_message(self, client, userdata, msg):
+        import zlib
+
         from dqcep.io.journal import Refused
         try:
             try:
@@ -316,12 +349,20 @@ class MqttSource:
             payload = msg.payload
             if len(payload) > self.max_payload:
                 payload = Refused(len(payload))
+            seen = _fingerprint(topic, payload, zlib.crc32)
             with self._lock:
-                now = time.time()  # the arrival time, taken once: journaled with the record
-                self.arrivals.stamp(self.journal.append(topic, payload, int(now * 1e6), msg.mid),
-                                    now)
-                self._pending.append(msg.mid)
                 self.received += 1
+                self._pending.append(msg.mid)
+                if msg.dup and self._recent.get(msg.mid) == seen:
+                    self.redelivered += 1  # journaled already: acknowledged after the commit
+                else:
+                    now = time.time()  # the arrival time, taken once: journaled with it
+                    offset = self.journal.append(topic, payload, int(now * 1e6), msg.mid)
+                    self.arrivals.stamp(offset, now)
+                    self._recent.pop(msg.mid, None)
+                    self._recent[msg.mid] = seen
+                    if len(self._recent) > REDELIVERY_WINDOW:
+                        del self._recent[next(iter(self._recent))]
             self._arrived.set()
         except BaseException as err:  # noqa: BLE001 - the service sees it and stops
             self.failure = f"receiving a message failed: {err!r}"
