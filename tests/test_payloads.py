@@ -5,7 +5,7 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqcep.io.payloads import decode_payload
+from dqcep.io.payloads import decode_payload, detect_format
 
 GOOD = {"id": 1, "type": "T", "ts": 5, "v": 1.5}
 
@@ -31,8 +31,11 @@ def test_bad_payloads_have_reasons():
         msgpack.packb({**GOOD, "v": {"deep": [1]}}): "attribute 'v' must be a number",
     }
     for payload, reason in cases.items():
-        events, rejected = decode_payload(payload)
+        events, rejected = decode_payload(payload, "msgpack")
         assert events == [] and reason in rejected[0].reason, (payload, rejected)
+    for payload in (b"\xc1 not msgpack", b""):  # detected: neither format
+        assert "neither a JSON object or array nor a msgpack map or array" in \
+            decode_payload(payload)[1][0].reason
     deep = b"[" * 100_000 + b"]" * 100_000
     assert "nested too deeply" in decode_payload(deep, "json")[1][0].reason
     deep_mp = b"\x91" * 100_000 + b"\xc0"
@@ -52,10 +55,11 @@ FIELDS = st.dictionaries(st.sampled_from(["id", "type", "ts", "v", "events"]), V
 @settings(max_examples=1000, deadline=None)
 @given(st.one_of(st.binary(max_size=200), FIELDS.map(msgpack.packb),
                  st.lists(FIELDS, max_size=5).map(lambda b: msgpack.packb({"events": b}))),
-       st.sampled_from(["msgpack", "json"]))
+       st.sampled_from(["msgpack", "json", None]))
 def test_fuzzed_payloads_are_events_or_reasons(payload, fmt):
     events, rejected = decode_payload(payload, fmt)
     if not events and not rejected:  # only an empty batch yields nothing at all
-        decoded = json.loads(payload) if fmt == "json" else msgpack.unpackb(payload, raw=False)
+        decoded = json.loads(payload) if (fmt or detect_format(payload)) == "json" else \
+            msgpack.unpackb(payload, raw=False)
         assert decoded.get("events") == [] and "type" not in decoded
     assert all(r.reason for r in rejected)
