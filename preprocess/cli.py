@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dqcep.errors import UserError
+from dqcep.events import MAX_FUTURE_MS
 from dqcep.io.readers import FORMATS
 from dqcep.numbers import COUNT, MILLISECONDS, POSITIVE, Number
 
@@ -134,6 +135,9 @@ def cmd_spark_stream(args) -> int:
     # before Spark starts
     if not Path(args.input).is_dir():
         raise UserError(f"no journal directory at {args.input}")
+    if args.topic_map:
+        from dqcep.io.mapping import TopicMap
+        TopicMap.load(args.topic_map)  # a bad rule is refused before Spark starts
     _require_spark()
     from dqcep.spark.session import spark_session
     from dqcep.spark.stream import run_stream, stream_stats
@@ -146,6 +150,7 @@ def cmd_spark_stream(args) -> int:
             query = run_stream(spark, text, args.input, args.output, args.checkpoint,
                                partitions=args.partitions, lateness=args.lateness,
                                fmt=args.format, strategy=args.partitioning,
+                               topic_map=args.topic_map, max_future=args.max_future,
                                slice_ms=args.slice_ms, trigger_seconds=args.trigger,
                                until_idle=args.until_idle, budget=args.max_partial_matches)
             if not args.until_idle:
@@ -259,8 +264,15 @@ def add_spark_parser(sub, parser_class) -> None:
                         "first run of a checkpoint)")
     stream.add_argument("--max-partial-matches", type=BUDGET.option, default=1 << 20,
                         metavar="N", help="as for 'spark run'")
-    stream.add_argument("--format", choices=("msgpack", "json"), default="msgpack",
-                        help="payload encoding (default msgpack)")
+    stream.add_argument("--format", choices=("msgpack", "json"), default=None,
+                        help="payload encoding (default: each payload read as what it is)")
+    stream.add_argument("--map", dest="topic_map", metavar="FILE",
+                        help="the service's --map: topics and payloads read as devices send "
+                        "them (docs/streaming.md)")
+    stream.add_argument("--max-future", type=MILLISECONDS.option, default=MAX_FUTURE_MS,
+                        metavar="MS", help="as for the service: events ahead of their "
+                        f"arrival by more than MS ms are dead-lettered (default {MAX_FUTURE_MS:,}; "
+                        "0: off)")
     stream.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                         help="allowed out-of-orderness in arrival order (default 0)")
     stream.add_argument("--partitioning", choices=("auto", "time"), default="auto")

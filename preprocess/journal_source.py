@@ -20,8 +20,10 @@ running maximum through it to ``index/<name of the following segment>.max``
 (atomically); the driver hands the next segment's task the maximum stored
 under its own name. One segment per micro-batch keeps that chain exact.
 
-Payloads decode as in the streaming service (``dqcep.io.payloads``): msgpack
-(the ``ColumnDecoder`` kernel for well-formed ones) or JSON (``format``).
+Records are read as in the streaming service (``dqcep.io.ingest``): through the map
+(option ``map``: the map file's text), else as event payloads (the
+``ColumnDecoder`` kernel for well-formed msgpack ones; ``format``, or each
+payload's own), with ``max_future`` (ms; 0: off).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from dqcep.spark.source import SCHEMA, _Batches
@@ -69,36 +72,56 @@ def write_max(index: str | Path, n: int, value) -> None:
     os.replace(tmp, path)
 
 
-def read_segment(n: int, path: str, earlier, fmt: str, index: str, after: int):
+def read_segment(n: int, path: str, earlier, reader_options: dict, index: str, after: int):
     """Arrow batches of one closed segment's events and bad payloads (that segment
-    only: later ones belong to later micro-batches)."""
+    only: later ones belong to later micro-batches). Records are read as the
+    streaming service reads them (``dqcep.io.ingest.PayloadReader``: the map, the
+    format or each payload's own, --max-future)."""
     from dqcep._kernels.msgpack_decode import ColumnDecoder
+    from dqcep.io.ingest import ahead_rows
     from dqcep.io.journal import Gap, segment_items
-    from dqcep.io.payloads import MAX_PAYLOAD, decode_payload
+    from dqcep.io.payloads import MAX_PAYLOAD
 
+    reader = payload_reader(reader_options)
     out = _Batches(n, earlier)
     decoder = ColumnDecoder([], [], None)
     journal = str(Path(path).parent)
-    for offset, _topic, payload, *_ in segment_items(path):
-        prefix = f"{journal}:offset {offset}"
+    for record in segment_items(path):
+        payload = record.payload
+        prefix = f"{journal}:offset {record.offset}"
         if isinstance(payload, Gap):  # damaged records: reported where they were
             out.bad(prefix, f"{payload.count} journal record(s) lost: {payload.reason}")
-        elif fmt == "msgpack" and isinstance(payload, bytes) and len(payload) <= MAX_PAYLOAD \
-                and decoder.decode(payload) >= 0:
+            continue
+        if reader.event_payloads and isinstance(payload, bytes) and \
+                len(payload) <= MAX_PAYLOAD and decoder.decode(payload) >= 0:
             spans = decoder.spans()
             ts, ids, *_ = decoder.take()
-            out.record(prefix, payload, ids, ts, spans)
-        else:
-            events, rejected = decode_payload(payload, fmt)
-            for r in rejected:
-                out.bad(prefix if r.index is None else f"{prefix} event {r.index}", r.reason)
-            for i, ev in enumerate(events):  # positions of good events in a mixed batch
-                out.event(prefix, ev)        # are not kept by decode_payload
+            arrival = -1 if record.arrival_us is None else record.arrival_us // 1000
+            if not ahead_rows(ts, np.full(len(ts), arrival), reader.max_future).any():
+                out.record(prefix, payload, ids, ts, spans)
+                continue
+        events, rejected = reader.read(record)  # names what is wrong with each part
+        for r in rejected:
+            out.bad(prefix if r.index is None else f"{prefix} event {r.index}", r.reason)
+        for ev in events:  # positions of good events in a mixed batch are not kept
+            out.event(prefix, ev)
         if out.full():
             yield out.take()
     if out.rows:
         yield out.take()
     write_max(index, after, out.latest)
+
+
+def payload_reader(options: dict):
+    """The ``PayloadReader`` the source's options describe (``format``, ``map`` (the
+    map file's text) and ``map_name``, ``max_future``)."""
+    from dqcep.events import MAX_FUTURE_MS
+    from dqcep.io.ingest import PayloadReader
+    from dqcep.io.mapping import TopicMap
+    text = options.get("map") or None
+    return PayloadReader(options.get("format") or None,
+                         TopicMap.parse(text, options.get("map_name") or "the map") if text
+                         else None, int(options.get("max_future") or MAX_FUTURE_MS))
 
 
 def end_row(latest):
@@ -117,7 +140,8 @@ class JournalStreamReader(DataSourceStreamReader):
         self.journal = options["path"]
         self.index = options["index"]
         self.end = options.get("end") or None
-        self.fmt = options.get("format") or "msgpack"
+        self.reader_options = {k: options.get(k) for k in ("format", "map", "map_name",
+                                                            "max_future")}
 
     def _unread(self, start) -> list[Path]:
         return [p for p in closed_segments(self.journal) if int(p.stem) >= start["next"]]
@@ -157,7 +181,7 @@ class JournalStreamReader(DataSourceStreamReader):
         if what == "end":
             yield from end_row(earlier)
         else:
-            yield from read_segment(n, path, earlier, self.fmt, self.index, after)
+            yield from read_segment(n, path, earlier, self.reader_options, self.index, after)
 
     def commit(self, end):
         """The journal may delete what this query has read (its retention)."""
@@ -170,7 +194,8 @@ class JournalStreamReader(DataSourceStreamReader):
 
 class JournalSource(DataSource):
     """Options: ``path`` (journal directory), ``index`` (a directory for the
-    per-segment maxima, e.g. under the query's checkpoint), ``format``."""
+    per-segment maxima, e.g. under the query's checkpoint), ``format``, ``map``,
+    ``map_name``, ``max_future``."""
 
     @classmethod
     def name(cls):

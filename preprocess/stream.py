@@ -29,6 +29,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from dqcep.events import MAX_FUTURE_MS
 from dqcep.runtime import STATE_BUDGET
 from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
                                   event_columns, late_flags, read_tables, record_lines)
@@ -190,7 +191,8 @@ def processor_class(spec: JobSpec, lateness: int):
 
 
 def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: str, *,
-               partitions: int = 4, lateness: int = 0, fmt: str = "msgpack",
+               partitions: int = 4, lateness: int = 0, fmt: str | None = None,
+               topic_map: str | None = None, max_future: int = MAX_FUTURE_MS,
                strategy: str = "auto", slice_ms: int | None = None,
                trigger_seconds: float = 1.0, until_idle: bool = False,
                budget: int = STATE_BUDGET):
@@ -216,7 +218,9 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     end_marker.unlink(missing_ok=True)  # this run's end is decided by this run
     rows = (spark.readStream.format("dqcep_journal").option("path", str(Path(journal).resolve()))
             .option("index", str(ck / "journal-index")).option("end", str(end_marker))
-            .option("format", fmt).load())
+            .option("format", fmt or "").option("max_future", str(max_future))
+            .option("map", Path(topic_map).read_text(encoding="utf-8") if topic_map else "")
+            .option("map_name", topic_map or "").load())
     # No null ts or file_before reaches pandas (a null would make the column float64,
     # inexact beyond 2**53): nothing before a row -> its own ts; a dead row's ts -> 0
     # (only its where and reason are used).

@@ -97,6 +97,16 @@ def subscribed(host: str, port: int, topic: str, client_id: str):
 
 
 @pytest.fixture(scope="session")
+def spark():
+    """One local[2] Spark session for every test that needs one (a JVM start each is
+    too slow), stopped at the end."""
+    from dqcep.spark.session import spark_session
+    session = spark_session("local[2]", "dqcep-tests", partitions=2)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres_server():
     """A PostgreSQL server on a free loopback port for the session (tests/postgres.py)."""
     from tests.postgres import PostgresServer

@@ -103,7 +103,8 @@ def expected(journal_dir: Path, sent) -> set[str]:
 
 
 @pytest.mark.parametrize("workers", [None, 2], ids=["service", "workers"])
-def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, workers):
+def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, workers,
+                                                           request):
     host, port = mosquitto
     url = f"mqtt://{host}:{port}/"
     svc = Workers(tmp_path, url + "sensors/#", "--input", url + "zigbee2mqtt/+",
@@ -139,6 +140,18 @@ def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, 
     assert set(lines) == want
     dead = list((tmp_path / "state").rglob("dead-letter.jsonl"))
     assert all(p.read_text() == "" for p in dead), [p.read_text()[:300] for p in dead]
+    if workers:
+        return
+    # dqcep spark stream over the same journal with the same map: the service's matches
+    from dqcep.spark.stream import run_stream
+    run_stream(request.getfixturevalue("spark"), QUERIES.read_text(), str(journal),
+               str(tmp_path / "spark"), str(tmp_path / "spark-ck"), partitions=2,
+               lateness=30000, topic_map=str(MAP), until_idle=True, trigger_seconds=0.5)
+    spark_lines = [x for f in sorted((tmp_path / "spark" / "matches").rglob("part-*"))
+                   for x in f.read_text().splitlines()]
+    assert len(spark_lines) == len(set(spark_lines)) and set(spark_lines) == want
+    assert not [x for f in (tmp_path / "spark" / "dead-letter").rglob("part-*")
+                for x in f.read_text().splitlines()]
 
 
 def test_a_redelivered_message_is_not_journaled_twice(tmp_path):

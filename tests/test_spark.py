@@ -23,14 +23,6 @@ IMPERFECT = ("--out-of-order", "0.1", "--slack", "400", "--late", "0.01", "--lat
 LATENESS = 400
 
 
-@pytest.fixture(scope="session")
-def spark():
-    from dqcep.spark.session import spark_session
-    session = spark_session("local[2]", "dqcep-tests", partitions=2)
-    yield session
-    session.stop()
-
-
 def generate(path: Path, n: int, *extra, seed: int = 7) -> Path:
     subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n", str(n),
                     "--seed", str(seed), "--plant", str(QUERIES), "--plant-every", "130000",
