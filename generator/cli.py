@@ -13,6 +13,7 @@ from pathlib import Path
 from dqcep.batch import Malformed
 from dqcep.errors import UserError
 from dqcep.io.event_writers import EVENT_FORMATS, BatchEncoder, ParquetSink
+from dqcep.io.publish import Pacer, add_shape_arguments
 from dqcep.io.readers import TRUTH_SUFFIX
 from dqcep.numbers import COUNT, FRACTION, MILLISECONDS, NON_NEGATIVE_COUNT, POSITIVE
 from dqcep.io.sinks import create_file
@@ -64,6 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         # a share is in [0, 1], a delay or skew a count of ms
         imp.add_argument(flag, type=(FRACTION if kind is float else MILLISECONDS).option,
                          help=help_)
+    add_shape_arguments(p, ("batch", "event", "object", "value"), "batch")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
 
 
@@ -75,22 +77,6 @@ def _overrides(args) -> dict:
                  "missing_attributes", "malformed", "clock_skew"):
         out[f"imperfections.{name}"] = getattr(args, name)
     return out
-
-
-class _Pacer:
-    """Sleeps so that events go out at ``rate`` per second (None: no pacing)."""
-
-    def __init__(self, rate: float | None):
-        if rate is not None and rate <= 0:
-            raise UserError(f"--rate must be > 0, got {rate}")
-        self.rate, self.start, self.sent = rate, time.monotonic(), 0
-
-    def wait(self, n: int) -> None:
-        self.sent += n
-        if self.rate:
-            ahead = self.sent / self.rate - (time.monotonic() - self.start)
-            if ahead > 0:
-                time.sleep(ahead)
 
 
 # 0xc1 is the one byte msgpack never uses: a payload starting with it cannot decode.
@@ -115,6 +101,19 @@ def _publish(publisher, encoder: BatchEncoder, batch) -> int:
         publisher.publish(buf[start:end].tobytes())
         start = int(end)
     return written + len(buf)
+
+
+def _publish_shaped(publisher, encoder: BatchEncoder, batch, template, shape) -> int:
+    """One message per event, its topic from the template, its payload of the shape."""
+    from dqcep.events import event_from_mapping
+    from dqcep.io.publish import messages
+    events = ((f"generated event {obj['id']}", event_from_mapping(obj))
+              for obj, _ in encoder.rows(batch))
+    written = 0
+    for topic, payload in messages(events, template, shape):
+        publisher.publish(payload, topic=topic)
+        written += len(payload)
+    return written
 
 
 def run(args) -> int:
@@ -144,10 +143,23 @@ def run(args) -> int:
         truth_path = args.output + TRUTH_SUFFIX  # a directory of events leaves it out
 
     encoder = BatchEncoder(gen.schema, fmt, args.batch_size)
-    publisher = sink = stream = None
+    publisher = sink = stream = shaped = None
+    if not mqtt and args.payload != "batch":
+        raise UserError("--payload shapes MQTT messages; a file holds events (--format)")
     if mqtt:
         from dqcep.io.mqtt import MqttPublisher, MqttUrl
-        publisher = MqttPublisher(MqttUrl.parse(args.output))
+        from dqcep.io.publish import TopicTemplate, shape_from_args
+        url = MqttUrl.parse(args.output)
+        template = TopicTemplate(url.topic)
+        if args.payload != "batch" or template.fields:
+            if args.payload == "batch":
+                raise UserError("a topic template sends one event per message: give "
+                                "--payload event, object or value")
+            if cfg.imperfections.malformed:
+                raise UserError("--malformed events go out in msgpack batches "
+                                "(--payload batch)")
+            shaped = (template, shape_from_args(args, template))
+        publisher = MqttPublisher(url)
     elif args.output == "-":
         stream = sys.stdout.buffer
     else:
@@ -162,7 +174,7 @@ def run(args) -> int:
         from tqdm import tqdm
         progress = tqdm(total=cfg.events, unit="ev", unit_scale=True, file=sys.stderr,
                         desc=f"generate {cfg.profile}", leave=False)
-    pacer = _Pacer(args.rate)
+    pacer = Pacer(args.rate)
     written = 0
     started = time.perf_counter()
     try:
@@ -171,7 +183,9 @@ def run(args) -> int:
                                                                 int(args.rate / 20)))
         for batch in gen.batches(step):
             pacer.wait(len(batch))
-            if publisher is not None:
+            if shaped is not None:
+                written += _publish_shaped(publisher, encoder, batch, *shaped)
+            elif publisher is not None:
                 written += _publish(publisher, encoder, batch)
             elif sink is not None:
                 sink.write(batch)

@@ -77,15 +77,17 @@ def mosquitto(tmp_path_factory):
 
 
 @contextmanager
-def subscribed(host: str, port: int, topic: str, client_id: str):
-    """A QoS 1 subscriber; yields the list its payloads are appended to, once subscribed."""
+def subscribed(host: str, port: int, topic: str, client_id: str, with_topics: bool = False):
+    """A QoS 1 subscriber; yields the list its payloads (``with_topics``: (topic,
+    payload) pairs) are appended to, once subscribed."""
     import paho.mqtt.client as mqtt
 
     received, ready = [], threading.Event()
     sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
     sub.on_connect = lambda c, u, f, rc, p: c.subscribe(topic, qos=1)
     sub.on_subscribe = lambda c, u, mid, rcs, p: ready.set()
-    sub.on_message = lambda c, u, msg: received.append(msg.payload)
+    sub.on_message = lambda c, u, msg: received.append(
+        (msg.topic, msg.payload) if with_topics else msg.payload)
     sub.connect(host, port)
     sub.loop_start()
     try:

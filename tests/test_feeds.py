@@ -182,3 +182,58 @@ def test_the_example_map_reads_every_shape_of_the_feed():
         events, bad = topic_map.read(Record(i, topic, payload, 1_000_000, None))
         assert bad == [] and events == [Event(derived_id(i, 0), etype,
                                               1000 if ts is None else ts, attrs)]
+
+
+def test_publish_and_generate_send_device_shapes_the_service_maps_back(mosquitto, tmp_path):
+    """``dqcep publish`` and ``dqcep generate`` with a topic template and object payloads
+    send the same messages; the service reads them back through a map into the file's
+    events (ids derived from the journal: its offsets are the file's lines) and finds
+    ``dqcep run``'s matches on the file."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subscribed
+    host, port = mosquitto
+    iot = ROOT / "dqcep" / "data" / "iot.cep"
+    gen = [sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n", "3000",
+           "--seed", "5", "--plant", str(iot), "--plant-every", "130000", "--quiet",
+           "--truth", str(tmp_path / "truth.jsonl")]
+    events_file = tmp_path / "events.jsonl"
+    subprocess.run(gen + ["-o", str(events_file)], check=True)
+    shape = ["--payload", "object", "--time", "t:ms"]
+    with subscribed(host, port, "gen/#", "gen-watch", True) as from_generate:
+        subprocess.run(gen + ["-o", f"mqtt://{host}:{port}/gen/{{type}}", *shape], check=True)
+        deadline = time.monotonic() + 20
+        while len(from_generate) < 3000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    (tmp_path / "map.toml").write_text(
+        '[[topic]]\nfilter = "sensors/+"\nlevels = "_/type"\nts = "t"\n')
+    svc = Workers(tmp_path, f"mqtt://{host}:{port}/sensors/+", "--map",
+                  str(tmp_path / "map.toml"), "--client-id", "publish-shapes")
+    svc.args[4] = str(iot)
+    svc.start()
+    with subscribed(host, port, "sensors/#", "pub-watch", True) as from_publish:
+        subprocess.run([sys.executable, "-m", "dqcep", "publish", str(events_file),
+                        f"mqtt://{host}:{port}/sensors/{{type}}", *shape, "--quiet"],
+                       check=True)
+        deadline = time.monotonic() + 20
+        while len(from_publish) < 3000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert len(from_publish) == 3000 and [(t.replace("sensors/", "gen/"), p) for t, p in
+                                          from_publish] == from_generate
+    svc.wait_for(3000)
+    svc.finish()
+    lines = events_file.read_text().splitlines()
+    file_ids = [json.loads(x)["id"] for x in lines]
+    first = json.loads(lines[0])
+    assert from_publish[0][0] == f"sensors/{first['type']}" and json.loads(from_publish[0][1]) == {
+        **{k: v for k, v in first.items() if k not in ("id", "type", "ts")}, "t": first["ts"]}
+    got = set()
+    for line in (tmp_path / "out.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        m["events"] = {v: file_ids[i >> 24] for v, i in m["events"].items()}
+        got.add(json.dumps(m))
+    run = subprocess.run([sys.executable, "-m", "dqcep", "run", str(iot), "-i",
+                          str(events_file)], check=True, capture_output=True, text=True)
+    want = {json.dumps(json.loads(x)) for x in run.stdout.splitlines()}
+    assert got == want and len(want) > 5

@@ -84,7 +84,7 @@ class BatchEncoder:
         return out[:used], ends
 
     # text formats ---------------------------------------------------------
-    def _rows(self, batch: EventBatch):
+    def rows(self, batch: EventBatch):
         """(event dict, malformed kind) per row; columns go to Python lists once per batch."""
         types = self.schema.types
         cols = []
@@ -115,7 +115,7 @@ class BatchEncoder:
     def jsonl(self, batch: EventBatch) -> bytes:
         dumps = json.JSONEncoder(ensure_ascii=False).encode
         lines = []
-        for obj, bad in self._rows(batch):
+        for obj, bad in self.rows(batch):
             line = dumps(obj)
             if bad == Malformed.UNDECODABLE:
                 line = line[: len(line) // 2]  # cut mid-object: not valid JSON
@@ -128,7 +128,7 @@ class BatchEncoder:
         if not self._header_written:
             w.writerow(["id", "type", "ts"] + self.names)
             self._header_written = True
-        for obj, bad in self._rows(batch):
+        for obj, bad in self.rows(batch):
             row = [obj["id"], obj.get("type", ""), obj["ts"]]
             for name in self.names:
                 v = obj.get(name)

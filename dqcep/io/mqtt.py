@@ -164,7 +164,8 @@ class MqttPublisher:
             raise UserError(f"the MQTT broker at {url.host}:{url.port} did not accept the "
                             f"connection: {self._connect_error or 'timed out'}")
 
-    def publish(self, payload: bytes, timeout: float = 60.0) -> None:
+    def publish(self, payload: bytes, timeout: float = 60.0, topic: str | None = None) -> None:
+        """QoS 1 to the URL's topic (or ``topic``)."""
         with self._cond:  # any ack frees a place, so the wait is for one ack at most
             deadline = time.monotonic() + timeout
             while len(self._unacked) >= self.max_pending:
@@ -174,7 +175,7 @@ class MqttPublisher:
                                     f"{len(self._unacked)} messages are waiting")
                 self._cond.wait(1.0)
         # not connected (a broker restart): paho queues it and sends it after reconnecting
-        info = self.client.publish(self.url.topic, payload, qos=1)
+        info = self.client.publish(topic or self.url.topic, payload, qos=1)
         if info.rc == self._queue_full:  # cannot happen with paho's unbounded queue
             raise UserError("the MQTT client's queue is full")
         with self._cond:
