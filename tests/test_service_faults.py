@@ -408,3 +408,44 @@ def test_checkpoints_keep_their_interval_while_a_backlog_drains(mosquitto, tmp_p
     stop.set()
     worker.join(30)
     assert len([lag for lag in lags if lag > 0]) >= 4, lags
+
+
+MESSAGES = st.tuples(
+    st.sampled_from(["sensors/r1/Temperature", "sensors/r2/Smoke", "zigbee2mqtt/r1",
+                     "tele/r1/SENSOR", "other", "sensors/r1"]),
+    st.one_of(st.binary(max_size=40), st.sampled_from([
+        b'{"value": 23.5}', b"1", b"ON", b'[{"value": 1}, {"value": 2}, 3]',
+        b'{"temperature": 21, "last_seen": 1795687200000}', b'{"last_seen": "x"}',
+        b'{"Time": "2026-11-26T10:00:00", "DS18B20": {"Temperature": 21.3}}',
+        b'{"Time": "2099-01-01T00:00:00"}', b'{"a": {"b": 1}, "a_b": 2}',
+        msgpack.packb({"id": 1, "type": "Temperature", "ts": 5, "room": "r1"}),
+        b'{"id": 2, "type": "Smoke", "ts": 9}'])),
+    st.none() | st.just(1_795_687_200_000_000))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(messages=st.lists(MESSAGES, min_size=1, max_size=12), mapped=st.booleans())
+def test_random_feeds_never_stop_the_service_and_every_record_is_read_or_dead(
+        tmp_path_factory, messages, mapped):
+    """Hostile topics, payloads and arrival times, with the example map or without one:
+    the service takes every record, and each is events, a dead letter with its reason,
+    or both (a part of it)."""
+    from dqcep.io.ingest import PayloadReader
+    from dqcep.io.journal import Record
+    from dqcep.io.mapping import TopicMap
+    tmp = tmp_path_factory.mktemp("feed")
+    topic_map = ROOT / "examples" / "sensors.toml"
+    j = Journal(tmp / "journal", fsync="never")
+    for topic, payload, arrival in messages:
+        j.append(topic, payload, arrival, 1)
+    j.close()
+    svc = run_once(config(tmp, fmt=None, queries=ROOT / "examples" / "sensors.cep",
+                          topic_map=str(topic_map) if mapped else None))
+    reader = PayloadReader(None, TopicMap.load(topic_map) if mapped else None)
+    read = [reader.read(Record(i, t, p, a, 1)) for i, (t, p, a) in enumerate(messages)]
+    dead = lines(tmp / "dead.jsonl")
+    assert svc.counts["payloads"] == len(messages) and svc.offset == len(messages)
+    assert {d["offset"] for d in dead} == {i for i, (_, bad) in enumerate(read) if bad}
+    assert all(d["reason"] for d in dead)
+    assert svc.counts["events_in"] + svc.counts["duplicates"] == sum(len(e) for e, _ in read)
