@@ -237,7 +237,7 @@ def test_streaming_commands_against_a_broker(mosquitto, tmp_path):
         assert len(found) == 1, found
         return shlex.split(found[0].replace("localhost:1883", f"{host}:{port}"))
 
-    service = command("streaming.md", r"^dqcep run .*mqtt://localhost:1883")
+    service = command("streaming.md", r"^dqcep run dqcep/data/iot.cep .*mqtt://localhost:1883")
     publish = command("generator.md", r"^dqcep generate .*--rate .*mqtt://localhost:1883")
     cwd, env = workdir(tmp_path, Path("streaming.md")), environment()
     svc = subprocess.Popen(service, cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
@@ -259,6 +259,40 @@ def test_streaming_commands_against_a_broker(mosquitto, tmp_path):
     stats = json.loads((cwd / "state" / "stats.json").read_text())
     assert stats["events_in"] > 1000 and stats["malformed"] == 0, stats
     assert (cwd / "state" / "checkpoint.bin").exists() and (cwd / "matches.jsonl").exists()
+
+
+def test_the_device_feed_of_streaming_md_against_a_broker(mosquitto, tmp_path):
+    """docs/streaming.md's opening: the service with the example map, the readings
+    published as a node sends them, the end of the stream (SIGUSR1): the fire alert it
+    shows, with the ids it shows (a fresh journal)."""
+    host, port = mosquitto
+    shown = shown_commands(ROOT / "docs" / "streaming.md")
+    service = [s.command for s in shown if "--map" in s.command and s.command.startswith(
+        "dqcep run")]
+    publish = [s.command for s in shown if s.command.startswith("dqcep publish")]
+    assert len(service) == 1 and len(publish) == 1
+
+    def args(command):
+        return shlex.split(command.replace("localhost:1883", f"{host}:{port}"))
+
+    cwd, env = workdir(tmp_path, Path("streaming.md")), environment()
+    svc = subprocess.Popen(args(service[0]) + ["--client-id", "docs-feed"], cwd=cwd, env=env,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        line = svc.stderr.readline()
+        assert "listening on" in line, line + svc.stderr.read()
+        r = subprocess.run(args(publish[0]), cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        time.sleep(1)  # what was sent reaches the journal
+    finally:
+        svc.send_signal(signal.SIGUSR1)  # the end of the stream
+        err = svc.communicate(timeout=60)[1]
+    assert svc.returncode == 0, err
+    doc = (ROOT / "docs" / "streaming.md").read_text()
+    shown_alert = json.loads(re.search(r'^\{"query": "fire".*$', doc, re.M).group(0))
+    alerts = [json.loads(x) for x in (cwd / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["query"], a["events"]) for a in alerts] == [("fire", shown_alert["events"])]
 
 
 def test_worker_commands_against_a_broker(tmp_path):

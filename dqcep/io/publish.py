@@ -118,19 +118,24 @@ def messages(events, template: TopicTemplate, shape: PayloadShape):
 
 
 class Pacer:
-    """Sleeps so that events go out at ``rate`` per second (None: no pacing)."""
+    """Sleeps so that events go out at ``rate`` per second (None: no pacing), counted
+    from the first ``wait``: the time to connect or open a file is no debt to catch
+    up in a burst."""
 
     def __init__(self, rate: float | None):
         if rate is not None and rate <= 0:
             raise UserError(f"--rate must be > 0, got {rate}")
-        self.rate, self.start, self.sent = rate, time.monotonic(), 0
+        self.rate, self.start, self.sent = rate, None, 0
 
     def wait(self, n: int) -> None:
-        self.sent += n
+        """Before sending ``n`` events: until those sent before had their time."""
+        if self.start is None:
+            self.start = time.monotonic()
         if self.rate:
             ahead = self.sent / self.rate - (time.monotonic() - self.start)
             if ahead > 0:
                 time.sleep(ahead)
+        self.sent += n
 
 
 def add_shape_arguments(p, shapes: tuple[str, ...], default: str) -> None:
