@@ -352,24 +352,6 @@ def test_scenario_file_and_its_errors(tmp_path):
     assert r.returncode == 2 and b"invalid JSON" in r.stderr
 
 
-def test_rate_paces_by_sleeping(monkeypatch):
-    from dqcep.generator import cli as gen_cli
-
-    clock = [100.0]
-    slept = []
-    monkeypatch.setattr(gen_cli.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(gen_cli.time, "sleep", lambda s: (slept.append(s),
-                                                          clock.__setitem__(0, clock[0] + s)))
-    pacer = gen_cli._Pacer(1000.0)
-    pacer.wait(500)                  # 500 events at 1000/s: half a second ahead
-    assert slept == [pytest.approx(0.5)]
-    clock[0] += 2.0                  # the sink was slow: no sleep needed
-    pacer.wait(500)
-    assert len(slept) == 1
-    gen_cli._Pacer(None).wait(10**9)  # no rate: never sleeps
-    assert len(slept) == 1
-
-
 def test_planting_the_bundled_queries_needs_no_plant_every(tmp_path):
     """The default spacing follows the queries' windows (it was a fixed 10 s, which
     iot.cep's 1-minute negation refused; issue 15, item 5)."""
