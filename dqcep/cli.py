@@ -193,9 +193,6 @@ def _serve(args) -> int:
         raise UserError("MQTT inputs cannot be mixed with files")
     if args.engine != "native":
         raise UserError("the streaming service runs the native engine")
-    if args.returns:  # it was ignored: no returns column, no "return" (issue 36)
-        raise UserError("--returns is for an event file: the streaming service does not "
-                        "write RETURN values (its matches name the events: join them on id)")
     if not args.output or args.output == "-":
         raise UserError("an MQTT input needs --output FILE or mqtt://... (not stdout: a restart "
                         "cuts a file back to the checkpoint)")
@@ -223,6 +220,7 @@ def _serve(args) -> int:
         until_idle=args.until_idle, journal_retention=args.journal_retention,
         journal_segment_bytes=args.journal_segment, materialize=args.materialize,
         rates=_load_rates(args.rates), budget=args.max_partial_matches,
+        returns=args.returns,
         hosted=args.queries_hosted.split(",") if args.queries_hosted else None)
     if args.workers is None and not args.target:
         return serve(cfg)
@@ -1037,7 +1035,9 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--stats-every", type=POSITIVE.option, default=10.0, metavar="S",
                          help="seconds between stats lines on stderr (default 10)")
     run.add_argument("--returns", action="store_true",
-                     help="add each match's RETURN values as a \"return\" object")
+                     help="add each match's RETURN values as a \"return\" object (the "
+                     "streaming service too: it keeps the events its windows reach, in the "
+                     "checkpoint; its msgpack payloads are then read in Python)")
     run.set_defaults(func=cmd_run)
 
     exp = sub.add_parser(

@@ -57,6 +57,7 @@ from dqcep.lang import parse_file
 from dqcep.plan import build_plan
 from dqcep.response import ResponseTimes, ServiceTimes
 from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
+from dqcep.runtime.returns import ReturnValues
 
 CHECKPOINT_VERSION = 3
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
@@ -93,6 +94,7 @@ class ServiceConfig:
     hosted: list[str] | None = None   # the queries of the file this service runs (all)
     consumer: str = CONSUMER          # its name among the journal's consumers (retention)
     budget: int = STATE_BUDGET        # partial matches one buffer of a query may hold
+    returns: bool = False             # matches with their RETURN values (--returns)
 
 
 class ServiceError(Exception):
@@ -132,6 +134,8 @@ def _state_problem(state: dict) -> str | None:
             return f"no valid {name}"
     if not isinstance(state.get("engine"), bytes):
         return "no engine state"
+    if state.get("returns") is not None and not isinstance(state["returns"], bytes):
+        return "no valid RETURN events"
     recent = state.get("recent")
     if not isinstance(recent, bytes) or len(recent) % 8:
         return "no recent event ids"
@@ -185,6 +189,7 @@ class StreamingService:
                                     else None, cfg.max_future)
         query_file = parse_file(cfg.queries)
         queries = hosted_queries(query_file, cfg.hosted, cfg.queries)
+        self.queries, self.query_tables = queries, query_file.tables
         self.plan = build_plan(queries, cfg.rates, materialize=cfg.materialize,
                                schemas=query_file.schemas, tables=query_file.tables)
         # lookup tables: read at the start, again before a batch when due (one snapshot
@@ -253,6 +258,11 @@ class StreamingService:
             self.ended_at = state.get("ended_at")
             self.recent.admit(np.frombuffer(state["recent"], dtype="<i8").astype(np.int64))
         self.engine = engine
+        # RETURN values: from the events kept since the engine's store reaches back
+        self.returns = ReturnValues(self.queries, engine, self.query_tables, self.tables) \
+            if cfg.returns else None
+        if self.returns is not None and state is not None and state.get("returns"):
+            self.returns.restore(state["returns"])
         self.counts = {"payloads": 0, "events_in": 0, "matches_out": 0, "malformed": 0,
                        "duplicates": 0, "late": 0, "journal_lost": 0, **self.counts}
         self.decoder = engine.column_decoder()  # after restore, which replaces it
@@ -264,7 +274,8 @@ class StreamingService:
         self._read_rows = 0
         self.out = self.dead = self.late = None
         self.database = is_database(cfg.output)
-        self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"])
+        self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"],
+                                   with_returns=cfg.returns)
         try:
             written = self.out.claim(self.stream) if self.database else None
             self._check_table(written, (state or {}).get("db_written"))
@@ -274,7 +285,7 @@ class StreamingService:
         # the journal offset the table's rows are known to cover (in every checkpoint)
         self.db_written = max((state or {}).get("db_written") or 0,
                               written.offset if written else 0) if self.database else None
-        if not is_mqtt(cfg.output):
+        if not is_mqtt(cfg.output) and not cfg.returns:
             self.out = BackgroundSink(self.out)  # output overlaps matching; sync waits
         self.dead = _Sink(cfg.dead_letter, sizes["dead_letter"])
         self.late = _Sink(cfg.late, sizes["late"])
@@ -360,7 +371,7 @@ class StreamingService:
         n = 0
         upto = self.journal.durable_offset if until is None else \
             min(until, self.journal.durable_offset)
-        kernel = self.reader.event_payloads
+        kernel = self.reader.event_payloads and self.returns is None  # RETURN: Events
         for record in self.tail.read(upto):
             n += 1
             payload = record.payload
@@ -497,6 +508,8 @@ class StreamingService:
         end = held[-1][0].offset
         if events:
             self._refresh_tables()
+            if self.returns is not None:
+                self.returns.remember(events)
             matches = self.engine.process(events)
             self._emit(matches, end + 1)
             ids = np.fromiter((e.id for e in events), np.int64, len(events))
@@ -567,11 +580,18 @@ class StreamingService:
             return
         if self._replaying:
             self.counts["matches_out"] += len(batch)
-        elif self.database:
-            self.counts["matches_out"] += self.out.write_batch(batch, Progress(end, flushed))
-            self.db_written = end  # committed once the sink is synced (a checkpoint)
+            return
+        through = Progress(end, flushed) if self.database else None
+        if self.returns is not None:
+            matches = [self.returns.fill(m) for m in batch.to_matches()]
+            self.counts["matches_out"] += self.out.write_matches(matches, through) \
+                if through else self.out.write_matches(matches)
+        elif through:
+            self.counts["matches_out"] += self.out.write_batch(batch, through)
         else:
             self.counts["matches_out"] += self.out.write_batch(batch)
+        if through:
+            self.db_written = end  # committed once the sink is synced (a checkpoint)
 
     def end_stream(self) -> None:
         """The stream is closed: the matches held for a trailing NOT go out."""
@@ -587,7 +607,8 @@ class StreamingService:
             "engine": self.engine.snapshot(),
             "recent": self.recent.ids().astype("<i8").tobytes(),
             "counts": self.counts, "sinks": sinks, "stream": self.stream,
-            "ended_at": self.ended_at, "db_written": self.db_written})
+            "ended_at": self.ended_at, "db_written": self.db_written,
+            "returns": None if self.returns is None else self.returns.snapshot()})
         self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
 

@@ -68,12 +68,7 @@ def _native_queries(parsed) -> None:
     from dqcep.plan import build_plan
     from dqcep.runtime.program import Program
 
-    if parsed.schemas:  # their engines would drop misdeclared events with no dead letter
-        first = parsed.schemas[0]
-        raise UserError(f"{parsed.source}:{first.pos.line}:{first.pos.col}: the Spark jobs "
-                        "do not take EVENT declarations yet; run the file with dqcep run, "
-                        "or without its EVENT lines")
-    Program(build_plan(parsed.queries, tables=parsed.tables))
+    Program(build_plan(parsed.queries, tables=parsed.tables, schemas=parsed.schemas))
 
 
 def cmd_spark_run(args) -> int:

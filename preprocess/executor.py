@@ -572,10 +572,10 @@ class Router:
         def columns(rows):
             return event_columns(self.assigner.engine, events.take(pa.array(rows)))
 
-        def lines(rows, kind):
+        def lines(rows, kind, reasons=None):
             pick, field = pa.array(rows), "reason" if kind == "dead" else "event"
             return record_lines({"where": where.take(pick).to_pylist(),
-                                 field: c[field].take(pick).to_pylist()}, kind)
+                                 field: reasons or c[field].take(pick).to_pylist()}, kind)
 
         return self._route(dead, c["file_index"].to_numpy(), c["seq"].to_numpy(),
                            pc.fill_null(c["id"], 0).to_numpy(), pc.fill_null(c["ts"], 0).to_numpy(),
@@ -587,10 +587,13 @@ class Router:
         whole, for their lines."""
         cols, n = piece.columns, len(piece.seq)
 
-        def lines(rows, kind):  # late lines only: a piece holds no bad record
+        def lines(rows, kind, reasons=None):  # late lines, and misdeclared events'
             read = piece.records()  # the piece's rows again, once
             records = [read[i] for i in rows]
-            return record_lines({"where": [f"{piece.path}:{w}" for w, _ in records],
+            where = [f"{piece.path}:{w}" for w, _ in records]
+            if kind == "dead":
+                return record_lines({"where": where, "reason": reasons}, kind)
+            return record_lines({"where": where,
                                  "event": [msgpack.packb(e.as_mapping()) for _, e in records]},
                                 kind)
 
@@ -615,11 +618,17 @@ class Router:
             repeat = ~dead & (self.repeated[at] == ids) & \
                 ((self.first_file[at] != files) | (self.first_seq[at] != seq))
         first = ~dead & ~repeat
+        engine = self.assigner.engine
+        misdeclared, whys = np.zeros(0, np.int64), []
+        if engine.schema_checks and first.any():  # as the service: before lateness
+            rows = np.flatnonzero(first)
+            bad, found = engine.misdeclared(columns(rows))
+            misdeclared, whys = rows[bad], [why for _, _, why in found]
+            first[misdeclared] = False
         late = np.zeros(n, bool)
         late[first] = late_rule(before[first], ts[first], self.lateness)
         on_time = np.flatnonzero(first & ~late)
 
-        engine = self.assigner.engine
         needed, targets = np.zeros(0, np.int64), None
         if len(on_time):
             cols = columns(on_time)
@@ -635,7 +644,10 @@ class Router:
             if mask.any():
                 out.append(_line_rows(lines(np.flatnonzero(mask), kind), name, files[mask],
                                       seq[mask]))
-        counts = {"records": n, "dead_letter": int(dead.sum()),
+        if len(misdeclared):
+            out.append(_line_rows(lines(misdeclared, "dead", whys), "dead-letter",
+                                  files[misdeclared], seq[misdeclared]))
+        counts = {"records": n, "dead_letter": int(dead.sum()) + len(misdeclared),
                   "duplicates": int(repeat.sum()), "late": int(late.sum()),
                   "after_pushdown": len(needed),
                   "assigned": 0 if targets is None else len(targets[0])}

@@ -61,6 +61,14 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
         # run_stream filled the nulls of ts and file_before, so both are exact int64
         clock = np.maximum(df["file_before"], df["ts"])
         df = df.assign(clock=clock)
+        if engine.schema_checks:  # misdeclared events are dead letters, as in the service
+            rows = np.flatnonzero(df["reason"].isna().to_numpy())
+            bad, found = engine.misdeclared(event_columns(engine, df["event"].iloc[rows]
+                                                          .tolist()))
+            if bad.any():
+                reason = df["reason"].to_numpy(object).copy()
+                reason[rows[bad]] = [why for _, _, why in found]
+                df = df.assign(reason=reason)
         dead = df["reason"].notna()
         late = ~dead.to_numpy() & late_flags(df["file_before"], df["ts"], lateness)
         out = [df[dead].assign(group=GROUP_DEAD, part=0),

@@ -443,9 +443,10 @@ def test_a_terminal_sees_a_progress_bar_and_a_summary(tmp_path):
                         last), last
 
 
-def test_events_a_declared_schema_refuses_are_bad_events(tmp_path):
+def test_events_a_declared_schema_refuses_are_bad_events(tmp_path, spark):
     """EVENT A(x INT): an A whose x has a fraction or is a string is a bad event on
-    every engine, named by its id; the Spark jobs refuse declarations before Spark."""
+    every engine, named by its id; the Spark batch job dead-letters them, with their
+    places (the streaming paths: tests/test_feeds.py)."""
     q = tmp_path / "q.cep"
     q.write_text("EVENT A(x INT, s STRING);\nPATTERN SEQ(A a, B b) WHERE a.x < b.y WITHIN 10")
     events = tmp_path / "e.jsonl"
@@ -462,9 +463,16 @@ def test_events_a_declared_schema_refuses_are_bad_events(tmp_path):
         assert [json.loads(x)["events"] for x in r.stdout.splitlines()] == [{"a": 1, "b": 5}]
         assert f"skipped: {events}: event 3: A.s is declared STRING, got a boolean" in r.stderr
         assert "skipped 2 bad event record(s)" in r.stderr
-    r = dqcep("spark", "run", q, "--input", events, "--output", tmp_path / "out")
-    assert r.returncode == 2 and "the Spark jobs do not take EVENT declarations yet" in r.stderr
-    assert r.stderr.startswith(f"{q}:1:1: ")
+    from dqcep.spark.batch import run_batch
+    stats = run_batch(spark, q.read_text(), [str(events)], str(tmp_path / "out"), partitions=2)
+    out = tmp_path / "out"
+    assert [json.loads(x)["events"] for f in sorted((out / "matches").rglob("part-*"))
+            for x in f.read_text().splitlines()] == [{"a": 1, "b": 5}]
+    dead = sorted(json.loads(x)["reason"] for f in (out / "dead-letter").rglob("part-*")
+                  for x in f.read_text().splitlines())
+    assert dead == ["A.s is declared STRING, got a boolean",
+                    "A.x is declared INT, got a number with a fraction"]
+    assert stats.dead_letter == 2
 
 
 def test_csv_cells_of_declared_strings_stay_text(tmp_path):

@@ -53,11 +53,12 @@ def feed(n: int, seed: int = 3):
                                 "battery": 90, "room": room}, now))
         else:                # Tasmota: nested, a local time without an offset (whole s)
             now = datetime.now(BERLIN).replace(microsecond=0, tzinfo=None)
-            temp = round(rnd.uniform(18, 30), 1)
+            temp = round(rnd.uniform(18, 30), 1) if kind < 0.97 else "n/a"  # misdeclared
             body = {"Time": now.isoformat(), "DS18B20": {"Id": "01", "Temperature": temp}}
             ts = int(now.replace(tzinfo=BERLIN).timestamp() * 1000)
             yield (f"tele/{room}/SENSOR", msgpack.packb(body) if rnd.random() < 0.3
                    else json.dumps(body).encode(),
+                   None if temp == "n/a" else  # EVENT Probe(DS18B20_Temperature DOUBLE)
                    ("Probe", {"DS18B20_Id": "01", "DS18B20_Temperature": temp, "room": room},
                     ts))
 
@@ -90,16 +91,16 @@ class Publisher(threading.Thread):
             self.error = err
 
 
-def expected(journal_dir: Path, sent) -> set[str]:
+def expected(journal_dir: Path, sent, with_returns: bool = False) -> set[str]:
     """The reference's matches on the events the test meant to send, with the ids and
     arrival times the journal gave them: every message journaled once, in order."""
     records = list(read_journal(journal_dir, include_open=True))
     assert [(r.topic, r.payload) for r in records] == [(t, p) for t, p, _ in sent]
-    events = [Event(derived_id(r.offset, 0), etype,
-                    r.arrival_us // 1000 if ts is None else ts, attrs)
-              for r, (_, _, (etype, attrs, ts)) in zip(records, sent)]
+    events = [Event(derived_id(r.offset, 0), intent[0],
+                    r.arrival_us // 1000 if intent[2] is None else intent[2], intent[1])
+              for r, (_, _, intent) in zip(records, sent) if intent is not None]
     matches = ReferenceMatcher(parse_file(QUERIES).queries).run(events)
-    return {json.dumps(m.to_json_obj()) for m in matches}
+    return {json.dumps(m.to_json_obj(with_returns)) for m in matches}
 
 
 @pytest.mark.parametrize("workers", [None, 2], ids=["service", "workers"])
@@ -109,7 +110,7 @@ def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, 
     url = f"mqtt://{host}:{port}/"
     svc = Workers(tmp_path, url + "sensors/#", "--input", url + "zigbee2mqtt/+",
                   "--input", url + "tele/+/SENSOR", "--map", str(MAP), "--lateness", "30000",
-                  "--client-id", f"feeds-{workers}",
+                  "--client-id", f"feeds-{workers}", "--returns",
                   *(["--workers", str(workers)] if workers else []))
     svc.args[4] = str(QUERIES)
     journal = tmp_path / "state" / "journal"
@@ -132,14 +133,22 @@ def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, 
         assert time.monotonic() < deadline, "not every message was journaled"
         time.sleep(0.1)
     svc.finish()  # the end of the stream: what is journaled is drained, held matches out
-    want = expected(journal, pub.sent)
+    want = expected(journal, pub.sent, with_returns=True)
     assert len(want) > 20
     lines = [line for path in sorted(tmp_path.glob("out*.jsonl"))
              for line in path.read_text().splitlines()]
     assert len(lines) == len(set(lines)), "a match was written twice"
-    assert set(lines) == want
-    dead = list((tmp_path / "state").rglob("dead-letter.jsonl"))
-    assert all(p.read_text() == "" for p in dead), [p.read_text()[:300] for p in dead]
+    assert set(lines) == want  # RETURN values equal the reference's too
+    want = {json.dumps({k: v for k, v in json.loads(m).items() if k != "return"})
+            for m in want}
+    # the misdeclared probes, and nothing else, are dead letters (with --workers: of the
+    # query that reads Probe)
+    misdeclared = {i for i, (_, _, intent) in enumerate(pub.sent) if intent is None}
+    dead = [json.loads(x) for p in (tmp_path / "state").rglob("dead-letter.jsonl")
+            for x in p.read_text().splitlines()]
+    assert sorted(d["offset"] for d in dead) == sorted(misdeclared) and misdeclared
+    assert {d["reason"] for d in dead} == {
+        "Probe.DS18B20_Temperature is declared DOUBLE, got a string"}
     if workers:
         return
     # dqcep spark stream over the same journal with the same map: the service's matches
@@ -150,8 +159,10 @@ def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, 
     spark_lines = [x for f in sorted((tmp_path / "spark" / "matches").rglob("part-*"))
                    for x in f.read_text().splitlines()]
     assert len(spark_lines) == len(set(spark_lines)) and set(spark_lines) == want
-    assert not [x for f in (tmp_path / "spark" / "dead-letter").rglob("part-*")
-                for x in f.read_text().splitlines()]
+    spark_dead = [json.loads(x) for f in (tmp_path / "spark" / "dead-letter").rglob("part-*")
+                  for x in f.read_text().splitlines()]
+    assert sorted(d["where"] for d in spark_dead) == sorted(
+        f"{journal.resolve()}:offset {i}" for i in misdeclared)
 
 
 def test_a_redelivered_message_is_not_journaled_twice(tmp_path):
@@ -178,8 +189,12 @@ def test_a_redelivered_message_is_not_journaled_twice(tmp_path):
 def test_the_example_map_reads_every_shape_of_the_feed():
     topic_map = TopicMap.load(MAP)
     from dqcep.io.journal import Record
-    for i, (topic, payload, (etype, attrs, ts)) in enumerate(feed(200)):
+    for i, (topic, payload, intent) in enumerate(feed(200)):
         events, bad = topic_map.read(Record(i, topic, payload, 1_000_000, None))
+        if intent is None:  # a probe's "n/a": an event, which its declared type refuses
+            assert bad == [] and events[0].attrs["DS18B20_Temperature"] == "n/a"
+            continue
+        etype, attrs, ts = intent
         assert bad == [] and events == [Event(derived_id(i, 0), etype,
                                               1000 if ts is None else ts, attrs)]
 

@@ -449,3 +449,32 @@ def test_random_feeds_never_stop_the_service_and_every_record_is_read_or_dead(
     assert {d["offset"] for d in dead} == {i for i, (_, bad) in enumerate(read) if bad}
     assert all(d["reason"] for d in dead)
     assert svc.counts["events_in"] + svc.counts["duplicates"] == sum(len(e) for e, _ in read)
+
+
+def test_return_values_of_events_taken_in_before_a_restart(tmp_path):
+    """--returns: a match completed after a restart names an event taken in before it;
+    its values come from the checkpoint's kept events."""
+    from dqcep.events import Event
+    from dqcep.lang import parse_file
+    from dqcep.reference import ReferenceMatcher
+    queries = tmp_path / "q.cep"
+    queries.write_text("QUERY hot PATTERN SEQ(Temperature t, Smoke s) WHERE [room] AND "
+                       "t.value > 50 WITHIN 10 s RETURN t.value, t.room, s.density;")
+    events = [Event(1, "Temperature", 1000, {"room": "r1", "value": 60.5}),
+              Event(2, "Temperature", 1500, {"room": "r2", "value": 70.0}),
+              Event(3, "Smoke", 2000, {"room": "r1", "density": 0.3}),
+              Event(4, "Smoke", 2500, {"room": "r2", "density": 0.9})]
+    cfg = config(tmp_path, queries=queries, returns=True)
+    journal_payloads(tmp_path, [msgpack.packb(e.as_mapping()) for e in events[:2]])
+    run_once(cfg)                       # a stop after the temperatures: the checkpoint
+    journal_payloads(tmp_path, [msgpack.packb(e.as_mapping()) for e in events[2:]])
+    svc = run_once(cfg)
+    svc = StreamingService(cfg)
+    svc.end_stream()
+    svc.checkpoint()
+    svc.close()
+    want = [m.to_json_obj(True) for m in
+            ReferenceMatcher(parse_file(queries).queries).run(events)]
+    assert sorted(lines(tmp_path / "out.jsonl"), key=json.dumps) == sorted(want, key=json.dumps)
+    assert {tuple(m["return"].values()) for m in want} == {(60.5, "r1", 0.3),
+                                                           (70.0, "r2", 0.9)}

@@ -271,7 +271,6 @@ def test_a_worker_retries_a_failed_write_and_loses_nothing(mosquitto, tmp_path):
     (("--workers", "2", "--calibration", "c.json"), "--calibration is what --target places by"),
     (("--workers", "2", "--queries", "stuffy"), "--queries runs one service"),
     (("--workers", "2", "--output", "sqlite:///m.db"), "a database output takes one service"),
-    (("--returns",), "--returns is for an event file: the streaming service does not"),
 ])
 def test_worker_options_are_checked(tmp_path, extra, message):
     r = subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input",

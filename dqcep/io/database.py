@@ -217,9 +217,10 @@ class _TableSink:
     def write(self, m: Match) -> None:
         self._insert([self._row(m)])
 
-    def write_matches(self, matches: list[Match]) -> int:
-        """Matches with their RETURN values (``--returns``), in one transaction."""
-        self._insert([self._row(m) for m in matches])
+    def write_matches(self, matches: list[Match], through: Progress | None = None) -> int:
+        """Matches with their RETURN values (``--returns``), in one transaction (with
+        the progress row when ``through`` is given)."""
+        self._insert([self._row(m) for m in matches], through)
         return len(matches)
 
     def write_batch(self, batch, through: Progress | None = None) -> int:

@@ -391,8 +391,17 @@ class EventTimeEngine:
     def _drop_misdeclared(self, cols):
         """The events whose declared attributes hold values of another type
         (``dqcep.events.DECLARED_VALUES``) leave the batch for ``take_rejected``."""
+        bad, found = self.misdeclared(cols)
+        self.rejected_events += [(i, why) for _, i, why in found]
+        return tuple(c[~bad] for c in cols) if bad.any() else cols
+
+    def misdeclared(self, cols) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
+        """Which events of these columns break a declared type: a mask, and (row, id,
+        why) for each, in row order (the one rule; the Spark jobs' routers call it)."""
         ts, ids, types, val, kind = cols
         bad = np.zeros(len(ts), bool)
+        if not self.schema_checks:
+            return bad, []
         found: list[tuple[int, int, str]] = []  # (row, id, why)
         for code, col, declared, event_type, attr in self.schema_checks:
             rows = np.flatnonzero((types == code) & (kind[:, col] != KIND_MISSING) & ~bad)
@@ -407,8 +416,7 @@ class EventTimeEngine:
                 found.append((r, int(ids[r]), declared_kind_problem(
                     event_type, attr, declared, _KIND_NAME[kr], fr)))
             bad[rows[wrong]] = True
-        self.rejected_events += [(i, why) for _, i, why in sorted(found)]
-        return tuple(c[~bad] for c in cols) if bad.any() else cols
+        return bad, sorted(found)
 
     def take_rejected(self) -> list[tuple[int, str]]:
         """The events dropped since the last call because a declared attribute held a

@@ -260,4 +260,4 @@ def program_for(queries_text: str, names: tuple[str, ...] | None = None) -> Prog
     queries = parsed.queries
     if names is not None:
         queries = [q for q in queries if q.name in names]
-    return Program(build_plan(queries, tables=parsed.tables))
+    return Program(build_plan(queries, tables=parsed.tables, schemas=parsed.schemas))

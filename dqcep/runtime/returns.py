@@ -16,6 +16,8 @@ from collections import deque
 from dataclasses import replace
 from typing import Sequence
 
+import msgpack
+
 from dqcep.events import Event, Match, list_aggregate
 from dqcep.tables import LookupSource, lookup_key
 
@@ -54,6 +56,22 @@ class ReturnValues:
                 gone = self.order.popleft()[1]
                 self.events.pop(gone, None)
                 self.looked.pop(gone, None)
+
+    def snapshot(self) -> bytes:
+        """The events kept (and their lookup values), for a checkpoint: a service that
+        restarts fills the RETURN values of matches completed after the restart from
+        events taken in before it."""
+        events = [[ts, self.events[i].id, self.events[i].type, dict(self.events[i].attrs)]
+                  for ts, i in self.order if i in self.events]
+        looked = [[i, [[t, a, c, v] for (t, a, c), v in cells.items()]]
+                  for i, cells in self.looked.items()]
+        return msgpack.packb([events, looked], use_bin_type=True)
+
+    def restore(self, blob: bytes) -> None:
+        events, looked = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        self.events = {i: Event(i, etype, ts, attrs) for ts, i, etype, attrs in events}
+        self.order = deque((ts, i) for ts, i, _, _ in events)
+        self.looked = {i: {(t, a, c): v for t, a, c, v in cells} for i, cells in looked}
 
     def fill(self, m: Match) -> Match:
         """The match with its query's RETURN values: a variable gives its event's id (a
