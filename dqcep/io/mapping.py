@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import msgpack
 
 from dqcep.errors import UserError
 from dqcep.events import Event, EventError, event_from_mapping

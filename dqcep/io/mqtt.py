@@ -319,7 +319,7 @@ class MqttSource:
         """What a redelivery of the previous run's last messages is recognised by."""
         import zlib
 
-        from dqcep.io.journal import Gap, Refused
+        from dqcep.io.journal import Gap
         recent: dict[int, tuple[str, int, int]] = {}
         start = max(0, journal.durable_offset - REDELIVERY_WINDOW)
         for record in journal.read(start):
