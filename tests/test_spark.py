@@ -716,7 +716,7 @@ def test_a_segment_task_reads_its_segment_only(tmp_path):
     journal.close()
     segment = closed_segments(tmp_path / "j")[0]
     after = following(tmp_path / "j", segment)
-    rows = pa.Table.from_batches(list(read_segment(0, str(segment), None, "msgpack",
+    rows = pa.Table.from_batches(list(read_segment(0, str(segment), None, {"format": "msgpack"},
                                                    str(tmp_path / "index"), after))).to_pylist()
     assert [r["id"] for r in rows] == [1, 2] and read_max(tmp_path / "index", after) == 2
 
