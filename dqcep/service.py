@@ -652,6 +652,9 @@ class StreamingService:
                              if r["mean_ms"] is not None)
         if source is not None and source.write_error:
             s["error"] = source.write_error
+        # messages the broker sent again after a lost acknowledgement, not journaled
+        # twice (this run's; dqcep.io.mqtt)
+        s["redelivered"] = source.redelivered if source is not None else 0
         print(f"dqcep: events in {s['events_in']}, matches out {s['matches_out']}, late "
               f"{s['late']}, malformed {s['malformed']}, duplicates {s['duplicates']}, lag "
               f"{s['lag_records']} records, {s['events_per_s']:,.0f} events/s"

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from dqcep.io.journal import Journal
 from dqcep.service import ServiceConfig, StreamingService
+from tests.test_mapping import _toml, rule_values
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
@@ -423,19 +424,28 @@ MESSAGES = st.tuples(
     st.none() | st.just(1_795_687_200_000_000))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
-@given(messages=st.lists(MESSAGES, min_size=1, max_size=12), mapped=st.booleans())
+@given(messages=st.lists(MESSAGES, min_size=1, max_size=12),
+       mapped=st.none() | st.just("example") | st.lists(rule_values, min_size=1, max_size=3))
 def test_random_feeds_never_stop_the_service_and_every_record_is_read_or_dead(
         tmp_path_factory, messages, mapped):
-    """Hostile topics, payloads and arrival times, with the example map or without one:
-    the service takes every record, and each is events, a dead letter with its reason,
-    or both (a part of it)."""
+    """Hostile topics, payloads and arrival times, with the example map, a random map
+    or none: the service takes every record, and each is events, a dead letter with
+    its reason, or both (a part of it)."""
+    from dqcep.errors import UserError
     from dqcep.io.ingest import PayloadReader
     from dqcep.io.journal import Record
     from dqcep.io.mapping import TopicMap
     tmp = tmp_path_factory.mktemp("feed")
     topic_map = ROOT / "examples" / "sensors.toml"
+    if isinstance(mapped, list):
+        topic_map = tmp / "random.toml"
+        topic_map.write_text(_toml(mapped))
+        try:
+            TopicMap.load(topic_map)
+        except UserError:
+            return  # refused at start with its reason (test_mapping)
     j = Journal(tmp / "journal", fsync="never")
     for topic, payload, arrival in messages:
         j.append(topic, payload, arrival, 1)
