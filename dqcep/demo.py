@@ -13,6 +13,7 @@ from importlib import resources
 
 DEMO_QUERIES = "iot.cep"
 PLANT_EVERY_MS = 130_000  # > 2 x (window + skew) of every demo query
+DEVICE_RATE = 5_000  # readings/s the MQTT demo's devices send, one message each
 
 
 def demo_queries_path() -> str:
@@ -106,15 +107,20 @@ def _start_mosquitto(workdir):
 
 def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
                   broker: str | None = None, out=sys.stdout) -> int:
-    """The demo over a real broker: generator -> MQTT -> streaming service -> matches."""
+    """The demo over a real broker as devices use one: generator -> one MQTT message per
+    reading (topic ``.../<type>``, a JSON object of the reading's attributes and its
+    device's time, no id) -> the streaming service with a map -> matches."""
     import json
     import tempfile
     import threading
     from pathlib import Path
 
     from dqcep.errors import UserError
+    from dqcep.events import event_from_mapping
     from dqcep.io.event_writers import BatchEncoder
+    from dqcep.io.mapping import ID_SHIFT
     from dqcep.io.mqtt import MqttPublisher, MqttUrl
+    from dqcep.io.publish import Pacer, PayloadShape, TopicTemplate, messages
     from dqcep.service import ServiceConfig, StreamingService
     from dqcep.generator import GeneratorConfig, Planting, StreamGenerator
 
@@ -142,13 +148,20 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
         try:
             where = f"{host}:{port}" + (" (a Mosquitto started for the demo)" if proc else "")
             print(f"dqcep demo --mqtt: broker {where}", file=out)
-            url = f"mqtt://{host}:{port}/dqcep-demo/{time.time_ns()}"
+            root = f"dqcep-demo/{time.time_ns()}"
+            # the map: the topic's last level is the event type, the time is the device's
+            (tmp / "map.toml").write_text(f'[[topic]]\nfilter = "{root}/+"\n'
+                                          'levels = "_/_/type"\nts = "time"\n')
+            print(f"devices publish one reading per message to {root}/<type>, e.g. "
+                  '{"room": "site1/room2", "value": 21.5, ..., "time": <ms>}, no id; '
+                  "the service reads them through a map", file=out)
             path = demo_queries_path()
             svc = StreamingService(ServiceConfig(
-                queries=path, inputs=[url], journal=str(tmp / "journal"),
-                checkpoint=str(tmp / "checkpoint"), output=str(tmp / "matches.jsonl"),
-                dead_letter=str(tmp / "dead.jsonl"), late=str(tmp / "late.jsonl"),
-                stats_every=3600, client_id=f"dqcep-demo-{time.time_ns()}"))
+                queries=path, inputs=[f"mqtt://{host}:{port}/{root}/+"],
+                journal=str(tmp / "journal"), checkpoint=str(tmp / "checkpoint"),
+                output=str(tmp / "matches.jsonl"), dead_letter=str(tmp / "dead.jsonl"),
+                late=str(tmp / "late.jsonl"), stats_every=3600, topic_map=str(tmp / "map.toml"),
+                client_id=f"dqcep-demo-{time.time_ns()}"))
             stop, end_of_stream = threading.Event(), threading.Event()
             worker = threading.Thread(target=svc.run, args=(stop, end_of_stream), daemon=True)
             worker.start()
@@ -156,15 +169,22 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
             gen = StreamGenerator(GeneratorConfig(profile="iot", events=events, seed=seed,
                                                   plant=Planting(queries=path,
                                                                  every=PLANT_EVERY_MS)))
-            publisher = MqttPublisher(MqttUrl.parse(url))
-            encoder = BatchEncoder(gen.schema, "msgpack", 1000)
+            publisher = MqttPublisher(MqttUrl.parse(f"mqtt://{host}:{port}/{root}"))
+            encoder = BatchEncoder(gen.schema, "jsonl", 1000)
+            template = TopicTemplate(f"{root}/{{type}}")
+            shape = PayloadShape("object", time_field="time")
+            sent: list[int] = []  # the generator's ids in journal order
+            # paced below what the service takes in one message at a time: a broker
+            # with Mosquitto's default queue (1000 messages a session) drops the rest
+            pacer = Pacer(DEVICE_RATE)
             started = time.perf_counter()
-            for batch in gen.batches(16_384):
-                buf, ends = encoder.msgpack_payloads(batch)
-                start = 0
-                for end in ends:
-                    publisher.publish(buf[start:end].tobytes())
-                    start = int(end)
+            for batch in gen.batches(1000):
+                readings = [(f"event {obj['id']}", event_from_mapping(obj))
+                            for obj, _ in encoder.rows(batch)]
+                sent += [e.id for _, e in readings]
+                pacer.wait(len(readings))
+                for topic, payload in messages(readings, template, shape):
+                    publisher.publish(payload, topic=topic)
             publisher.close()
             deadline = time.monotonic() + 120
             while svc.counts["events_in"] < events and time.monotonic() < deadline:
@@ -177,11 +197,17 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
             if proc is not None:
                 proc.terminate()
                 proc.wait(10)
-    matches = [json.loads(x) for x in lines]
+    # the service's ids come from the journal (offset << 24): message k is reading k
+    matches = []
+    for line in lines:
+        m = json.loads(line)
+        m["events"] = {v: sent[i >> ID_SHIFT] for v, i in m["events"].items()}
+        matches.append(m)
     print(f"\n{svc.counts['events_in']:,} of {events:,} events arrived over MQTT; first "
-          f"{min(show, len(matches))} matches:", file=out)
-    for line in lines[:show]:
-        print("  " + line, file=out)
+          f"{min(show, len(matches))} matches (ids: the generator's, from the journal's):",
+          file=out)
+    for m in matches[:show]:
+        print("  " + json.dumps(m), file=out)
     counts: dict[str, int] = {}
     found = set()
     for m in matches:
@@ -193,5 +219,6 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
     planted = [(t["query"], frozenset(t["events"].items())) for t in gen.truth]
     recalled = sum(1 for p in planted if p in found)
     print(f"\nplanted occurrences found: {recalled} of {len(planted)}", file=out)
-    print(f"publish -> match: {events / elapsed:,.0f} events/s end to end", file=out)
+    print(f"publish -> match: {events / elapsed:,.0f} events/s end to end, one message "
+          "per reading", file=out)
     return 0 if recalled == len(planted) and svc.counts["events_in"] == events else 1
