@@ -634,6 +634,39 @@ class _Strategy:
                    if c.vars <= bound.keys())
 
 
+def detection_key(m: Match, by_id: dict[int, Event]) -> tuple:
+    """A match's place in detection order (spec section 6): ``last(m)``, ``first(m)``,
+    the ascending (ts, id) of its positive events, its events object by variable name."""
+    positions = sorted((by_id[i].ts, i) for _, value in m.events
+                       for i in (value if isinstance(value, tuple) else (value,)))
+    return positions[-1], positions[0], positions, tuple(sorted(m.events))
+
+
+def after_match(q: ast.Query, matches: list[Match], by_id: dict[int, Event]) -> list[Match]:
+    """The matches an after-match policy accepts (spec section 6), literally: per
+    partition of the top-level ``[attr]`` values, walked in detection order."""
+    if q.after_match is None:
+        return matches
+    attrs = [c.attr for c in ast.conjuncts(q.where) if isinstance(c, ast.Equivalence)]
+    partitions: dict[tuple, list[tuple]] = {}
+    for m in matches:
+        key = detection_key(m, by_id)
+        first = by_id[key[1][1]]  # every positive event carries the partition's values
+        part = tuple(_comparable(first, a) for a in attrs)
+        partitions.setdefault(part, []).append((key, m))
+    accepted = []
+    for ordered in partitions.values():
+        ordered.sort(key=lambda km: km[0])
+        last_accepted = None  # (first, last) of m*
+        for (last, first, _, _), m in ordered:
+            if last_accepted is None or first > (
+                    last_accepted[1] if q.after_match == ast.SKIP_PAST_LAST
+                    else last_accepted[0]):
+                accepted.append(m)
+                last_accepted = (first, last)
+    return accepted
+
+
 def _comparable(ev: Event, attr: str):
     """An attribute's value as [attr] compares it (numbers as binary64); None if absent."""
     try:
@@ -701,9 +734,10 @@ class ReferenceMatcher:
         events = [e for e in events if self._fits(e)]
         by_type, stream = _index(events), _Stream(events)
         out: list[Match] = []
+        by_id = {e.id: e for e in events} if any(q.after_match for q in self.queries) else {}
         for qm in self._matchers:
             found = qm.matches(by_type, stream)
             assert len({m.key for m in found}) == len(found), "a match was produced twice"
-            out += found
+            out += after_match(qm.q, found, by_id)
         out.sort(key=lambda m: (m.detected_at, m.query, m.events))
         return out

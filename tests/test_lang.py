@@ -1,4 +1,5 @@
 """Parser: every construct, every error class with its position, round trip, fuzzing."""
+import dataclasses
 import re
 
 import pytest
@@ -146,7 +147,7 @@ ERRORS = [
     ("PATTERN SEQ(A a B b) WITHIN 5", 1, 17, "unexpected name 'B'; expected ','"),
     ("PATTERN SEQ(A a, B b)\nWHERE a.x > 1", 2, 14, "missing WITHIN"),
     ("PATTERN SEQ(A a, B b);\nPATTERN A c WITHIN 1", 1, 22, "missing WITHIN"),
-    ("PATTERN A a WITHIN 5.5 s", 1, 21, "expected one of ';', RETURN, USING, a time unit"),
+    ("PATTERN A a WITHIN 5.5 s", 1, 21, "expected one of ';', AFTER MATCH, RETURN, USING, a time unit"),
     ("PATTERN A a WITHIN -5", 1, 20, "unexpected '-'; expected an integer"),
     ("PATTERN SEQ(A a) WITHIN 5", 1, 16, "expected ','"),
     ("PATTERN", 1, 8, "unexpected end of input; expected one of AND, OR, SEQ, a name"),
@@ -237,8 +238,9 @@ def test_printer_never_writes_a_comment_marker():
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-@given(queries())
-def test_round_trip_query(q):
+@given(queries(), st.sampled_from([None, *ast.POLICIES]))
+def test_round_trip_query(q, policy):
+    q = dataclasses.replace(q, after_match=policy)
     text = to_source(q)
     assert one(text) == q, text
 
@@ -578,3 +580,34 @@ def test_a_schema_that_omits_a_read_attribute_is_an_error_there(f, data):
     assert f"declares no attribute {missing!r}" in str(err.value)
     line, col = map(int, str(err.value).split(":")[1:3])
     assert ast.Pos(line - 1, col) in in_where[etype][missing]  # the schema adds a line
+
+
+def test_after_match_policies_parse_print_and_refuse_with_positions():
+    q = one("PATTERN SEQ(A a, B b) WITHIN 10 s USING skip-till-next-match\n"
+            "  after  match skip PAST last event RETURN a")
+    assert (q.after_match, q.strategy, q.after_match_pos) == (
+        ast.SKIP_PAST_LAST, "skip-till-next-match", ast.Pos(2, 16))
+    assert "WITHIN 10 s USING skip-till-next-match AFTER MATCH SKIP PAST LAST EVENT" in \
+        to_source(q)
+    assert one("PATTERN A a WITHIN 1 AFTER MATCH SKIP TO NEXT EVENT").after_match == \
+        ast.SKIP_TO_NEXT
+    assert one("PATTERN A a WITHIN 1").after_match is None
+    # the words stay names elsewhere
+    assert one("PATTERN SEQ(After after, Match match) WHERE after.skip > match.last "
+               "WITHIN 1").after_match is None
+    for text, where, message in [
+        ("PATTERN A a WITHIN 1 AFTER MATCH", (1, 33), "AFTER MATCH needs a policy, got end"),
+        ("PATTERN A a WITHIN 1 AFTER MATCH SKIP BACK", (1, 34),
+         "AFTER MATCH needs a policy, got 'SKIP BACK': SKIP PAST LAST EVENT or SKIP TO NEXT"),
+        ("PATTERN A a WITHIN 1 AFTER MATCH; ", (1, 33), "AFTER MATCH needs a policy, got ';'"),
+        ("PATTERN A a WITHIN 1 AFTER MATCH SKIP TO NEXT EVENT AFTER MATCH SKIP TO NEXT EVENT",
+         (1, 53), "AFTER MATCH twice"),
+        ("PATTERN A a AFTER MATCH SKIP TO NEXT EVENT WITHIN 1", (1, 13),
+         "AFTER MATCH comes after WITHIN"),
+        ("PATTERN A a WHERE a.x > 1 AFTER MATCH SKIP TO NEXT EVENT WITHIN 1", (1, 27),
+         "AFTER MATCH comes after WITHIN"),
+    ]:
+        with pytest.raises(QueryError) as err:
+            parse(text)
+        assert (err.value.line, err.value.col) == where and message in str(err.value), \
+            (text, str(err.value))

@@ -550,3 +550,108 @@ def test_every_strategy_filters_the_any_match_result(q, events):
             if isinstance(value, tuple):  # a Kleene list: ids in strictly increasing ts
                 ts = [next(e.ts for e in events if e.id == i) for i in value]
                 assert value and ts == sorted(set(ts))
+
+
+# ------------------------------------------------- after-match policies (spec section 6)
+
+def policy(text, events, name):
+    """The matches with and without ``AFTER MATCH name`` (as sets of events tuples)."""
+    return ids(f"{text} AFTER MATCH {name}", events), ids(text, events)
+
+
+def test_skip_past_last_event_gives_one_match_per_incident():
+    # every (A, B) pair of A1 A2 B3 B4: under the policy, walked in detection order
+    # (last, then first): (A1,B3) is accepted; (A2,B3) and both with B4 start before B3
+    got, every = policy("PATTERN SEQ(A a, B b) WITHIN 100", [A1, A2, B1, B2],
+                        "SKIP PAST LAST EVENT")
+    assert len(every) == 4 and got == {(("a", 1), ("b", 3))}
+    # a second incident after the first one's last event is accepted
+    later = [ev(6, "A", 60), ev(7, "B", 70)]
+    got, _ = policy("PATTERN SEQ(A a, B b) WITHIN 100", [A1, A2, B1, B2] + later,
+                    "SKIP PAST LAST EVENT")
+    assert got == {(("a", 1), ("b", 3)), (("a", 6), ("b", 7))}
+
+
+def test_skip_to_next_event_lets_one_match_start_at_each_event():
+    # detection order: (A1,B3) (A2,B3) (A1,B4) (A2,B4); first(m) must pass first(m*)
+    got, _ = policy("PATTERN SEQ(A a, B b) WITHIN 100", [A1, A2, B1, B2],
+                    "SKIP TO NEXT EVENT")
+    assert got == {(("a", 1), ("b", 3)), (("a", 2), ("b", 3))}
+
+
+def test_the_policy_runs_per_partition_of_the_top_level_attrs():
+    events = [ev(1, "A", 10, room="r1"), ev(2, "A", 20, room="r2"),
+              ev(3, "B", 30, room="r1"), ev(4, "B", 40, room="r2"), ev(5, "B", 50, room="r1")]
+    got, every = policy("PATTERN SEQ(A a, B b) WHERE [room] WITHIN 100", events,
+                        "SKIP PAST LAST EVENT")
+    assert len(every) == 3 and got == {(("a", 1), ("b", 3)), (("a", 2), ("b", 4))}
+    # without [room] the three form one partition: (A1,B3) blocks (A2,B4)
+    got, _ = policy("PATTERN SEQ(A a, B b) WHERE a.room = b.room WITHIN 100", events,
+                    "SKIP PAST LAST EVENT")
+    assert got == {(("a", 1), ("b", 3))}
+
+
+def test_kleene_lists_count_every_element_and_the_rising_run_alerts_once():
+    rising = [ev(i, "T", i * 10, room="r", v=i) for i in range(1, 6)] + [ev(9, "S", 90, room="r")]
+    text = ("PATTERN SEQ(T+ t[], S s) WHERE [room] AND t[i].v > t[i-1].v AND count(t) >= 3 "
+            "WITHIN 1000 USING skip-till-next-match")
+    got, every = policy(text, rising, "SKIP PAST LAST EVENT")
+    assert len(every) == 3 and got == {(("t", (1, 2, 3, 4, 5)), ("s", 9))}
+    got, _ = policy(text, rising, "SKIP TO NEXT EVENT")  # one per start: all three
+    assert len(got) == 3
+
+
+def test_detection_order_breaks_ties_by_first_event_then_the_whole_list():
+    # AND(A a, B b): (A1,B3) and (B3... all end at B4 or later; same last -> earlier first
+    events = [ev(1, "A", 10), ev(2, "B", 20), ev(3, "A", 30), ev(4, "C", 40)]
+    got, every = policy("PATTERN SEQ(AND(A a, B b), C c) WITHIN 100", events,
+                        "SKIP TO NEXT EVENT")
+    # (A1,B2,C4) and (A3,B2,C4) end at C4; first: A1 (10) < B2 (20): (A1,B2,C4) first;
+    # then (A3,B2,C4) starts at B2, after A1: accepted too
+    assert len(every) == 2 and got == every
+    got, _ = policy("PATTERN SEQ(AND(A a, B b), C c) WITHIN 100", events,
+                    "SKIP PAST LAST EVENT")
+    assert got == {(("a", 1), ("b", 2), ("c", 4))}
+
+
+def test_negated_events_do_not_count_and_a_ruled_out_match_blocks_nothing():
+    # SEQ(A, NOT X, B): the X between A1 and B3 rules (A1,B3) out; (A2,B3) has no X
+    events = [ev(1, "A", 10), ev(5, "X", 15), ev(2, "A", 20), ev(3, "B", 30),
+              ev(4, "B", 40)]
+    got, every = policy("PATTERN SEQ(A a, NOT X x, B b) WITHIN 100", events,
+                        "SKIP PAST LAST EVENT")
+    assert every == {(("a", 2), ("b", 3)), (("a", 2), ("b", 4))}
+    assert got == {(("a", 2), ("b", 3))}
+    # a trailing NOT: (A1,B3) is held and ruled out by X6 within the window; it does
+    # not block (A2,B4), whose window has no X
+    events = [ev(1, "A", 10), ev(3, "B", 30), ev(6, "X", 35), ev(2, "A", 50), ev(4, "B", 60)]
+    got, every = policy("PATTERN SEQ(A a, B b, NOT X x) WITHIN 30", events,
+                        "SKIP PAST LAST EVENT")
+    assert every == {(("a", 2), ("b", 4))} and got == every
+
+
+def test_output_lines_of_accepted_matches_are_unchanged():
+    text = "QUERY q PATTERN SEQ(A a, B b) WITHIN 100 RETURN a, b"
+    with_policy = ReferenceMatcher(parse(text.replace(
+        "RETURN", "AFTER MATCH SKIP PAST LAST EVENT RETURN")).queries).run([A1, A2, B1, B2])
+    every = ReferenceMatcher(parse(text).queries).run([A1, A2, B1, B2])
+    assert [m.to_json_obj(True) for m in with_policy] == [
+        m.to_json_obj(True) for m in every if dict(m.events) == {"a": 1, "b": 3}]
+
+
+def test_the_policy_walks_matches_in_detection_order_whatever_order_they_come_in():
+    import random
+
+    from dqcep.reference import after_match
+    events = [ev(1, "A", 10), ev(2, "B", 20), ev(3, "A", 30), ev(4, "B", 40), ev(5, "B", 50)]
+    by_id = {e.id: e for e in events}
+    for name, want in (("SKIP PAST LAST EVENT", {(1, 2), (3, 4)}),
+                       ("SKIP TO NEXT EVENT", {(1, 2), (3, 4)})):
+        q = parse(f"PATTERN SEQ(A a, B b) WITHIN 100 AFTER MATCH {name}").queries[0]
+        every = ReferenceMatcher([dataclasses.replace(q, after_match=None)]).run(events)
+        rnd = random.Random(4)
+        for _ in range(20):
+            rnd.shuffle(every)
+            got = {(dict(m.events)["a"], dict(m.events)["b"]) for m in after_match(q, every,
+                                                                                    by_id)}
+            assert got == want, (name, [m.events for m in every])

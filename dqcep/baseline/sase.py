@@ -85,6 +85,11 @@ def _unsupported(q: ast.Query, node, what: str, source: str) -> UserError:
 
 def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
     """Compile one query, or raise UserError if it is outside the SASE subset."""
+    if q.after_match is not None:  # spec section 6: the reference matcher alone so far
+        pos = q.after_match_pos
+        raise UserError(f"{source}:{pos.line}:{pos.col}: query {q.name!r}: AFTER MATCH "
+                        f"{q.after_match} runs on the reference engine only so far "
+                        "(--engine reference)")
     pattern = q.pattern
     if isinstance(pattern, (ast.EventPattern, ast.Kleene)):
         items: tuple = (pattern,)

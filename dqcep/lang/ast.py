@@ -241,6 +241,14 @@ class Query:
     pos: Pos = _pos()
     strategy: str = ANY_MATCH
     strategy_pos: Pos = _pos()
+    after_match: str | None = None  # SKIP_PAST_LAST / SKIP_TO_NEXT (spec section 6)
+    after_match_pos: Pos = _pos()
+
+
+# After-match policies (spec section 6): a filter on a query's matches, per partition.
+SKIP_PAST_LAST = "SKIP PAST LAST EVENT"
+SKIP_TO_NEXT = "SKIP TO NEXT EVENT"
+POLICIES = (SKIP_PAST_LAST, SKIP_TO_NEXT)
 
 
 # Declared attribute types (``EVENT Type(attr TYPE, ...)``) and the value kinds they take.

@@ -37,6 +37,8 @@ TERMINAL_NAMES = {
     "EVENT": "EVENT", "TABLE": "TABLE", "KEY": "KEY", "FROM": "FROM", "REFRESH": "REFRESH",
     "STRATEGY": "a strategy (skip-till-any-match, skip-till-next-match, strict-contiguity, "
                 "partition-contiguity)",
+    "AFTER_MATCH": "AFTER MATCH",
+    "POLICY": "an after-match policy (SKIP PAST LAST EVENT, SKIP TO NEXT EVENT)",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
     "SEMI": "';'", "COMMA": "','", "DOT": "'.'",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
@@ -85,6 +87,8 @@ class _WithinClause:
     within: ast.Within
     strategy: str
     strategy_pos: ast.Pos
+    after_match: str | None = None
+    after_match_pos: ast.Pos = ast.NOPOS
 
 
 def _name(tok: Token) -> str:
@@ -243,9 +247,12 @@ class _ToAst(Transformer):
             raise _SemanticError(f"window of {amount} {w.unit} is too large "
                                  f"(at most {MAX_WINDOW_MS} ms)", _pos(amount))
         strategy = _tokens(children, "STRATEGY")
+        policy = _tokens(children, "POLICY")
+        after = (" ".join(str(policy[0]).upper().split()), _pos(policy[0])) if policy else \
+            (None, ast.NOPOS)
         if not strategy:
-            return _WithinClause(w, ast.ANY_MATCH, ast.NOPOS)
-        return _WithinClause(w, str(strategy[0]).lower(), _pos(strategy[0]))
+            return _WithinClause(w, ast.ANY_MATCH, ast.NOPOS, *after)
+        return _WithinClause(w, str(strategy[0]).lower(), _pos(strategy[0]), *after)
 
     def ret(self, meta, children):
         names = _tokens(children, "NAME")
@@ -281,7 +288,8 @@ class _ToAst(Transformer):
             elif not isinstance(c, Token):
                 where = c
         return ast.Query(name or "", pattern, where, clause.within, returns, _pos(meta),
-                         clause.strategy, clause.strategy_pos)
+                         clause.strategy, clause.strategy_pos, clause.after_match,
+                         clause.after_match_pos)
 
     # event schemas -------------------------------------------------------------
     def schema_attr(self, meta, children):
@@ -346,6 +354,10 @@ def _syntax_error(err: UnexpectedInput, text: str, source: str) -> QueryError:
 
     if isinstance(err, UnexpectedCharacters):
         ch = text[err.pos_in_stream] if err.pos_in_stream < len(text) else ""
+        if "POLICY" in (err.allowed or ()):
+            word = text[err.pos_in_stream:].split(None, 1)[0] if ch.strip() else ch
+            return at(err.line, err.column, f"unknown after-match policy starting {word!r}; "
+                      "AFTER MATCH takes SKIP PAST LAST EVENT or SKIP TO NEXT EVENT")
         if ch == "'":
             return at(err.line, err.column, "unterminated string: a 'string' must close "
                       "on the same line (write '' for a quote inside it)")
@@ -366,6 +378,14 @@ def _syntax_error(err: UnexpectedInput, text: str, source: str) -> QueryError:
         kind = {"NAME": "name ", "INT": "integer ", "NUMBER": "number ", "STRING": "string ",
                 "UNIT": "time unit "}.get(tok.type, "")
         what = f"{kind}{str(tok)!r}"
+    if "POLICY" in expected:
+        if tok.type not in ("$END", "SEMI"):  # the words that stand where a policy goes
+            what = repr(" ".join(text[tok.start_pos:].split(";")[0].split()[:4]))
+        return at(line, col, f"AFTER MATCH needs a policy, got {what}: SKIP PAST LAST EVENT "
+                  "or SKIP TO NEXT EVENT")
+    if tok.type == "AFTER_MATCH":
+        return at(line, col, "AFTER MATCH comes after WITHIN (and USING), not before it"
+                  if "WITHIN" in expected else "AFTER MATCH twice: a query has one policy")
     if "WITHIN" in expected and tok.type in ("SEMI", "$END", "RETURN"):
         return at(line, col, "missing WITHIN: every query needs a time window "
                   "(e.g. WITHIN 30 s)")

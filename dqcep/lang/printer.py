@@ -81,7 +81,11 @@ def to_source(q: ast.Query) -> str:
     if q.where is not None:
         lines.append(f"WHERE {format_expr(q.where)}")
     within = f"WITHIN {q.within.amount} {q.within.unit}"
-    lines.append(within if q.strategy == ast.ANY_MATCH else f"{within} USING {q.strategy}")
+    if q.strategy != ast.ANY_MATCH:
+        within += f" USING {q.strategy}"
+    if q.after_match is not None:
+        within += f" AFTER MATCH {q.after_match}"
+    lines.append(within)
     if q.returns:
         lines.append("RETURN " + ", ".join(r.label for r in q.returns))
     return "\n".join(lines)

@@ -108,6 +108,8 @@ def explain_text(plan: Plan) -> str:
             head += f", USING {q.strategy}"
         if q.lists:
             head += f", lists: {', '.join(q.lists)}"
+        if q.after_match is not None:
+            head += f", AFTER MATCH {q.after_match}"
         if q.never:
             head += "  (a constant condition is false: never matches)"
         lines.append(head)

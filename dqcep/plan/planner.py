@@ -119,6 +119,8 @@ class QuerySpec:
     dropped: tuple[str, ...]       # conjuncts that can never apply (explain says why)
     strategy: str = ast.ANY_MATCH  # selection strategy (spec 5.2)
     lists: tuple[str, ...] = ()    # the variables bound to lists (Kleene items)
+    after_match: str | None = None  # after-match policy (spec 6)
+    after_match_at: tuple[int, int] = (0, 0)  # its line and column (plain data: no ast)
 
 
 @dataclass(frozen=True)
@@ -671,7 +673,9 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
             name=q.name, output=out, root=root, variables=tuple(ast.positive_vars(q.pattern)),
             slot_of=tuple(slot_of.items()), window_ms=w, preds=final, never=never,
             returns=tuple((r.var, r.attr) for r in q.returns), dropped=tuple(qp.dropped),
-            strategy=q.strategy, lists=tuple(sorted(qp.kleene))))
+            strategy=q.strategy, lists=tuple(sorted(qp.kleene)),
+            after_match=q.after_match,
+            after_match_at=(q.after_match_pos.line, q.after_match_pos.col)))
     g = interner.graph
     g.freeze()
     plan = Plan(

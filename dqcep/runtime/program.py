@@ -71,6 +71,13 @@ class Program:
     """
 
     def __init__(self, plan: Plan):
+        policies = [q for q in plan.queries if q.after_match is not None]
+        if policies:  # spec section 6 is run by the reference matcher alone so far
+            q = policies[0]
+            raise UserError(f"query {q.name!r} (line {q.after_match_at[0]}, column "
+                            f"{q.after_match_at[1]}): AFTER MATCH {q.after_match} runs on "
+                            "the reference engine only so far (--engine reference); the "
+                            "native engine, the SASE baseline and the Spark jobs refuse it")
         self.plan = plan
         self.types = list(plan.types)
         self.attrs = plan_attributes(plan)
