@@ -11,13 +11,13 @@ from typing import Sequence
 
 from dqcep import __version__
 from dqcep.errors import UserError
-from dqcep.events import MAX_FUTURE_MS, RECENT_IDS  # light: no numpy, --help stays fast
+from dqcep.events import (  # light: no numpy, --help stays fast
+    MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET)
 from dqcep.numbers import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
                            POSITIVE, SHARE)
 
 EXIT_USER_ERROR = 2
 MAX_WORKERS = 1024  # --workers of dqcep run and dqcep capacity, at most
-STATE_BUDGET_DEFAULT = 1 << 20  # dqcep.runtime.STATE_BUDGET (not imported: --help stays fast)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -957,11 +957,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "(a K-slack buffer); later ones are counted and left out (default 0)")
     run.add_argument("--chunk-size", type=COUNT.option, default=65_536, metavar="N",
                      help="native, sase: events read and processed per step (default 65536)")
-    run.add_argument("--max-partial-matches", type=NON_NEGATIVE_COUNT.option, default=STATE_BUDGET_DEFAULT,
+    run.add_argument("--max-partial-matches", type=NON_NEGATIVE_COUNT.option, default=STATE_BUDGET,
                      metavar="N",
                      help="native: the partial matches one buffer of a query may hold (a "
                      "join queue, a Kleene item's lists, a batch's new records; rounded up "
-                     "to a power of two; default 1048576, 0: no limit). A query over it is "
+                     f"to a power of two; default {STATE_BUDGET}, 0: no limit). A query over it is "
                      "stopped with one line; the other queries go on (docs/runtime.md)")
     run.add_argument("--stats", action="store_true",
                      help="native: print per-vertex inputs, outputs, queue high-water marks "

@@ -19,6 +19,9 @@ RECENT_IDS = 100_000
 # An event whose ts is ahead of its arrival by more than this many ms is rejected on the
 # streaming paths (--max-future; dqcep.io.ingest holds the rule).
 MAX_FUTURE_MS = 300_000
+# Partial matches one buffer of a query's state may hold (--max-partial-matches default;
+# dqcep.runtime.engine holds the rule).
+STATE_BUDGET = 1 << 20
 
 
 class EventError(ValueError):

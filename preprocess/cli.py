@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dqcep.errors import UserError
-from dqcep.events import MAX_FUTURE_MS
+from dqcep.events import MAX_FUTURE_MS, STATE_BUDGET
 from dqcep.io.readers import FORMATS
 from dqcep.numbers import COUNT, MILLISECONDS, POSITIVE, Number
 
@@ -217,9 +217,9 @@ def add_spark_parser(sub, parser_class) -> None:
     run.add_argument("--partitions", type=COUNT.option, default=None, metavar="N",
                      help="key partitions and shuffle partitions (default: the cluster's "
                      "cores, Spark's default parallelism)")
-    run.add_argument("--max-partial-matches", type=BUDGET.option, default=1 << 20,
+    run.add_argument("--max-partial-matches", type=BUDGET.option, default=STATE_BUDGET,
                      metavar="N", help="the partial matches one buffer of a query may hold "
-                     "in a task's engine (default 1048576, 0: no limit); a task over it "
+                     f"in a task's engine (default {STATE_BUDGET}, 0: no limit); a task over it "
                      "fails with the query's name (docs/spark.md)")
     run.add_argument("--format", choices=FORMATS,
                      help="input format (default: from each file's extension)")
@@ -257,7 +257,7 @@ def add_spark_parser(sub, parser_class) -> None:
     stream.add_argument("--partitions", type=COUNT.option, default=4, metavar="N",
                         help="key partitions and shuffle partitions (default 4; fixed by the "
                         "first run of a checkpoint)")
-    stream.add_argument("--max-partial-matches", type=BUDGET.option, default=1 << 20,
+    stream.add_argument("--max-partial-matches", type=BUDGET.option, default=STATE_BUDGET,
                         metavar="N", help="as for 'spark run'")
     stream.add_argument("--format", choices=("msgpack", "json"), default=None,
                         help="payload encoding (default: each payload read as what it is)")

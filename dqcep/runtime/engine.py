@@ -41,6 +41,7 @@ from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
 from dqcep._kernels.ring import KeyedQueue, RingBuffer, StateBudgetExceeded
 from dqcep._kernels.runs import RunTable, run_step
 from dqcep.errors import UserError
+from dqcep.events import STATE_BUDGET
 from dqcep.plan import Kind, Plan
 from dqcep.runtime.eventtime import (LIST_ID, EventColumns, EventTimeEngine, MatchBatch,
                                      MatchLists, ready_in_stream_order, wait_for_stream_order)
@@ -52,8 +53,8 @@ __all__ = ["Engine", "Records", "VertexStats", "run_events", "STATE_BUDGET"]
 # The partial matches (records) one buffer of a query may hold: a join queue, a
 # Kleene vertex's growing lists, a negation's store, one batch's new records. A query
 # whose state would grow past it is stopped; every other query goes on. 2^20 records
-# are 32-80 MB a buffer (4-10 words each).
-STATE_BUDGET = 1 << 20
+# are 32-80 MB a buffer (4-10 words each). The number lives in dqcep.events, where the
+# command lines read it without loading the runtime.
 
 
 class Engine(EventTimeEngine):
