@@ -43,8 +43,9 @@ NOT_RUN = [
      "wheel and runs a job with it"),
     (r"postgresql://alice@localhost", "needs a PostgreSQL server: "
      "test_database_commands_against_a_server runs them against a test server"),
-    (r"mqtt://localhost:1883", "needs a broker: test_streaming_commands_against_a_broker "
-     "and test_worker_commands_against_a_broker run them against a test broker"),
+    (r"mqtt://localhost:1883", "needs a broker: test_streaming_commands_against_a_broker, "
+     "test_the_device_feed_of_streaming_md_against_a_broker and "
+     "test_worker_commands_against_a_broker run them against a test broker"),
 ]
 
 # Files the docs name without showing how they were made
