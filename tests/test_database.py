@@ -306,7 +306,7 @@ def test_the_service_waits_out_a_postgresql_outage(mosquitto, tmp_path):
         svc.finish()
         got = table_rows(db)
     assert len(got) == len(set(got)) and sorted(got) == sorted(as_rows("\n".join(want)))
-    log = svc.proc.stderr.read()
+    log = svc.log()
     assert "going back to the last checkpoint" in log and "Traceback" not in log
 
 
@@ -356,11 +356,11 @@ def test_a_locked_sqlite_output_is_waited_out(mosquitto, tmp_path):
     lock.execute("BEGIN EXCLUSIVE")
     deadline = time.monotonic() + 30
     while not svc.events_in("error") and time.monotonic() < deadline:
-        assert svc.proc.poll() is None, svc.proc.stderr.read()
+        assert svc.proc.poll() is None, svc.log()
         time.sleep(0.1)
     assert "locked" in (svc.events_in("error") or ""), svc.events_in("error")
     time.sleep(6)   # past the busy timeout again: retried, still up
-    assert svc.proc.poll() is None, svc.proc.stderr.read()
+    assert svc.proc.poll() is None, svc.log()
     lock.execute("ROLLBACK")
     lock.close()
     assert pub.wait(60) == 0

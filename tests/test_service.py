@@ -1,9 +1,11 @@
 """The streaming service against a real Mosquitto: end to end, SIGKILL + restart, dead letters."""
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,12 +69,41 @@ class Service:
                      "--stats-file", str(tmp_path / "stats.json"), "--stats-every", "0.2"]
         self.tmp = tmp_path
         self.proc = None
+        self.lines: queue.Queue = queue.Queue()
+        self.stderr: list[str] = []
 
-    def start(self):
-        self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, text=True)
+    def start(self, **popen):
+        """Start and wait for "listening on". stderr is read all the time by a thread:
+        the stats line comes every 0.2 s, and a pipe nobody reads fills (64 KiB, about a
+        minute of them) and then blocks the service mid-write, which a long or loaded
+        run once hit."""
+        self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, text=True, **popen)
         LIVE_PROCESSES.append(self.proc)  # killed after the test if it is still running
-        line = self.proc.stderr.readline()
-        assert "listening on" in line, line + self.proc.stderr.read()
+        self.lines = queue.Queue()
+        self.reader = threading.Thread(target=self._read_stderr,
+                                       args=(self.proc.stderr, self.lines), daemon=True)
+        self.reader.start()
+        line = self.next_line(60)
+        assert "listening on" in line, line + self.log()
+
+    def _read_stderr(self, pipe, lines):
+        for line in pipe:
+            self.stderr.append(line)
+            lines.put(line)
+        lines.put("")  # the end
+
+    def next_line(self, timeout=30) -> str:
+        """The service's next stderr line ("" at its end or after ``timeout`` s)."""
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return ""
+
+    def log(self) -> str:
+        """Everything the service wrote to stderr (all of it once it has exited)."""
+        if self.proc.poll() is not None:
+            self.reader.join(10)
+        return "".join(self.stderr)
 
     def events_in(self, counter="events_in"):
         try:
@@ -98,12 +129,12 @@ class Service:
     def stop(self):
         """SIGTERM: a pause for a restart (held matches stay in the checkpoint)."""
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(30) == 0, self.proc.stderr.read()
+        assert self.proc.wait(30) == 0, self.log()
 
     def finish(self):
         """SIGUSR1: the end of the stream (held matches out), then exit."""
         self.proc.send_signal(signal.SIGUSR1)
-        assert self.proc.wait(30) == 0, self.proc.stderr.read()
+        assert self.proc.wait(30) == 0, self.log()
 
     def output(self):
         lines = (self.tmp / "out.jsonl").read_text().splitlines()
@@ -500,13 +531,11 @@ def test_a_full_disk_stalls_loudly_and_recovers_when_space_comes_back(mosquitto,
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-    svc.proc = subprocess.Popen(svc.args, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=small_files)
-    assert "listening on" in svc.proc.stderr.readline()
+    svc.start(preexec_fn=small_files)
     subprocess.run(gen_args(20_000, url, ("--batch-size", "50", "--rate", "20000")),
                    check=True, timeout=120)
     for _ in range(200):  # stats lines every 0.2 s in between
-        message = svc.proc.stderr.readline()
+        message = svc.next_line()
         if "cannot write" in message or not message:
             break
     assert ("cannot write the journal" if full == "journal" else "cannot write") in message

@@ -680,11 +680,12 @@ def test_stream_job_killed_and_restarted_loses_and_repeats_nothing(tmp_path):
             "-o", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ck"), "--master",
             "local[2]", "--partitions", "2", "--lateness", str(LATENESS), "--trigger", "0.5",
             "--until-idle"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    log = tmp_path / "first-run.log"  # a file: a pipe nobody reads would fill and block
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("w"),
                             start_new_session=True)
     deadline = time.monotonic() + 240
     while len(list((tmp_path / "out" / "matches").glob("batch=*"))) < 4:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Python workers
     proc.wait()
