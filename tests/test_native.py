@@ -212,10 +212,12 @@ def test_snapshot_inside_kleene_runs_restores_every_list(q, events, cut):
 
 def snapshot_at(q, events, cut, lateness=0, materialize="always"):
     """The matches of an engine snapshotted after ``cut`` events (in stream order) and
-    restored into a fresh engine of the same program, which goes on to the end."""
+    restored into a fresh engine of the same program, which goes on to the end.
+    ``q``: a query or a list of them."""
     from dqcep.runtime import Engine, MatchBatch
     ordered = sorted(events, key=lambda e: (e.ts, e.id))
-    first = Engine(build_plan([q], materialize=materialize), lateness)
+    first = Engine(build_plan(q if isinstance(q, list) else [q], materialize=materialize),
+                   lateness)
     got = MatchBatch(first.match_queries)
     got += first.process(ordered[:cut])
     second = Engine(first.program)

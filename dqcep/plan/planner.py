@@ -49,6 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
+from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import MAX_AND_DP, CostModel, better
@@ -121,6 +122,7 @@ class QuerySpec:
     lists: tuple[str, ...] = ()    # the variables bound to lists (Kleene items)
     after_match: str | None = None  # after-match policy (spec 6)
     after_match_at: tuple[int, int] = (0, 0)  # its line and column (plain data: no ast)
+    partition: tuple[str, ...] = ()  # its top-level [attr]s: the policy's partition
 
 
 @dataclass(frozen=True)
@@ -642,6 +644,16 @@ class _Interner:
         return v
 
 
+def refuse_policies(queries: Sequence[ast.Query], runner: str) -> None:
+    """A runner that does not run after-match policies (spec section 6) yet refuses a
+    query that has one, with its position (rather than give every match)."""
+    for q in queries:
+        if q.after_match is not None:
+            raise UserError(f"query {q.name!r} (line {q.after_match_pos.line}, column "
+                            f"{q.after_match_pos.col}): AFTER MATCH {q.after_match} is not "
+                            f"run by {runner} yet; dqcep run on an event file runs it")
+
+
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None,
                materialize: str = ALWAYS, schemas: Sequence[ast.EventSchema] = (),
                tables: Sequence[ast.LookupTable] = ()) -> Plan:
@@ -675,7 +687,8 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
             returns=tuple((r.var, r.attr) for r in q.returns), dropped=tuple(qp.dropped),
             strategy=q.strategy, lists=tuple(sorted(qp.kleene)),
             after_match=q.after_match,
-            after_match_at=(q.after_match_pos.line, q.after_match_pos.col)))
+            after_match_at=(q.after_match_pos.line, q.after_match_pos.col),
+            partition=qp.key_attrs))
     g = interner.graph
     g.freeze()
     plan = Plan(

@@ -43,8 +43,10 @@ from dqcep._kernels.runs import RunTable, run_step
 from dqcep.errors import UserError
 from dqcep.events import STATE_BUDGET
 from dqcep.plan import Kind, Plan
+from dqcep.runtime.compile import KIND_BOOL, KIND_STR
 from dqcep.runtime.eventtime import (LIST_ID, EventColumns, EventTimeEngine, MatchBatch,
                                      MatchLists, ready_in_stream_order, wait_for_stream_order)
+from dqcep.runtime.policy import Candidate, positions
 from dqcep.runtime.program import Program, QueryProgram
 from dqcep.runtime.state import EngineState, Records, VertexStats
 
@@ -121,6 +123,7 @@ class Engine(EventTimeEngine):
         out = self._step_runs(None)
         for q in self.program.queries:
             out += self._release_held(q, None)
+        out += self._decide(None)
         return out
 
     def next_release(self) -> int | None:
@@ -390,17 +393,90 @@ class Engine(EventTimeEngine):
     def _emit(self, out: MatchBatch, q: QueryProgram, detected: np.ndarray, slots: np.ndarray):
         if len(detected):
             picked = slots if q.identity_slots else slots[:, q.var_slots]
-            lists = None
-            if q.list_columns:  # list handles: their elements' ids, apart
-                handles = picked[:, list(q.list_columns)]
-                picked = picked.copy()
-                picked[:, list(q.list_columns)] = -1
-                lists = self._list_ids(q.list_columns, handles)
-            ids = self.store.ids_of(np.ascontiguousarray(picked))
-            if lists is not None:
-                ids[:, list(q.list_columns)] = LIST_ID
-            out.parts.append((q.index, np.asarray(detected, np.int64), ids, lists))
+            if q.spec.after_match is not None:  # they wait for their policy's decision
+                self._wait_for_policy(q, np.asarray(detected, np.int64), picked)
+                return
+            out.parts.append(self._part(q, np.asarray(detected, np.int64), picked))
             self.state.stats[q.spec.output].outputs += len(detected)
+
+    def _part(self, q: QueryProgram, detected: np.ndarray, picked: np.ndarray) -> tuple:
+        """A MatchBatch part: the matches' event ids (list handles: their elements' ids,
+        apart)."""
+        lists = None
+        if q.list_columns:
+            handles = picked[:, list(q.list_columns)]
+            picked = picked.copy()
+            picked[:, list(q.list_columns)] = -1
+            lists = self._list_ids(q.list_columns, handles)
+        ids = self.store.ids_of(np.ascontiguousarray(picked))
+        if lists is not None:
+            ids[:, list(q.list_columns)] = LIST_ID
+        return q.index, detected, ids, lists
+
+    # ---------------------------------------------------- after-match policies
+    def _wait_for_policy(self, q: QueryProgram, detected: np.ndarray, picked: np.ndarray):
+        """The matches of a query with an after-match policy join its waiting ones,
+        each with its place in detection order and its partition."""
+        part = self._part(q, detected, picked)
+        matches = MatchBatch(self.match_queries, [part]).to_matches()
+        places, firsts = positions(self.store, self.state.lists, picked, q.list_columns)
+        _, _, ids, lists = part
+        k = len(q.list_columns)
+        waiting = self.state.policies[q.index].waiting
+        for r, (m, pos) in enumerate(zip(matches, places)):
+            waiting.append(Candidate(
+                (pos[-1], pos[0], tuple(pos), tuple(sorted(m.events))),
+                self._partition(q, int(firsts[r])), int(detected[r]),
+                tuple(ids[r].tolist()),
+                tuple(lists.of(r, c) for c in range(k)) if lists is not None else ()))
+
+    def _partition(self, q: QueryProgram, seq: int) -> tuple:
+        """The values of the query's [attr]s on an event (every positive event of a
+        match carries the same): numbers as binary64, strings as themselves."""
+        out = []
+        for a in q.partition_cols:
+            kind, value = self.store.cell(seq, a)
+            out.append((kind, self.dictionary.values[int(value)] if kind == KIND_STR
+                        else bool(value) if kind == KIND_BOOL else float(value)))
+        return tuple(out)
+
+    def _held_lasts(self, q: QueryProgram) -> dict[tuple, tuple[int, int]]:
+        """Per partition, the earliest last event of a match the query holds for a
+        negation: what comes after it in detection order waits for its release."""
+        held = self.state.pending[q.index]
+        if not len(held):
+            return {}
+        picked = held.slots if q.identity_slots else held.slots[:, q.var_slots]
+        places, firsts = positions(self.store, self.state.lists, picked, q.list_columns)
+        out: dict[tuple, tuple[int, int]] = {}
+        for pos, seq in zip(places, firsts.tolist()):
+            part = self._partition(q, seq)
+            if part not in out or pos[-1] < out[part]:
+                out[part] = pos[-1]
+        return out
+
+    def _decide(self, wm: int | None) -> MatchBatch:
+        """Every policy's matches decided now (``PolicyState.decide``); the accepted
+        ones out, unchanged."""
+        out = MatchBatch(self.match_queries)
+        for qi, policy in self.state.policies.items():
+            if not policy.waiting:
+                continue
+            q = self.program.queries[qi]
+            accepted = policy.decide(wm, self._held_lasts(q) if wm is not None else {})
+            if not accepted:
+                continue
+            lists = None
+            if q.list_columns:
+                flat = [ids for c in accepted for ids in c.lists]
+                offsets = np.zeros(len(flat) + 1, np.int64)
+                np.cumsum([len(ids) for ids in flat], out=offsets[1:])
+                lists = MatchLists(q.list_columns, offsets,
+                                   np.array([i for ids in flat for i in ids], np.int64))
+            out.parts.append((qi, np.array([c.detected for c in accepted], np.int64),
+                              np.array([c.ids for c in accepted], np.int64), lists))
+            self.state.stats[q.spec.output].outputs += len(accepted)
+        return out
 
     def _list_ids(self, columns: tuple[int, ...], handles: np.ndarray) -> MatchLists:
         """The event ids of each list, in ts order, row by row."""
@@ -442,6 +518,7 @@ class Engine(EventTimeEngine):
                 wm - 2 * self.plan.guard[v].window_ms - 1)
         for v, growing in state.growing.items():  # no list ending before can grow
             state.stats[v].evictions += growing.py_evict_end_before(wm - prog.kleene[v].window)
+        out += self._decide(wm)
         held_start = min((int(p.start.min()) for p in state.pending if len(p)), default=wm)
         state.store.evict_before(min(wm - prog.store_retention, held_start))
         if state.lists is not None:  # a list in a queue or held starts after this

@@ -19,7 +19,6 @@ import numpy as np
 from dqcep._kernels.operators import (GUARD_MODES, Guard, JoinSpec, LeafRouter, PredicateSet,
                                       leaf_keys)
 from dqcep._kernels.store import EventStore
-from dqcep.errors import UserError
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.joins import equality_joins
 from dqcep.runtime.compile import (StringDictionary, aggregated_columns, effective_windows,
@@ -44,6 +43,7 @@ class QueryProgram(NamedTuple):
     n_slots: int
     list_columns: tuple[int, ...] = ()  # the variables (by position) bound to Kleene lists
     list_mask: np.ndarray | None = None  # per root slot: it holds a list (None: none does)
+    partition_cols: tuple[int, ...] = ()  # store columns of its [attr]s (after-match policy)
 
 
 class KleeneProgram(NamedTuple):
@@ -71,13 +71,6 @@ class Program:
     """
 
     def __init__(self, plan: Plan):
-        policies = [q for q in plan.queries if q.after_match is not None]
-        if policies:  # spec section 6 is run by the reference matcher alone so far
-            q = policies[0]
-            raise UserError(f"query {q.name!r} (line {q.after_match_at[0]}, column "
-                            f"{q.after_match_at[1]}): AFTER MATCH {q.after_match} runs on "
-                            "the reference engine only so far (--engine reference); the "
-                            "native engine, the SASE baseline and the Spark jobs refuse it")
         self.plan = plan
         self.types = list(plan.types)
         self.attrs = plan_attributes(plan)
@@ -198,7 +191,7 @@ class Program:
             tuple(np.array(plan.guard[g].active_slots, dtype=np.int64) for g in held),
             len(spec.slot_of),
             tuple(j for j, var in enumerate(spec.variables) if var in spec.lists),
-            self._list_mask(spec))
+            self._list_mask(spec), tuple(self.attr_index[a] for a in spec.partition))
 
     def _list_mask(self, spec) -> np.ndarray | None:
         root_lists = self.plan.lists[spec.root]

@@ -22,6 +22,7 @@ from dqcep._kernels.store import ListStore
 from dqcep.errors import UserError
 from dqcep.runtime.compile import StringDictionary
 from dqcep.runtime.eventtime import NOTHING_WAITING, TimeState
+from dqcep.runtime.policy import PolicyState
 
 SNAPSHOT_MAGIC = b"DQCEPSNP"
 SNAPSHOT_VERSION = 1
@@ -95,6 +96,8 @@ class EngineState(TimeState):
     # ts may still be joined by others of that ts, and runs take events in (ts, id) order
     run_pending: tuple = NOTHING_WAITING  # RUN vertices' events, until stream order is known
     stopped: dict[int, str] = field(default_factory=dict)  # query index -> why (its budget)
+    # query index -> its after-match policy's state (spec section 6; dqcep.runtime.policy)
+    policies: dict[int, PolicyState] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, program, lateness: int = 0) -> "EngineState":
@@ -114,6 +117,8 @@ class EngineState(TimeState):
             state.growing = {v: KeyedQueue(1) for v in program.kleene}
         state.runs = {v: RunTable(len(program.plan.run[v].types)) for v in program.runs}
         state.stats = {v: VertexStats() for v in range(program.plan.n_vertices)}
+        state.policies = {q.index: PolicyState(q.spec.after_match) for q in program.queries
+                          if q.spec.after_match is not None}
         return state
 
     def nbytes(self) -> int:
@@ -127,6 +132,7 @@ class EngineState(TimeState):
             total += self.lists.nbytes + sum(q.nbytes for q in self.growing.values())
         total += sum(r.nbytes for r in self.runs.values())
         total += sum(a.nbytes for a in self.run_pending)
+        total += sum(p.nbytes() for p in self.policies.values())
         return total
 
     # ------------------------------------------------------------ bytes
@@ -161,6 +167,7 @@ class EngineState(TimeState):
             "runs": {str(v): arr(r.dump()) for v, r in self.runs.items()},
             "run_pending": [arr(a) for a in self.run_pending],
             "stopped": {str(q): why for q, why in self.stopped.items()},
+            "policies": {str(q): p.to_obj() for q, p in self.policies.items()},
         }
         return SNAPSHOT_MAGIC + struct.pack("<I", SNAPSHOT_VERSION) + \
             msgpack.packb(body, use_bin_type=True)
@@ -214,4 +221,6 @@ class EngineState(TimeState):
         if "run_pending" in body:
             state.run_pending = tuple(arr(a) for a in body["run_pending"])
         state.stopped = {int(q): why for q, why in body.get("stopped", {}).items()}
+        for q, obj in body.get("policies", {}).items():
+            state.policies[int(q)] = PolicyState.from_obj(obj)
         return state

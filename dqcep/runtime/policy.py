@@ -1,0 +1,152 @@
+"""After-match policies (spec section 6) in the native engine.
+
+A query with ``AFTER MATCH SKIP PAST LAST EVENT | SKIP TO NEXT EVENT`` keeps
+its matches apart until they are decided: a match is decided once no match can
+still come before it in detection order in its partition, i.e. once
+
+- the watermark is past its last event's ts (every later match ends at an event
+  of ts >= the watermark: the late rule), and
+- no held match of its partition (a trailing or AND negation waits on it) ends at
+  or before its last event (a held match takes its place by its positive events;
+  one its negation rules out never blocks anything once it is let go).
+
+The end of the input decides every match. Decided matches are walked in detection
+order per partition of the query's top-level ``[attr]`` values, each accepted or
+not against the last accepted one (``accepts``), and only accepted ones are
+output, unchanged. What a policy holds (the waiting matches, and per partition
+the first and last event of the last accepted match) is a ``PolicyState``: plain
+data, in the engine's snapshot.
+
+The rule is written here once for the native engine and the SASE baseline; the
+reference matcher (``dqcep.reference.after_match``) keeps its own literal copy of
+the section, so that the engines are checked against an independent reading.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dqcep.lang.ast import SKIP_PAST_LAST
+
+Position = tuple[int, int]  # (ts, id): a place in stream order
+
+
+def accepts(policy: str, last_accepted: tuple[Position, Position] | None,
+            first: Position) -> bool:
+    """Is a match starting at ``first`` accepted after the last accepted match of its
+    partition, whose (first, last) is ``last_accepted`` (None: no match accepted yet)?"""
+    if last_accepted is None:
+        return True
+    return first > (last_accepted[1] if policy == SKIP_PAST_LAST else last_accepted[0])
+
+
+@dataclass
+class Candidate:
+    """A match found and not yet decided."""
+
+    key: tuple          # its place in detection order: (last, first, positions, events)
+    partition: tuple    # the values of the query's [attr]s: ((kind, value), ...)
+    detected: int       # its detected_at
+    ids: tuple          # its event ids, a column per variable (-1 unbound, LIST_ID a list)
+    lists: tuple        # per list column of the query, the list's ids in ts order
+
+    def to_obj(self) -> list:
+        return [self.key, self.partition, self.detected, self.ids, self.lists]
+
+    @classmethod
+    def from_obj(cls, obj: list) -> "Candidate":
+        return cls(*(_tuples(x) for x in obj))
+
+
+def _tuples(x):
+    """msgpack gives lists back: tuples again, all the way down (keys compare)."""
+    return tuple(_tuples(y) for y in x) if isinstance(x, list) else x
+
+
+@dataclass
+class PolicyState:
+    """One query's after-match state: see the module docstring."""
+
+    policy: str
+    waiting: list[Candidate] = field(default_factory=list)
+    # partition -> (first, last) of its last accepted match
+    accepted: dict[tuple, tuple[Position, Position]] = field(default_factory=dict)
+
+    def decide(self, wm: int | None, held: dict[tuple, Position]) -> list[Candidate]:
+        """The waiting matches decided now and accepted, in detection order per
+        partition. ``wm``: the watermark (None: the end of the input, every match
+        is decided); ``held``: per partition, the earliest last event of a held
+        match (those at or after it wait for it)."""
+        if not self.waiting:
+            return []
+        self.waiting.sort(key=lambda c: c.key)
+        out, still, blocked = [], [], set()
+        for c in self.waiting:
+            last = c.key[0]
+            if c.partition in blocked or (wm is not None and (
+                    last[0] >= wm or (c.partition in held and held[c.partition] <= last))):
+                blocked.add(c.partition)  # what comes after it in its partition waits
+                still.append(c)
+                continue
+            first = c.key[1]
+            if accepts(self.policy, self.accepted.get(c.partition), first):
+                self.accepted[c.partition] = (first, last)
+                out.append(c)
+        self.waiting = still
+        return out
+
+    def bound(self, partition: tuple) -> int | None:
+        """A ts before which no partial match of ``partition`` can start and still be
+        accepted (None: no bound yet). Under SKIP PAST LAST EVENT every match still
+        to come is judged against an accepted match ending at or after the last
+        accepted one's last event, so it must start after that event; under SKIP TO
+        NEXT EVENT after its first event."""
+        done = self.accepted.get(partition)
+        if done is None:
+            return None
+        return (done[1] if self.policy == SKIP_PAST_LAST else done[0])[0]
+
+    def nbytes(self) -> int:
+        """A rough size: 100 bytes per waiting match and per partition."""
+        return 100 * (len(self.waiting) + len(self.accepted))
+
+    def to_obj(self) -> list:
+        return [self.policy, [c.to_obj() for c in self.waiting],
+                [[list(p), list(a)] for p, a in self.accepted.items()]]
+
+    @classmethod
+    def from_obj(cls, obj: list) -> "PolicyState":
+        policy, waiting, accepted = obj
+        return cls(policy, [Candidate.from_obj(c) for c in waiting],
+                   {_tuples(p): _tuples(a) for p, a in accepted})
+
+
+def positions(store, lists, picked: np.ndarray, list_cols: tuple[int, ...],
+              ) -> tuple[list[list[Position]], np.ndarray]:
+    """Per row of ``picked`` (event sequence numbers per variable, -1 unbound; the
+    columns ``list_cols`` hold Kleene list handles), the ascending (ts, id) of its
+    positive events, list elements included; and the sequence number of each row's
+    first event."""
+    n = len(picked)
+    plain = np.ones(picked.shape[1], bool)
+    plain[list(list_cols)] = False
+    rows, cols = np.nonzero(picked[:, plain] >= 0)
+    seqs = picked[:, plain][rows, cols]
+    if list_cols:
+        handles = np.ascontiguousarray(picked[:, list(list_cols)]).ravel()
+        offsets, elements = lists.elements_of(handles)
+        owner = np.repeat(np.arange(len(handles)) // len(list_cols), np.diff(offsets))
+        rows, seqs = np.concatenate([rows, owner]), np.concatenate([seqs, elements])
+    seqs = np.ascontiguousarray(seqs, np.int64)
+    ts = store.ts_of(seqs)
+    ids = store.ids_of(seqs.reshape(-1, 1))[:, 0]
+    order = np.lexsort((ids, ts, rows))
+    rows, seqs = rows[order], seqs[order]
+    out: list[list[Position]] = [[] for _ in range(n)]
+    for r, t, i in zip(rows.tolist(), ts[order].tolist(), ids[order].tolist()):
+        out[r].append((t, i))
+    firsts = np.full(n, -1, np.int64)
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else rows
+    firsts[rows[starts]] = seqs[starts]
+    return out, firsts

@@ -1,0 +1,125 @@
+"""After-match policies (spec section 6) on every engine, against the reference.
+
+Hypothesis draws queries of every family the other differential tests draw
+(operators with NOT anywhere and shared sub-patterns, Kleene items under every
+strategy, the RUN vertex's strategies, negations), gives each a random policy,
+and feeds the stream to the native engine (both materializations) in random
+batches, shuffled within the lateness, and through a snapshot and restore at a
+random point; the SASE baseline where the query is in its subset. All return
+exactly the reference's accepted matches.
+"""
+import dataclasses
+import random
+
+from hypothesis import HealthCheck, given, settings, target
+from hypothesis import strategies as st
+
+from dqcep.events import Event
+from dqcep.lang import ast, parse
+from dqcep.reference import ReferenceMatcher
+from tests.strategies import (kleene_event_streams, kleene_queries, negation_queries,
+                              small_event_streams, small_query_files, strategy_event_streams,
+                              strategy_queries)
+from tests.test_native import CUTS, MATERIALIZE, as_set, native, sase, snapshot_at
+
+POLICIES = st.sampled_from(ast.POLICIES)
+
+
+def with_policy(q: ast.Query, policy: str) -> ast.Query:
+    return dataclasses.replace(q, after_match=policy)
+
+
+@st.composite
+def policy_cases(draw):
+    """(queries, events): one family's query (or a small file's queries), each with a
+    random policy or none, and a stream of that family."""
+    family = draw(st.sampled_from(["file", "kleene", "strategy", "negation"]))
+    if family == "file":
+        qs = list(draw(small_query_files()).queries)
+        events = draw(small_event_streams(max_events=16))
+    elif family == "kleene":
+        qs, events = [draw(kleene_queries())], draw(kleene_event_streams())
+    elif family == "strategy":
+        qs, events = [draw(strategy_queries())], draw(strategy_event_streams())
+    else:
+        qs, events = [draw(negation_queries())], draw(small_event_streams(max_events=16))
+    qs = [with_policy(q, draw(POLICIES)) if i == 0 or draw(st.booleans()) else q
+          for i, q in enumerate(qs)]
+    return qs, events
+
+
+def accepted(queries, events):
+    """The reference's matches; hypothesis is steered to the cases where the policies
+    turn many matches down (most random streams give a query few matches)."""
+    want = as_set(ReferenceMatcher(queries).run(events))
+    every = ReferenceMatcher([with_policy(q, None) for q in queries]).run(events)
+    target(float(len(every) - len(want)), label="matches turned down")
+    return want
+
+
+def arrival(events, cuts, shuffle_seed=None, ties_reversed=False):
+    """The stream in batches as it arrives: in ts order, events of one ts by id or
+    (``ties_reversed``) the larger id first, so that an event of the newest ts may
+    come after one of that ts and a larger id; cut at ``cuts``, each batch shuffled
+    by ``shuffle_seed``. Returns (batches, the lateness that covers the shuffles)."""
+    events = sorted(events, key=lambda e: (e.ts, -e.id if ties_reversed else e.id))
+    bounds = sorted({0, len(events), *[c % (len(events) + 1) for c in cuts]})
+    batches = [events[a:b] for a, b in zip(bounds, bounds[1:])]
+    if shuffle_seed is None:
+        return batches, 0
+    rnd = random.Random(shuffle_seed)
+    for b in batches:
+        rnd.shuffle(b)
+    return batches, max((max(e.ts for e in b) - min(e.ts for e in b) for b in batches if b),
+                        default=0)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(policy_cases(), CUTS, st.none() | st.integers(0, 9), st.booleans())
+def test_every_engine_accepts_the_references_matches(case, cuts, shuffle, ties_reversed):
+    queries, events = case
+    want = accepted(queries, events)
+    batches, lateness = arrival(events, cuts, shuffle, ties_reversed)
+    for materialize in MATERIALIZE:
+        assert native(queries, batches, lateness, materialize) == want, materialize
+
+
+def ev(i, etype, ts, **attrs):
+    return Event(i, etype, ts, attrs)
+
+
+def native_ids(text, batches):
+    return {m[1] for m in native(list(parse(text).queries), batches)}
+
+
+def test_a_held_match_earlier_in_detection_order_is_waited_for():
+    """(A1,B5) is released by its negation first (its start is earlier) but comes after
+    (A2,B3), still held, in detection order: it waits, and is then turned down."""
+    text = ("PATTERN SEQ(A a, B b, NOT C c) WHERE a.p = b.p WITHIN 10 "
+            "AFTER MATCH SKIP PAST LAST EVENT")
+    stream = [ev(1, "A", 1, p=1), ev(2, "A", 2, p=2), ev(3, "B", 3, p=2), ev(5, "B", 5, p=1),
+              ev(6, "X", 12), ev(7, "X", 20)]
+    want = {(("a", 2), ("b", 3))}
+    assert {m.events for m in ReferenceMatcher(parse(text).queries).run(stream)} == want
+    assert native_ids(text, [[e] for e in stream]) == want
+
+
+def test_a_match_ending_at_the_newest_ts_waits_for_that_ts_to_pass():
+    """B9 and then B3, both at ts 5, in two batches: (A1,B3) comes first in detection
+    order though it is found second; nothing at ts 5 is decided before ts 5 is past."""
+    text = "PATTERN SEQ(A a, B b) WITHIN 10 AFTER MATCH SKIP PAST LAST EVENT"
+    stream = [ev(1, "A", 1), ev(9, "B", 5), ev(3, "B", 5), ev(4, "X", 8)]
+    want = {(("a", 1), ("b", 3))}
+    assert {m.events for m in ReferenceMatcher(parse(text).queries).run(stream)} == want
+    assert native_ids(text, [stream[:2], stream[2:3], stream[3:]]) == want
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(policy_cases(), st.integers(0, 20), st.integers(0, 2),
+       st.sampled_from(["always", "on-demand"]))
+def test_a_restored_policy_decides_as_an_uninterrupted_run(case, cut, lateness, materialize):
+    """Snapshot with matches waiting for their decision (and held ones, and accepted
+    ones bounding the next), restore into a fresh engine, go on: the same matches."""
+    queries, events = case
+    want = accepted(queries, events)
+    assert snapshot_at(queries, events, cut, lateness, materialize) == want
