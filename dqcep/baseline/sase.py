@@ -47,6 +47,7 @@ from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate_on_events
 from dqcep.plan.lookups import resolve_all
 from dqcep.runtime.compile import (aggregated_columns, attributes_read, predicate_set,
                                    run_placement)
+from dqcep.runtime.policy import PolicyState, accepted_part, partition_of, positions
 from dqcep.runtime.eventtime import (LIST_ID, NOTHING_WAITING, EventTimeEngine, MatchBatch,
                                      MatchLists, ready_in_stream_order, wait_for_stream_order)
 
@@ -69,6 +70,7 @@ class SaseQuery:
     strategy: str = ast.ANY_MATCH
     lists: tuple[bool, ...] = ()       # per positive state: a Kleene item
     runs: bool = False
+    after_match: str | None = None     # after-match policy (spec section 6): SASE+ consumption
 
     @property
     def every_event(self) -> bool:
@@ -85,11 +87,6 @@ def _unsupported(q: ast.Query, node, what: str, source: str) -> UserError:
 
 def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
     """Compile one query, or raise UserError if it is outside the SASE subset."""
-    if q.after_match is not None:  # spec section 6: the reference matcher alone so far
-        pos = q.after_match_pos
-        raise UserError(f"{source}:{pos.line}:{pos.col}: query {q.name!r}: AFTER MATCH "
-                        f"{q.after_match} runs on the reference engine only so far "
-                        "(--engine reference)")
     pattern = q.pattern
     if isinstance(pattern, (ast.EventPattern, ast.Kleene)):
         items: tuple = (pattern,)
@@ -164,7 +161,8 @@ def compile_sase(q: ast.Query, source: str = "<query>") -> SaseQuery:
     return SaseQuery(q.name, q.within.ms, tuple(e.type for e in positives),
                      tuple(e.var for e in positives), tuple(neg_specs), tuple(keys),
                      tuple(scan), tuple(tuple(g) for g in groups), never, q.strategy,
-                     tuple(isinstance(e, ast.Kleene) for e in positives), runs)
+                     tuple(isinstance(e, ast.Kleene) for e in positives), runs,
+                     q.after_match)
 
 
 class SaseEngine(EventTimeEngine):
@@ -203,6 +201,12 @@ class SaseEngine(EventTimeEngine):
         self.max_window = max((s.window_ms for s in self.specs), default=0)
         self.store_retention = 2 * self.max_window + 2  # what the CLI's RETURN lookup keeps
         self.matches_out = [0] * len(self.specs)
+        # spec section 6 as SASE+ consumes events: the queries' policies (the rule of
+        # dqcep.runtime.policy, as the native engine decides)
+        self.policies = {i: PolicyState(s.after_match) for i, s in enumerate(self.specs)
+                         if s.after_match is not None}
+        self._partition_cols = [tuple(self.attr_index[a] for a in s.key_attrs)
+                                for s in self.specs]
         # runs read stream order (ts, id): events wait here until none of their ts can come
         self._waiting = NOTHING_WAITING
         self._constants_coded()
@@ -263,6 +267,7 @@ class SaseEngine(EventTimeEngine):
             if nfa is not None:
                 nfa.release(self.store, wm)
         self._take(out)   # before pruning: run matches read their lists
+        out += self._decide(wm)
         held = []
         for s, nfa in zip(self.specs, self.nfas):
             if nfa is None:
@@ -286,6 +291,7 @@ class SaseEngine(EventTimeEngine):
             if nfa is not None:
                 nfa.release(self.store, None, True)
         self._take(out)
+        out += self._decide(None)
         return out
 
     def _take(self, out: MatchBatch) -> None:
@@ -299,6 +305,9 @@ class SaseEngine(EventTimeEngine):
                 continue
             lists = None
             columns = [c for c, kleene in enumerate(self.specs[i].lists) if kleene]
+            if i in self.policies:  # their places in detection order, from the sequences
+                places, firsts = positions(self.store, getattr(nfa, "lists", None), rows,
+                                           tuple(columns))
             if columns:
                 offsets, seqs = nfa.lists.elements_of(np.ascontiguousarray(
                     rows[:, columns].ravel()))
@@ -307,8 +316,31 @@ class SaseEngine(EventTimeEngine):
                 rows[:, columns] = -1
             ids = self.store.ids_of(rows)
             ids[:, columns] = LIST_ID
+            if i in self.policies:  # they wait for their decision
+                self.policies[i].add(
+                    MatchBatch(self.match_queries, [(i, detected, ids, lists)]).to_matches(),
+                    places, [partition_of(self.store, self.dictionary, seq,
+                                          self._partition_cols[i]) for seq in firsts.tolist()],
+                    ids, lists)
+                continue
             out.parts.append((i, detected, ids, lists))
             self.matches_out[i] += len(detected)
+
+    def _decide(self, wm: int | None) -> MatchBatch:
+        """The policies' matches decided now (``dqcep.runtime.policy``). The automata
+        tell only the earliest start of a sequence held for a trailing NOT: a match
+        ending at or after it waits, whatever its partition."""
+        out = MatchBatch(self.match_queries)
+        for i, policy in self.policies.items():
+            if not policy.waiting:  # (a query that can never match has no automaton)
+                continue
+            held = self.nfas[i].held_min_start(self.store) if wm is not None else None
+            accepted = policy.decide(wm, {}, None if held is None else (held, -2 ** 63))
+            if accepted:
+                columns = tuple(c for c, kleene in enumerate(self.specs[i].lists) if kleene)
+                out.parts.append(accepted_part(i, accepted, columns))
+                self.matches_out[i] += len(accepted)
+        return out
 
     # --------------------------------------------------------- introspection
     def state_bytes(self) -> int:

@@ -43,10 +43,9 @@ from dqcep._kernels.runs import RunTable, run_step
 from dqcep.errors import UserError
 from dqcep.events import STATE_BUDGET
 from dqcep.plan import Kind, Plan
-from dqcep.runtime.compile import KIND_BOOL, KIND_STR
 from dqcep.runtime.eventtime import (LIST_ID, EventColumns, EventTimeEngine, MatchBatch,
                                      MatchLists, ready_in_stream_order, wait_for_stream_order)
-from dqcep.runtime.policy import Candidate, positions
+from dqcep.runtime.policy import accepted_part, partition_of, positions
 from dqcep.runtime.program import Program, QueryProgram
 from dqcep.runtime.state import EngineState, Records, VertexStats
 
@@ -418,27 +417,11 @@ class Engine(EventTimeEngine):
         """The matches of a query with an after-match policy join its waiting ones,
         each with its place in detection order and its partition."""
         part = self._part(q, detected, picked)
-        matches = MatchBatch(self.match_queries, [part]).to_matches()
         places, firsts = positions(self.store, self.state.lists, picked, q.list_columns)
-        _, _, ids, lists = part
-        k = len(q.list_columns)
-        waiting = self.state.policies[q.index].waiting
-        for r, (m, pos) in enumerate(zip(matches, places)):
-            waiting.append(Candidate(
-                (pos[-1], pos[0], tuple(pos), tuple(sorted(m.events))),
-                self._partition(q, int(firsts[r])), int(detected[r]),
-                tuple(ids[r].tolist()),
-                tuple(lists.of(r, c) for c in range(k)) if lists is not None else ()))
-
-    def _partition(self, q: QueryProgram, seq: int) -> tuple:
-        """The values of the query's [attr]s on an event (every positive event of a
-        match carries the same): numbers as binary64, strings as themselves."""
-        out = []
-        for a in q.partition_cols:
-            kind, value = self.store.cell(seq, a)
-            out.append((kind, self.dictionary.values[int(value)] if kind == KIND_STR
-                        else bool(value) if kind == KIND_BOOL else float(value)))
-        return tuple(out)
+        self.state.policies[q.index].add(
+            MatchBatch(self.match_queries, [part]).to_matches(), places,
+            [partition_of(self.store, self.dictionary, seq, q.partition_cols)
+             for seq in firsts.tolist()], part[2], part[3])
 
     def _held_lasts(self, q: QueryProgram) -> dict[tuple, tuple[int, int]]:
         """Per partition, the earliest last event of a match the query holds for a
@@ -450,7 +433,7 @@ class Engine(EventTimeEngine):
         places, firsts = positions(self.store, self.state.lists, picked, q.list_columns)
         out: dict[tuple, tuple[int, int]] = {}
         for pos, seq in zip(places, firsts.tolist()):
-            part = self._partition(q, seq)
+            part = partition_of(self.store, self.dictionary, seq, q.partition_cols)
             if part not in out or pos[-1] < out[part]:
                 out[part] = pos[-1]
         return out
@@ -466,15 +449,7 @@ class Engine(EventTimeEngine):
             accepted = policy.decide(wm, self._held_lasts(q) if wm is not None else {})
             if not accepted:
                 continue
-            lists = None
-            if q.list_columns:
-                flat = [ids for c in accepted for ids in c.lists]
-                offsets = np.zeros(len(flat) + 1, np.int64)
-                np.cumsum([len(ids) for ids in flat], out=offsets[1:])
-                lists = MatchLists(q.list_columns, offsets,
-                                   np.array([i for ids in flat for i in ids], np.int64))
-            out.parts.append((qi, np.array([c.detected for c in accepted], np.int64),
-                              np.array([c.ids for c in accepted], np.int64), lists))
+            out.parts.append(accepted_part(qi, accepted, q.list_columns))
             self.state.stats[q.spec.output].outputs += len(accepted)
         return out
 

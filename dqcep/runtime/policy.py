@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dqcep.events import Match
 from dqcep.lang.ast import SKIP_PAST_LAST
+from dqcep.runtime.compile import KIND_BOOL, KIND_STR
+from dqcep.runtime.eventtime import MatchLists
 
 Position = tuple[int, int]  # (ts, id): a place in stream order
 
@@ -73,11 +76,24 @@ class PolicyState:
     # partition -> (first, last) of its last accepted match
     accepted: dict[tuple, tuple[Position, Position]] = field(default_factory=dict)
 
-    def decide(self, wm: int | None, held: dict[tuple, Position]) -> list[Candidate]:
+    def add(self, matches: list[Match], places: list[list[Position]], partitions: list[tuple],
+            ids: np.ndarray, lists: MatchLists | None) -> None:
+        """Matches found (``matches``: as Match objects; ``places``: each one's
+        ascending positive events; ``ids`` and ``lists``: its MatchBatch columns) join
+        the waiting ones."""
+        k = len(lists.columns) if lists is not None else 0
+        for r, (m, pos, part) in enumerate(zip(matches, places, partitions)):
+            self.waiting.append(Candidate(
+                (pos[-1], pos[0], tuple(pos), tuple(sorted(m.events))), part, m.detected_at,
+                tuple(ids[r].tolist()), tuple(lists.of(r, c) for c in range(k))))
+
+    def decide(self, wm: int | None, held: dict[tuple, Position],
+               held_any: Position | None = None) -> list[Candidate]:
         """The waiting matches decided now and accepted, in detection order per
         partition. ``wm``: the watermark (None: the end of the input, every match
         is decided); ``held``: per partition, the earliest last event of a held
-        match (those at or after it wait for it)."""
+        match (those at or after it wait for it); ``held_any``: the same for every
+        partition (an engine that knows no more than that)."""
         if not self.waiting:
             return []
         self.waiting.sort(key=lambda c: c.key)
@@ -85,7 +101,8 @@ class PolicyState:
         for c in self.waiting:
             last = c.key[0]
             if c.partition in blocked or (wm is not None and (
-                    last[0] >= wm or (c.partition in held and held[c.partition] <= last))):
+                    last[0] >= wm or (c.partition in held and held[c.partition] <= last)
+                    or (held_any is not None and held_any <= last))):
                 blocked.add(c.partition)  # what comes after it in its partition waits
                 still.append(c)
                 continue
@@ -120,6 +137,31 @@ class PolicyState:
         policy, waiting, accepted = obj
         return cls(policy, [Candidate.from_obj(c) for c in waiting],
                    {_tuples(p): _tuples(a) for p, a in accepted})
+
+
+def accepted_part(query: int, accepted: list[Candidate], list_columns: tuple[int, ...]):
+    """Accepted matches as a MatchBatch part, as they were found."""
+    lists = None
+    if list_columns:
+        flat = [ids for c in accepted for ids in c.lists]
+        offsets = np.zeros(len(flat) + 1, np.int64)
+        np.cumsum([len(ids) for ids in flat], out=offsets[1:])
+        lists = MatchLists(tuple(list_columns), offsets,
+                           np.array([i for ids in flat for i in ids], np.int64))
+    return (query, np.array([c.detected for c in accepted], np.int64),
+            np.array([c.ids for c in accepted], np.int64), lists)
+
+
+def partition_of(store, dictionary, seq: int, columns: tuple[int, ...]) -> tuple:
+    """The values of a query's [attr]s (store ``columns``) on an event (every positive
+    event of a match carries the same): numbers as binary64, strings as themselves
+    (their codes may be freed and given to other strings)."""
+    out = []
+    for a in columns:
+        kind, value = store.cell(seq, a)
+        out.append((kind, dictionary.values[int(value)] if kind == KIND_STR
+                    else bool(value) if kind == KIND_BOOL else float(value)))
+    return tuple(out)
 
 
 def positions(store, lists, picked: np.ndarray, list_cols: tuple[int, ...],
