@@ -127,3 +127,36 @@ def test_a_restored_policy_decides_as_an_uninterrupted_run(case, cut, lateness, 
     queries, events = case
     want = accepted(queries, events)
     assert snapshot_at(queries, events, cut, lateness, materialize) == want
+
+
+def rising_batches(n_batches, rooms=2):
+    """Each batch: one reading per room; a room's readings rise, every fourth is smoke."""
+    return [[ev(j * rooms + r + 1, "S" if j % 4 == 3 else "T", j * rooms + r,
+                room=f"r{r}", v=j) for r in range(rooms)] for j in range(n_batches)]
+
+
+def test_the_policy_keeps_a_rising_runs_lists_bounded():
+    """Under skip-till-any-match every rising sub-list of a long window is a partial
+    match (2^k for k readings); SKIP PAST LAST EVENT drops those that start before
+    the last accepted alert's smoke, so the Kleene item's lists stay few however long
+    the run (bench/bench_policy.py measures it)."""
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+    text = ("PATTERN SEQ(T+ t[], S s) WHERE [room] AND t[i].v > t[i-1].v AND count(t) >= 3 "
+            "WITHIN 1000000")
+
+    def growing_lists(policy, n_batches):
+        engine = Engine(build_plan(parse(text + policy).queries))
+        sizes = []
+        for batch in rising_batches(n_batches):
+            engine.process(batch)
+            sizes.append(sum(len(q.records) for q in engine.state.growing.values()))
+        return sizes
+
+    assert max(growing_lists("", 16)) > 4000  # 12 rising readings a room: 2^12 lists
+    with_policy = growing_lists(" AFTER MATCH SKIP PAST LAST EVENT", 400)
+    assert max(with_policy) <= 2 * 16, max(with_policy)
+    # and what it accepts is the reference's: one alert per smoke and room
+    queries = list(parse(text + " AFTER MATCH SKIP PAST LAST EVENT").queries)
+    want = as_set(ReferenceMatcher(queries).run([e for b in rising_batches(12) for e in b]))
+    assert len(want) == 2 * 3 and native(queries, rising_batches(12)) == want

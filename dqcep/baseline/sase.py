@@ -321,7 +321,7 @@ class SaseEngine(EventTimeEngine):
                     MatchBatch(self.match_queries, [(i, detected, ids, lists)]).to_matches(),
                     places, [partition_of(self.store, self.dictionary, seq,
                                           self._partition_cols[i]) for seq in firsts.tolist()],
-                    ids, lists)
+                    np.zeros(len(firsts), np.int64), ids, lists)  # (no pruning: no codes)
                 continue
             out.parts.append((i, detected, ids, lists))
             self.matches_out[i] += len(detected)

@@ -418,10 +418,11 @@ class Engine(EventTimeEngine):
         each with its place in detection order and its partition."""
         part = self._part(q, detected, picked)
         places, firsts = positions(self.store, self.state.lists, picked, q.list_columns)
+        _, codes = leaf_keys(self.store, firsts, np.array(q.partition_cols, np.int32))
         self.state.policies[q.index].add(
             MatchBatch(self.match_queries, [part]).to_matches(), places,
             [partition_of(self.store, self.dictionary, seq, q.partition_cols)
-             for seq in firsts.tolist()], part[2], part[3])
+             for seq in firsts.tolist()], codes, part[2], part[3])
 
     def _held_lasts(self, q: QueryProgram) -> dict[tuple, tuple[int, int]]:
         """Per partition, the earliest last event of a match the query holds for a
@@ -451,7 +452,37 @@ class Engine(EventTimeEngine):
                 continue
             out.parts.append(accepted_part(qi, accepted, q.list_columns))
             self.state.stats[q.spec.output].outputs += len(accepted)
+            self._prune(q, policy.bounds())
         return out
+
+    def _prune(self, q: QueryProgram, bounds: dict[int, int]) -> None:
+        """Drop the partial matches the policy can no longer accept (``PolicyState.
+        bounds``: by the key code of their partition, those starting before its
+        bound) from the query's own vertices (``Program.prunable``): the state of a
+        Kleene item on a long rising run stays bounded."""
+        state, keyed = self.state, bool(q.partition_cols)
+        codes = np.array(sorted(bounds), np.int64)
+        limits = np.array([bounds[c] for c in codes.tolist()], np.int64)
+        for v in self.program.prunable[q.index]:
+            for queues in (state.growing, state.left_q, state.right_q):
+                queue = queues.get(v)
+                if queue is None or not len(queue.records):
+                    continue
+                s, e, k, ids = queue.records.to_arrays()
+                if keyed:
+                    at = np.minimum(np.searchsorted(codes, k), len(codes) - 1)
+                    drop = (codes[at] == k) & (s < limits[at])
+                else:  # one partition: its bound for every record
+                    drop = s < limits[0]
+                if not drop.any():
+                    continue
+                keep = ~drop
+                fresh = KeyedQueue(queue.n_ids)
+                fresh.load(queue.evicted, s[keep], e[keep], k[keep],
+                           np.ascontiguousarray(ids[keep, :queue.n_ids]))
+                fresh.records.limit = self.budget
+                queues[v] = fresh
+                state.stats[v].evictions += int(drop.sum())
 
     def _list_ids(self, columns: tuple[int, ...], handles: np.ndarray) -> MatchLists:
         """The event ids of each list, in ts order, row by row."""

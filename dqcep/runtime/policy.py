@@ -50,12 +50,13 @@ class Candidate:
 
     key: tuple          # its place in detection order: (last, first, positions, events)
     partition: tuple    # the values of the query's [attr]s: ((kind, value), ...)
+    code: int           # the partition key its records carry in the engine (a hash)
     detected: int       # its detected_at
     ids: tuple          # its event ids, a column per variable (-1 unbound, LIST_ID a list)
     lists: tuple        # per list column of the query, the list's ids in ts order
 
     def to_obj(self) -> list:
-        return [self.key, self.partition, self.detected, self.ids, self.lists]
+        return [self.key, self.partition, self.code, self.detected, self.ids, self.lists]
 
     @classmethod
     def from_obj(cls, obj: list) -> "Candidate":
@@ -75,17 +76,20 @@ class PolicyState:
     waiting: list[Candidate] = field(default_factory=list)
     # partition -> (first, last) of its last accepted match
     accepted: dict[tuple, tuple[Position, Position]] = field(default_factory=dict)
+    codes: dict[tuple, int] = field(default_factory=dict)  # partition -> its key code
 
     def add(self, matches: list[Match], places: list[list[Position]], partitions: list[tuple],
-            ids: np.ndarray, lists: MatchLists | None) -> None:
+            codes: np.ndarray, ids: np.ndarray, lists: MatchLists | None) -> None:
         """Matches found (``matches``: as Match objects; ``places``: each one's
-        ascending positive events; ``ids`` and ``lists``: its MatchBatch columns) join
-        the waiting ones."""
+        ascending positive events; ``partitions`` and ``codes``: its partition's
+        values and key code; ``ids`` and ``lists``: its MatchBatch columns) join the
+        waiting ones."""
         k = len(lists.columns) if lists is not None else 0
-        for r, (m, pos, part) in enumerate(zip(matches, places, partitions)):
+        for r, (m, pos, part, code) in enumerate(zip(matches, places, partitions,
+                                                      codes.tolist())):
             self.waiting.append(Candidate(
-                (pos[-1], pos[0], tuple(pos), tuple(sorted(m.events))), part, m.detected_at,
-                tuple(ids[r].tolist()), tuple(lists.of(r, c) for c in range(k))))
+                (pos[-1], pos[0], tuple(pos), tuple(sorted(m.events))), part, code,
+                m.detected_at, tuple(ids[r].tolist()), tuple(lists.of(r, c) for c in range(k))))
 
     def decide(self, wm: int | None, held: dict[tuple, Position],
                held_any: Position | None = None) -> list[Candidate]:
@@ -109,20 +113,26 @@ class PolicyState:
             first = c.key[1]
             if accepts(self.policy, self.accepted.get(c.partition), first):
                 self.accepted[c.partition] = (first, last)
+                self.codes[c.partition] = c.code
                 out.append(c)
         self.waiting = still
         return out
 
-    def bound(self, partition: tuple) -> int | None:
-        """A ts before which no partial match of ``partition`` can start and still be
-        accepted (None: no bound yet). Under SKIP PAST LAST EVENT every match still
-        to come is judged against an accepted match ending at or after the last
-        accepted one's last event, so it must start after that event; under SKIP TO
-        NEXT EVENT after its first event."""
-        done = self.accepted.get(partition)
-        if done is None:
-            return None
-        return (done[1] if self.policy == SKIP_PAST_LAST else done[0])[0]
+    def bounds(self) -> dict[int, int]:
+        """Per partition key code, a ts before which no partial match can start and
+        still be accepted. Every match still to come is decided after the accepted
+        ones, against an accepted match at least as late, so under SKIP PAST LAST
+        EVENT it must start after the last accepted match's last event, under SKIP
+        TO NEXT EVENT after its first event. Partitions whose values hash to one code
+        share the smallest bound. (A partition with no accepted match whose values
+        hash to the code of one with, a chance of 2^-64 a pair, would lose partial
+        matches it could still accept.)"""
+        out: dict[int, int] = {}
+        for part, (first, last) in self.accepted.items():
+            ts = (last if self.policy == SKIP_PAST_LAST else first)[0]
+            code = self.codes[part]
+            out[code] = min(ts, out.get(code, ts))
+        return out
 
     def nbytes(self) -> int:
         """A rough size: 100 bytes per waiting match and per partition."""
@@ -130,13 +140,14 @@ class PolicyState:
 
     def to_obj(self) -> list:
         return [self.policy, [c.to_obj() for c in self.waiting],
-                [[list(p), list(a)] for p, a in self.accepted.items()]]
+                [[list(p), list(a), self.codes[p]] for p, a in self.accepted.items()]]
 
     @classmethod
     def from_obj(cls, obj: list) -> "PolicyState":
         policy, waiting, accepted = obj
         return cls(policy, [Candidate.from_obj(c) for c in waiting],
-                   {_tuples(p): _tuples(a) for p, a in accepted})
+                   {_tuples(p): _tuples(a) for p, a, _ in accepted},
+                   {_tuples(p): code for p, _, code in accepted})
 
 
 def accepted_part(query: int, accepted: list[Candidate], list_columns: tuple[int, ...]):

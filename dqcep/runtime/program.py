@@ -177,6 +177,27 @@ class Program:
                 todo += [*self.children[v], *self.host_guards.get(v, ())]
             for v in seen:
                 self.readers[v] += (q.index,)
+        self.prunable = {q.index: self._prunable(q) for q in self.queries
+                         if q.spec.after_match is not None}
+
+    def _prunable(self, q: QueryProgram) -> tuple[int, ...]:
+        """The vertices whose partial matches a query's after-match policy may drop
+        (``Engine._prune``): its KLEENE, SEQ and AND vertices below its root (not in a
+        negation) that no other query reads, whose records, and their inputs', are
+        keyed by the query's [attr]s (or by nothing, when it has none)."""
+        plan, out, todo, seen = self.plan, [], [q.spec.root], set()
+        while todo:
+            v = todo.pop()
+            if v < 0 or v in seen or self.kind[v] == Kind.NOT:
+                continue
+            seen.add(v)
+            todo += list(self.children[v])
+            keyed = [u for u in (v, *self.children[v]) if u >= 0]
+            if self.kind[v] in (Kind.KLEENE, Kind.SEQ, Kind.AND) and \
+                    self.readers[v] == (q.index,) and \
+                    all(tuple(plan.key_attrs[u]) == tuple(q.spec.partition) for u in keyed):
+                out.append(v)
+        return tuple(sorted(out))
 
     def _query(self, index: int, spec, guards: list[int], constants) -> QueryProgram:
         plan = self.plan
