@@ -54,7 +54,7 @@ from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
 from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming, open_file,
                              open_match_sink)
 from dqcep.lang import parse_file
-from dqcep.plan import build_plan, refuse_policies
+from dqcep.plan import build_plan
 from dqcep.response import ResponseTimes, ServiceTimes
 from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
 from dqcep.runtime.returns import ReturnValues
@@ -189,7 +189,6 @@ class StreamingService:
                                     else None, cfg.max_future)
         query_file = parse_file(cfg.queries)
         queries = hosted_queries(query_file, cfg.hosted, cfg.queries)
-        refuse_policies(queries, "the streaming service")
         self.queries, self.query_tables = queries, query_file.tables
         self.plan = build_plan(queries, cfg.rates, materialize=cfg.materialize,
                                schemas=query_file.schemas, tables=query_file.tables)

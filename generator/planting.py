@@ -131,6 +131,10 @@ class Planter:
         """[(var, type, time offset)] for one random way through the pattern, or None."""
         if isinstance(node, ast.EventPattern):
             return [(node.var, node.type, int(rng.integers(lo, hi + 1)))]
+        if isinstance(node, ast.Kleene):
+            raise UserError(f"--plant: {node.pos.line}:{node.pos.col}: planting a Kleene "
+                            f"item ({node.type}+ {node.var}[]) is not supported; plant the "
+                            "file's other queries")
         items = [i for i in node.items if not isinstance(i, ast.Negation)]
         if node.op == ast.OR:
             return self._place(items[int(rng.integers(0, len(items)))], rng, lo, hi)

@@ -31,10 +31,11 @@ def gen_args(n, topic_url, extra=(), queries=QUERIES):
             "-o", topic_url]
 
 
-def expected_matches(n, tmp_path, extra=(), queries=QUERIES):
-    """The same stream as a file, matched by the reference: what the service must print."""
+def expected_matches(n, tmp_path, extra=(), queries=QUERIES, plant=None):
+    """The same stream as a file, matched by the reference: what the service must print.
+    ``plant``: the queries the generator plants matches of (default: ``queries``)."""
     out = tmp_path / "stream.msgpack"
-    subprocess.run(gen_args(n, str(out), extra, queries), check=True)
+    subprocess.run(gen_args(n, str(out), extra, plant or queries), check=True)
     good = []
     for payload in msgpack.Unpacker(open(out, "rb"), raw=False):
         for e in payload["events"]:
@@ -216,6 +217,50 @@ WITHIN 5 s
         svc.wait_for(seen)
         svc.stop()
         svc.start()
+    assert pub.wait(60) == 0
+    svc.wait_for(n_events)
+    svc.finish()
+    assert svc.output() == want
+
+
+def test_after_match_policies_are_exactly_once_across_kills_and_pauses(mosquitto, tmp_path):
+    """Queries with AFTER MATCH (spec section 6), one a Kleene item under any-match whose
+    partial matches the policy prunes, one held for a trailing NOT: a SIGKILL and a
+    SIGTERM pause mid-stream (matches waiting for their decision, and the accepted
+    bounds, in the checkpoint), then the end of the stream: exactly the reference's
+    accepted matches, each once."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/policy"
+    queries = tmp_path / "policies.cep"
+    queries.write_text(QUERIES.read_text() + """ AFTER MATCH SKIP PAST LAST EVENT;
+
+QUERY warming
+PATTERN SEQ(Temperature+ t[], Smoke s)
+WHERE [room] AND t[i].value > t[i-1].value AND count(t) >= 2
+WITHIN 3 s AFTER MATCH SKIP PAST LAST EVENT;
+
+QUERY entered
+PATTERN SEQ(Door d, Motion m, NOT Door c)
+WHERE [room] AND d.open = true AND m.active = true
+WITHIN 20 s AFTER MATCH SKIP TO NEXT EVENT;
+
+-- overlapping pairs everywhere: a lost bound or waiting match shows at once
+QUERY readings
+PATTERN SEQ(Temperature a, Temperature b)
+WHERE [room]
+WITHIN 5 s AFTER MATCH SKIP PAST LAST EVENT
+""")
+    want, n_events = expected_matches(30_000, tmp_path, queries=queries, plant=QUERIES)
+    names = {json.loads(m)["query"] for m in want}
+    assert {"stuffy", "warming", "entered", "readings"} <= names, names
+    svc = Service(tmp_path, url, queries)
+    svc.start()
+    pub = subprocess.Popen(gen_args(30_000, url, ("--rate", "10000")))
+    svc.wait_for(8_000)
+    svc.kill_and_restart()
+    svc.wait_for(18_000)
+    svc.stop()
+    svc.start()
     assert pub.wait(60) == 0
     svc.wait_for(n_events)
     svc.finish()
