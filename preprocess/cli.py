@@ -65,10 +65,9 @@ def _executor_errors():
 def _native_queries(parsed) -> None:
     """The queries the executors' engines will run, planned and compiled on the driver
     (a query the native engine cannot run fails here, with its position)."""
-    from dqcep.plan import build_plan, refuse_policies
+    from dqcep.plan import build_plan
     from dqcep.runtime.program import Program
 
-    refuse_policies(parsed.queries, "the Spark jobs")
     Program(build_plan(parsed.queries, tables=parsed.tables, schemas=parsed.schemas))
 
 

@@ -28,7 +28,7 @@ from dqcep.tables import StaticTables
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
 from dqcep.spark.partitioning import BROADCAST, Partitioning
 
-GROUP_KEYED, GROUP_SLICED = 0, 1
+GROUP_KEYED, GROUP_SLICED, GROUP_WHOLE = 0, 1, 2
 
 
 def batch_payload(events) -> bytes:
@@ -176,10 +176,13 @@ class Assigner:
         self.spec = spec
         self.engine = spec.engine()
         code = self.engine.type_code
-        sliced = [q for q in parse(spec.queries_text).queries
-                  if q.name in spec.partitioning.sliced]
-        self.sliced_types = [code[e.type] for q in sliced
-                             for e, _ in ast.event_patterns(q.pattern) if e.type in code]
+        queries = parse(spec.queries_text).queries
+
+        def types_of(names):
+            return [code[e.type] for q in queries if q.name in names
+                    for e, _ in ast.event_patterns(q.pattern) if e.type in code]
+        self.sliced_types = types_of(spec.partitioning.sliced)
+        self.whole_types = types_of(spec.partitioning.whole)
 
     def targets(self, cols: EventColumns):
         """(event index, group, part) of every copy, or None when no part wants any;
@@ -222,6 +225,11 @@ class Assigner:
             rows.append(r)
             parts.append(np.repeat(first, count) + offset)
             groups.append(np.full(len(r), GROUP_SLICED))
+        if p.whole:  # not split: one copy, to part 0
+            use = np.flatnonzero(np.isin(cols.type, self.whole_types))
+            rows.append(use)
+            parts.append(np.zeros(len(use), np.int64))
+            groups.append(np.full(len(use), GROUP_WHOLE))
         if not rows:
             return None
         return (np.concatenate(rows), np.concatenate(groups).astype(np.int32),
@@ -303,7 +311,8 @@ class PartRunner:
         lateness, which the engine must hold for)."""
         p = spec.partitioning
         self.spec, self.group, self.part = spec, group, part
-        names = [k.name for k in p.keyed] if group == GROUP_KEYED else list(p.sliced)
+        names = [k.name for k in p.keyed] if group == GROUP_KEYED else \
+            list(p.whole) if group == GROUP_WHOLE else list(p.sliced)
         self.engine = spec.engine(names, lateness)
         self.keyed = {k.name: k for k in p.keyed}
         self.owner_attrs = sorted({a for k in p.keyed for _, a in k.keys}) \
@@ -362,6 +371,8 @@ class PartRunner:
             else:  # the slice holding the match's start
                 ts = np.where(bound.ravel(), ts, np.iinfo(np.int64).max).reshape(ids.shape)
                 keep = np.floor_divide(ts.min(axis=1), self.spec.slice_ms) == self.part
+            if self.group == GROUP_WHOLE:  # its one part owns every match
+                keep = np.ones(len(ids), bool)
             if keep.any():
                 out.append((q, detected[keep], ids[keep],
                             lists.take(keep) if lists is not None else None))

@@ -15,6 +15,12 @@ Two strategies, chosen per query:
   event a match or its negations may look at, within [start - W, start + W],
   is in the slice of the match's start.
 
+A query with an after-match policy (spec section 6) decides each match against the
+others of its policy partition (the values of its top-level ``[attr]``s), so all of
+them must be in one partition: it is keyed only by a top-level ``[attr]`` (not by
+an equality conjunct), and a query without one is **not split** (``whole``: every
+event of its types goes to the one part of the group, which owns every match).
+
 Either way a partition may see a match that belongs to another one (a
 broadcast event, an overlap); each match has exactly one **owner** — the
 partition of its first variable's key value, or the slice holding its start —
@@ -57,6 +63,7 @@ class Partitioning:
     roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # keyed: type -> attrs
     every_type_attrs: tuple[str, ...] = ()  # keyed: events of any type with one go by it
     sliced_every_type: bool = False       # the slices take events of every type
+    whole: tuple[str, ...] = ()           # queries not split (a policy without [attr])
 
     def describe(self) -> dict:
         """Per query, how it is partitioned: ``{"keyed": {type: attribute or null (to
@@ -68,6 +75,8 @@ class Partitioning:
                 out[k.name]["keyed"]["*"] = k.every_type
         for name in self.sliced:
             out[name] = {"time slices": {"overlap_ms": self.slice_window}}
+        for name in self.whole:
+            out[name] = {"not split": "an after-match policy without [attr]"}
         return out
 
 
@@ -134,7 +143,8 @@ def query_key(q: ast.Query) -> KeyedQuery | None:
                 ties.append(((a.var, a.attr), (b.var, b.attr)))
                 continue
             uf.union((a.var, a.attr), (b.var, b.attr))
-            anchors.append((a.var, a.attr))
+            if q.after_match is None:  # a policy's partition is its [attr]s': no other key
+                anchors.append((a.var, a.attr))
     nodes = list(uf.parent)
     for anchor in anchors:
         root = uf.find(anchor)
@@ -164,13 +174,16 @@ def query_key(q: ast.Query) -> KeyedQuery | None:
 
 def plan_partitioning(queries, strategy: str = "auto") -> Partitioning:
     """Keyed where a query has a key (``strategy="auto"``), else time slices;
-    ``strategy="time"`` slices every query (for tests and comparisons)."""
+    ``strategy="time"`` slices every query (for tests and comparisons) but those with
+    an after-match policy, which are keyed by their [attr] or not split."""
     if strategy not in ("auto", "time"):
         raise ValueError(f"unknown partitioning strategy {strategy!r}")
-    keyed, sliced, window, every_type = [], [], 0, False
+    keyed, sliced, window, every_type, whole = [], [], 0, False, []
     for q in queries:
-        k = query_key(q) if strategy == "auto" else None
-        if k is None:
+        k = query_key(q) if strategy == "auto" or q.after_match is not None else None
+        if k is None and q.after_match is not None:
+            whole.append(q.name)
+        elif k is None:
             sliced.append(q.name)
             window = max(window, q.within.ms)
             every_type |= q.strategy in (ast.STRICT, ast.PARTITION)
@@ -183,4 +196,5 @@ def plan_partitioning(queries, strategy: str = "auto") -> Partitioning:
                 roles[t].append(a)
     every_type_attrs = tuple(dict.fromkeys(k.every_type for k in keyed if k.every_type))
     return Partitioning(tuple(keyed), tuple(sliced), window,
-                        {t: tuple(a) for t, a in roles.items()}, every_type_attrs, every_type)
+                        {t: tuple(a) for t, a in roles.items()}, every_type_attrs, every_type,
+                        tuple(whole))

@@ -31,7 +31,7 @@ import pandas as pd
 
 from dqcep.events import MAX_FUTURE_MS
 from dqcep.runtime import STATE_BUDGET
-from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, Assigner, JobSpec, PartRunner,
+from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, GROUP_WHOLE, Assigner, JobSpec, PartRunner,
                                   event_columns, late_flags, read_tables, record_lines)
 from dqcep.spark.journal_source import END_WHERE
 from dqcep.spark.source import SCHEMA
@@ -88,7 +88,8 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
 
 def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
     """The end-of-stream row, once for each (group, part) that may hold state: every
-    key partition; the slices near the end of event time."""
+    key partition; the slices near the end of event time; the part of the queries not
+    split."""
     p = spec.partitioning
     clock = int(row["file_before"].iloc[0])
     keys = []
@@ -98,6 +99,8 @@ def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
         w, length = p.slice_window, spec.slice_ms
         lo, hi = (clock - lateness - 2 * w) // length - 1, (clock + w) // length + 1
         keys += [(GROUP_SLICED, k) for k in range(lo, hi + 1)]
+    if p.whole:
+        keys.append((GROUP_WHOLE, 0))
     out = row.iloc[[0] * len(keys)].reset_index(drop=True)
     # one ms after the latest event: a row at the watermark itself is late for Spark's
     # stateful operator and dropped, and with it the flush of the events the parts

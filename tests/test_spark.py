@@ -881,3 +881,43 @@ def test_a_task_over_the_budget_fails_the_job_with_the_line(spark, tmp_path):
         with _executor_errors():  # 2^14 lists: past a budget of 4096
             run_batch(spark, KLEENE, [str(path)], str(tmp_path / "out"), partitions=2,
                       budget=4096)
+
+
+POLICIES = """
+QUERY fire PATTERN SEQ(Temperature+ t[], Smoke s)
+WHERE [room] AND t[i].value > t[i-1].value AND count(t) >= 2 WITHIN 3 s
+AFTER MATCH SKIP PAST LAST EVENT;
+-- a.room = b.room would key it, but a policy's partition is its [attr]s: not split
+QUERY pairs PATTERN SEQ(Temperature a, Temperature b) WHERE a.room = b.room WITHIN 5 s
+AFTER MATCH SKIP PAST LAST EVENT;
+QUERY entered PATTERN SEQ(Door d, Motion m, NOT Door c) WHERE [room] WITHIN 20 s
+AFTER MATCH SKIP TO NEXT EVENT;
+QUERY unkeyed PATTERN SEQ(Motion m, Door d) WITHIN 4 s AFTER MATCH SKIP TO NEXT EVENT;
+QUERY sliced PATTERN SEQ(Motion m, Door d) WITHIN 4 s
+"""
+
+
+def test_batch_job_runs_after_match_policies(spark, tmp_path):
+    """Spec section 6 on the batch job: a policy query is keyed by its [attr] (every
+    match of a policy partition in one part) or not split; the others as before:
+    exactly the reference's accepted matches."""
+    from dqcep.spark.batch import run_batch
+    events = generate(tmp_path / "events.jsonl", 4000, *CLEAN)
+    want, _, _ = expected([events], text=POLICIES)
+    stats = run_batch(spark, POLICIES, [str(events)], str(tmp_path / "out"), partitions=3,
+                      lateness=LATENESS)
+    got = job_lines(tmp_path / "out")
+    assert len(got) == len(set(got)) and set(got) == want
+    assert {json.loads(x)["query"] for x in want} == {"fire", "pairs", "entered", "unkeyed",
+                                                      "sliced"}
+    how = stats.partitioning
+    assert "keyed" in how["fire"] and "keyed" in how["entered"] and \
+        "time slices" in how["sliced"]
+    assert "not split" in how["pairs"] and "not split" in how["unkeyed"]
+
+
+def test_stream_job_runs_after_match_policies(spark, tmp_path):
+    """... and on the streaming job: the policy's state per key (and for the part not
+    split) across micro-batches, its waiting matches decided by event-time timers."""
+    got, want = stream_to_the_end(spark, tmp_path, POLICIES, 3000)
+    assert len(got) == len(set(got)) and set(got) == want and len(want) > 20

@@ -49,7 +49,6 @@ from typing import Sequence
 
 import numpy as np
 
-from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import MAX_AND_DP, CostModel, better
@@ -642,16 +641,6 @@ class _Interner:
         for gv in guards:
             self.graph.add_arc(gv, v, Port.GUARD)
         return v
-
-
-def refuse_policies(queries: Sequence[ast.Query], runner: str) -> None:
-    """A runner that does not run after-match policies (spec section 6) yet refuses a
-    query that has one, with its position (rather than give every match)."""
-    for q in queries:
-        if q.after_match is not None:
-            raise UserError(f"query {q.name!r} (line {q.after_match_pos.line}, column "
-                            f"{q.after_match_pos.col}): AFTER MATCH {q.after_match} is not "
-                            f"run by {runner} yet; dqcep run on an event file runs it")
 
 
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None,

@@ -133,6 +133,9 @@ class Engine(EventTimeEngine):
         """
         due = [int(p.start.min()) + int(q.window) + 1
                for q, p in zip(self.program.queries, self.state.pending) if len(p)]
+        # a match waiting for its policy's decision: once its last event's ts is past
+        due += [min(c.key[0][0] for c in p.waiting) + 1
+                for p in self.state.policies.values() if p.waiting]
         return min(due) if due else None
 
     def _match(self, seqs, ts, types) -> MatchBatch:
