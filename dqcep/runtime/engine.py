@@ -25,7 +25,10 @@ order once no event of their ts can still come (``_step_runs``), (4) at each que
 checks the exact window, the whole-match conditions and the guards, emits the
 matches or holds those that wait on a trailing or AND negation, and (5)
 advances the watermark: evicts what no future match can use and releases held
-matches whose start + W has passed.
+matches whose start + W has passed. (6) The matches of a query with an
+after-match policy wait until they are decided in detection order
+(``dqcep.runtime.policy``); an accepted one bounds where the query's own partial
+matches may start, and those starting before are dropped (``_prune``).
 
 Matches come back columnar (``MatchBatch``); ``to_matches()`` makes Python
 objects only when asked.
