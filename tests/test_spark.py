@@ -786,28 +786,48 @@ QUERY unkeyed_any PATTERN SEQ(Motion m, Door d) WITHIN 4 s
 """
 
 
+POLICIES = """
+QUERY fire PATTERN SEQ(Temperature+ t[], Smoke s)
+WHERE [room] AND t[i].value > t[i-1].value AND count(t) >= 2 WITHIN 3 s
+AFTER MATCH SKIP PAST LAST EVENT;
+-- a.room = b.room would key it, but a policy's partition is its [attr]s: not split
+QUERY pairs PATTERN SEQ(Temperature a, Temperature b) WHERE a.room = b.room WITHIN 5 s
+AFTER MATCH SKIP PAST LAST EVENT;
+QUERY entered PATTERN SEQ(Door d, Motion m, NOT Door c) WHERE [room] WITHIN 20 s
+AFTER MATCH SKIP TO NEXT EVENT;
+QUERY unkeyed PATTERN SEQ(Motion m, Door d) WITHIN 4 s AFTER MATCH SKIP TO NEXT EVENT;
+QUERY sliced PATTERN SEQ(Motion m, Door d) WITHIN 4 s
+"""
+POLICY_NAMES = ("fire", "pairs", "entered", "unkeyed", "sliced")
+
+
 @pytest.mark.parametrize("strategy,partitions", [("auto", 3), ("time", 2)])
 def test_batch_job_runs_kleene_items_and_strategies(spark, tmp_path, strategy, partitions):
-    """Spec section 5 on the batch job (windows small enough for the reference to
+    """Spec sections 5 and 6 on the batch job (windows small enough for the reference to
     enumerate every list): Kleene lists (owned by their first element's key
     or start), skip-till-next-match keyed and sliced, strict-contiguity (always sliced,
     slices of every type) and partition-contiguity (keyed; every type carrying the key
     goes to its partition): exactly the reference's matches."""
     from dqcep.spark.batch import run_batch
     events = generate(tmp_path / "events.jsonl", 4000, *CLEAN)
-    want, _, _ = expected([events], text=SECTION5)
-    stats = run_batch(spark, SECTION5, [str(events)], str(tmp_path / "out"),
+    text = SECTION5 + ";" + POLICIES
+    want, _, _ = expected([events], text=text)
+    stats = run_batch(spark, text, [str(events)], str(tmp_path / "out"),
                       partitions=partitions, lateness=LATENESS, strategy=strategy)
     got = job_lines(tmp_path / "out")
     assert len(got) == len(set(got)), "a match was written twice"
     assert set(got) == want
     names = {json.loads(x)["query"] for x in want}
     assert len(want) > 20 and {"rising", "forced_door", "smoke_after_door", "next_unkeyed",
-                               "strict", "by_room"} <= names
+                               "strict", "by_room", *POLICY_NAMES} <= names
     how = stats.partitioning
     assert "time slices" in how["strict"]
     if strategy == "auto":
         assert how["by_room"]["keyed"]["*"] == "room" and "keyed" in how["rising"]
+    # section 6: a policy query is keyed by its [attr] or not split, under either choice
+    assert "keyed" in how["fire"] and "keyed" in how["entered"]
+    assert "not split" in how["pairs"] and "not split" in how["unkeyed"]
+    assert "time slices" in how["sliced"]
 
 
 def stream_to_the_end(spark, tmp_path, text: str, n: int) -> tuple[list[str], set[str]]:
@@ -823,9 +843,12 @@ def stream_to_the_end(spark, tmp_path, text: str, n: int) -> tuple[list[str], se
     return stream_lines(tmp_path / "out"), want
 
 
-def test_stream_job_runs_kleene_items_and_strategies(spark, tmp_path):
-    got, want = stream_to_the_end(spark, tmp_path, SECTION5, 3000)
+def test_stream_job_runs_kleene_items_strategies_and_policies(spark, tmp_path):
+    """Sections 5 and 6 on the streaming job: a policy's state per key (and for the part
+    not split) across micro-batches, its waiting matches decided by event-time timers."""
+    got, want = stream_to_the_end(spark, tmp_path, SECTION5 + ";" + POLICIES, 3000)
     assert len(got) == len(set(got)) and set(got) == want and len(want) > 20
+    assert set(POLICY_NAMES) <= {json.loads(x)["query"] for x in want}
 
 
 def thresholds(tmp_path: Path) -> str:
@@ -882,42 +905,3 @@ def test_a_task_over_the_budget_fails_the_job_with_the_line(spark, tmp_path):
             run_batch(spark, KLEENE, [str(path)], str(tmp_path / "out"), partitions=2,
                       budget=4096)
 
-
-POLICIES = """
-QUERY fire PATTERN SEQ(Temperature+ t[], Smoke s)
-WHERE [room] AND t[i].value > t[i-1].value AND count(t) >= 2 WITHIN 3 s
-AFTER MATCH SKIP PAST LAST EVENT;
--- a.room = b.room would key it, but a policy's partition is its [attr]s: not split
-QUERY pairs PATTERN SEQ(Temperature a, Temperature b) WHERE a.room = b.room WITHIN 5 s
-AFTER MATCH SKIP PAST LAST EVENT;
-QUERY entered PATTERN SEQ(Door d, Motion m, NOT Door c) WHERE [room] WITHIN 20 s
-AFTER MATCH SKIP TO NEXT EVENT;
-QUERY unkeyed PATTERN SEQ(Motion m, Door d) WITHIN 4 s AFTER MATCH SKIP TO NEXT EVENT;
-QUERY sliced PATTERN SEQ(Motion m, Door d) WITHIN 4 s
-"""
-
-
-def test_batch_job_runs_after_match_policies(spark, tmp_path):
-    """Spec section 6 on the batch job: a policy query is keyed by its [attr] (every
-    match of a policy partition in one part) or not split; the others as before:
-    exactly the reference's accepted matches."""
-    from dqcep.spark.batch import run_batch
-    events = generate(tmp_path / "events.jsonl", 4000, *CLEAN)
-    want, _, _ = expected([events], text=POLICIES)
-    stats = run_batch(spark, POLICIES, [str(events)], str(tmp_path / "out"), partitions=3,
-                      lateness=LATENESS)
-    got = job_lines(tmp_path / "out")
-    assert len(got) == len(set(got)) and set(got) == want
-    assert {json.loads(x)["query"] for x in want} == {"fire", "pairs", "entered", "unkeyed",
-                                                      "sliced"}
-    how = stats.partitioning
-    assert "keyed" in how["fire"] and "keyed" in how["entered"] and \
-        "time slices" in how["sliced"]
-    assert "not split" in how["pairs"] and "not split" in how["unkeyed"]
-
-
-def test_stream_job_runs_after_match_policies(spark, tmp_path):
-    """... and on the streaming job: the policy's state per key (and for the part not
-    split) across micro-batches, its waiting matches decided by event-time timers."""
-    got, want = stream_to_the_end(spark, tmp_path, POLICIES, 3000)
-    assert len(got) == len(set(got)) and set(got) == want and len(want) > 20
