@@ -64,9 +64,14 @@ def stop_mosquitto(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def mosquitto(tmp_path_factory):
-    """(host, port) of a Mosquitto broker on a free loopback port; stopped afterwards."""
+    """(host, port) of a Mosquitto broker on a free loopback port; stopped afterwards.
+
+    One broker per test: a broker shared by the run kept each client id's persistent
+    session from test to test, so what one test left queued (a docs command's stream
+    under the default client id, redelivered messages) reached the next service of
+    that id, whose events it turned into repeats or dead letters."""
     port = free_port()
     conf = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import msgpack
@@ -68,11 +67,7 @@ class Service:
         self.args = [sys.executable, "-m", "dqcep", "run", str(queries), "--input", url,
                      "--journal", str(tmp_path / "journal"), "--checkpoint",
                      str(tmp_path / "ck.bin"), "-o", str(tmp_path / "out.jsonl"),
-                     "--stats-file", str(tmp_path / "stats.json"), "--stats-every", "0.2",
-                     # a persistent session of its own: on the one broker of the test run,
-                     # the default id's session held what another test (docs commands run
-                     # with the default) left queued, and its ids made these repeats
-                     "--client-id", f"test-{uuid.uuid4().hex[:12]}"]
+                     "--stats-file", str(tmp_path / "stats.json"), "--stats-every", "0.2"]
         self.tmp = tmp_path
         self.proc = None
         self.lines: queue.Queue = queue.Queue()
