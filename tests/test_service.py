@@ -137,6 +137,13 @@ class Service:
         self.proc.send_signal(signal.SIGUSR1)
         assert self.proc.wait(30) == 0, self.log()
 
+    def after_the_publisher(self, pub, n_events):
+        """The publisher done, every event in, the end of the stream: the output."""
+        assert pub.wait(60) == 0
+        self.wait_for(n_events)
+        self.finish()
+        return self.output()
+
     def output(self):
         lines = (self.tmp / "out.jsonl").read_text().splitlines()
         assert len(lines) == len(set(lines)), "a match was written twice"
@@ -176,10 +183,7 @@ def test_sigkill_mid_stream_loses_and_repeats_nothing(mosquitto, tmp_path):
     pub = subprocess.Popen(gen_args(40_000, url, extra + ("--rate", "20000")))
     svc.wait_for(8_000)
     svc.kill_and_restart()
-    assert pub.wait(60) == 0
-    svc.wait_for(n_events)
-    svc.finish()
-    assert svc.output() == want
+    assert svc.after_the_publisher(pub, n_events) == want
     dead = [json.loads(x) for x in (tmp_path / "out.state" / "dead-letter.jsonl").read_text()
             .splitlines()]
     assert dead and all(d["reason"] and d["payload"] for d in dead)
@@ -217,10 +221,7 @@ WITHIN 5 s
         svc.wait_for(seen)
         svc.stop()
         svc.start()
-    assert pub.wait(60) == 0
-    svc.wait_for(n_events)
-    svc.finish()
-    assert svc.output() == want
+    assert svc.after_the_publisher(pub, n_events) == want
 
 
 def test_after_match_policies_are_exactly_once_across_kills_and_pauses(mosquitto, tmp_path):
@@ -261,10 +262,7 @@ WITHIN 5 s AFTER MATCH SKIP PAST LAST EVENT
     svc.wait_for(12_000)
     svc.stop()
     svc.start()
-    assert pub.wait(60) == 0
-    svc.wait_for(n_events)
-    svc.finish()
-    assert svc.output() == want
+    assert svc.after_the_publisher(pub, n_events) == want
 
 
 def test_out_of_order_within_lateness_and_late_events(mosquitto, tmp_path):
