@@ -24,9 +24,9 @@ QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
 NAMES = [q.name for q in parse_file(str(QUERIES)).queries]
 
 
-def stream(tmp_path, events: int) -> tuple[list[bytes], set[str]]:
-    """Payloads of 200 generated IoT events with planted matches, and the reference's
-    matches of them."""
+def stream(tmp_path, events: int, queries=QUERIES) -> tuple[list[bytes], set[str]]:
+    """Payloads of 200 generated IoT events with planted matches (of iot.cep), and the
+    reference's matches of them (of ``queries``)."""
     path = tmp_path / "stream.msgpack"
     subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
                     str(events), "--seed", "7", "--batch-size", "200", "--plant", str(QUERIES),
@@ -35,7 +35,7 @@ def stream(tmp_path, events: int) -> tuple[list[bytes], set[str]]:
     objs = list(msgpack.Unpacker(open(path, "rb"), raw=False))
     events_ = [event_from_mapping(e) for o in objs for e in o["events"]]
     want = {json.dumps(m.to_json_obj()) for m in
-            ReferenceMatcher(parse_file(str(QUERIES)).queries).run(events_)}
+            ReferenceMatcher(parse_file(str(queries)).queries).run(events_)}
     return [msgpack.packb(o) for o in objs], want
 
 
@@ -51,9 +51,10 @@ def publish(url: str, payloads: list[bytes], per_second: float) -> None:
 
 
 class Workers:
-    def __init__(self, tmp_path, url, *extra):
+    def __init__(self, tmp_path, url, *extra, queries=QUERIES):
         self.tmp = tmp_path
-        self.args = [sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input", url,
+        self.names = [q.name for q in parse_file(str(queries)).queries]
+        self.args = [sys.executable, "-m", "dqcep", "run", str(queries), "--input", url,
                      "--state", str(tmp_path / "state"), "-o", str(tmp_path / "out.jsonl"),
                      "--stats-file", str(tmp_path / "stats.json"), "--stats-every", "0.2",
                      *extra]
@@ -89,20 +90,37 @@ class Workers:
         assert self.proc.wait(60) == 0, self.stderr()
 
     def output(self):
-        lines = [line for q in NAMES
+        lines = [line for q in self.names
                  for line in (self.tmp / f"out.{q}.jsonl").read_text().splitlines()]
         assert len(lines) == len(set(lines)), "a match was written twice"
         return set(lines)
 
 
-def test_two_workers_match_the_reference_across_a_sigkill(mosquitto, tmp_path):
+POLICIES = QUERIES.read_text() + """ AFTER MATCH SKIP PAST LAST EVENT;
+
+QUERY readings
+PATTERN SEQ(Temperature a, Temperature b)
+WHERE [room]
+WITHIN 5 s AFTER MATCH SKIP PAST LAST EVENT
+"""
+
+
+@pytest.mark.parametrize("policies", [False, True], ids=["queries", "after-match policies"])
+def test_two_workers_match_the_reference_across_a_sigkill(mosquitto, tmp_path, policies):
     """Each query on a worker, its own output file; the coordinator SIGKILLed mid-stream
     (its workers see it gone and stop), restarted: every query goes on from its own
-    checkpoint, nothing lost or written twice."""
+    checkpoint, nothing lost or written twice. With after-match policies (spec 6), the
+    matches waiting for their decision and the last accepted ones go with each query's
+    checkpoint."""
     host, port = mosquitto
     url = f"mqtt://{host}:{port}/workers/kill"
-    payloads, want = stream(tmp_path, 30_000)
-    svc = Workers(tmp_path, url, "--workers", "2", "--client-id", "workers-kill")
+    queries = QUERIES
+    if policies:
+        queries = tmp_path / "policies.cep"
+        queries.write_text(POLICIES)
+    payloads, want = stream(tmp_path, 30_000, queries)
+    svc = Workers(tmp_path, url, "--workers", "2", "--client-id", "workers-kill",
+                  queries=queries)
     svc.start()
     assert "2 worker(s) (start)" in svc.stderr()
     publish(url, payloads[:80], 400)
@@ -114,11 +132,18 @@ def test_two_workers_match_the_reference_across_a_sigkill(mosquitto, tmp_path):
     svc.log.flush()
     publish(url, payloads[80:], 400)  # the broker keeps them for the session
     svc.start()
+    if policies:  # a pause mid-catch-up: each query's checkpoint, restored on the start
+        svc.wait_for(22_000)
+        svc.proc.send_signal(signal.SIGTERM)
+        assert svc.proc.wait(60) == 0, svc.stderr()
+        svc.log.write("--- restart ---\n")
+        svc.log.flush()
+        svc.start()
     svc.wait_for(30_000)
     svc.finish()
     assert svc.output() == want and len(want) > 20
     assert svc.stats()["workers"] and all(
-        svc.stats()["queries"][q]["events_in"] == 30_000 for q in NAMES)
+        svc.stats()["queries"][q]["events_in"] == 30_000 for q in svc.names)
     # the orphaned workers of the killed coordinator left quietly (they printed
     # EOFError tracebacks)
     assert "Traceback" not in svc.stderr() and "EOFError" not in svc.stderr(), svc.stderr()
