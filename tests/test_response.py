@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from dqcep.io.mqtt import ArrivalTimes
-from dqcep.response import ResponseTimes, ServiceTimes
+from dqcep.service.response import ResponseTimes, ServiceTimes
 from dqcep.runtime.eventtime import LIST_ID, MatchBatch, MatchLists
 
 

@@ -1,4 +1,4 @@
-"""The streaming service as worker processes (dqcep.workers), against a real Mosquitto:
+"""The streaming service as worker processes (dqcep.service.workers), against a real Mosquitto:
 each query a journal consumer of its own, moved between workers with its checkpoint;
 scaled up and down live; every run compared with the reference matcher."""
 import json
@@ -196,7 +196,7 @@ def test_a_killed_worker_is_restarted_from_its_checkpoints(mosquitto, tmp_path):
 def test_a_worker_that_keeps_dying_ends_the_service_with_the_reason(mosquitto, tmp_path):
     """A worker killed again and again is not restarted for ever: after RESTARTS
     deaths within RESTART_WINDOW s the coordinator exits 1 and says why."""
-    from dqcep.workers import RESTARTS
+    from dqcep.service.workers import RESTARTS
     host, port = mosquitto
     url = f"mqtt://{host}:{port}/workers/crashloop"
     svc = Workers(tmp_path, url, "--workers", "1", "--client-id", "workers-crashloop")

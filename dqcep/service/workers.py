@@ -49,8 +49,8 @@ from dqcep.io.journal import Journal, JournalView
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.sinks import is_mqtt
 from dqcep.lang import parse_file
-from dqcep.service import (CHECKPOINT_VERSION, ServiceConfig, StreamingService,
-                           write_stats_file)
+from dqcep.service.streaming import (CHECKPOINT_VERSION, ServiceConfig, StreamingService,
+                                     write_stats_file)
 
 ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
 RESTARTS = 3        # a worker that dies more often than this ...

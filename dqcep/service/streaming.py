@@ -55,8 +55,9 @@ from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming,
                              open_match_sink)
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
-from dqcep.response import ResponseTimes, ServiceTimes
+from dqcep.service.response import ResponseTimes, ServiceTimes
 from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
+from dqcep.runtime.pipeline import Pipeline
 from dqcep.runtime.returns import ReturnValues
 
 CHECKPOINT_VERSION = 3
@@ -179,8 +180,8 @@ def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
 class StreamingService:
     """Consumes the journal into the engine and the sinks. It writes the journal itself
     (``run`` subscribes) unless given ``journal``: a ``JournalView`` of a journal that
-    another process writes (a worker of ``dqcep.workers``, which calls ``timed_step``
-    and ``timed_checkpoint`` itself)."""
+    another process writes (a worker of ``dqcep.service.workers``, which calls
+    ``timed_step`` and ``timed_checkpoint`` itself)."""
 
     def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None):
         self.cfg = cfg
@@ -291,6 +292,8 @@ class StreamingService:
         self.late = _Sink(cfg.late, sizes["late"])
         self.tail = JournalTail(cfg.journal, self.offset)
         self._replaying = False
+        self.pipeline = Pipeline(engine, self.out, recent=self.recent, returns=self.returns,
+                                 tables=self.tables, counts=self.counts)
         if written is not None:
             try:
                 self._catch_up(written)
@@ -434,29 +437,26 @@ class StreamingService:
             if ahead.any():
                 self._dead_ahead(cols.ts, record, rows, arrival, ahead)
                 cols, record = cols.take(~ahead), record[~ahead]
-        fresh = self.recent.admit(cols.id)
-        if not fresh.all():
-            self.counts["duplicates"] += int((~fresh).sum())
-            cols, record = cols.take(fresh), record[fresh]
-        self.counts["events_in"] += len(cols.ts)
-        if len(cols.ts):
-            self._refresh_tables()
-            matches = self.engine.process(cols)
-            self._emit(matches, pending[-1][0].offset + 1)
-            if len(matches) and self.arrivals is not None:
+        end = pending[-1][0].offset
+        out = self._run(cols, end)
+        if out.matches is not None:
+            cols = out.events
+            if out.kept is not None:
+                record = record[out.kept]
+            if len(out.matches) and self.arrivals is not None:
                 offsets = np.fromiter((rec.offset for rec, _ in pending), np.int64,
                                       len(pending))
-                self.response.observe(matches, cols.id, self.arrivals.at(offsets)[record],
-                                      time.time())
-            self._misdeclared(lambda event_id: pending[
+                self.response.observe(out.matches, cols.id,
+                                      self.arrivals.at(offsets)[record], time.time())
+            self._misdeclared(out.refused, lambda event_id: pending[
                 int(record[np.flatnonzero(cols.id == event_id)[0]])][0].offset)
-            self._stopped(pending[-1][0].offset)
-            late = self.engine.take_late()
-            if late:  # rare: decode those payloads again for the late sink
-                late_rows = np.flatnonzero(np.isin(cols.id, late))
+            self._stopped(out.stopped, end)
+            if out.late:  # rare: decode those payloads again for the late sink
+                late = set(out.late)
+                late_rows = np.flatnonzero(np.isin(cols.id, out.late))
                 for r in np.unique(record[late_rows]):
                     rec = pending[r][0]
-                    self._write_late(rec.offset, decode_payload(rec.payload)[0], set(late))
+                    self._write_late(rec.offset, decode_payload(rec.payload)[0], late)
         self.offset = pending[-1][0].offset + 1
         self._pending, self._pending_rows = [], 0
 
@@ -499,58 +499,53 @@ class StreamingService:
         held = self._read
         events = [e for _, evs in held for e in evs]
         where = np.repeat(np.arange(len(held)), [len(evs) for _, evs in held])
-        fresh = self.recent.admit(np.fromiter((e.id for e in events), np.int64, len(events)))
-        if not fresh.all():
-            self.counts["duplicates"] += int((~fresh).sum())
-            events = [e for e, f in zip(events, fresh) if f]
-            where = where[fresh]
-        self.counts["events_in"] += len(events)
         end = held[-1][0].offset
-        if events:
-            self._refresh_tables()
-            if self.returns is not None:
-                self.returns.remember(events)
-            matches = self.engine.process(events)
-            self._emit(matches, end + 1)
+        out = self._run(events, end)
+        if out.matches is not None:
+            events = out.events
+            if out.kept is not None:
+                where = where[out.kept]
             ids = np.fromiter((e.id for e in events), np.int64, len(events))
-            if len(matches) and self.arrivals is not None:
+            if len(out.matches) and self.arrivals is not None:
                 offsets = np.fromiter((rec.offset for rec, _ in held), np.int64, len(held))
-                self.response.observe(matches, ids, self.arrivals.at(offsets)[where],
+                self.response.observe(out.matches, ids, self.arrivals.at(offsets)[where],
                                       time.time())
-            self._misdeclared(lambda event_id: held[
+            self._misdeclared(out.refused, lambda event_id: held[
                 int(where[np.flatnonzero(ids == event_id)[0]])][0].offset)
-            self._stopped(end)
-            late = self.engine.take_late()
-            if late:
-                late = set(late)
+            self._stopped(out.stopped, end)
+            if out.late:
+                late = set(out.late)
                 for e, w in zip(events, where):
                     if e.id in late:
                         self._write_late(held[w][0].offset, [e], late)
         self.offset = end + 1
         self._read, self._read_rows = [], 0
 
-    def _refresh_tables(self) -> None:
-        """Lookup tables read again where due, before a batch; a failed read keeps the
-        last snapshot and is said once."""
-        stale = self.tables.refresh() if self.tables is not None else None
-        if stale:
-            print(f"dqcep: cannot read lookup {stale}; going on with the last snapshot",
-                  file=sys.stderr, flush=True)
+    def _run(self, events, end: int):
+        """A batch of the journal's records up to offset ``end`` through the pipeline.
+        A database output commits that progress with the batch's matches; while
+        catching up to it (``_catch_up``) they are already there."""
+        through = Progress(end + 1, False) if self.database else None
+        out = self.pipeline.process(events, not self._replaying, through)
+        if through and not self._replaying and out.matches is not None and \
+                len(out.matches):
+            self.db_written = end + 1  # committed once the sink is synced (a checkpoint)
+        return out
 
-    def _misdeclared(self, offset_of) -> None:
+    def _misdeclared(self, refused, offset_of) -> None:
         """Events a declared schema refused (``EVENT Type(...)``): dead letters with the
         journal offset of their payload (``offset_of(event id)``), counted malformed."""
-        for event_id, why in self.engine.take_rejected():
+        for event_id, why in refused:
             self.counts["malformed"] += 1
             self.dead.write({"offset": offset_of(event_id), "event": event_id,
                              "reason": why})
 
-    def _stopped(self, offset: int) -> None:
+    def _stopped(self, stopped, offset: int) -> None:
         """Queries the engine stopped by their budget in the batch that ends at journal
         offset ``offset``: a line on stderr and a dead letter each (the stats list them).
         The stop is in the engine's state: a replay from an earlier checkpoint stops the
         query again, and the dead-letter file is cut back to the checkpoint with it."""
-        for query, why in self.engine.take_stopped():
+        for query, why in stopped:
             print(f"dqcep: {why}", file=sys.stderr, flush=True)
             self.dead.write({"offset": offset, "query": query, "reason": why})
 
@@ -569,34 +564,15 @@ class StreamingService:
     def _write_late(self, offset: int, events, late: set[int]) -> None:
         for e in events:
             if e.id in late:
-                self.counts["late"] += 1
                 self.late.write({"offset": offset, "event": e.as_mapping()})
-
-    def _emit(self, batch, end: int, flushed: bool = False) -> None:
-        """The matches of the journal's records before ``end`` (and of the stream's end,
-        when ``flushed``) to the output. A database output commits that progress with
-        them; while catching up to it (``_catch_up``) they are already there."""
-        if not len(batch):
-            return
-        if self._replaying:
-            self.counts["matches_out"] += len(batch)
-            return
-        through = Progress(end, flushed) if self.database else None
-        if self.returns is not None:
-            matches = [self.returns.fill(m) for m in batch.to_matches()]
-            self.counts["matches_out"] += self.out.write_matches(matches, through) \
-                if through else self.out.write_matches(matches)
-        elif through:
-            self.counts["matches_out"] += self.out.write_batch(batch, through)
-        else:
-            self.counts["matches_out"] += self.out.write_batch(batch)
-        if through:
-            self.db_written = end  # committed once the sink is synced (a checkpoint)
 
     def end_stream(self) -> None:
         """The stream is closed: the matches held for a trailing NOT go out."""
-        self._emit(self.engine.flush(), self.offset, flushed=True)
-        self._stopped(self.offset)
+        through = Progress(self.offset, True) if self.database else None
+        out = self.pipeline.end(not self._replaying, through)
+        if through and not self._replaying and len(out.matches):
+            self.db_written = self.offset
+        self._stopped(out.stopped, self.offset)
         self.ended_at = self.offset
 
     def checkpoint(self) -> None:
