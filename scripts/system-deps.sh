@@ -4,7 +4,8 @@
 #   Java 17    - the JVM of Spark (dqcep spark ...);
 #   Graphviz   - dot, to draw `dqcep explain --dot` (docs/cli.md);
 #   PostgreSQL - the server of --output postgresql://... (the tests start their own with
-#                initdb + pg_ctl; the Debian package starts no server of its own here).
+#                initdb + pg_ctl; the Debian package starts no server of its own here);
+#   Chromium and chromedriver - the browser the service's live page is tested in (selenium).
 # Idempotent: installs only what is missing; uses sudo when not root.
 set -e
 need=""
@@ -14,6 +15,8 @@ if ! { [ -n "$JAVA_HOME" ] && [ -x "$JAVA_HOME/bin/java" ]; } && ! command -v ja
 fi
 command -v dot >/dev/null 2>&1 || need="$need graphviz"
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$need postgresql"
+command -v chromium >/dev/null 2>&1 || need="$need chromium"
+command -v chromedriver >/dev/null 2>&1 || need="$need chromium-driver"
 [ -z "$need" ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO=sudo

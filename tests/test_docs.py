@@ -43,6 +43,8 @@ NOT_RUN = [
      "wheel and runs a job with it"),
     (r"postgresql://alice@localhost", "needs a PostgreSQL server: "
      "test_database_commands_against_a_server runs them against a test server"),
+    (r"http://127\.0\.0\.1:8080", "needs a running service: "
+     "test_operations_commands_against_a_broker runs them"),
     (r"mqtt://localhost:1883", "needs a broker: test_streaming_commands_against_a_broker, "
      "test_the_device_feed_of_streaming_md_against_a_broker and "
      "test_worker_commands_against_a_broker run them against a test broker"),
@@ -294,6 +296,58 @@ def test_the_device_feed_of_streaming_md_against_a_broker(mosquitto, tmp_path):
     shown_alert = json.loads(re.search(r'^\{"query": "fire".*$', doc, re.M).group(0))
     alerts = [json.loads(x) for x in (cwd / "alerts.jsonl").read_text().splitlines()]
     assert [(a["query"], a["events"]) for a in alerts] == [("fire", shown_alert["events"])]
+
+
+def test_operations_commands_against_a_broker(mosquitto, tmp_path):
+    """docs/operations.md's commands as written but for the broker's and the service's
+    ports: the service with --http, `dqcep status` printing the summary it shows (line
+    by line, its figures this run's), and the same with a token on 0.0.0.0, where
+    reading without the token is refused."""
+    from tests.conftest import free_port
+    host, port = mosquitto
+    http = free_port()
+    shown = shown_commands(ROOT / "docs" / "operations.md")
+    services = [s for s in shown if s.command.startswith("dqcep run")]
+    status = [s for s in shown if s.command.startswith("dqcep status")]
+    token = [s for s in shown if s.command.startswith("python3 -c")]
+    assert len(services) == 2 and len(status) == 2 and len(token) == 1
+
+    def args(command):
+        return shlex.split(command.replace("localhost:1883", f"{host}:{port}")
+                           .replace(":8080", f":{http}"))
+
+    cwd, env = workdir(tmp_path, Path("operations.md")), environment()
+    assert subprocess.run(["bash", "-c", token[0].command], cwd=cwd).returncode == 0
+    publish = [sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n", "3000",
+               "--seed", "2", "--quiet", "-o", f"mqtt://{host}:{port}/sensors/room1"]
+    for service, ask in zip(services, status):
+        svc = subprocess.Popen(args(service.command) + ["--client-id", f"ops-{http}"],
+                               cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            line = svc.stderr.readline()
+            assert "listening on" in line and f"http on http://" in line, line
+            assert subprocess.run(publish, cwd=cwd, env=env).returncode == 0
+            deadline = time.monotonic() + 60
+            while True:  # until every event is in (the second run: the same, repeats)
+                r = subprocess.run(args(ask.command), cwd=cwd, env=env, capture_output=True,
+                                   text=True, timeout=60)
+                assert r.returncode == 0, r.stderr
+                if "events in 3,000 " in r.stdout or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert "events in 3,000 " in r.stdout, r.stdout
+            if ask.output:
+                assert [x.split()[0] for x in r.stdout.splitlines()] == \
+                    [x.split()[0] for x in ask.output], r.stdout
+            if "--token-file" in ask.command:  # without it: refused, one line
+                bare = [a for a in args(ask.command) if a not in ("--token-file", "token")]
+                r = subprocess.run(bare, cwd=cwd, env=env, capture_output=True, text=True,
+                                   timeout=60)
+                assert r.returncode == 2 and "401" in r.stderr, r.stderr
+        finally:
+            svc.send_signal(signal.SIGTERM)
+            err = svc.communicate(timeout=60)[1]
+        assert svc.returncode == 0, err
 
 
 def test_worker_commands_against_a_broker(tmp_path):

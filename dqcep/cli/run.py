@@ -116,6 +116,15 @@ def add_parser(sub) -> None:
     service.add_argument("--journal-segment", type=byte_size, default=64 << 20,
                          metavar="BYTES", help="a journal segment is closed once it holds "
                          "BYTES (default 64M); retention deletes whole closed segments")
+    service.add_argument("--http", metavar="HOST:PORT",
+                         help="serve a live page (/), the stats (/status) and Prometheus "
+                         "metrics (/metrics) on HOST:PORT (HOST default 127.0.0.1; port 0: "
+                         "any free one, said at start); off unless given "
+                         "(docs/operations.md)")
+    service.add_argument("--http-token-file", metavar="FILE",
+                         help="a file holding the token every change (and, off loopback, "
+                         "every request) must carry as Authorization: Bearer TOKEN; "
+                         "required to bind --http to a non-loopback address")
     service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, rewritten with each stats line")
     service.add_argument("--stats-every", type=POSITIVE.option, default=10.0, metavar="S",
                          help="seconds between stats lines on stderr (default 10)")
@@ -134,6 +143,9 @@ def command(args) -> int:
         return start_service(args)
     if len(args.input) != 1:
         raise UserError("give one event file (--input), or MQTT URLs")
+    if args.http or args.http_token_file:
+        raise UserError(f"{'--http' if args.http else '--http-token-file'} is for the "
+                        "streaming service (an MQTT --input)")
     if args.topic_map or args.max_future is not None:
         raise UserError(f"{'--map' if args.topic_map else '--max-future'} is for MQTT input "
                         "(an event file holds events with their ids and times)")

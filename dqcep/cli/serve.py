@@ -49,6 +49,12 @@ def start_service(args) -> int:
     if fmt not in (None, "msgpack", "json"):
         raise UserError("MQTT payloads are msgpack or json (--format; omitted: each "
                         "payload's own)")
+    http = None
+    if args.http_token_file and not args.http:
+        raise UserError("--http-token-file goes with --http HOST:PORT")
+    if args.http:
+        from dqcep.service.http import http_access
+        http = http_access(args.http, args.http_token_file)
     query_file = load_queries(args.queries)  # positioned errors before anything starts
     warn_plan(query_file, load_rates(args.rates))
     cfg = ServiceConfig(
@@ -64,7 +70,7 @@ def start_service(args) -> int:
         until_idle=args.until_idle, journal_retention=args.journal_retention,
         journal_segment_bytes=args.journal_segment, materialize=args.materialize,
         rates=load_rates(args.rates), budget=args.max_partial_matches,
-        returns=args.returns,
+        returns=args.returns, http=http,
         hosted=args.queries_hosted.split(",") if args.queries_hosted else None)
     if args.workers is None and not args.target:
         return serve(cfg)

@@ -542,6 +542,23 @@ class Engine(EventTimeEngine):
         """Bytes held by queues, NOT stores, the event store and held matches."""
         return self.state.nbytes()
 
+    def query_state_bytes(self) -> dict[str, int]:
+        """Per query: the bytes of the vertices it reads (a vertex shared by several
+        queries counts for each), its held matches and its after-match policy's. The
+        event store and the Kleene list nodes, which every query shares, are only in
+        ``state_bytes()``."""
+        state, plan = self.state, self.plan
+        out = {q.name: 0 for q in plan.queries}
+        for v, n in state.vertex_nbytes().items():
+            for name in plan.users[v]:
+                out[name] += n
+        for q in self.program.queries:
+            held = state.pending[q.index]
+            out[q.name] += held.slots.nbytes + 24 * len(held)
+            if q.index in state.policies:
+                out[q.name] += state.policies[q.index].nbytes()
+        return out
+
     def vertex_stats(self) -> list[dict]:
         rows, state = [], self.state
         for v in self.program.topo:

@@ -80,7 +80,7 @@ class Pipeline:
     their RETURN values and the batches must be ``Event`` lists); ``tables``: the
     lookup tables the engine reads (refreshed before each batch); ``counts``: the
     dict the counters live in (the caller's, e.g. a checkpointed one; keys in
-    ``COUNTS`` are added); ``warn``: where a stale lookup table is said;
+    ``COUNTS`` are added, and ``matches.NAME`` for each query's matches); ``warn``: where a stale lookup table is said;
     ``report``: called with each ``Outcome`` before its matches are written (a
     ``BadEvents`` that raises there stops a run before them)."""
 
@@ -139,6 +139,9 @@ class Pipeline:
             self.write(out.matches, through)
         else:
             self.counts["matches_out"] += len(out.matches)
+        for q, detected, _, _ in out.matches.parts:
+            key = "matches." + out.matches.queries[q][0]
+            self.counts[key] = self.counts.get(key, 0) + len(detected)
         return out
 
     def write(self, batch: MatchBatch, through=None) -> None:

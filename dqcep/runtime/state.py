@@ -121,6 +121,15 @@ class EngineState(TimeState):
                           if q.spec.after_match is not None}
         return state
 
+    def vertex_nbytes(self) -> dict[int, int]:
+        """Bytes held per vertex: its queues, NOT store, growing lists and runs (the
+        event store, the list nodes and held matches belong to no one vertex)."""
+        out: dict[int, int] = {}
+        for table in (self.left_q, self.right_q, self.not_store, self.growing, self.runs):
+            for v, x in table.items():
+                out[v] = out.get(v, 0) + x.nbytes
+        return out
+
     def nbytes(self) -> int:
         """Bytes held by queues, NOT stores, the event store and held matches."""
         total = self.store.nbytes

@@ -5,7 +5,17 @@
 - ``workers``: the service as worker processes, a journal consumer per query,
   placed and re-planned by the capacity model (``serve_workers``)
 - ``response``: the response times it measures
-"""
-from dqcep.service.streaming import ServiceConfig, ServiceError, StreamingService, serve
+- ``http``, ``metrics``, ``page.html``: the HTTP side (``--http``): the live page,
+  ``/status``, Prometheus's ``/metrics``; ``client``: what ``dqcep status`` uses
 
+The names below are imported on first use, so that ``dqcep.service.client`` stays
+light (no numpy, no engine) for the commands that only talk to a service.
+"""
 __all__ = ["ServiceConfig", "ServiceError", "StreamingService", "serve"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from dqcep.service import streaming
+        return getattr(streaming, name)
+    raise AttributeError(f"module 'dqcep.service' has no attribute {name!r}")

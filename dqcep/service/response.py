@@ -19,25 +19,40 @@ import numpy as np
 from dqcep.runtime.eventtime import MatchBatch
 
 
-class Tally:
-    """Count, sum and maximum of response times (s), and matches not measured."""
+# upper bounds (s) of the response-time histogram's buckets (Prometheus's ``le``; the
+# last bucket, +Inf, is the count)
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-    __slots__ = ("count", "total", "longest", "unmeasured")
+
+class Tally:
+    """Count, sum, maximum and histogram of response times (s), and matches not
+    measured."""
+
+    __slots__ = ("count", "total", "longest", "unmeasured", "buckets")
 
     def __init__(self):
         self.count, self.total, self.longest, self.unmeasured = 0, 0.0, 0.0, 0
+        self.buckets = np.zeros(len(BUCKETS) + 1, np.int64)  # per bucket, not cumulative
 
     def add(self, delays: np.ndarray, unmeasured: int) -> None:
         if len(delays):
             self.count += len(delays)
             self.total += float(delays.sum())
             self.longest = max(self.longest, float(delays.max()))
+            # a delay equal to a bound is in that bucket (le: less than or equal)
+            self.buckets += np.bincount(np.searchsorted(BUCKETS, delays, side="left"),
+                                        minlength=len(BUCKETS) + 1)
         self.unmeasured += unmeasured
 
-    def as_dict(self) -> dict:
-        return {"matches": self.count, "unmeasured": self.unmeasured,
-                "mean_ms": round(1e3 * self.total / self.count, 3) if self.count else None,
-                "max_ms": round(1e3 * self.longest, 3) if self.count else None}
+    def as_dict(self, histogram: bool = False) -> dict:
+        out = {"matches": self.count, "unmeasured": self.unmeasured,
+               "mean_ms": round(1e3 * self.total / self.count, 3) if self.count else None,
+               "max_ms": round(1e3 * self.longest, 3) if self.count else None}
+        if histogram:  # le None: +Inf
+            out["histogram"] = {"le": [*BUCKETS, None],
+                                "cumulative": np.cumsum(self.buckets).tolist(),
+                                "sum_s": self.total}
+        return out
 
 
 class ResponseTimes:
@@ -82,8 +97,8 @@ class ResponseTimes:
         self.recent = {n: Tally() for n in self.names}
         return out
 
-    def totals(self) -> dict[str, dict]:
-        return {n: t.as_dict() for n, t in self.total.items()}
+    def totals(self, histogram: bool = False) -> dict[str, dict]:
+        return {n: t.as_dict(histogram) for n, t in self.total.items()}
 
 
 def _candidates(ids: np.ndarray, lists) -> np.ndarray:

@@ -28,6 +28,7 @@ or ``end_of_stream`` set by an embedding program) releases them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -35,6 +36,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +55,11 @@ from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
 from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming, open_file,
                              open_match_sink)
-from dqcep.lang import parse_file
-from dqcep.plan import build_plan
+from dqcep.lang import parse_file, to_source
+from dqcep.plan import build_plan, explain_dot
+from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, HttpServer
 from dqcep.service.response import ResponseTimes, ServiceTimes
-from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
+from dqcep.runtime import STATE_BUDGET, Engine, EventColumns, MatchBatch
 from dqcep.runtime.pipeline import Pipeline
 from dqcep.runtime.returns import ReturnValues
 
@@ -65,6 +68,8 @@ CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
 CONSUMER = "service"  # a service's name among the journal's consumers (retention), default
 RETRY_SECONDS = 1.0   # pause before going back to the checkpoint after a failed write
 SINKS = ("output", "dead_letter", "late")
+DEAD = "dead."        # counters of dead letters by reason: dead.payload, dead.event, ...
+MATCHES = "matches."  # counters of each query's matches (dqcep.runtime.pipeline)
 
 
 @dataclass
@@ -96,6 +101,7 @@ class ServiceConfig:
     consumer: str = CONSUMER          # its name among the journal's consumers (retention)
     budget: int = STATE_BUDGET        # partial matches one buffer of a query may hold
     returns: bool = False             # matches with their RETURN values (--returns)
+    http: HttpAccess | None = None    # the HTTP side (--http), off when None
 
 
 class ServiceError(Exception):
@@ -163,6 +169,21 @@ def write_stats_file(path: str | None, stats: dict) -> None:
         pass  # stats are a view; the line on stderr says the same
 
 
+def last_matches(batch, k: int) -> list:
+    """The last ``k`` matches of a batch, as ``Match`` objects (only those converted)."""
+    parts, left = [], k
+    for q, detected, ids, lists in reversed(batch.parts):
+        if left <= 0:
+            break
+        n = len(detected)
+        start = max(0, n - left)
+        rows = np.arange(start, n)
+        parts.append((q, detected[start:], ids[start:],
+                      None if lists is None else lists.take(rows)))
+        left -= n - start
+    return MatchBatch(batch.queries, parts[::-1]).to_matches()
+
+
 def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
     """The queries of a parsed file named in ``hosted`` (all of them for None), in the
     file's order; a name the file does not have is an error."""
@@ -210,6 +231,13 @@ class StreamingService:
         self.arrivals: ArrivalTimes | None = None
         self.response = ResponseTimes([q.name for q in queries])
         self.service_times = ServiceTimes(time.monotonic())
+        self.checkpointed_at: float | None = None  # time.monotonic() of the last one
+        self.last_matches: deque = deque(maxlen=LAST_MATCHES)  # for the HTTP side
+        self.query_texts = {q.name: to_source(q) for q in queries}
+        plan_dot = explain_dot(self.plan)
+        self.plan_version = hashlib.sha1(plan_dot.encode()).hexdigest()[:12]
+        self.board = Board(plan_dot) if cfg.http is not None else None
+        self._recent: dict = {}  # the last stats line's figures of its period
         self._load(state)
         if self.database and (state is None or "stream" not in state):
             self.checkpoint()  # the stream named durably before any row is written
@@ -473,6 +501,7 @@ class StreamingService:
         for r, rejected in by_record.items():
             rec = self._pending[r][0]
             self.counts["malformed"] += len(rejected)
+            self._dead_count("ahead", len(rejected))
             self.dead.write(dead_letter(rec.offset, rec.topic, rec.payload, len(rec.payload),
                                         rejected))
 
@@ -483,6 +512,8 @@ class StreamingService:
         if rejected:
             payload = record.payload
             self.counts["malformed"] += len(rejected)
+            for r in rejected:
+                self._dead_count("payload" if r.index is None else "event")
             kept = payload if isinstance(payload, bytes) and len(payload) <= MAX_PAYLOAD \
                 else None  # never the bytes of a payload over the limit
             size = len(payload) if isinstance(payload, bytes) else payload.size
@@ -527,16 +558,26 @@ class StreamingService:
         catching up to it (``_catch_up``) they are already there."""
         through = Progress(end + 1, False) if self.database else None
         out = self.pipeline.process(events, not self._replaying, through)
-        if through and not self._replaying and out.matches is not None and \
-                len(out.matches):
-            self.db_written = end + 1  # committed once the sink is synced (a checkpoint)
+        if out.matches is not None and len(out.matches):
+            if through and not self._replaying:
+                self.db_written = end + 1  # committed once the sink is synced (a checkpoint)
+            self._keep_last(out.matches)
         return out
+
+    def _keep_last(self, batch) -> None:
+        """The newest matches, for the HTTP side's page (only when it is on: the
+        conversion is per match)."""
+        if self.board is None:
+            return
+        for m in last_matches(batch, LAST_MATCHES):
+            self.last_matches.append(m.to_json_obj())
 
     def _misdeclared(self, refused, offset_of) -> None:
         """Events a declared schema refused (``EVENT Type(...)``): dead letters with the
         journal offset of their payload (``offset_of(event id)``), counted malformed."""
         for event_id, why in refused:
             self.counts["malformed"] += 1
+            self._dead_count("schema")
             self.dead.write({"offset": offset_of(event_id), "event": event_id,
                              "reason": why})
 
@@ -547,6 +588,7 @@ class StreamingService:
         query again, and the dead-letter file is cut back to the checkpoint with it."""
         for query, why in stopped:
             print(f"dqcep: {why}", file=sys.stderr, flush=True)
+            self._dead_count("stopped")
             self.dead.write({"offset": offset, "query": query, "reason": why})
 
     def _lost(self, offset: int, gap: Gap) -> None:
@@ -557,9 +599,16 @@ class StreamingService:
         print(f"dqcep: {what} cannot be read ({gap.reason}); going on after them",
               file=sys.stderr, flush=True)
         self.counts["journal_lost"] += gap.count
+        self._dead_count("journal_lost", gap.count)
         self.dead.write({"offset": offset, "records": gap.count,
                          "reason": f"{what} lost: {gap.reason}"})
         self.offset = last + 1
+
+    def _dead_count(self, reason: str, n: int = 1) -> None:
+        """A dead letter's reason counted (``dead_letters`` in the stats, the metrics'
+        ``reason`` label; checkpointed with the other counters)."""
+        key = DEAD + reason
+        self.counts[key] = self.counts.get(key, 0) + n
 
     def _write_late(self, offset: int, events, late: set[int]) -> None:
         for e in events:
@@ -570,8 +619,10 @@ class StreamingService:
         """The stream is closed: the matches held for a trailing NOT go out."""
         through = Progress(self.offset, True) if self.database else None
         out = self.pipeline.end(not self._replaying, through)
-        if through and not self._replaying and len(out.matches):
-            self.db_written = self.offset
+        if len(out.matches):
+            if through and not self._replaying:
+                self.db_written = self.offset
+            self._keep_last(out.matches)
         self._stopped(out.stopped, self.offset)
         self.ended_at = self.offset
 
@@ -587,6 +638,7 @@ class StreamingService:
             "returns": None if self.returns is None else self.returns.snapshot()})
         self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
+        self.checkpointed_at = time.monotonic()
 
     def recover(self, err: OSError, stop: threading.Event) -> None:
         """After a failed write: back to the last checkpoint (sinks cut back, engine
@@ -610,20 +662,65 @@ class StreamingService:
                 if time.monotonic() - last_stats >= self.cfg.stats_every:
                     self._write_stats()  # the stats say FAILING while it lasts
                     last_stats = time.monotonic()
+                if self.board is not None:
+                    self.board.publish(self.status())
 
     def stats(self) -> dict:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        return {**self.counts, "lag_records": self.journal.durable_offset - self.offset,
+        """The figures of the stats line, the stats file, ``/status`` and ``/metrics``
+        (docs/operations.md names each)."""
+        now = time.monotonic()
+        elapsed = max(now - self.started, 1e-9)
+        names = [q.name for q in self.queries]
+        plain = {k: v for k, v in self.counts.items()
+                 if not k.startswith((DEAD, MATCHES))}
+        stopped = self.engine.stopped
+        return {**plain, "lag_records": self.journal.durable_offset - self.offset,
                 "events_per_s": self.counts["events_in"] / elapsed,
                 "watermark": self.engine.wm, "error": self.error,
-                "stopped": self.engine.stopped,
-                "response": self.response.totals(),
-                "service": self.service_times.totals(time.monotonic())}
+                "stopped": stopped,
+                "response": self.response.totals(histogram=True),
+                "service": self.service_times.totals(now),
+                "dead_letters": {k[len(DEAD):]: v for k, v in self.counts.items()
+                                 if k.startswith(DEAD)},
+                "matches_by_query": {n: self.counts.get(MATCHES + n, 0) for n in names},
+                "state_bytes": self.engine.query_state_bytes(),
+                "state_total_bytes": self.engine.state_bytes(),
+                "journal_bytes": self._journal_bytes(),
+                "checkpoint_age_s": None if self.checkpointed_at is None
+                else now - self.checkpointed_at,
+                "stopped_by_query": {n: int(n in stopped) for n in names},
+                "budget_stops": len(stopped), "failing": int(self.error is not None),
+                "query_count": len(names), "uptime_s": elapsed,
+                "inputs": list(self.cfg.inputs), "state": self.cfg.state}
+
+    def _journal_bytes(self) -> int:
+        total = 0
+        for path in segments(self.cfg.journal):
+            try:
+                total += path.stat().st_size
+            except OSError:
+                pass  # trimmed meanwhile
+        return total
+
+    def status(self, source: MqttSource | None = None) -> dict:
+        """``/status``: the stats, the last stats line's recent figures, the query set,
+        the newest matches."""
+        s = self.stats()
+        s.update(self._recent)
+        s["redelivered"] = source.redelivered if source is not None else 0
+        if source is not None and source.write_error:
+            s["error"], s["failing"] = source.write_error, 1
+        s["queries"] = [{"name": q.name, "text": self.query_texts.get(q.name)}
+                        for q in self.queries]
+        s["plan_version"] = self.plan_version
+        s["last_matches"] = list(self.last_matches)
+        return s
 
     def _write_stats(self, source: MqttSource | None = None) -> None:
         s = self.stats()
         s["response_recent"] = recent = self.response.take_recent()
         s["service_recent"] = self.service_times.take_recent(time.monotonic())
+        self._recent = {k: s[k] for k in ("response_recent", "service_recent")}
         measured = ", ".join(f"{q} {r['mean_ms']:.1f}" for q, r in recent.items()
                              if r["mean_ms"] is not None)
         if source is not None and source.write_error:
@@ -655,13 +752,20 @@ class StreamingService:
         of stream (``end_of_stream`` set, or ``until_idle`` seconds without input: held
         matches are released). Returns the exit code."""
         end_of_stream = end_of_stream or threading.Event()
+        http = None
+        if self.board is not None:  # a port in use is refused before anything starts
+            http = HttpServer(self.board, self.cfg.http)
+            self.board.publish(self.status())
         source = MqttSource(self.urls, self.journal, self.cfg.client_id)
         self.arrivals = source.arrivals
         source.start()
         where = f"; state in {self.cfg.state}" if self.cfg.state else ""
+        where += f"; http on {http.url}" if http is not None else ""
         print(f"dqcep: listening on {', '.join(self.cfg.inputs)}{where}", file=sys.stderr,
               flush=True)
-        last_ck = last_stats = last_input = time.monotonic()
+        if http is not None:
+            http.start()
+        last_ck = last_stats = last_input = last_publish = time.monotonic()
         failure = None
         try:
             while not stop.is_set() and not end_of_stream.is_set():
@@ -683,6 +787,9 @@ class StreamingService:
                 if now - last_stats >= self.cfg.stats_every:
                     self._write_stats(source)
                     last_stats = now
+                if self.board is not None and now - last_publish >= PUBLISH_EVERY:
+                    self.board.publish(self.status(source))
+                    last_publish = now
                 if n:
                     last_input = now
                 elif self.cfg.until_idle is not None and \
@@ -692,6 +799,8 @@ class StreamingService:
                     source.committed.wait(0.02)  # new records, or a look at stop
         finally:
             committed = source.stop()
+            if http is not None:
+                http.close()
         if failure is None:
             try:
                 while self.step():           # drain

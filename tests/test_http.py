@@ -1,0 +1,285 @@
+"""The service's HTTP side (--http): /status, Prometheus's /metrics, the live page in a
+real browser, `dqcep status`, and who may read or change what."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dqcep.errors import UserError
+from dqcep.lang import parse_file
+from dqcep.service.http import Board, HttpAccess, _App, http_access, parse_bind
+from tests.conftest import free_port
+from tests.test_service import QUERIES, Service, gen_args
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "t0ken-for-the-tests-0123456789"
+SCREENSHOTS = ROOT / "build" / "screenshots"  # gitignored: where a person can look
+
+
+def get(url, token=None, method="GET", body=None):
+    req = urllib.request.Request(url, data=body, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read(), r.headers
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), err.headers
+
+
+# ------------------------------------------------------------------ options and access
+
+def test_bind_addresses_are_read_and_checked():
+    assert parse_bind("8080") == ("127.0.0.1", 8080)
+    assert parse_bind(":0") == ("127.0.0.1", 0)
+    assert parse_bind("0.0.0.0:9100") == ("0.0.0.0", 9100)
+    assert parse_bind("[::1]:9100") == ("::1", 9100)
+    for bad in ("http:x", "70000", "[::1]9100", "host:"):
+        with pytest.raises(UserError, match="--http"):
+            parse_bind(bad)
+
+
+def test_a_non_loopback_bind_needs_a_token(tmp_path):
+    with pytest.raises(UserError, match="non-loopback address needs --http-token-file"):
+        http_access("0.0.0.0:9100", None)
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    with pytest.raises(UserError, match="at least 16 characters"):
+        http_access("0.0.0.0:9100", str(short))
+    with pytest.raises(UserError, match="cannot read --http-token-file"):
+        http_access("127.0.0.1:9100", str(tmp_path / "missing"))
+    good = tmp_path / "token"
+    good.write_text(TOKEN + "\n")
+    assert http_access("0.0.0.0:9100", str(good)) == HttpAccess("0.0.0.0", 9100, TOKEN)
+    assert http_access("127.0.0.1:0", None).token is None
+
+
+def test_the_cli_refuses_a_non_loopback_bind_without_a_token_before_it_starts(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input",
+                        "mqtt://127.0.0.1:9/x", "-o", str(tmp_path / "o.jsonl"),
+                        "--http", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "needs --http-token-file" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", str(QUERIES), "--input",
+                        str(ROOT / "examples" / "fire-events.jsonl"), "--http", ":0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--http is for the streaming service" in r.stderr, r.stderr
+
+
+def call(app, method, path, token=None):
+    """One request straight into the WSGI application (no socket: any address)."""
+    seen = {}
+
+    def start_response(status, headers):
+        seen["status"], seen["headers"] = status, dict(headers)
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path}
+    if token:
+        environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    body = b"".join(app(environ, start_response))
+    return int(seen["status"].split()[0]), body
+
+
+def test_who_may_read_and_who_may_change():
+    board = Board("digraph {}")
+    board.publish({"events_in": 3})
+    # loopback without a token: read, never change
+    app = _App(board, HttpAccess("127.0.0.1", 0, None))
+    assert call(app, "GET", "/status")[0] == 200
+    code, body = call(app, "POST", "/queries")
+    assert code == 403 and b"without --http-token-file" in body
+    # loopback with a token: read freely, change only with it
+    app = _App(board, HttpAccess("127.0.0.1", 0, TOKEN))
+    assert call(app, "GET", "/metrics")[0] == 200
+    assert call(app, "DELETE", "/queries/x")[0] == 401
+    assert call(app, "DELETE", "/queries/x", token="wrong" * 5)[0] == 401
+    assert call(app, "DELETE", "/queries/x", token=TOKEN)[0] == 405  # nothing to change yet
+    # another address: even reading needs it
+    app = _App(board, HttpAccess("0.0.0.0", 0, TOKEN))
+    code, body = call(app, "GET", "/status")
+    assert code == 401 and b"needs the service's token" in body
+    assert call(app, "GET", "/", token=TOKEN)[0] == 200
+    assert call(app, "GET", "/nothing", token=TOKEN)[0] == 404
+
+
+# ------------------------------------------------------------------ a running service
+
+def metrics_of(text):
+    """{(sample name, labels as a sorted tuple): value} by prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def quiet_status(base, n_events, timeout=60):
+    """/status once every event is in and two snapshots in a row agree (the service is
+    idle: what /metrics says next is the same snapshot's)."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        s = json.loads(get(base + "status")[1])
+        if s.get("events_in", 0) >= n_events and s.get("lag_records") == 0:
+            same = last is not None and all(
+                s[k] == last[k] for k in ("events_in", "matches_out", "payloads"))
+            if same:
+                return s
+            last = s
+        time.sleep(0.6)
+    raise AssertionError(f"the service did not go quiet: {last}")
+
+
+@pytest.fixture
+def http_service(mosquitto, tmp_path):
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/http"
+    http = free_port()
+    svc = Service(tmp_path, url)
+    svc.args += ["--http", f"127.0.0.1:{http}", "--lateness", "50"]
+    svc.start()
+    n = 6_000
+    # late events, repeats and hostile payloads: every reason the page shows
+    pub = subprocess.run(gen_args(n, url, ["--late", "0.02", "--late-max", "5000",
+                                           "--duplicates", "0.01", "--malformed", "0.005"]),
+                         capture_output=True)
+    assert pub.returncode == 0, pub.stderr
+    from tests.test_service import publish_all
+    publish_all(host, port, "dqcep/http", [b"\xc1 not msgpack", b'{"id": 1}'])
+    base = f"http://127.0.0.1:{http}/"
+    yield svc, base, n
+    svc.stop()
+
+
+def test_metrics_are_the_status_and_dqcep_status_prints_them(http_service):
+    svc, base, n = http_service
+    quiet_status(base, n * 0.9)
+    for _ in range(50):  # /status, /metrics, /status of one snapshot (a new one: 0.5 s)
+        s = json.loads(get(base + "status")[1])
+        code, text, headers = get(base + "metrics")
+        assert code == 200 and headers["Content-Type"].startswith("text/plain; version=")
+        m = metrics_of(text.decode())
+        if json.loads(get(base + "status")[1])["time"] == s["time"]:
+            break
+    else:
+        raise AssertionError("no two requests in a row saw the same snapshot")
+
+    def one(name, **labels):
+        return m[(name, tuple(sorted(labels.items())))]
+    assert one("dqcep_events_in_total") == s["events_in"]
+    assert one("dqcep_payloads_total") == s["payloads"]
+    assert one("dqcep_matches_out_total") == s["matches_out"] > 0
+    assert one("dqcep_late_events_total") == s["late"] > 0
+    assert one("dqcep_repeated_events_total") == s["duplicates"] > 0
+    assert one("dqcep_lag_records") == s["lag_records"] == 0
+    assert one("dqcep_journal_bytes") == s["journal_bytes"] > 0
+    assert one("dqcep_engine_state_bytes") == s["state_total_bytes"] > 0
+    assert one("dqcep_checkpoint_age_seconds") == s["checkpoint_age_s"]
+    assert one("dqcep_status_time_seconds") == s["time"]
+    assert one("dqcep_queries") == len(s["queries"]) == len(parse_file(QUERIES).queries)
+    assert {r: one("dqcep_dead_letters_total", reason=r) for r in s["dead_letters"]} == \
+        s["dead_letters"] and s["dead_letters"]["payload"] >= 2
+    names = [q["name"] for q in s["queries"]]
+    assert sum(s["matches_by_query"].values()) == s["matches_out"]
+    for q in names:
+        assert one("dqcep_query_matches_total", query=q) == s["matches_by_query"][q]
+        assert one("dqcep_query_state_bytes", query=q) == s["state_bytes"][q]
+        assert one("dqcep_query_stopped", query=q) == 0
+        r = s["response"][q]
+        assert one("dqcep_response_time_seconds_count", query=q) == r["matches"]
+        assert one("dqcep_response_time_seconds_bucket", query=q, le="+Inf") == r["matches"]
+        assert one("dqcep_response_time_seconds_sum", query=q) == pytest.approx(
+            r["histogram"]["sum_s"])
+    # the terminal summary: the same figures
+    out = subprocess.run([sys.executable, "-m", "dqcep", "status", base], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"events in {s['events_in']:,}" in out.stdout
+    assert f"matches out {s['matches_out']:,}" in out.stdout
+    for q in names:
+        assert re.search(rf"^{q}\s+{s['matches_by_query'][q]:,}\s", out.stdout, re.M), out.stdout
+    # a service that is not there: one line, exit 2
+    gone = subprocess.run([sys.executable, "-m", "dqcep", "status",
+                           f"http://127.0.0.1:{free_port()}/"], capture_output=True,
+                          text=True, timeout=60)
+    assert gone.returncode == 2 and "cannot reach the service" in gone.stderr
+
+
+def chromium():
+    """A headless Chromium driven by chromedriver (Debian's chromium and chromium-driver;
+    scripts/system-deps.sh installs them). Fails, never skips, when they are missing."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as DriverService
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    assert binary and driver, "Chromium and chromedriver are not installed " \
+        "(sh scripts/system-deps.sh: apt-get install chromium chromium-driver)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1400,1800", "--disable-gpu"):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=DriverService(executable_path=driver))
+
+
+def test_the_live_page_shows_what_status_says(http_service):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    svc, base, n = http_service
+    s = quiet_status(base, n * 0.9)
+    browser = chromium()
+    try:
+        browser.get(base)
+        WebDriverWait(browser, 30).until(
+            lambda b: b.find_element(By.ID, "events-in").text == f"{s['events_in']:,}")
+
+        def text(id_):
+            return browser.find_element(By.ID, id_).text
+        assert text("matches-out") == f"{s['matches_out']:,}"
+        assert text("late") == f"{s['late']:,}" and text("repeats") == f"{s['duplicates']:,}"
+        assert text("lag") == "0"
+        assert text("dead") == f"{sum(s['dead_letters'].values()):,}"
+        rows = browser.find_elements(By.CSS_SELECTOR, "#queries tbody tr")
+        shown = {r.get_attribute("data-query"): [c.text for c in
+                                                  r.find_elements(By.TAG_NAME, "td")]
+                 for r in rows}
+        assert list(shown) == [q["name"] for q in s["queries"]]
+        for q, cells in shown.items():
+            assert cells[1] == f"{s['matches_by_query'][q]:,}"
+            mean = s["response"][q]["mean_ms"]
+            assert cells[2] == ("–" if mean is None else f"{mean:.1f}")
+            assert cells[5] == "running"
+        reasons = {r.get_attribute("data-reason"): r.find_elements(By.TAG_NAME, "td")[1].text
+                   for r in browser.find_elements(By.CSS_SELECTOR, "#reasons tbody tr")}
+        assert reasons == {**{k: f"{v:,}" for k, v in s["dead_letters"].items()},
+                           "late": f"{s['late']:,}", "repeated": f"{s['duplicates']:,}"}
+        last = browser.find_elements(By.CSS_SELECTOR, "#last-matches tbody tr")
+        assert len(last) == len(s["last_matches"]) > 0
+        assert last[0].find_elements(By.TAG_NAME, "td")[0].text == s["last_matches"][-1]["query"]
+        # the charts have points, the plan is drawn (an SVG the browser could load)
+        assert browser.find_elements(By.CSS_SELECTOR, "#chart-rate polyline")
+        WebDriverWait(browser, 30).until(lambda b: b.execute_script(
+            "const i = document.getElementById('plan-img'); "
+            "return i.complete && i.naturalWidth > 0;"))
+        # it refreshes by itself: the snapshot time it shows moves on
+        shown_at = float(browser.find_element(By.TAG_NAME, "body").get_attribute("data-time"))
+        WebDriverWait(browser, 30).until(lambda b: float(b.find_element(
+            By.TAG_NAME, "body").get_attribute("data-time")) > shown_at)
+        # nothing came from anywhere but the service
+        sources = browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name)")
+        assert sources and all(u.startswith(base) for u in sources), sources
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SCREENSHOTS / "service-page.png"
+        browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        print(f"screenshot: {shot}")
+    finally:
+        browser.quit()
