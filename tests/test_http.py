@@ -283,3 +283,51 @@ def test_the_live_page_shows_what_status_says(http_service):
         print(f"screenshot: {shot}")
     finally:
         browser.quit()
+
+
+def test_workers_serve_the_same_side(mosquitto, tmp_path):
+    """--workers 2 --http: the coordinator's /status and /metrics, per query as its
+    consumer counted, per worker whether it runs; dqcep status lists the workers."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/http-workers"
+    http = free_port()
+    svc = Service(tmp_path, url)
+    svc.args += ["--http", f"127.0.0.1:{http}", "--workers", "2", "--state",
+                 str(tmp_path / "state")]
+    svc.start(before=1)
+    try:
+        n = 4_000
+        assert subprocess.run(gen_args(n, url), capture_output=True).returncode == 0
+        base = f"http://127.0.0.1:{http}/"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            s = json.loads(get(base + "status")[1])
+            if s.get("events_in", 0) >= n * 0.95 and s.get("lag_records") == 0 and \
+                    all(r.get("offset") for r in s["queries_by_name"].values()):
+                break
+            time.sleep(0.5)
+        for _ in range(50):
+            s = json.loads(get(base + "status")[1])
+            m = metrics_of(get(base + "metrics")[1].decode())
+            if json.loads(get(base + "status")[1])["time"] == s["time"]:
+                break
+        names = [q["name"] for q in s["queries"]]
+        assert names == [q.name for q in parse_file(QUERIES).queries]
+        assert [w["up"] for w in s["worker_status"]] == [1, 1]
+        assert sorted(q for w in s["worker_status"] for q in w["queries"]) == sorted(names)
+        for w in ("1", "2"):
+            assert m[("dqcep_worker_up", (("worker", w),))] == 1
+        for q in names:
+            assert m[("dqcep_query_matches_total", (("query", q),))] == \
+                s["matches_by_query"][q] == s["queries_by_name"][q]["matches_out"]
+            assert m[("dqcep_query_state_bytes", (("query", q),))] == s["state_bytes"][q] > 0
+        assert m[("dqcep_matches_out_total", ())] == s["matches_out"] == \
+            sum(s["matches_by_query"].values())
+        plan = get(base + "plan.svg")
+        assert plan[0] == 200 and b"(alone)" in plan[1]
+        out = subprocess.run([sys.executable, "-m", "dqcep", "status", base],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "worker 1: up" in out.stdout and \
+            "worker 2: up" in out.stdout, out.stdout + out.stderr
+    finally:
+        svc.stop()

@@ -73,17 +73,19 @@ class Service:
         self.lines: queue.Queue = queue.Queue()
         self.stderr: list[str] = []
 
-    def start(self, **popen):
-        """Start and wait for "listening on". stderr is read all the time by a thread:
-        the stats line comes every 0.2 s, and a pipe nobody reads fills (64 KiB, about a
-        minute of them) and then blocks the service mid-write, which a long or loaded
-        run once hit."""
+    def start(self, before=0, **popen):
+        """Start and wait for "listening on" (after ``before`` other lines). stderr is
+        read all the time by a thread: the stats line comes every 0.2 s, and a pipe
+        nobody reads fills (64 KiB, about a minute of them) and then blocks the service
+        mid-write, which a long or loaded run once hit."""
         self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, text=True, **popen)
         LIVE_PROCESSES.append(self.proc)  # killed after the test if it is still running
         self.lines = queue.Queue()
         self.reader = threading.Thread(target=self._read_stderr,
                                        args=(self.proc.stderr, self.lines), daemon=True)
         self.reader.start()
+        for _ in range(before):  # lines said before it (the workers' placement)
+            self.next_line(60)
         line = self.next_line(60)
         assert "listening on" in line, line + self.log()
 

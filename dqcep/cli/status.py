@@ -69,7 +69,7 @@ def summary(s: dict, url: str) -> str:
     ]
     if s.get("error"):
         lines.append(f"FAILING: {s['error']}")
-    for w in s.get("workers") or []:
+    for w in s.get("worker_status") or []:
         lines.append(f"worker {w['worker']}: {'up' if w['up'] else 'DOWN'}, queries "
                      f"{', '.join(w['queries']) or '-'}")
     names = [q["name"] for q in s.get("queries") or []]

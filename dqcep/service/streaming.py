@@ -102,6 +102,7 @@ class ServiceConfig:
     budget: int = STATE_BUDGET        # partial matches one buffer of a query may hold
     returns: bool = False             # matches with their RETURN values (--returns)
     http: HttpAccess | None = None    # the HTTP side (--http), off when None
+    last_matches: bool = False        # keep the newest matches (a worker's, for the page)
 
 
 class ServiceError(Exception):
@@ -567,7 +568,7 @@ class StreamingService:
     def _keep_last(self, batch) -> None:
         """The newest matches, for the HTTP side's page (only when it is on: the
         conversion is per match)."""
-        if self.board is None:
+        if self.board is None and not self.cfg.last_matches:
             return
         for m in last_matches(batch, LAST_MATCHES):
             self.last_matches.append(m.to_json_obj())

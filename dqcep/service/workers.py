@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import sys
 import threading
@@ -45,10 +46,12 @@ from pathlib import Path
 from dqcep.capacity import Calibration, in_turn_order
 from dqcep.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
-from dqcep.io.journal import Journal, JournalView
+from dqcep.io.journal import Journal, JournalView, segments
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.sinks import is_mqtt
-from dqcep.lang import parse_file
+from dqcep.lang import parse_file, to_source
+from dqcep.plan import build_plan, explain_dot
+from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpServer
 from dqcep.service.streaming import (CHECKPOINT_VERSION, ServiceConfig, StreamingService,
                                      write_stats_file)
 
@@ -116,7 +119,7 @@ def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
     return replace(cfg, checkpoint=str(home / "checkpoint.bin"), output=output,
                    dead_letter=str(home / "dead-letter.jsonl"),
                    late=str(home / "late.jsonl"), hosted=[query], consumer=f"query-{query}",
-                   stats_file=None)
+                   stats_file=None, http=None, last_matches=cfg.http is not None)
 
 
 # ------------------------------------------------------------------ a worker process
@@ -136,6 +139,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
     hosted: dict[str, StreamingService] = {}
     last_ck: dict[str, float] = {}
     last_stats = time.monotonic()
+    # with the HTTP side on, the coordinator's page wants fresh figures
+    report_every = min(cfg.stats_every, 1.0) if cfg.http is not None else cfg.stats_every
     try:
         while True:
             while conn.poll():
@@ -190,7 +195,7 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                     # coordinator speaks or is gone meanwhile: then the worker fails
                     svc.recover(err, _Interrupted(conn, parent, lambda: conn.send(
                         ("stats", index, {q: _report(svc)}))))  # the error, while it lasts
-            if time.monotonic() - last_stats >= cfg.stats_every:
+            if time.monotonic() - last_stats >= report_every:
                 conn.send(("stats", index, {q: _report(svc) for q, svc in hosted.items()}))
                 last_stats = time.monotonic()
     except (EOFError, ConnectionError):
@@ -225,17 +230,19 @@ class _Interrupted:
 
 
 def _report(svc: StreamingService) -> dict:
+    """A query consumer's figures for the coordinator (its stats file, its page)."""
     now = time.monotonic()
     q = svc.response.names[0]
-    return {"events_in": svc.counts["events_in"], "payloads": svc.counts["payloads"],
-            "matches_out": svc.counts["matches_out"],
-            "malformed": svc.counts["malformed"], "late": svc.counts["late"],
-            "error": svc.error, "stopped": svc.engine.stopped,
-            "duplicates": svc.counts["duplicates"], "offset": svc.offset,
-            "response": svc.response.totals()[q],
+    s = svc.stats()
+    return {**{k: s[k] for k in ("events_in", "payloads", "matches_out", "malformed", "late",
+                                 "error", "stopped", "duplicates", "journal_lost",
+                                 "dead_letters", "state_total_bytes", "checkpoint_age_s",
+                                 "watermark")},
+            "offset": svc.offset, "response": s["response"][q],
             "response_recent": svc.response.take_recent()[q],
             "service": svc.service_times.totals(now),
-            "service_recent": svc.service_times.take_recent(now)}
+            "service_recent": svc.service_times.take_recent(now),
+            "last_matches": list(svc.last_matches)}
 
 
 # ------------------------------------------------------------------ the coordinator
@@ -258,7 +265,13 @@ class Coordinator:
     def __init__(self, cfg: ServiceConfig, placement: list[list[str]],
                  scaling: Scaling | None = None):
         self.cfg, self.scaling = cfg, scaling
-        self.names = [q.name for q in parse_file(cfg.queries).queries]
+        query_file = parse_file(cfg.queries)
+        self.names = [q.name for q in query_file.queries]
+        self.query_texts = {q.name: to_source(q) for q in query_file.queries}
+        # the HTTP side: each query runs alone on its worker, so the page draws each
+        # query's own plan (no vertex is shared across queries here)
+        self.board = Board(separate_plans_dot(query_file, cfg)) \
+            if cfg.http is not None else None
         self.ctx = mp.get_context("spawn")
         low = 0
         for q in self.names:
@@ -497,6 +510,58 @@ class Coordinator:
                 "queries": {q: self.reports.get(q, {}) for q in self.names},
                 "response": {q: self.reports.get(q, {}).get("response") for q in self.names}}
 
+    def status(self, source: MqttSource | None = None) -> dict:
+        """``/status`` of the workers: the figures of the stream (those every query's
+        consumer counts alike, as its furthest consumer counted them), of each query
+        (its consumer's), and of each worker process."""
+        s = self.stats()
+        reports = {q: self.reports.get(q, {}) for q in self.names}
+        dead: dict[str, int] = {}
+        for r in reports.values():  # each consumer dead-letters the stream's bad input
+            for reason, n in (r.get("dead_letters") or {}).items():
+                dead[reason] = n + dead.get(reason, 0) if reason == "stopped" else \
+                    max(n, dead.get(reason, 0))
+        ages = [r["checkpoint_age_s"] for r in reports.values()
+                if r.get("checkpoint_age_s") is not None]
+        last = sorted((m for r in reports.values() for m in r.get("last_matches") or []),
+                      key=lambda m: m["detected_at"])[-LAST_MATCHES:]
+        now = time.monotonic()
+        s.update({
+            "payloads": max((r.get("payloads", 0) for r in reports.values()), default=0),
+            "late": max((r.get("late", 0) for r in reports.values()), default=0),
+            "duplicates": max((r.get("duplicates", 0) for r in reports.values()), default=0),
+            "journal_lost": max((r.get("journal_lost", 0) for r in reports.values()),
+                                default=0),
+            "malformed": max((r.get("malformed", 0) for r in reports.values()), default=0),
+            "dead_letters": dead,
+            "matches_by_query": {q: r.get("matches_out", 0) for q, r in reports.items()},
+            "state_bytes": {q: r.get("state_total_bytes", 0) for q, r in reports.items()},
+            "state_total_bytes": sum(r.get("state_total_bytes", 0)
+                                     for r in reports.values()),
+            "journal_bytes": sum(p.stat().st_size for p in segments(self.cfg.journal)
+                                 if p.exists()),
+            "checkpoint_age_s": max(ages) if ages else None,
+            "stopped_by_query": {q: int(q in s["stopped"]) for q in self.names},
+            "budget_stops": len(s["stopped"]), "failing": int(s["error"] is not None),
+            "query_count": len(self.names), "uptime_s": now - self.started,
+            "events_per_s": s["events_in"] / max(now - self.started, 1e-9),
+            "watermark": min((r["watermark"] for r in reports.values()
+                              if r.get("watermark") is not None), default=None),
+            "inputs": list(self.cfg.inputs), "state": self.cfg.state,
+            "worker_status": [{"worker": i + 1, "up": int(w.process.is_alive()),
+                               "queries": list(w.queries)}
+                              for i, w in enumerate(self.workers)],
+            "workers_up": {str(i + 1): int(w.process.is_alive())
+                           for i, w in enumerate(self.workers)},
+            "queries": [{"name": q, "text": self.query_texts[q]} for q in self.names],
+            "queries_by_name": s["queries"],
+            "last_matches": last,
+            "redelivered": source.redelivered if source is not None else 0,
+            "plan_version": "workers"})
+        if source is not None and source.write_error:
+            s["error"], s["failing"] = source.write_error, 1
+        return s
+
     def _write_stats(self) -> None:
         s = self.stats()
         print(f"dqcep: {len(self.workers)} worker(s), events in {s['events_in']}, matches "
@@ -511,10 +576,17 @@ class Coordinator:
         source = MqttSource(urls, self.journal, self.cfg.client_id)
         source.arrivals = self.arrivals
         source.on_commit.append(self._wake)
+        http = None
+        if self.board is not None:
+            http = HttpServer(self.board, self.cfg.http)
+            self.board.publish(self.status())
         source.start()
+        where = f"; http on {http.url}" if http is not None else ""
         print(f"dqcep: listening on {', '.join(self.cfg.inputs)}; {len(self.workers)} "
-              f"worker(s)", file=sys.stderr, flush=True)
-        last_stats = last_plan = last_input = time.monotonic()
+              f"worker(s){where}", file=sys.stderr, flush=True)
+        if http is not None:
+            http.start()
+        last_stats = last_plan = last_input = last_publish = time.monotonic()
         # the arrival rate is the journal's: what the workers take in includes their
         # catching up after a move or a restart, which is no arrival
         records_at_plan = seen = self.journal.durable_offset
@@ -547,11 +619,16 @@ class Coordinator:
                 if now - last_stats >= self.cfg.stats_every:
                     self._write_stats()
                     last_stats = now
+                if self.board is not None and now - last_publish >= PUBLISH_EVERY:
+                    self.board.publish(self.status(source))
+                    last_publish = now
                 stop.wait(0.05)
         except _WorkerDied as err:
             self.failure = str(err)
         finally:
             committed = source.stop()
+            if http is not None:
+                http.close()
             self._wake(self.journal.durable_offset)
             for w in self.workers:
                 if w.process.is_alive():
@@ -586,6 +663,22 @@ def serve_workers(cfg: ServiceConfig, placement: list[list[str]],
         print(f"dqcep: {err}", file=sys.stderr, flush=True)
         return 1
     return coordinator.run(stop, end_of_stream)
+
+
+def separate_plans_dot(query_file, cfg: ServiceConfig) -> str:
+    """Each query's own plan (as ``dqcep explain --dot`` draws it) in a box of its own,
+    in one graph: what the workers run (one query per consumer, nothing shared)."""
+    out = ["digraph dqcep_plans {", "  rankdir=BT;", '  node [fontname="Helvetica"];']
+    for i, q in enumerate(query_file.queries):
+        plan = build_plan([q], cfg.rates, materialize=cfg.materialize,
+                          schemas=query_file.schemas, tables=query_file.tables)
+        body = explain_dot(plan).splitlines()[3:-1]  # the graph's lines without its frame
+        out.append(f'  subgraph cluster_{i} {{ label="{q.name} (alone)";')
+        out += [re.sub(r"\bv(\d+)\b(?= \[| ->|$|;)", rf"q{i}v\1", line.replace(
+            " -> v", f" -> q{i}v")) for line in body]
+        out.append("  }")
+    out.append("}")
+    return "\n".join(out) + "\n"
 
 
 def round_robin(names: list[str], workers: int) -> list[list[str]]:
