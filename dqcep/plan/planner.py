@@ -156,6 +156,11 @@ class Plan:
     # declared tables they read (plan/lookups.py)
     lookups: tuple[LookupColumn, ...] = ()
     tables: tuple[ast.LookupTable, ...] = ()
+    # per vertex: what it computes, whatever its number (kind, event type name,
+    # conditions, key, its children's keys, the epoch of a live-added query's NOT and
+    # RUN vertices): a vertex of another plan with the same key holds the same records
+    # (dqcep.runtime.live carries state across a change of the query set by it)
+    keys: tuple = ()
 
     # ------------------------------------------------------------ views
     @property
@@ -518,10 +523,12 @@ def _text(e: ast.Expr) -> str:
 class _Interner:
     """Hash-conses per-query trees into one orthogonal list."""
 
-    def __init__(self):
+    def __init__(self, types: Sequence[str] = ()):
         self.graph = OrthogonalList()
         self.ids: dict[tuple, int] = {}
-        self.types: list[str] = []
+        self.sigs: list[tuple] = []
+        self.types: list[str] = list(types)
+        self.epoch = 0  # the current query's epoch (a live-added query's; 0: none)
         self.event_type: list[int] = []
         self.window: list[int] = []
         self.estimate: list[float] = []
@@ -558,6 +565,7 @@ class _Interner:
             return v, False
         v = self.graph.add_vertex(kind)
         self.ids[sig] = v
+        self.sigs.append(sig)
         self.event_type.append(etype)
         self.window.append(window)
         self.estimate.append(estimate)
@@ -588,7 +596,8 @@ class _Interner:
         if t.kind == Kind.RUN:
             run = RunItems(self.strategy, tuple(self._type(name) for name, _ in t.items),
                            tuple(kleene for _, kleene in t.items))
-            sig = (Kind.RUN, run, tuple(p.signature for p in preds), key)
+            # a live-added query's runs are its own: they see no event from before it
+            sig = (Kind.RUN, run, tuple(p.signature for p in preds), key, self.epoch)
             v, _ = self._new(Kind.RUN, sig, run=run, **common)
             return v
         if t.kind == Kind.EVENT:
@@ -626,7 +635,8 @@ class _Interner:
             active_slots=tuple(slot_of[x] for x in g.active_vars if x in slot_of),
             preds=preds, window_ms=w_query, holds_back=g.mode in ("TRAILING", "AND"),
             host_lists=self._lists(host_vars))
-        sig = (Kind.NOT, child, spec.signature)
+        # a live-added query's negations are its own: no event from before it negates
+        sig = (Kind.NOT, child, spec.signature, self.epoch)
         v, created = self._new(Kind.NOT, sig, slots=g.tree.vars, guard=spec,
                                estimate=g.tree.estimate, window=UNBOUNDED, user=user)
         if created:
@@ -645,21 +655,27 @@ class _Interner:
 
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None,
                materialize: str = ALWAYS, schemas: Sequence[ast.EventSchema] = (),
-               tables: Sequence[ast.LookupTable] = ()) -> Plan:
+               tables: Sequence[ast.LookupTable] = (), types: Sequence[str] = (),
+               epochs: dict[str, int] | None = None) -> Plan:
     """Plan every query of a file into one shared DAG; ``materialize`` (always, auto,
     on-demand) decides which SEQ vertices keep their records (plan/joins.py). The
     default keeps them all (on demand pays only where the parent's right input is
     rare per key, which the cost model cannot see). ``schemas``: the file's event
     schemas; those of the plan's types go with it (events that break them are bad).
-    ``tables``: the file's lookup tables; a lookup is planned as the attribute it fills."""
+    ``tables``: the file's lookup tables; a lookup is planned as the attribute it fills.
+    ``types``: event types the plan's type list starts with (a running engine's, whose
+    stored events keep their type codes); ``epochs``: per query added to a running
+    engine, a number of its own (the journal offset it was added at): its NOT and RUN
+    vertices are then its own, shared with no other query."""
     declared = {t.name: t for t in tables}
     queries, lookups = resolve_all(queries, declared)
     cost = CostModel(dict(rates or {}))
-    interner = _Interner()
+    interner = _Interner(types)
     specs = []
     for q in queries:
         qp = _QueryPlanner(q, cost)
         interner.kleene, interner.strategy = qp.kleene, q.strategy
+        interner.epoch = (epochs or {}).get(q.name, 0)
         root_tree, output_guards = qp.plan()
         w = q.within.ms
         root = interner.node(root_tree, qp.key_attrs, w, q.name, w)
@@ -688,13 +704,40 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
         slots=tuple(interner.slots), preds=tuple(interner.preds),
         key_attrs=tuple(interner.key_attrs), lists=tuple(interner.lists),
         guard=tuple(interner.guard), run=tuple(interner.run),
-        users=tuple(tuple(u) for u in interner.users), queries=tuple(specs))
+        users=tuple(tuple(u) for u in interner.users), queries=tuple(specs),
+        keys=_canonical_keys(interner.sigs, interner.types))
     on_demand, why = choose_materialization(plan, materialize)
     used = {c.table for c in lookups}
     return dataclasses.replace(plan, on_demand=on_demand, materialization=why,
                                schemas=tuple(s for s in schemas if s.type in plan.types),
                                lookups=lookups,
                                tables=tuple(t for t in tables if t.name in used))
+
+
+def _canonical_keys(sigs: list[tuple], types: list[str]) -> tuple:
+    """Each vertex's signature with its children's numbers replaced by their keys and
+    its event types' numbers by their names (children come first: the interner
+    numbers a vertex after its children)."""
+    keys: list = []
+
+    def sub(x):
+        return keys[x] if isinstance(x, int) and not isinstance(x, bool) else x
+    for sig in sigs:
+        kind = sig[0]
+        if kind in (Kind.KLEENE, Kind.NOT):        # (kind, child, ...)
+            key = (kind, sub(sig[1]), *sig[2:])
+        elif kind in (Kind.SEQ, Kind.AND, Kind.OR):  # (kind, left, right, preds, key, guards)
+            key = (kind, sub(sig[1]), sub(sig[2]), sig[3], sig[4],
+                   tuple(sorted(map(sub, sig[5]), key=repr)))
+        elif kind == Kind.EVENT:                   # (kind, type number, preds, key)
+            key = (kind, types[sig[1]], *sig[2:])
+        elif kind == Kind.RUN:                     # (kind, RunItems, preds, key, epoch)
+            key = (kind, sig[1].strategy, tuple(types[t] for t in sig[1].types),
+                   sig[1].kleene, *sig[2:])
+        else:                                      # OUTPUT: (kind, query name)
+            key = sig
+        keys.append(key)
+    return tuple(keys)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

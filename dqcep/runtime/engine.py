@@ -202,6 +202,8 @@ class Engine(EventTimeEngine):
             return None  # its events wait in run_pending (see _step_runs)
         elif k == Kind.NOT:
             child = delta[prog.children[v][2]]
+            if len(child) and v in state.excluded:  # a live-added query's: no earlier event
+                child = child.take(~self._early(state.excluded[v], child.slots))
             if len(child):
                 state.not_store[v].push_batch(child.start, child.end, child.key,
                                               np.ascontiguousarray(child.slots))
@@ -272,10 +274,14 @@ class Engine(EventTimeEngine):
         state.run_pending, ready = ready_in_stream_order(state.run_pending, limit)
         if ready is None:
             return out
-        seqs, ts, types = ready
+        every = ready
         for v, run in prog.runs.items():
             if v in self._dead:
                 continue
+            seqs, ts, types = every
+            if v in state.excluded and len(seqs):  # a live-added query's: no earlier event
+                keep = ~self._early(state.excluded[v], seqs.reshape(-1, 1))
+                seqs, ts, types = seqs[keep], ts[keep], types[keep]
             ring = self._scratch(v, prog.n_slots[v])
             ok, keys = leaf_keys(state.store, seqs, run.key)
             try:
@@ -398,11 +404,51 @@ class Engine(EventTimeEngine):
     def _emit(self, out: MatchBatch, q: QueryProgram, detected: np.ndarray, slots: np.ndarray):
         if len(detected):
             picked = slots if q.identity_slots else slots[:, q.var_slots]
+            if q.index in self.state.fresh_since:  # added live: only what came after
+                keep = ~self._before_added(q, picked)
+                if not keep.all():
+                    detected, picked = np.asarray(detected)[keep], picked[keep]
+                if not len(detected):
+                    return
             if q.spec.after_match is not None:  # they wait for their policy's decision
                 self._wait_for_policy(q, np.asarray(detected, np.int64), picked)
                 return
             out.parts.append(self._part(q, np.asarray(detected, np.int64), picked))
             self.state.stats[q.spec.output].outputs += len(detected)
+
+    def _early(self, since: tuple, slots: np.ndarray) -> np.ndarray:
+        """Per record of event seqs (-1: unbound): does it hold an event from before
+        the addition ``since`` describes (``EngineState.fresh_since``)?"""
+        boundary, ids, _ = since
+        bound = slots >= 0
+        early = (bound & (slots < boundary)).any(axis=1)
+        if len(ids) and len(slots):
+            early |= (bound & np.isin(self.store.ids_of(np.ascontiguousarray(slots)), ids)
+                      ).any(axis=1)
+        return early
+
+    def _before_added(self, q: QueryProgram, picked: np.ndarray) -> np.ndarray:
+        """Per match of a query added to the running engine: does it hold an event the
+        engine held when the query came (in its store: a seq below the boundary; in
+        its reorder buffer: one of those ids)? Such a match is not the new query's."""
+        since = self.state.fresh_since[q.index]
+        boundary, ids, _ = since
+        cells = picked.copy()
+        list_cols = list(q.list_columns)
+        if list_cols:
+            cells[:, list_cols] = -1
+        old = self._early(since, cells)
+        if list_cols:
+            handles = np.ascontiguousarray(picked[:, list_cols].ravel())
+            offsets, seqs = self.state.lists.elements_of(handles)
+            early = seqs < boundary
+            if len(ids) and len(seqs):
+                early |= np.isin(self.store.ids_of(seqs.reshape(-1, 1))[:, 0], ids)
+            per_list = np.add.reduceat(early.astype(np.int64), offsets[:-1]) \
+                if len(seqs) else np.zeros(len(handles), np.int64)
+            per_list[offsets[:-1] == offsets[1:]] = 0  # reduceat of an empty range
+            old |= per_list.reshape(len(picked), len(list_cols)).any(axis=1)
+        return old
 
     def _part(self, q: QueryProgram, detected: np.ndarray, picked: np.ndarray) -> tuple:
         """A MatchBatch part: the matches' event ids (list handles: their elements' ids,
@@ -532,6 +578,12 @@ class Engine(EventTimeEngine):
             state.stats[v].evictions += growing.py_evict_end_before(wm - prog.kleene[v].window)
         out += self._decide(wm)
         held_start = min((int(p.start.min()) for p in state.pending if len(p)), default=wm)
+        for table in (state.fresh_since, state.excluded):
+            for x, (boundary, ids, last) in list(table.items()):
+                # every event held at the query's addition is gone: nothing to filter
+                if state.store.base >= boundary and (not len(ids) or (
+                        wm - prog.store_retention > last and held_start > last)):
+                    del table[x]
         state.store.evict_before(min(wm - prog.store_retention, held_start))
         if state.lists is not None:  # a list in a queue or held starts after this
             state.lists.py_evict_end_before(min(wm - prog.store_retention, held_start))

@@ -63,6 +63,17 @@ class RunProgram(NamedTuple):
     queries: tuple[int, ...]     # the queries whose matches it makes
 
 
+class Universe(NamedTuple):
+    """The codes a state's data are written in: event types (the plan's), attribute
+    columns and string codes (the first ones pinned). A program compiled on top of a
+    universe (``Program(plan, universe)``) starts its own with it, so a state written
+    in that universe reads the same under the new program (``dqcep.runtime.live``)."""
+
+    types: tuple[str, ...]
+    attrs: tuple[str, ...]
+    constants: tuple[str | None, ...]
+
+
 class Program:
     """A plan compiled for the native engine; see the module docstring.
 
@@ -70,15 +81,24 @@ class Program:
     shares them (kernel specs hold no state).
     """
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, universe: Universe | None = None):
         self.plan = plan
         self.types = list(plan.types)
         self.attrs = plan_attributes(plan)
-        self.attr_index = {a: i for i, a in enumerate(self.attrs)}
         # The queries' string constants get the first codes of every state's
         # dictionary (pinned there): a compiled constant means the same string
         # in every state this program runs.
         constants = StringDictionary()
+        if universe is not None:  # its columns and codes first, the plan's new ones after
+            if tuple(self.types[:len(universe.types)]) != tuple(universe.types):
+                raise ValueError("the plan's event types do not start with the universe's "
+                                 "(build_plan(types=...))")
+            self.attrs = list(universe.attrs) + [a for a in self.attrs
+                                                 if a not in universe.attrs]
+            constants = StringDictionary(universe.constants, len(universe.constants))
+        self.based_on = universe
+        self.attr_index = {a: i for i, a in enumerate(self.attrs)}
+        g = plan.graph
         g = plan.graph
         self.eff_window = effective_windows(plan)
         hosts = guard_hosts(plan)
@@ -180,6 +200,10 @@ class Program:
         self.prunable = {q.index: self._prunable(q) for q in self.queries
                          if q.spec.after_match is not None}
 
+    @property
+    def universe(self) -> Universe:
+        return Universe(tuple(self.types), tuple(self.attrs), self.constants)
+
     def _prunable(self, q: QueryProgram) -> tuple[int, ...]:
         """The vertices whose partial matches a query's after-match policy may drop
         (``Engine._prune``): its KLEENE, SEQ and AND vertices below its root (not in a
@@ -231,10 +255,11 @@ class Program:
             import hashlib
             import pickle
             plan = self.plan
+            layout = () if self.based_on is None else (self.attrs, self.constants)
             self._fingerprint = hashlib.sha256(pickle.dumps((
                 plan.queries, plan.types, plan.graph.tail.tobytes(),
                 plan.graph.head.tobytes(), plan.on_demand, plan.schemas,
-                plan.lookups))).hexdigest()
+                plan.lookups, *layout))).hexdigest()
         return self._fingerprint
 
     def needed(self, ts: np.ndarray, ids: np.ndarray, types: np.ndarray, val: np.ndarray,

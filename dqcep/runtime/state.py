@@ -98,6 +98,13 @@ class EngineState(TimeState):
     stopped: dict[int, str] = field(default_factory=dict)  # query index -> why (its budget)
     # query index -> its after-match policy's state (spec section 6; dqcep.runtime.policy)
     policies: dict[int, PolicyState] = field(default_factory=dict)
+    # per query added to a running engine (dqcep.runtime.live): what it must not match,
+    # the events the engine held when it came: (the store's next seq then, the ids of
+    # the events its reorder buffer held then, the largest ts among those)
+    fresh_since: dict[int, tuple[int, np.ndarray, int]] = field(default_factory=dict)
+    # the same per NOT and RUN vertex of such a query: the events it must not take in
+    # (an earlier event neither negates nor runs there)
+    excluded: dict[int, tuple[int, np.ndarray, int]] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, program, lateness: int = 0) -> "EngineState":
@@ -177,6 +184,10 @@ class EngineState(TimeState):
             "run_pending": [arr(a) for a in self.run_pending],
             "stopped": {str(q): why for q, why in self.stopped.items()},
             "policies": {str(q): p.to_obj() for q, p in self.policies.items()},
+            "fresh_since": {str(q): [b, arr(ids), t] for q, (b, ids, t)
+                            in self.fresh_since.items()},
+            "excluded": {str(v): [b, arr(ids), t] for v, (b, ids, t)
+                         in self.excluded.items()},
         }
         return SNAPSHOT_MAGIC + struct.pack("<I", SNAPSHOT_VERSION) + \
             msgpack.packb(body, use_bin_type=True)
@@ -232,4 +243,8 @@ class EngineState(TimeState):
         state.stopped = {int(q): why for q, why in body.get("stopped", {}).items()}
         for q, obj in body.get("policies", {}).items():
             state.policies[int(q)] = PolicyState.from_obj(obj)
+        for q, (boundary, ids, last) in body.get("fresh_since", {}).items():
+            state.fresh_since[int(q)] = (boundary, arr(ids), last)
+        for v, (boundary, ids, last) in body.get("excluded", {}).items():
+            state.excluded[int(v)] = (boundary, arr(ids), last)
         return state

@@ -1,0 +1,225 @@
+"""Queries added to and removed from a running native engine (dqcep.runtime.live).
+
+Hypothesis draws a query set (a small file's queries, whose sub-patterns are often
+shared, plus a query of the Kleene, strategy or negation families; each with an
+after-match policy or none), a stream, the batches it arrives in (each shuffled
+within the lateness, so that an event from before a change may lie between two
+after it), a history of changes at random points (some queries run from the start,
+the others are added at a batch boundary, some removed at a later one) and a
+restart (snapshot, program built again from what a checkpoint holds, restore). The
+engine changes its query set live and goes on with the state it has.
+Against the reference matcher run on the slice of events each query was live for:
+
+- a query that ran from the start and stayed: the reference on the whole stream (the
+  changes around it lost and added nothing);
+- a query added and never removed: the reference on the events from its addition on;
+- a removed query: what a fresh engine running it alone outputs on the events of its
+  live slice before the end of the stream is declared (it outputs nothing from its
+  removal on; its held matches are dropped).
+"""
+import dataclasses
+import random
+
+from hypothesis import HealthCheck, given, settings, target
+from hypothesis import strategies as st
+
+from dqcep.events import Event
+from dqcep.lang import ast, parse
+from dqcep.lang.printer import file_to_source
+from dqcep.plan import build_plan
+from dqcep.reference import ReferenceMatcher
+from dqcep.runtime import Engine, MatchBatch
+from dqcep.runtime.live import change_queries
+from dqcep.runtime.program import Program
+from tests.strategies import (kleene_event_streams, kleene_queries, negation_queries,
+                              small_event_streams, small_query_files, strategy_queries)
+from tests.test_native import as_set
+
+
+def renamed(q: ast.Query, name: str) -> ast.Query:
+    return dataclasses.replace(q, name=name)
+
+
+@st.composite
+def live_cases(draw):
+    """(queries, events, batch bounds, history): history[name] = (added at batch i or
+    None for the start, removed at batch j or None)."""
+    qs = list(parse(file_to_source(draw(small_query_files()))).queries)
+    family = draw(st.sampled_from(["kleene", "strategy", "negation", "none"]))
+    if family == "kleene":
+        qs.append(renamed(draw(kleene_queries()), "extra"))
+        events = draw(kleene_event_streams())
+    elif family == "strategy":
+        qs.append(renamed(draw(strategy_queries()), "extra"))
+        events = draw(small_event_streams(max_events=16))
+    elif family == "negation":
+        qs.append(renamed(draw(negation_queries()), "extra"))
+        events = draw(small_event_streams(max_events=16))
+    else:
+        events = draw(small_event_streams(max_events=16))
+    qs = [dataclasses.replace(q, name=f"q{i}",  # names unique; a policy sometimes
+                              after_match=draw(st.none() | st.sampled_from(ast.POLICIES)))
+          for i, q in enumerate(qs)]
+    events = sorted(events, key=lambda e: (e.ts, e.id))
+    n_batches = draw(st.integers(1, 5))
+    bounds = sorted({0, len(events), *draw(st.lists(st.integers(0, len(events)),
+                                                    min_size=n_batches - 1,
+                                                    max_size=n_batches - 1))})
+    batches = len(bounds) - 1
+    history = {}
+    for q in qs:
+        # added before batch i (1 <= i <= batches: the last, after every batch), removed
+        # before a later one
+        added = draw(st.none() | st.integers(1, batches)) if batches else None
+        first = (added or 0) + 1
+        removed = draw(st.none() | st.integers(first, batches)) if first <= batches else None
+        history[q.name] = (added, removed)
+    history[qs[0].name] = (None, None)  # the engine always runs some query
+    # each batch arrives shuffled (its events out of ts order within the lateness that
+    # covers it): an event that came before a query may lie between two after it
+    seed = draw(st.none() | st.integers(0, 9))
+    if seed is not None:
+        rnd = random.Random(seed)
+        batches = [events[a:b] for a, b in zip(bounds, bounds[1:])]
+        for b in batches:
+            rnd.shuffle(b)
+        events = [e for b in batches for e in b]
+    return qs, events, bounds, history
+
+
+def lateness_of(events, bounds) -> int:
+    """The lateness that covers each batch's disorder (the batches are in ts order)."""
+    spans = [max(e.ts for e in events[a:b]) - min(e.ts for e in events[a:b])
+             for a, b in zip(bounds, bounds[1:]) if b > a]
+    return max(spans, default=0)
+
+
+def live_at(qs, history, i):
+    """The queries live for batch ``i``, in the file's order."""
+    added = {q.name: -1 if history[q.name][0] is None else history[q.name][0] for q in qs}
+    return [q for q in qs if added[q.name] <= i and
+            (history[q.name][1] is None or history[q.name][1] > i)]
+
+
+def run_live(qs, events, bounds, history, snapshot_at=None):
+    """The matches per query of one engine whose query set changes at the batch
+    boundaries ``history`` says (a snapshot and restore before batch ``snapshot_at``)."""
+    live = live_at(qs, history, -1)  # those of the start
+    epochs: dict[str, int] = {}
+    engine = Engine(build_plan(live), lateness_of(events, bounds))
+    out: dict[str, set] = {q.name: set() for q in qs}
+
+    def take(batch):
+        for m in batch.to_matches():
+            key = (m.query, m.events, m.detected_at)
+            assert key not in out[m.query], "a match was emitted twice"
+            out[m.query].add(key)
+    batches = [events[a:b] for a, b in zip(bounds, bounds[1:])]
+    for i in range(len(batches) + 1):
+        now = live_at(qs, history, i)
+        if [q.name for q in now] != [q.name for q in live]:
+            for q in now:
+                if q not in live:
+                    epochs[q.name] = i + 1  # any number of its own
+            engine = change_queries(engine, now, epochs)
+            live = now
+        if snapshot_at == i:  # a restart: the program built again from the query set,
+            # the epochs and (after a change) the universe: what a checkpoint holds
+            universe = engine.program.based_on and engine.program.universe
+            program = Program(build_plan(live, types=universe.types if universe else (),
+                                         epochs=epochs), universe)
+            second = Engine(program)
+            second.restore(engine.snapshot())
+            engine = second
+        if i < len(batches):
+            take(engine.process(batches[i]))
+    take(engine.flush())
+    return out
+
+
+def expected(qs, events, bounds, history):
+    out, before = {}, 0
+    for q in qs:
+        added, removed = history[q.name]
+        start = bounds[added] if added is not None else 0
+        if removed is None:
+            out[q.name] = as_set(ReferenceMatcher([q]).run(events[start:]))
+        else:  # alone on its slice, without the end of the stream
+            engine = Engine(build_plan([q]), lateness_of(events, bounds))
+            got = MatchBatch(engine.match_queries)
+            for a, b in zip(bounds[added or 0:removed], bounds[(added or 0) + 1:removed + 1]):
+                got += engine.process(events[a:b])
+            out[q.name] = as_set(got.to_matches())
+        if added is not None:  # steer to the matches an added query must not have
+            before += len(as_set(ReferenceMatcher([q]).run(events)) - out[q.name])
+    target(float(before), label="matches from before an addition")
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(live_cases(), st.none() | st.integers(0, 5))
+def test_queries_added_and_removed_live_match_their_slices(case, restart):
+    qs, events, bounds, history = case
+    assert run_live(qs, events, bounds, history, restart) == \
+        expected(qs, events, bounds, history)
+
+
+def ev(i, etype, ts, **attrs):
+    return Event(i, etype, ts, attrs)
+
+
+def matches_of(engine_batches):
+    return {(m.query, tuple(i for _, i in m.events)) for b in engine_batches
+            for m in b.to_matches()}
+
+
+def test_a_shared_partial_match_from_before_an_addition_is_not_the_new_querys():
+    """q1 shares q0's SEQ vertex and its partial match (A1): A1 came before q1, so
+    (A1, B2) is q0's alone; (A3, B4) is both's."""
+    q0, q1 = parse("QUERY q0 PATTERN SEQ(A a, B b) WITHIN 10 ms;\n"
+                   "QUERY q1 PATTERN SEQ(A x, B y) WITHIN 10 ms").queries
+    engine = Engine(build_plan([q0]))
+    out = [engine.process([ev(1, "A", 1)])]
+    engine = change_queries(engine, [q0, q1], {"q1": 1})
+    assert engine.program.plan.n_vertices == 5  # A, B, SEQ shared; an OUTPUT each
+    out += [engine.process([ev(2, "B", 2), ev(3, "A", 3), ev(4, "B", 4)]), engine.flush()]
+    assert matches_of(out) == {("q0", (1, 2)), ("q0", (1, 4)), ("q0", (3, 4)),
+                               ("q1", (3, 4))}
+
+
+def test_an_event_from_before_an_addition_negates_nothing_of_the_new_query():
+    """C2 arrived before q1 and lies between A1 and B3, which came after (within the
+    lateness): it negates q0's (A1, B3), not q1's, whose NOT vertex is its own."""
+    text = "QUERY {} PATTERN SEQ(A a, NOT C c, B b) WITHIN 10 ms;\n"
+    q0, q1 = parse(text.format("q0") + text.format("q1")).queries
+    engine = Engine(build_plan([q0]), lateness=5)
+    out = [engine.process([ev(2, "C", 2)])]
+    engine = change_queries(engine, [q0, q1], {"q1": 1})
+    out += [engine.process([ev(1, "A", 1), ev(3, "B", 3)]), engine.flush()]
+    assert matches_of(out) == {("q1", (1, 3))}
+
+
+def test_a_removed_query_says_nothing_more_and_its_vertices_are_freed():
+    """q1's held match (a trailing NOT waits) is dropped with it; the vertices only it
+    read are gone and their state with them; q0 goes on."""
+    q0, q1 = parse("QUERY q0 PATTERN SEQ(A a, B b) WITHIN 10 ms;\n"
+                   "QUERY q1 PATTERN SEQ(A a, D d, NOT C c) WITHIN 10 ms").queries
+    engine = Engine(build_plan([q0, q1]))
+    out = [engine.process([ev(1, "A", 1), ev(2, "D", 2)])]
+    assert engine.query_state_bytes()["q1"] > 0
+    engine = change_queries(engine, [q0], {})
+    assert engine.program.plan.n_vertices == 4 and "q1" not in engine.query_state_bytes()
+    out += [engine.process([ev(3, "B", 3), ev(30, "A", 30)]), engine.flush()]
+    assert matches_of(out) == {("q0", (1, 3))}
+
+
+def test_an_event_from_before_an_addition_breaks_no_run_of_the_new_query():
+    """Under strict contiguity C2 (arrived before q1, within the lateness) lies between
+    A1 and B3: it breaks q0's run, not q1's, whose RUN vertex is its own."""
+    text = "QUERY {} PATTERN SEQ(A a, B b) WITHIN 10 ms USING strict-contiguity;\n"
+    q0, q1 = parse(text.format("q0") + text.format("q1")).queries
+    engine = Engine(build_plan([q0]), lateness=5)
+    out = [engine.process([ev(2, "C", 2)])]
+    engine = change_queries(engine, [q0, q1], {"q1": 1})
+    out += [engine.process([ev(1, "A", 1), ev(3, "B", 3)]), engine.flush()]
+    assert matches_of(out) == {("q1", (1, 3))}
