@@ -331,3 +331,107 @@ def test_workers_serve_the_same_side(mosquitto, tmp_path):
             "worker 2: up" in out.stdout, out.stdout + out.stderr
     finally:
         svc.stop()
+
+
+# ------------------------------------------------------------------ live queries
+
+ADDED = """QUERY intrusion2
+PATTERN SEQ(Door x, Motion y)
+WHERE [room] AND x.open = true AND y.active = true
+WITHIN 10 s;
+QUERY smokeless
+PATTERN SEQ(Temperature t, NOT Smoke s, Door d)
+WHERE [room] AND t.value > 15 AND d.open = true
+WITHIN 20 s
+"""
+
+
+def batches_of(events, size=200):
+    import msgpack
+    return [msgpack.packb({"events": events[i:i + size]}) for i in range(0, len(events), size)]
+
+
+def by_query(lines):
+    out: dict[str, set] = {}
+    for line in lines:
+        out.setdefault(json.loads(line)["query"], set()).add(line)
+    return out
+
+
+def reference_lines(text, events):
+    from dqcep.events import event_from_mapping
+    from dqcep.lang import parse
+    from dqcep.reference import ReferenceMatcher
+    found = ReferenceMatcher(parse(text).queries).run([event_from_mapping(e) for e in events])
+    return {json.dumps(m.to_json_obj()) for m in found}
+
+
+def test_queries_added_and_removed_live_are_exactly_their_slices(mosquitto, tmp_path):
+    """Two queries added after the first third of a stream (one shares intrusion's
+    vertices and state, one has a NOT of its own), a SIGKILL after the second third
+    (the change is replayed from the journal), intrusion removed after it (intrusion2
+    keeps the vertices they shared): each query's output is the reference's on the
+    events it was live for, each match once."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/live"
+    stream = tmp_path / "stream.jsonl"
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                    "9000", "--seed", "8", "--plant", str(QUERIES), "--plant-every", "130000",
+                    "--quiet", "-o", str(stream)], check=True)
+    events = [json.loads(x) for x in stream.read_text().splitlines()]
+    phases = [events[:3000], events[3000:6000], events[6000:]]
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    (tmp_path / "added.cep").write_text(ADDED)
+    http = free_port()
+    base = f"http://127.0.0.1:{http}/"
+    svc = Service(tmp_path, url)
+    svc.args += ["--http", f"127.0.0.1:{http}", "--http-token-file", str(token)]
+    svc.start()
+    from tests.test_service import publish_all
+
+    def queries(op, *args):
+        r = subprocess.run([sys.executable, "-m", "dqcep", "queries", op, base, *args,
+                            "--token-file", str(token)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    publish_all(host, port, "dqcep/live", batches_of(phases[0]), "live-pub")
+    svc.wait_for(len(phases[0]))
+    # refused, nothing changed: a parse error with its place, a name it runs, no token
+    bad = tmp_path / "bad.cep"
+    bad.write_text("QUERY z\nPATTERN SEQ(Door d, Motion m)\nWHERE q.open = true\nWITHIN 1 s\n")
+    r = subprocess.run([sys.executable, "-m", "dqcep", "queries", "add", base, str(bad),
+                        "--token-file", str(token)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and f"{bad}:3:7: unknown variable 'q'" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "dqcep", "queries", "remove", base, "stuffy"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "401" in r.stderr, r.stderr
+    code, body, _ = get(base + "queries", token=TOKEN, method="POST",
+                        body=b"QUERY intrusion PATTERN Door d WITHIN 1 s")
+    assert code == 400 and b"runs a query 'intrusion' already" in body
+    out = subprocess.run([sys.executable, "-m", "dqcep", "queries", "add", base,
+                          str(tmp_path / "added.cep"), "--token-file", str(token)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "added intrusion2, smokeless at journal record" in \
+        out.stdout and "applied" in out.stdout, out.stdout + out.stderr
+    publish_all(host, port, "dqcep/live", batches_of(phases[1]), "live-pub")
+    svc.wait_for(len(phases[0]) + len(phases[1]))
+    svc.kill_and_restart()  # the change is replayed in its place
+    listed = queries("list")
+    assert [x.split()[0] for x in listed.splitlines() if not x.startswith(" ")] == \
+        ["overheating", "intrusion", "stuffy", "intrusion2", "smokeless"], listed
+    assert "removed intrusion at journal record" in queries("remove", "intrusion")
+    publish_all(host, port, "dqcep/live", batches_of(phases[2]), "live-pub")
+    svc.wait_for(len(events))
+    svc.finish()
+    got = by_query(svc.output())  # each match once (output() checks)
+    file_text = QUERIES.read_text()
+    want = by_query(reference_lines(file_text, events)
+                    | reference_lines(ADDED, phases[1] + phases[2]))
+    want["intrusion"] = by_query(reference_lines(file_text, phases[0] + phases[1]))[
+        "intrusion"]
+    for q in ("overheating", "intrusion", "stuffy", "intrusion2", "smokeless"):
+        assert got.get(q, set()) == want.get(q, set()), q
+    assert want["intrusion2"] and want["intrusion"] and want["smokeless"]

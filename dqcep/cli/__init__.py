@@ -16,7 +16,7 @@ from typing import Sequence
 
 from dqcep import __version__
 from dqcep.cli import (calibrate, capacity, demo, experiment, explain, generate, publish,
-                       run, status)
+                       queries, run, status)
 from dqcep.cli.common import EXIT_USER_ERROR, Parser
 from dqcep.errors import UserError
 
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_parser(sub)
     from dqcep.spark.cli import add_spark_parser
     add_spark_parser(sub, Parser)
-    for command in (generate, publish, run, status, experiment):
+    for command in (generate, publish, run, status, queries, experiment):
         command.add_parser(sub)
     return p
 

@@ -393,6 +393,19 @@ class MqttSource:
             self.client.ack(mid, 1)
         return True
 
+    def journal_record(self, topic: str, payload: bytes) -> int:
+        """A record of the service's own (a change of its query set) journaled among
+        the messages and committed before this returns: its journal offset. A journal
+        that cannot be written raises ``JournalWriteError`` (nothing was journaled)."""
+        with self._lock:
+            offset = self.journal.append(topic, payload, int(time.time() * 1e6))
+            self.arrivals.stamp(offset, time.time())
+            self.journal.commit()
+        for hook in self.on_commit:
+            hook(self.journal.durable_offset)
+        self.committed.set()
+        return offset
+
     def _commit_loop(self) -> None:
         try:
             while not self._stop.is_set():

@@ -255,11 +255,16 @@ class Program:
             import hashlib
             import pickle
             plan = self.plan
-            layout = () if self.based_on is None else (self.attrs, self.constants)
-            self._fingerprint = hashlib.sha256(pickle.dumps((
-                plan.queries, plan.types, plan.graph.tail.tobytes(),
-                plan.graph.head.tobytes(), plan.on_demand, plan.schemas,
-                plan.lookups, *layout))).hexdigest()
+            parts = (plan.queries, plan.types, plan.graph.tail.tobytes(),
+                     plan.graph.head.tobytes(), plan.on_demand, plan.schemas, plan.lookups)
+            if self.based_on is None:
+                self._fingerprint = hashlib.sha256(pickle.dumps(parts)).hexdigest()
+            else:  # each part alone: a pickle of the whole depends on which equal
+                # objects are one (the universe's strings are the plan's in one build)
+                digest = hashlib.sha256()
+                for part in (*parts, tuple(self.attrs), self.constants):
+                    digest.update(hashlib.sha256(pickle.dumps(part)).digest())
+                self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
     def needed(self, ts: np.ndarray, ids: np.ndarray, types: np.ndarray, val: np.ndarray,

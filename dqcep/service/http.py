@@ -37,6 +37,7 @@ from dqcep.errors import UserError
 PUBLISH_EVERY = 0.5     # s between the service's snapshots for the HTTP side
 HISTORY_SECONDS = 600   # how far back the page's charts reach
 LAST_MATCHES = 20       # matches the page lists
+MAX_BODY = 1 << 20      # bytes of a change's body (a query file's text), at most
 DEFAULT_HOST = "127.0.0.1"
 
 
@@ -226,6 +227,8 @@ class _App:
                 return "200 OK", [("Content-Type", "text/html; charset=utf-8")], self.page
             if path == "/status":
                 return _json(200, self.board.status())
+            if path == "/queries":
+                return _json(200, {"queries": self.board.status().get("queries", [])})
             if path == "/metrics":  # the format the scraper asks for (Accept)
                 from prometheus_client.exposition import choose_encoder
                 encode, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
@@ -242,11 +245,20 @@ class _App:
             return _text(404, f"no page {path}: /, /status, /metrics, /plan.svg")
         if self.changes is None:
             return _text(405, f"{method} {path}: nothing here can be changed")
-        return self.changes(environ, method, path)
+        try:
+            size = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            size = -1
+        if not 0 <= size <= MAX_BODY:
+            return _text(400, f"a change's body is at most {MAX_BODY} bytes")
+        body = environ["wsgi.input"].read(size) if size else b""
+        code, answer = self.changes(method, path, body)
+        return _json(code, answer)
 
 
 def _text(code: int, message: str):
-    reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+    reason = {200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized",
+              403: "Forbidden",
               404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
               500: "Internal Server Error", 503: "Service Unavailable"}[code]
     return f"{code} {reason}", [("Content-Type", "text/plain; charset=utf-8")], \

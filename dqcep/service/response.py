@@ -91,6 +91,13 @@ class ResponseTimes:
             self.total[name].add(delays, unmeasured)
             self.recent[name].add(delays, unmeasured)
 
+    def rename(self, names: list[str]) -> None:
+        """The queries measured from now on (a live change): a query that stays keeps
+        its figures, a new one starts at none."""
+        self.names = list(names)
+        self.total = {n: self.total.get(n) or Tally() for n in self.names}
+        self.recent = {n: self.recent.get(n) or Tally() for n in self.names}
+
     def take_recent(self) -> dict[str, dict]:
         """The response times since the last call, per query; starts a new period."""
         out = {n: t.as_dict() for n, t in self.recent.items()}

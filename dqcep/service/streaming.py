@@ -57,6 +57,9 @@ from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming,
                              open_match_sink)
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
+from dqcep.runtime.live import change_queries
+from dqcep.runtime.program import Program, Universe
+from dqcep.service.changes import CONTROL_TOPIC, QuerySet, control_record, read_control
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, HttpServer
 from dqcep.service.response import ResponseTimes, ServiceTimes
 from dqcep.runtime import STATE_BUDGET, Engine, EventColumns, MatchBatch
@@ -64,6 +67,7 @@ from dqcep.runtime.pipeline import Pipeline
 from dqcep.runtime.returns import ReturnValues
 
 CHECKPOINT_VERSION = 3
+CHANGE_WAIT = 30.0    # s an HTTP change waits to be applied before it answers 202
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
 CONSUMER = "service"  # a service's name among the journal's consumers (retention), default
 RETRY_SECONDS = 1.0   # pause before going back to the checkpoint after a failed write
@@ -212,9 +216,13 @@ class StreamingService:
                                     else None, cfg.max_future)
         query_file = parse_file(cfg.queries)
         queries = hosted_queries(query_file, cfg.hosted, cfg.queries)
-        self.queries, self.query_tables = queries, query_file.tables
-        self.plan = build_plan(queries, cfg.rates, materialize=cfg.materialize,
-                               schemas=query_file.schemas, tables=query_file.tables)
+        # the query set of the file; a checkpoint after a live change holds its own
+        self.file_set = QuerySet(queries, {}, query_file.schemas, query_file.tables)
+        self.query_tables = query_file.tables
+        self.board: Board | None = None
+        self.source: MqttSource | None = None  # while run() runs: the HTTP side's changes
+        self._changing = threading.Lock()      # one change at a time from the HTTP side
+        self._next_set: QuerySet | None = None  # the set after the changes journaled
         # lookup tables: read at the start, again before a batch when due (one snapshot
         # per batch); kept across a recovery
         self.tables = DatabaseTables(query_file.tables) if query_file.tables else None
@@ -234,10 +242,6 @@ class StreamingService:
         self.service_times = ServiceTimes(time.monotonic())
         self.checkpointed_at: float | None = None  # time.monotonic() of the last one
         self.last_matches: deque = deque(maxlen=LAST_MATCHES)  # for the HTTP side
-        self.query_texts = {q.name: to_source(q) for q in queries}
-        plan_dot = explain_dot(self.plan)
-        self.plan_version = hashlib.sha1(plan_dot.encode()).hexdigest()[:12]
-        self.board = Board(plan_dot) if cfg.http is not None else None
         self._recent: dict = {}  # the last stats line's figures of its period
         self._load(state)
         if self.database and (state is None or "stream" not in state):
@@ -268,10 +272,41 @@ class StreamingService:
                 f"{first}): a replay cannot rebuild {', '.join(written)}; restore the "
                 "checkpoint, or move those files away to start from what the journal holds")
 
+    def _use_queries(self, query_set: QuerySet, program: Program) -> None:
+        """The query set the service runs from now on, and its program."""
+        self.query_set, self.queries = query_set, list(query_set.queries)
+        self.program, self.plan = program, program.plan
+        self.query_texts = {q.name: to_source(q) for q in self.queries}
+        self.response.rename([q.name for q in self.queries])
+        plan_dot = explain_dot(self.plan)
+        self.plan_version = hashlib.sha1(plan_dot.encode()).hexdigest()[:12]
+        if self.cfg.http is not None:
+            if self.board is None:
+                self.board = Board(plan_dot)
+            self.board.set_plan(plan_dot)
+
+    def _program_of(self, state: dict | None) -> tuple[QuerySet, Program]:
+        """The query set and program a checkpoint's state was written by: the file's,
+        unless queries were changed live (then the checkpoint holds the set and the
+        universe of the engine's codes)."""
+        cfg = self.cfg
+        if state is None or not state.get("query_set"):
+            query_set, universe = self.file_set, None
+        else:
+            query_set = QuerySet.from_obj(state["query_set"], self.file_set, cfg.checkpoint)
+            types, attrs, constants = state["universe"]
+            universe = Universe(tuple(types), tuple(attrs), tuple(constants))
+        plan = build_plan(query_set.queries, cfg.rates, materialize=cfg.materialize,
+                          schemas=query_set.schemas, tables=query_set.tables,
+                          types=universe.types if universe else (),
+                          epochs=query_set.live_epochs)
+        return query_set, Program(plan, universe)
+
     def _load(self, state: dict | None) -> None:
         """Engine, offsets and sinks as the checkpoint left them (fresh without one)."""
         cfg = self.cfg
-        engine = Engine(self.plan, cfg.lateness, lookup_source=self.tables,
+        self._use_queries(*self._program_of(state))
+        engine = Engine(self.program, cfg.lateness, lookup_source=self.tables,
                         budget=cfg.budget)
         sizes = dict.fromkeys(SINKS, 0)
         self.offset, self.counts = 0, {}
@@ -410,6 +445,10 @@ class StreamingService:
             if isinstance(payload, Gap):
                 self._flush()
                 self._lost(record.offset, payload)
+                continue
+            if record.topic == CONTROL_TOPIC:  # a change of the query set, in its place
+                self._flush()
+                self._change(record)
                 continue
             self.counts["payloads"] += 1
             rows = self.decoder.decode(payload) if kernel and isinstance(
@@ -605,6 +644,96 @@ class StreamingService:
                          "reason": f"{what} lost: {gap.reason}"})
         self.offset = last + 1
 
+    def _change(self, record: Record) -> None:
+        """A control record: the query set changes here, every record before it
+        processed under the old set, every one after it under the new. A worker's
+        consumer (one query of the file) leaves changes to its coordinator."""
+        self.offset = record.offset + 1
+        if self.cfg.hosted is not None:
+            return
+        try:
+            change = read_control(record.payload)
+            if change["op"] == "add":
+                added = self.query_set.parse_added(change["text"])
+                new = self.query_set.with_added(added, record.offset + 1, change["text"])
+                what = f"added {', '.join(q.name for q in added)}"
+            else:
+                new = self.query_set.without(change["name"])
+                what = f"removed {change['name']}"
+            engine = change_queries(
+                self.engine, new.queries, new.live_epochs, schemas=new.schemas,
+                tables=new.tables, rates=self.cfg.rates, materialize=self.cfg.materialize,
+                lookup_source=self.tables, budget=self.cfg.budget)
+        except (UserError, ValueError, KeyError) as err:  # journaled by another version
+            self._dead_count("change")
+            self.dead.write({"offset": record.offset, "reason": f"change refused: {err}"})
+            print(f"dqcep: journal record {record.offset}: change refused: {err}",
+                  file=sys.stderr, flush=True)
+            return
+        self._use_queries(new, engine.program)
+        self.engine = self.pipeline.engine = engine
+        self.decoder = engine.column_decoder()
+        if self.returns is not None:
+            self.returns = self.pipeline.returns = self.returns.for_engine(
+                self.queries, engine)
+        if not self._replaying:
+            print(f"dqcep: queries {what} at journal record {record.offset}; running "
+                  f"{', '.join(self.query_set.names)}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------- changes over HTTP
+    def http_change(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
+        """``POST /queries`` (body: query text) and ``DELETE /queries/NAME``, from the
+        HTTP side's threads: checked against the query set as it will be once the
+        changes journaled before are applied, journaled as a control record, then
+        waited for (the service applies it when its consumption reaches it).
+        Returns (HTTP status, answer)."""
+        if method == "POST" and path == "/queries":
+            op = "add"
+        elif method == "DELETE" and path.startswith("/queries/") and len(path) > 9:
+            op = "remove"
+        else:
+            return 404, {"error": f"{method} {path}: changes are POST /queries and "
+                                  "DELETE /queries/NAME"}
+        if self.source is None:
+            return 503, {"error": "the service is not running"}
+        if self.cfg.materialize != "always":
+            return 409, {"error": f"--materialize {self.cfg.materialize} re-plans shared "
+                                  "joins as the query set changes; live changes need "
+                                  "--materialize always"}
+        with self._changing:
+            current = self._next_set or self.query_set
+            try:
+                if op == "add":
+                    added = current.parse_added(body.decode("utf-8"))
+                    new = current.with_added(added, 1, body.decode("utf-8"))
+                    build_plan(new.queries, self.cfg.rates, schemas=new.schemas,
+                               tables=new.tables)  # what cannot be planned is refused
+                    payload = control_record("add", text=body.decode("utf-8"))
+                    names = [q.name for q in added]
+                else:
+                    name = path[len("/queries/"):]
+                    new = current.without(name)
+                    payload = control_record("remove", name=name)
+                    names = [name]
+            except UnicodeDecodeError:
+                return 400, {"error": "the body is not UTF-8 text"}
+            except UserError as err:  # QueryError too: with its line and column
+                return (404 if op == "remove" and "runs no query" in str(err) else 400), \
+                    {"error": str(err)}
+            try:
+                offset = self.source.journal_record(CONTROL_TOPIC, payload)
+            except (UserError, OSError) as err:
+                return 503, {"error": f"cannot write the journal: {err}; the change is "
+                                      "applied once the journal is written again"}
+            self._next_set = new
+        deadline = time.monotonic() + CHANGE_WAIT
+        while self.offset <= offset and time.monotonic() < deadline:
+            time.sleep(0.01)
+        applied = self.offset > offset
+        return (200 if applied else 202), {
+            "op": op, "queries": names, "journal_offset": offset, "applied": applied,
+            "running": self.query_set.names}
+
     def _dead_count(self, reason: str, n: int = 1) -> None:
         """A dead letter's reason counted (``dead_letters`` in the stats, the metrics'
         ``reason`` label; checkpointed with the other counters)."""
@@ -636,7 +765,11 @@ class StreamingService:
             "recent": self.recent.ids().astype("<i8").tobytes(),
             "counts": self.counts, "sinks": sinks, "stream": self.stream,
             "ended_at": self.ended_at, "db_written": self.db_written,
-            "returns": None if self.returns is None else self.returns.snapshot()})
+            "returns": None if self.returns is None else self.returns.snapshot(),
+            # after a live change: the query set and the codes the engine's state uses
+            "query_set": None if self.program.based_on is None else self.query_set.to_obj(),
+            "universe": None if self.program.based_on is None else
+            [list(u) for u in self.program.universe]})
         self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
         self.checkpointed_at = time.monotonic()
@@ -711,7 +844,9 @@ class StreamingService:
         s["redelivered"] = source.redelivered if source is not None else 0
         if source is not None and source.write_error:
             s["error"], s["failing"] = source.write_error, 1
-        s["queries"] = [{"name": q.name, "text": self.query_texts.get(q.name)}
+        s["queries"] = [{"name": q.name, "text": self.query_texts.get(q.name),
+                         "added_at": self.query_set.epochs.get(q.name, 0) - 1
+                         if self.query_set.epochs.get(q.name) else None}
                         for q in self.queries]
         s["plan_version"] = self.plan_version
         s["last_matches"] = list(self.last_matches)
@@ -755,9 +890,9 @@ class StreamingService:
         end_of_stream = end_of_stream or threading.Event()
         http = None
         if self.board is not None:  # a port in use is refused before anything starts
-            http = HttpServer(self.board, self.cfg.http)
+            http = HttpServer(self.board, self.cfg.http, self.http_change)
             self.board.publish(self.status())
-        source = MqttSource(self.urls, self.journal, self.cfg.client_id)
+        source = self.source = MqttSource(self.urls, self.journal, self.cfg.client_id)
         self.arrivals = source.arrivals
         source.start()
         where = f"; state in {self.cfg.state}" if self.cfg.state else ""

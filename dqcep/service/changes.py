@@ -1,0 +1,133 @@
+"""Queries added to and removed from a running service (``POST /queries``,
+``DELETE /queries/NAME``, ``dqcep queries``).
+
+A change is a control record in the journal (topic ``CONTROL_TOPIC``, a JSON
+payload), written and made durable like any message: the service applies it when
+its consumption reaches it, after every record before it and before every record
+after it (``dqcep.runtime.live.change_queries``). A replay after a crash therefore
+applies it at the same point, and the output stays exactly once. The checkpoint
+holds the query set (``QuerySet``: each query's text and epoch, the journal offset
+it was added at) and the universe the engine's state is written in.
+
+No device can write a control record: MQTT's wildcards never match a topic that
+starts with ``$``, and an ``--input`` that names one is refused.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from dqcep.errors import UserError
+from dqcep.lang import ast, parse
+from dqcep.lang.printer import schema_to_source, table_to_source
+
+CONTROL_TOPIC = "$dqcep/control"
+
+
+def control_record(op: str, **fields) -> bytes:
+    """The payload of a change: ``add`` (``text``: queries) or ``remove`` (``name``)."""
+    return json.dumps({"op": op, **fields}, sort_keys=True).encode()
+
+
+def read_control(payload: bytes) -> dict:
+    change = json.loads(payload)
+    if not isinstance(change, dict) or change.get("op") not in ("add", "remove"):
+        raise ValueError(f"not a change: {payload[:80]!r}")
+    return change
+
+
+@dataclass
+class QuerySet:
+    """The queries a service runs, in the order they came, each with its epoch (0: of
+    the query file the service started with; else the journal offset + 1 of the
+    control record that added it), and the file's EVENT and TABLE declarations,
+    which every query may use."""
+
+    queries: list[ast.Query]
+    epochs: dict[str, int] = field(default_factory=dict)
+    schemas: tuple = ()
+    tables: tuple = ()
+    # per query added live: the text of the change that added it, parsed again as it
+    # was (its plan, positions included, is then the same after a restart)
+    texts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [q.name for q in self.queries]
+
+    @property
+    def live_epochs(self) -> dict[str, int]:
+        """The epochs of the queries added live (the planner's salt)."""
+        return {n: e for n, e in self.epochs.items() if e}
+
+    def declarations(self) -> str:
+        return "".join(f"{schema_to_source(s)};\n" for s in self.schemas) + \
+            "".join(f"{table_to_source(t)};\n" for t in self.tables)
+
+    def parse_added(self, text: str, source: str = "<request>") -> list[ast.Query]:
+        """The queries of a request's text, checked against the set: parse errors
+        with their line and column in ``text``; a name the set has, declarations of
+        its own, or nothing to add, refused."""
+        if not text.strip():
+            raise UserError(f"{source}: no query to add")
+        added = self._parse(text, source)
+        mine = parse(text, source) if not (self.schemas or self.tables) else None
+        if mine is not None and (mine.schemas or mine.tables) or \
+                len(added.schemas) != len(self.schemas) or len(added.tables) != len(self.tables):
+            raise UserError(f"{source}: declare EVENT schemas and TABLEs in the service's "
+                            "query file; a change adds queries only")
+        clash = [q.name for q in added.queries if q.name in self.names]
+        if clash:
+            raise UserError(f"{source}: the service runs a query {clash[0]!r} already "
+                            "(remove it first)")
+        return list(added.queries)
+
+    def _parse(self, text: str, source: str):
+        """A change's text with the service's declarations after it (its lines keep
+        their numbers)."""
+        body = text.rstrip()
+        return parse(body + ("" if body.endswith(";") else ";") + "\n" +
+                     self.declarations(), source)
+
+    def with_added(self, queries: list[ast.Query], epoch: int, text: str) -> "QuerySet":
+        return QuerySet(self.queries + queries,
+                        {**self.epochs, **{q.name: epoch for q in queries}},
+                        self.schemas, self.tables,
+                        {**self.texts, **{q.name: text for q in queries}})
+
+    def without(self, name: str) -> "QuerySet":
+        if name not in self.names:
+            raise UserError(f"the service runs no query {name!r} (its queries: "
+                            f"{', '.join(self.names)})")
+        if len(self.queries) == 1:
+            raise UserError(f"{name} is the service's only query: a service runs at least "
+                            "one (add another first)")
+        return QuerySet([q for q in self.queries if q.name != name],
+                        {n: e for n, e in self.epochs.items() if n != name},
+                        self.schemas, self.tables,
+                        {n: t for n, t in self.texts.items() if n != name})
+
+    # ----------------------------------------------------------- checkpoint
+    def to_obj(self) -> list:
+        """[name, epoch, the change's text or None (a query of the file)] per query."""
+        return [[q.name, self.epochs.get(q.name, 0), self.texts.get(q.name)]
+                for q in self.queries]
+
+    @classmethod
+    def from_obj(cls, obj, file_set: "QuerySet", source: str) -> "QuerySet":
+        """The set a checkpoint holds: the file's queries taken from the file (by
+        name), those added live parsed again from their changes' texts."""
+        of_file = {q.name: q for q in file_set.queries}
+        queries, epochs, texts = [], {}, {}
+        for name, epoch, text in obj:
+            if text is None:
+                if name not in of_file:
+                    raise UserError(f"{source}: the checkpoint's query set has {name!r} of "
+                                    "the query file, which the file no longer holds")
+                queries.append(of_file[name])
+            else:
+                queries.append(next(q for q in file_set._parse(text, "<request>").queries
+                                    if q.name == name))
+                texts[name] = text
+            epochs[name] = epoch
+        return cls(queries, epochs, file_set.schemas, file_set.tables, texts)
