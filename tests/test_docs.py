@@ -56,6 +56,9 @@ FIXTURES = {
                              "WHERE z.value > 50\nWITHIN 30 s\n"},
     "cli.md": {"bad.jsonl": '{"id": 1, "type": "A", "ts": 1}\n'
                             '{"id": 2, "type": "A", "ts": "x"}\n'},
+    "operations.md": {"more.cep": "QUERY intrusion2\nPATTERN SEQ(Door x, Motion y)\n"
+                                  "WHERE [room] AND x.open = true AND y.active = true\n"
+                                  "WITHIN 10 s\n"},
 }
 ERROR_LINE = re.compile(r"^\S+:\d+:\d+: ")
 
@@ -310,7 +313,9 @@ def test_operations_commands_against_a_broker(mosquitto, tmp_path):
     services = [s for s in shown if s.command.startswith("dqcep run")]
     status = [s for s in shown if s.command.startswith("dqcep status")]
     token = [s for s in shown if s.command.startswith("python3 -c")]
+    changes = [s for s in shown if s.command.startswith("dqcep queries")]
     assert len(services) == 2 and len(status) == 2 and len(token) == 1
+    assert [c.command.split()[2] for c in changes] == ["add", "list", "remove"]
 
     def args(command):
         return shlex.split(command.replace("localhost:1883", f"{host}:{port}")
@@ -344,6 +349,13 @@ def test_operations_commands_against_a_broker(mosquitto, tmp_path):
                 r = subprocess.run(bare, cwd=cwd, env=env, capture_output=True, text=True,
                                    timeout=60)
                 assert r.returncode == 2 and "401" in r.stderr, r.stderr
+                for change in changes:  # the live queries, with the token
+                    r = subprocess.run(args(change.command), cwd=cwd, env=env,
+                                       capture_output=True, text=True, timeout=120)
+                    assert r.returncode == 0, (change.where, r.stderr)
+                    for want in change.output:  # the journal record is this run's
+                        assert re.sub(r"record \d+", "record N", want) in \
+                            re.sub(r"record \d+", "record N", r.stdout), (want, r.stdout)
         finally:
             svc.send_signal(signal.SIGTERM)
             err = svc.communicate(timeout=60)[1]

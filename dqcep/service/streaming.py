@@ -212,6 +212,10 @@ class StreamingService:
     def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None):
         self.cfg = cfg
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
+        own = [u.topic for u in self.urls if u.topic.startswith(CONTROL_TOPIC.split("/")[0])]
+        if own:  # the service's own records: no device may write them
+            raise UserError(f"--input topic {own[0]}: topics under "
+                            f"{CONTROL_TOPIC.split('/')[0]}/ are the service's own")
         self.reader = PayloadReader(cfg.fmt, TopicMap.load(cfg.topic_map) if cfg.topic_map
                                     else None, cfg.max_future)
         query_file = parse_file(cfg.queries)

@@ -578,7 +578,7 @@ class Coordinator:
         source.on_commit.append(self._wake)
         http = None
         if self.board is not None:
-            http = HttpServer(self.board, self.cfg.http)
+            http = HttpServer(self.board, self.cfg.http, _no_changes)
             self.board.publish(self.status())
         source.start()
         where = f"; http on {http.url}" if http is not None else ""
@@ -663,6 +663,12 @@ def serve_workers(cfg: ServiceConfig, placement: list[list[str]],
         print(f"dqcep: {err}", file=sys.stderr, flush=True)
         return 1
     return coordinator.run(stop, end_of_stream)
+
+
+def _no_changes(method: str, path: str, body: bytes) -> tuple[int, dict]:
+    return 409, {"error": "queries cannot be added or removed live with --workers yet: "
+                          "restart with the new query file (each query's checkpoint "
+                          "carries over)"}
 
 
 def separate_plans_dot(query_file, cfg: ServiceConfig) -> str:
