@@ -435,3 +435,64 @@ def test_queries_added_and_removed_live_are_exactly_their_slices(mosquitto, tmp_
     for q in ("overheating", "intrusion", "stuffy", "intrusion2", "smokeless"):
         assert got.get(q, set()) == want.get(q, set()), q
     assert want["intrusion2"] and want["intrusion"] and want["smokeless"]
+
+
+def test_workers_add_and_remove_queries_live(mosquitto, tmp_path):
+    """The same changes with --workers 2: an added query gets a consumer of its own
+    from its control record on, a removed one's consumer takes the records up to it
+    and is let go; a SIGKILLed coordinator comes back with the changed set. Each
+    query's output file is the reference's on its live slice."""
+    host, port = mosquitto
+    url = f"mqtt://{host}:{port}/dqcep/live-workers"
+    stream = tmp_path / "stream.jsonl"
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                    "9000", "--seed", "8", "--plant", str(QUERIES), "--plant-every", "130000",
+                    "--quiet", "-o", str(stream)], check=True)
+    events = [json.loads(x) for x in stream.read_text().splitlines()]
+    phases = [events[:3000], events[3000:6000], events[6000:]]
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    (tmp_path / "added.cep").write_text(ADDED)
+    http = free_port()
+    base = f"http://127.0.0.1:{http}/"
+    svc = Service(tmp_path, url)
+    svc.args += ["--workers", "2", "--state", str(tmp_path / "state"), "--http",
+                 f"127.0.0.1:{http}", "--http-token-file", str(token)]
+    svc.start(before=1)
+    from tests.test_service import publish_all
+
+    def queries(op, *args):
+        r = subprocess.run([sys.executable, "-m", "dqcep", "queries", op, base, *args,
+                            "--token-file", str(token)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    publish_all(host, port, "dqcep/live-workers", batches_of(phases[0]), "live-pub")
+    svc.wait_for(len(phases[0]))
+    assert "added intrusion2, smokeless at journal record" in queries(
+        "add", str(tmp_path / "added.cep"))
+    publish_all(host, port, "dqcep/live-workers", batches_of(phases[1]), "live-pub")
+    svc.wait_for(len(phases[0]) + len(phases[1]))
+    svc.proc.kill()  # the coordinator; its workers follow it
+    svc.proc.wait()
+    time.sleep(1)
+    svc.start(before=1)
+    assert [x.split()[0] for x in queries("list").splitlines() if not x.startswith(" ")] \
+        == ["overheating", "intrusion", "stuffy", "intrusion2", "smokeless"]
+    assert "removed intrusion at journal record" in queries("remove", "intrusion")
+    publish_all(host, port, "dqcep/live-workers", batches_of(phases[2]), "live-pub")
+    svc.wait_for(len(events))
+    svc.finish()
+
+    def output(q):
+        path = tmp_path / f"out.{q}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        assert len(lines) == len(set(lines)), f"{q}: a match was written twice"
+        return set(lines)
+    file_text = QUERIES.read_text()
+    want = by_query(reference_lines(file_text, events)
+                    | reference_lines(ADDED, phases[1] + phases[2]))
+    want["intrusion"] = by_query(reference_lines(file_text, phases[0] + phases[1]))[
+        "intrusion"]
+    for q in ("overheating", "intrusion", "stuffy", "intrusion2", "smokeless"):
+        assert output(q) == want.get(q, set()), q

@@ -437,6 +437,14 @@ def write_consumer_offset(directory: str | Path, consumer: str, offset: int) -> 
     os.replace(tmp, folder / f"{consumer}.offset")
 
 
+def forget_consumer(directory: str | Path, consumer: str) -> None:
+    """A consumer that is gone (a query removed): retention no longer waits for it."""
+    try:
+        (Path(directory) / CONSUMERS / f"{consumer}.offset").unlink()
+    except FileNotFoundError:
+        pass
+
+
 def trim(directory: str | Path, keep_bytes: int = 0) -> int:
     """See ``Journal.trim``; usable by any process (a consumer offset is a file)."""
     directory = Path(directory)

@@ -107,6 +107,8 @@ class ServiceConfig:
     returns: bool = False             # matches with their RETURN values (--returns)
     http: HttpAccess | None = None    # the HTTP side (--http), off when None
     last_matches: bool = False        # keep the newest matches (a worker's, for the page)
+    start_offset: int = 0             # where a consumer with no checkpoint starts (a
+                                      # query added live to workers: its control record)
 
 
 class ServiceError(Exception):
@@ -313,7 +315,7 @@ class StreamingService:
         engine = Engine(self.program, cfg.lateness, lookup_source=self.tables,
                         budget=cfg.budget)
         sizes = dict.fromkeys(SINKS, 0)
-        self.offset, self.counts = 0, {}
+        self.offset, self.counts = cfg.start_offset, {}
         self.ended_at: int | None = None  # the journal offset of the last end of stream
         self.recent = RecentIds(cfg.recent_ids)
         if state is not None:

@@ -32,8 +32,10 @@ show its moves, not the placement: they neither add nor remove a worker.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
+import queue
 import re
 import signal
 import sys
@@ -46,16 +48,20 @@ from pathlib import Path
 from dqcep.capacity import Calibration, in_turn_order
 from dqcep.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
-from dqcep.io.journal import Journal, JournalView, segments
+from dqcep.io.journal import Journal, JournalView, forget_consumer, segments
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.sinks import is_mqtt
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
+from dqcep.service.changes import CONTROL_TOPIC, QuerySet, control_record, read_control
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpServer
 from dqcep.service.streaming import (CHECKPOINT_VERSION, ServiceConfig, StreamingService,
                                      write_stats_file)
 
 ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
+LIVE_SET = "live-queries.json"  # beside the checkpoints: the query set after live changes
+LIVE_QUERY = "query.cep"        # in a live-added query's home: its text and declarations
+LIVE_START = "start-offset"     # ... and the journal offset its consumer starts at
 RESTARTS = 3        # a worker that dies more often than this ...
 RESTART_WINDOW = 60.0  # ... within this many seconds ends the service (exit 1)
 
@@ -107,15 +113,23 @@ class Scaling:
     down_after: int = 3  # re-plans in a row with every query below lw before fewer workers
 
 
+def query_home(cfg: ServiceConfig, query: str) -> Path:
+    """Where a query's consumer keeps its checkpoint, dead letters and late events."""
+    return Path(cfg.checkpoint).parent / "queries" / query
+
+
 def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
     """The consumer of one query: its own state under STATE/queries/NAME/, its own
     output beside a file output (``out.jsonl`` -> ``out.NAME.jsonl``)."""
-    home = Path(cfg.checkpoint).parent / "queries" / query
+    home = query_home(cfg, query)
     home.mkdir(parents=True, exist_ok=True)
     output = cfg.output
     if not is_mqtt(output):
         out = Path(output)
         output = str(out.with_name(f"{out.stem}.{query}{out.suffix}"))
+    if (home / LIVE_QUERY).exists():  # added live: its own text, from its control record on
+        cfg = replace(cfg, queries=str(home / LIVE_QUERY),
+                      start_offset=int((home / LIVE_START).read_text()))
     return replace(cfg, checkpoint=str(home / "checkpoint.bin"), output=output,
                    dead_letter=str(home / "dead-letter.jsonl"),
                    late=str(home / "late.jsonl"), hosted=[query], consumer=f"query-{query}",
@@ -152,9 +166,12 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                     svc.arrivals = arrivals
                     hosted[q], last_ck[q] = svc, time.monotonic()
                     conn.send(("hosted", q, svc.offset))
-                elif kind == "release":
+                elif kind in ("release", "release_at"):
                     q = message[1]
                     svc = hosted.pop(q)
+                    if kind == "release_at":  # removed: its matches up to the change out
+                        while svc.offset < message[2] and svc.step(until=message[2]):
+                            pass
                     svc.checkpoint()
                     svc.close()
                     conn.send(("released", q, svc.offset))
@@ -266,19 +283,29 @@ class Coordinator:
                  scaling: Scaling | None = None):
         self.cfg, self.scaling = cfg, scaling
         query_file = parse_file(cfg.queries)
-        self.names = [q.name for q in query_file.queries]
-        self.query_texts = {q.name: to_source(q) for q in query_file.queries}
-        # the HTTP side: each query runs alone on its worker, so the page draws each
-        # query's own plan (no vertex is shared across queries here)
-        self.board = Board(separate_plans_dot(query_file, cfg)) \
-            if cfg.http is not None else None
+        self.file_set = QuerySet(list(query_file.queries), {}, query_file.schemas,
+                                 query_file.tables)
+        self.set_path = Path(cfg.checkpoint).parent / LIVE_SET
+        self.query_set, through = self._read_set()
         self.ctx = mp.get_context("spawn")
         low = 0
-        for q in self.names:
+        for q in self.query_set.names:
             state = read_checkpoint(query_config(cfg, q).checkpoint, CHECKPOINT_VERSION)
             if state is not None:
                 low = max(low, state["offset"], state["journal_end"])
         self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
+        # changes journaled after the set was last written (a crash between the two)
+        for record in self.journal.read(through + 1):
+            if record.topic == CONTROL_TOPIC:
+                _, names = self._change_set(record.offset, read_control(record.payload))
+                if read_control(record.payload)["op"] == "remove":
+                    self._let_go(names[0], record.offset)
+        self._use_set(self.query_set)
+        if self.names != [q.name for q in query_file.queries]:
+            placement = round_robin(self.names, max(1, min(len(placement), len(self.names))))
+        self.source: MqttSource | None = None
+        self._changing = threading.Lock()
+        self._changes: queue.Queue = queue.Queue()  # (offset, change, done) from HTTP
         self.durable = self.ctx.Value("q", self.journal.durable_offset, lock=False)
         self.memory = shared_memory.SharedMemory(create=True,
                                                  size=ArrivalTimes.nbytes(ARRIVALS))
@@ -297,6 +324,140 @@ class Coordinator:
                                                         scaling.targets, model)]
                          for p in placement]
         self._apply([list(p) for p in placement if p], why="start")
+
+    # -------------------------------------------------------------- live changes
+    def _read_set(self) -> tuple[QuerySet, int]:
+        """The query set the last live change left (the file's when none was made),
+        and the journal offset of that change (-1: none)."""
+        try:
+            saved = json.loads(self.set_path.read_text())
+        except FileNotFoundError:
+            return self.file_set, -1
+        return QuerySet.from_obj(saved["set"], self.file_set, str(self.set_path)), \
+            saved["through"]
+
+    def _use_set(self, query_set: QuerySet) -> None:
+        self.query_set, self.names = query_set, query_set.names
+        self.query_texts = {q.name: to_source(q) for q in query_set.queries}
+        # the HTTP side: each query runs alone on its worker, so the page draws each
+        # query's own plan (no vertex is shared across queries here)
+        plan_dot = separate_plans_dot(query_set, self.cfg)
+        if self.cfg.http is not None:
+            if getattr(self, "board", None) is None:
+                self.board = Board(plan_dot)
+            self.board.set_plan(plan_dot)
+        else:
+            self.board = None
+
+    def _change_set(self, offset: int, change: dict) -> tuple[QuerySet, list[str]]:
+        """The set after the control record at ``offset``, written down with what a
+        consumer of an added query starts from (its text, its first offset), or with a
+        removed query's state put aside. Returns (the new set, the queries changed)."""
+        old = self.query_set
+        if change["op"] == "add":
+            added = old.parse_added(change["text"])
+            new = old.with_added(added, offset + 1, change["text"])
+            for q in added:
+                home = query_home(self.cfg, q.name)
+                home.mkdir(parents=True, exist_ok=True)
+                (home / LIVE_QUERY).write_text(change["text"].rstrip().rstrip(";") + ";\n" +
+                                               old.declarations())
+                (home / LIVE_START).write_text(f"{offset + 1}\n")
+            names = [q.name for q in added]
+        else:
+            new = old.without(change["name"])
+            names = [change["name"]]
+        tmp = self.set_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"set": new.to_obj(), "through": offset}))
+        os.replace(tmp, self.set_path)
+        self.query_set = new
+        return new, names
+
+    def http_change(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
+        """As the single service's (``StreamingService.http_change``): checked,
+        journaled, then applied by the coordinator's loop: an added query gets a
+        consumer on the worker with the fewest queries, from its control record on; a
+        removed one's consumer takes the records up to it, then is let go."""
+        if method == "POST" and path == "/queries":
+            op = "add"
+        elif method == "DELETE" and path.startswith("/queries/") and len(path) > 9:
+            op = "remove"
+        else:
+            return 404, {"error": f"{method} {path}: changes are POST /queries and "
+                                  "DELETE /queries/NAME"}
+        if self.scaling is not None:
+            return 409, {"error": "with --target the queries are placed by their "
+                                  "calibration, which a query added live has not: restart "
+                                  "with a calibration that has it"}
+        if self.source is None:
+            return 503, {"error": "the service is not running"}
+        with self._changing:
+            try:
+                text = body.decode("utf-8")
+                if op == "add":
+                    self.query_set.parse_added(text)
+                    payload = control_record("add", text=text)
+                else:
+                    self.query_set.without(path[len("/queries/"):])
+                    payload = control_record("remove", name=path[len("/queries/"):])
+            except UnicodeDecodeError:
+                return 400, {"error": "the body is not UTF-8 text"}
+            except UserError as err:
+                return (404 if "runs no query" in str(err) else 400), {"error": str(err)}
+            try:
+                offset = self.source.journal_record(CONTROL_TOPIC, payload)
+            except (UserError, OSError) as err:
+                return 503, {"error": f"cannot write the journal: {err}"}
+            done: dict = {}
+            event = threading.Event()
+            self._changes.put((offset, read_control(payload), done, event))
+            if not event.wait(60):
+                return 202, {"op": op, "queries": [], "journal_offset": offset,
+                             "applied": False, "running": self.names}
+        if "error" in done:
+            return 500, {"error": done["error"]}
+        return 200, {"op": op, "queries": done["names"], "journal_offset": offset,
+                     "applied": True, "running": self.names}
+
+    def _let_go(self, q: str, offset: int) -> None:
+        """A removed query's consumer is gone: retention no longer waits for it, its
+        files are kept aside (a later query of that name starts anew)."""
+        forget_consumer(self.cfg.journal, f"query-{q}")
+        home = query_home(self.cfg, q)
+        if home.exists():
+            home.rename(home.with_name(f"{q}.removed-{offset}"))
+        self.reports.pop(q, None)
+
+    def _apply_changes(self) -> None:
+        """In the coordinator's loop: the changes journaled from the HTTP side."""
+        while True:
+            try:
+                offset, change, done, event = self._changes.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                new, names = self._change_set(offset, change)
+                if change["op"] == "add":
+                    for q in names:
+                        w = min(self.workers, key=lambda w: len(w.queries))
+                        w.conn.send(("host", q))
+                        self._expect(w, "hosted")
+                        w.queries.append(q)
+                else:
+                    q = names[0]
+                    w = next(w for w in self.workers if q in w.queries)
+                    w.conn.send(("release_at", q, offset))
+                    self._expect(w, "released")
+                    w.queries.remove(q)
+                    self._let_go(q, offset)
+                self._use_set(new)
+                print(f"dqcep: queries {'added' if change['op'] == 'add' else 'removed'} "
+                      f"{', '.join(names)} at journal record {offset}; running "
+                      f"{', '.join(self.names)}", file=sys.stderr, flush=True)
+                done["names"] = names
+            except Exception as err:  # noqa: BLE001 - said to the request, the loop goes on
+                done["error"] = f"{type(err).__name__}: {err}"
+            event.set()
 
     # -------------------------------------------------------------- workers
     def _spawn(self, index: int) -> _Worker:
@@ -498,7 +659,11 @@ class Coordinator:
     # -------------------------------------------------------------- stats
     def stats(self) -> dict:
         reports = [self.reports.get(q, {}) for q in self.names]
-        return {"events_in": min((r.get("events_in", 0) for r in reports), default=0),
+        # events in: what every consumer has taken in, of those that read the stream
+        # from its start (one added live counts only what came after it)
+        whole = [self.reports.get(q, {}) for q in self.names
+                 if not self.query_set.epochs.get(q)] or reports
+        return {"events_in": min((r.get("events_in", 0) for r in whole), default=0),
                 "matches_out": sum(r.get("matches_out", 0) for r in reports),
                 "lag_records": self.journal.durable_offset - min(
                     (r.get("offset", 0) for r in reports), default=0),
@@ -573,12 +738,12 @@ class Coordinator:
     # -------------------------------------------------------------- run
     def run(self, stop: threading.Event, end_of_stream: threading.Event) -> int:
         urls = [MqttUrl.parse(u, subscribe=True) for u in self.cfg.inputs]
-        source = MqttSource(urls, self.journal, self.cfg.client_id)
+        source = self.source = MqttSource(urls, self.journal, self.cfg.client_id)
         source.arrivals = self.arrivals
         source.on_commit.append(self._wake)
         http = None
         if self.board is not None:
-            http = HttpServer(self.board, self.cfg.http, _no_changes)
+            http = HttpServer(self.board, self.cfg.http, self.http_change)
             self.board.publish(self.status())
         source.start()
         where = f"; http on {http.url}" if http is not None else ""
@@ -619,6 +784,7 @@ class Coordinator:
                 if now - last_stats >= self.cfg.stats_every:
                     self._write_stats()
                     last_stats = now
+                self._apply_changes()
                 if self.board is not None and now - last_publish >= PUBLISH_EVERY:
                     self.board.publish(self.status(source))
                     last_publish = now
@@ -663,12 +829,6 @@ def serve_workers(cfg: ServiceConfig, placement: list[list[str]],
         print(f"dqcep: {err}", file=sys.stderr, flush=True)
         return 1
     return coordinator.run(stop, end_of_stream)
-
-
-def _no_changes(method: str, path: str, body: bytes) -> tuple[int, dict]:
-    return 409, {"error": "queries cannot be added or removed live with --workers yet: "
-                          "restart with the new query file (each query's checkpoint "
-                          "carries over)"}
 
 
 def separate_plans_dot(query_file, cfg: ServiceConfig) -> str:
