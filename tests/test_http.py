@@ -419,12 +419,23 @@ def test_queries_added_and_removed_live_are_exactly_their_slices(mosquitto, tmp_
     publish_all(host, port, "dqcep/live", batches_of(phases[1]), "live-pub")
     svc.wait_for(len(phases[0]) + len(phases[1]))
     svc.kill_and_restart()  # the change is replayed in its place
+    quiet_status(base, len(phases[0]) + len(phases[1]))  # caught up: the change applied
     listed = queries("list")
     assert [x.split()[0] for x in listed.splitlines() if not x.startswith(" ")] == \
         ["overheating", "intrusion", "stuffy", "intrusion2", "smokeless"], listed
     assert "removed intrusion at journal record" in queries("remove", "intrusion")
     publish_all(host, port, "dqcep/live", batches_of(phases[2]), "live-pub")
     svc.wait_for(len(events))
+    # the vertices only smokeless read are freed: the engine's state bytes fall
+    before = quiet_status(base, len(events))
+    assert before["state_bytes"]["smokeless"] > 0
+    assert "removed smokeless" in queries("remove", "smokeless")
+    after = quiet_status(base, len(events))
+    metrics = metrics_of(get(base + "metrics")[1].decode())
+    assert after["state_total_bytes"] < before["state_total_bytes"]
+    assert "smokeless" not in after["state_bytes"] and not any(
+        dict(labels).get("query") == "smokeless" for name, labels in metrics
+        if name == "dqcep_query_state_bytes")
     svc.finish()
     got = by_query(svc.output())  # each match once (output() checks)
     file_text = QUERIES.read_text()
@@ -477,6 +488,7 @@ def test_workers_add_and_remove_queries_live(mosquitto, tmp_path):
     svc.proc.wait()
     time.sleep(1)
     svc.start(before=1)
+    svc.wait_for(len(phases[0]) + len(phases[1]))
     assert [x.split()[0] for x in queries("list").splitlines() if not x.startswith(" ")] \
         == ["overheating", "intrusion", "stuffy", "intrusion2", "smokeless"]
     assert "removed intrusion at journal record" in queries("remove", "intrusion")
