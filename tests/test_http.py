@@ -1,7 +1,6 @@
 """The service's HTTP side (--http): /status, Prometheus's /metrics, the live page in a
 real browser, `dqcep status`, and who may read or change what."""
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -366,43 +365,75 @@ def reference_lines(text, events):
     return {json.dumps(m.to_json_obj()) for m in found}
 
 
+class LiveRun:
+    """The stream of the live-query tests in three parts, the service's token, the
+    queries file to add, and the service itself (one or with ``workers``)."""
+
+    def __init__(self, mosquitto, tmp_path, topic, *extra):
+        host, port = mosquitto
+        self.broker, self.topic, self.tmp = (host, port), topic, tmp_path
+        stream = tmp_path / "stream.jsonl"
+        subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                        "9000", "--seed", "8", "--plant", str(QUERIES), "--plant-every",
+                        "130000", "--quiet", "-o", str(stream)], check=True)
+        self.events = [json.loads(x) for x in stream.read_text().splitlines()]
+        self.phases = [self.events[:3000], self.events[3000:6000], self.events[6000:]]
+        self.token = tmp_path / "token"
+        self.token.write_text(TOKEN + "\n")
+        self.added = tmp_path / "added.cep"
+        self.added.write_text(ADDED)
+        http = free_port()
+        self.base = f"http://127.0.0.1:{http}/"
+        self.svc = Service(tmp_path, f"mqtt://{host}:{port}/{topic}")
+        self.svc.args += ["--http", f"127.0.0.1:{http}", "--http-token-file",
+                          str(self.token), *extra]
+
+    def publish(self, part: int) -> None:
+        from tests.test_service import publish_all
+        publish_all(*self.broker, self.topic, batches_of(self.phases[part]), "live-pub")
+        self.svc.wait_for(sum(len(p) for p in self.phases[:part + 1]))
+
+    def queries(self, op, *args) -> str:
+        r = subprocess.run([sys.executable, "-m", "dqcep", "queries", op, self.base, *args,
+                            "--token-file", str(self.token)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    def listed(self) -> list[str]:
+        return [x.split()[0] for x in self.queries("list").splitlines()
+                if not x.startswith(" ")]
+
+    def expected(self) -> dict[str, set]:
+        """Per query, the reference on its live slice: the file's on the whole stream,
+        the added ones from the second part on, intrusion up to the third."""
+        file_text = QUERIES.read_text()
+        want = by_query(reference_lines(file_text, self.events)
+                        | reference_lines(ADDED, self.phases[1] + self.phases[2]))
+        want["intrusion"] = by_query(reference_lines(
+            file_text, self.phases[0] + self.phases[1]))["intrusion"]
+        assert want["intrusion2"] and want["intrusion"] and want["smokeless"]
+        return want
+
+
+LIVE_QUERIES = ("overheating", "intrusion", "stuffy", "intrusion2", "smokeless")
+
+
 def test_queries_added_and_removed_live_are_exactly_their_slices(mosquitto, tmp_path):
     """Two queries added after the first third of a stream (one shares intrusion's
     vertices and state, one has a NOT of its own), a SIGKILL after the second third
     (the change is replayed from the journal), intrusion removed after it (intrusion2
     keeps the vertices they shared): each query's output is the reference's on the
     events it was live for, each match once."""
-    host, port = mosquitto
-    url = f"mqtt://{host}:{port}/dqcep/live"
-    stream = tmp_path / "stream.jsonl"
-    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
-                    "9000", "--seed", "8", "--plant", str(QUERIES), "--plant-every", "130000",
-                    "--quiet", "-o", str(stream)], check=True)
-    events = [json.loads(x) for x in stream.read_text().splitlines()]
-    phases = [events[:3000], events[3000:6000], events[6000:]]
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    (tmp_path / "added.cep").write_text(ADDED)
-    http = free_port()
-    base = f"http://127.0.0.1:{http}/"
-    svc = Service(tmp_path, url)
-    svc.args += ["--http", f"127.0.0.1:{http}", "--http-token-file", str(token)]
+    run = LiveRun(mosquitto, tmp_path, "dqcep/live")
+    svc, base = run.svc, run.base
     svc.start()
-    from tests.test_service import publish_all
-
-    def queries(op, *args):
-        r = subprocess.run([sys.executable, "-m", "dqcep", "queries", op, base, *args,
-                            "--token-file", str(token)], capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stderr
-        return r.stdout
-    publish_all(host, port, "dqcep/live", batches_of(phases[0]), "live-pub")
-    svc.wait_for(len(phases[0]))
+    run.publish(0)
     # refused, nothing changed: a parse error with its place, a name it runs, no token
     bad = tmp_path / "bad.cep"
     bad.write_text("QUERY z\nPATTERN SEQ(Door d, Motion m)\nWHERE q.open = true\nWITHIN 1 s\n")
     r = subprocess.run([sys.executable, "-m", "dqcep", "queries", "add", base, str(bad),
-                        "--token-file", str(token)], capture_output=True, text=True,
+                        "--token-file", str(run.token)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and f"{bad}:3:7: unknown variable 'q'" in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "dqcep", "queries", "remove", base, "stuffy"],
@@ -411,26 +442,19 @@ def test_queries_added_and_removed_live_are_exactly_their_slices(mosquitto, tmp_
     code, body, _ = get(base + "queries", token=TOKEN, method="POST",
                         body=b"QUERY intrusion PATTERN Door d WITHIN 1 s")
     assert code == 400 and b"runs a query 'intrusion' already" in body
-    out = subprocess.run([sys.executable, "-m", "dqcep", "queries", "add", base,
-                          str(tmp_path / "added.cep"), "--token-file", str(token)],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "added intrusion2, smokeless at journal record" in \
-        out.stdout and "applied" in out.stdout, out.stdout + out.stderr
-    publish_all(host, port, "dqcep/live", batches_of(phases[1]), "live-pub")
-    svc.wait_for(len(phases[0]) + len(phases[1]))
+    out = run.queries("add", str(run.added))
+    assert "added intrusion2, smokeless at journal record" in out and "applied" in out
+    run.publish(1)
     svc.kill_and_restart()  # the change is replayed in its place
-    quiet_status(base, len(phases[0]) + len(phases[1]))  # caught up: the change applied
-    listed = queries("list")
-    assert [x.split()[0] for x in listed.splitlines() if not x.startswith(" ")] == \
-        ["overheating", "intrusion", "stuffy", "intrusion2", "smokeless"], listed
-    assert "removed intrusion at journal record" in queries("remove", "intrusion")
-    publish_all(host, port, "dqcep/live", batches_of(phases[2]), "live-pub")
-    svc.wait_for(len(events))
+    quiet_status(base, len(run.phases[0]) + len(run.phases[1]))  # caught up: applied
+    assert run.listed() == list(LIVE_QUERIES)
+    assert "removed intrusion at journal record" in run.queries("remove", "intrusion")
+    run.publish(2)
     # the vertices only smokeless read are freed: the engine's state bytes fall
-    before = quiet_status(base, len(events))
+    before = quiet_status(base, len(run.events))
     assert before["state_bytes"]["smokeless"] > 0
-    assert "removed smokeless" in queries("remove", "smokeless")
-    after = quiet_status(base, len(events))
+    assert "removed smokeless" in run.queries("remove", "smokeless")
+    after = quiet_status(base, len(run.events))
     metrics = metrics_of(get(base + "metrics")[1].decode())
     assert after["state_total_bytes"] < before["state_total_bytes"]
     assert "smokeless" not in after["state_bytes"] and not any(
@@ -438,14 +462,9 @@ def test_queries_added_and_removed_live_are_exactly_their_slices(mosquitto, tmp_
         if name == "dqcep_query_state_bytes")
     svc.finish()
     got = by_query(svc.output())  # each match once (output() checks)
-    file_text = QUERIES.read_text()
-    want = by_query(reference_lines(file_text, events)
-                    | reference_lines(ADDED, phases[1] + phases[2]))
-    want["intrusion"] = by_query(reference_lines(file_text, phases[0] + phases[1]))[
-        "intrusion"]
-    for q in ("overheating", "intrusion", "stuffy", "intrusion2", "smokeless"):
+    want = run.expected()
+    for q in LIVE_QUERIES:
         assert got.get(q, set()) == want.get(q, set()), q
-    assert want["intrusion2"] and want["intrusion"] and want["smokeless"]
 
 
 def test_workers_add_and_remove_queries_live(mosquitto, tmp_path):
@@ -453,58 +472,26 @@ def test_workers_add_and_remove_queries_live(mosquitto, tmp_path):
     from its control record on, a removed one's consumer takes the records up to it
     and is let go; a SIGKILLed coordinator comes back with the changed set. Each
     query's output file is the reference's on its live slice."""
-    host, port = mosquitto
-    url = f"mqtt://{host}:{port}/dqcep/live-workers"
-    stream = tmp_path / "stream.jsonl"
-    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
-                    "9000", "--seed", "8", "--plant", str(QUERIES), "--plant-every", "130000",
-                    "--quiet", "-o", str(stream)], check=True)
-    events = [json.loads(x) for x in stream.read_text().splitlines()]
-    phases = [events[:3000], events[3000:6000], events[6000:]]
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    (tmp_path / "added.cep").write_text(ADDED)
-    http = free_port()
-    base = f"http://127.0.0.1:{http}/"
-    svc = Service(tmp_path, url)
-    svc.args += ["--workers", "2", "--state", str(tmp_path / "state"), "--http",
-                 f"127.0.0.1:{http}", "--http-token-file", str(token)]
+    run = LiveRun(mosquitto, tmp_path, "dqcep/live-workers", "--workers", "2", "--state",
+                  str(tmp_path / "state"))
+    svc = run.svc
     svc.start(before=1)
-    from tests.test_service import publish_all
-
-    def queries(op, *args):
-        r = subprocess.run([sys.executable, "-m", "dqcep", "queries", op, base, *args,
-                            "--token-file", str(token)], capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stderr
-        return r.stdout
-    publish_all(host, port, "dqcep/live-workers", batches_of(phases[0]), "live-pub")
-    svc.wait_for(len(phases[0]))
-    assert "added intrusion2, smokeless at journal record" in queries(
-        "add", str(tmp_path / "added.cep"))
-    publish_all(host, port, "dqcep/live-workers", batches_of(phases[1]), "live-pub")
-    svc.wait_for(len(phases[0]) + len(phases[1]))
+    run.publish(0)
+    assert "added intrusion2, smokeless at journal record" in run.queries(
+        "add", str(run.added))
+    run.publish(1)
     svc.proc.kill()  # the coordinator; its workers follow it
     svc.proc.wait()
     time.sleep(1)
     svc.start(before=1)
-    svc.wait_for(len(phases[0]) + len(phases[1]))
-    assert [x.split()[0] for x in queries("list").splitlines() if not x.startswith(" ")] \
-        == ["overheating", "intrusion", "stuffy", "intrusion2", "smokeless"]
-    assert "removed intrusion at journal record" in queries("remove", "intrusion")
-    publish_all(host, port, "dqcep/live-workers", batches_of(phases[2]), "live-pub")
-    svc.wait_for(len(events))
+    svc.wait_for(len(run.phases[0]) + len(run.phases[1]))
+    assert run.listed() == list(LIVE_QUERIES)
+    assert "removed intrusion at journal record" in run.queries("remove", "intrusion")
+    run.publish(2)
     svc.finish()
-
-    def output(q):
+    want = run.expected()
+    for q in LIVE_QUERIES:
         path = tmp_path / f"out.{q}.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
         assert len(lines) == len(set(lines)), f"{q}: a match was written twice"
-        return set(lines)
-    file_text = QUERIES.read_text()
-    want = by_query(reference_lines(file_text, events)
-                    | reference_lines(ADDED, phases[1] + phases[2]))
-    want["intrusion"] = by_query(reference_lines(file_text, phases[0] + phases[1]))[
-        "intrusion"]
-    for q in ("overheating", "intrusion", "stuffy", "intrusion2", "smokeless"):
-        assert output(q) == want.get(q, set()), q
+        assert set(lines) == want.get(q, set()), q

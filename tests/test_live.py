@@ -20,6 +20,8 @@ Against the reference matcher run on the slice of events each query was live for
 import dataclasses
 import random
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
@@ -187,11 +189,15 @@ def test_a_shared_partial_match_from_before_an_addition_is_not_the_new_querys():
                                ("q1", (3, 4))}
 
 
-def test_an_event_from_before_an_addition_negates_nothing_of_the_new_query():
+@pytest.mark.parametrize("pattern", [
+    "SEQ(A a, NOT C c, B b) WITHIN 10 ms",                       # C2 would negate
+    "SEQ(A a, B b) WITHIN 10 ms USING strict-contiguity"])       # C2 would break the run
+def test_an_event_from_before_an_addition_neither_negates_nor_breaks_a_new_querys_run(
+        pattern):
     """C2 arrived before q1 and lies between A1 and B3, which came after (within the
-    lateness): it negates q0's (A1, B3), not q1's, whose NOT vertex is its own."""
-    text = "QUERY {} PATTERN SEQ(A a, NOT C c, B b) WITHIN 10 ms;\n"
-    q0, q1 = parse(text.format("q0") + text.format("q1")).queries
+    lateness): it negates q0's (A1, B3), or breaks q0's strictly contiguous run, not
+    q1's: q1's NOT and RUN vertices are its own and take in no earlier event."""
+    q0, q1 = parse(f"QUERY q0 PATTERN {pattern};\nQUERY q1 PATTERN {pattern}").queries
     engine = Engine(build_plan([q0]), lateness=5)
     out = [engine.process([ev(2, "C", 2)])]
     engine = change_queries(engine, [q0, q1], {"q1": 1})
@@ -211,15 +217,3 @@ def test_a_removed_query_says_nothing_more_and_its_vertices_are_freed():
     assert engine.program.plan.n_vertices == 4 and "q1" not in engine.query_state_bytes()
     out += [engine.process([ev(3, "B", 3), ev(30, "A", 30)]), engine.flush()]
     assert matches_of(out) == {("q0", (1, 3))}
-
-
-def test_an_event_from_before_an_addition_breaks_no_run_of_the_new_query():
-    """Under strict contiguity C2 (arrived before q1, within the lateness) lies between
-    A1 and B3: it breaks q0's run, not q1's, whose RUN vertex is its own."""
-    text = "QUERY {} PATTERN SEQ(A a, B b) WITHIN 10 ms USING strict-contiguity;\n"
-    q0, q1 = parse(text.format("q0") + text.format("q1")).queries
-    engine = Engine(build_plan([q0]), lateness=5)
-    out = [engine.process([ev(2, "C", 2)])]
-    engine = change_queries(engine, [q0, q1], {"q1": 1})
-    out += [engine.process([ev(1, "A", 1), ev(3, "B", 3)]), engine.flush()]
-    assert matches_of(out) == {("q1", (1, 3))}

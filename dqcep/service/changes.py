@@ -29,6 +29,42 @@ def control_record(op: str, **fields) -> bytes:
     return json.dumps({"op": op, **fields}, sort_keys=True).encode()
 
 
+class ChangeRefused(Exception):
+    """A change request refused before anything is journaled: the HTTP status and why."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def requested_change(method: str, path: str, body: bytes, query_set: "QuerySet"):
+    """A change request (``POST /queries``, ``DELETE /queries/NAME``) checked against
+    the set it applies to: (op, its control record, the queries it names, the set
+    after it). What does not parse or plan, a name the set runs (or not), its last
+    query, declarations of its own: ``ChangeRefused``."""
+    from dqcep.plan import build_plan
+    if method == "POST" and path == "/queries":
+        op = "add"
+    elif method == "DELETE" and path.startswith("/queries/") and len(path) > 9:
+        op = "remove"
+    else:
+        raise ChangeRefused(404, f"{method} {path}: changes are POST /queries and "
+                                 "DELETE /queries/NAME")
+    try:
+        if op == "add":
+            text = body.decode("utf-8")
+            added = query_set.parse_added(text)
+            new = query_set.with_added(added, 1, text)
+            build_plan(new.queries, schemas=new.schemas, tables=new.tables)
+            return op, control_record("add", text=text), [q.name for q in added], new
+        name = path[len("/queries/"):]
+        return op, control_record("remove", name=name), [name], query_set.without(name)
+    except UnicodeDecodeError:
+        raise ChangeRefused(400, "the body is not UTF-8 text") from None
+    except UserError as err:  # QueryError too: with its line and column
+        raise ChangeRefused(404 if "runs no query" in str(err) else 400, str(err)) from None
+
+
 def read_control(payload: bytes) -> dict:
     change = json.loads(payload)
     if not isinstance(change, dict) or change.get("op") not in ("add", "remove"):

@@ -59,7 +59,8 @@ from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
 from dqcep.runtime.live import change_queries
 from dqcep.runtime.program import Program, Universe
-from dqcep.service.changes import CONTROL_TOPIC, QuerySet, control_record, read_control
+from dqcep.service.changes import (CONTROL_TOPIC, ChangeRefused, QuerySet, read_control,
+                                   requested_change)
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, HttpServer
 from dqcep.service.response import ResponseTimes, ServiceTimes
 from dqcep.runtime import STATE_BUDGET, Engine, EventColumns, MatchBatch
@@ -693,13 +694,6 @@ class StreamingService:
         changes journaled before are applied, journaled as a control record, then
         waited for (the service applies it when its consumption reaches it).
         Returns (HTTP status, answer)."""
-        if method == "POST" and path == "/queries":
-            op = "add"
-        elif method == "DELETE" and path.startswith("/queries/") and len(path) > 9:
-            op = "remove"
-        else:
-            return 404, {"error": f"{method} {path}: changes are POST /queries and "
-                                  "DELETE /queries/NAME"}
         if self.source is None:
             return 503, {"error": "the service is not running"}
         if self.cfg.materialize != "always":
@@ -707,25 +701,11 @@ class StreamingService:
                                   "joins as the query set changes; live changes need "
                                   "--materialize always"}
         with self._changing:
-            current = self._next_set or self.query_set
             try:
-                if op == "add":
-                    added = current.parse_added(body.decode("utf-8"))
-                    new = current.with_added(added, 1, body.decode("utf-8"))
-                    build_plan(new.queries, self.cfg.rates, schemas=new.schemas,
-                               tables=new.tables)  # what cannot be planned is refused
-                    payload = control_record("add", text=body.decode("utf-8"))
-                    names = [q.name for q in added]
-                else:
-                    name = path[len("/queries/"):]
-                    new = current.without(name)
-                    payload = control_record("remove", name=name)
-                    names = [name]
-            except UnicodeDecodeError:
-                return 400, {"error": "the body is not UTF-8 text"}
-            except UserError as err:  # QueryError too: with its line and column
-                return (404 if op == "remove" and "runs no query" in str(err) else 400), \
-                    {"error": str(err)}
+                op, payload, names, new = requested_change(
+                    method, path, body, self._next_set or self.query_set)
+            except ChangeRefused as err:
+                return err.code, {"error": err.message}
             try:
                 offset = self.source.journal_record(CONTROL_TOPIC, payload)
             except (UserError, OSError) as err:

@@ -53,7 +53,8 @@ from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.sinks import is_mqtt
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
-from dqcep.service.changes import CONTROL_TOPIC, QuerySet, control_record, read_control
+from dqcep.service.changes import (CONTROL_TOPIC, ChangeRefused, QuerySet, read_control,
+                                   requested_change)
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpServer
 from dqcep.service.streaming import (CHECKPOINT_VERSION, ServiceConfig, StreamingService,
                                      write_stats_file)
@@ -378,13 +379,6 @@ class Coordinator:
         journaled, then applied by the coordinator's loop: an added query gets a
         consumer on the worker with the fewest queries, from its control record on; a
         removed one's consumer takes the records up to it, then is let go."""
-        if method == "POST" and path == "/queries":
-            op = "add"
-        elif method == "DELETE" and path.startswith("/queries/") and len(path) > 9:
-            op = "remove"
-        else:
-            return 404, {"error": f"{method} {path}: changes are POST /queries and "
-                                  "DELETE /queries/NAME"}
         if self.scaling is not None:
             return 409, {"error": "with --target the queries are placed by their "
                                   "calibration, which a query added live has not: restart "
@@ -393,17 +387,9 @@ class Coordinator:
             return 503, {"error": "the service is not running"}
         with self._changing:
             try:
-                text = body.decode("utf-8")
-                if op == "add":
-                    self.query_set.parse_added(text)
-                    payload = control_record("add", text=text)
-                else:
-                    self.query_set.without(path[len("/queries/"):])
-                    payload = control_record("remove", name=path[len("/queries/"):])
-            except UnicodeDecodeError:
-                return 400, {"error": "the body is not UTF-8 text"}
-            except UserError as err:
-                return (404 if "runs no query" in str(err) else 400), {"error": str(err)}
+                op, payload, _, _ = requested_change(method, path, body, self.query_set)
+            except ChangeRefused as err:
+                return err.code, {"error": err.message}
             try:
                 offset = self.source.journal_record(CONTROL_TOPIC, payload)
             except (UserError, OSError) as err:
