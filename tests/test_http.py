@@ -1,6 +1,8 @@
 """The service's HTTP side (--http): /status, Prometheus's /metrics, the live page in a
 real browser, `dqcep status`, and who may read or change what."""
 import json
+import os
+import random
 import re
 import shutil
 import subprocess
@@ -366,8 +368,9 @@ def reference_lines(text, events):
 
 
 class LiveRun:
-    """The stream of the live-query tests in three parts, the service's token, the
-    queries file to add, and the service itself (one or with ``workers``)."""
+    """The stream of the live-query tests in three parts cut at random points (the
+    seed is printed: a failure says it), the service's token, the queries file to
+    add, and the service itself (one or with ``workers``)."""
 
     def __init__(self, mosquitto, tmp_path, topic, *extra):
         host, port = mosquitto
@@ -377,7 +380,11 @@ class LiveRun:
                         "9000", "--seed", "8", "--plant", str(QUERIES), "--plant-every",
                         "130000", "--quiet", "-o", str(stream)], check=True)
         self.events = [json.loads(x) for x in stream.read_text().splitlines()]
-        self.phases = [self.events[:3000], self.events[3000:6000], self.events[6000:]]
+        # the changes at random points of the stream (DQCEP_LIVE_SEED=N: the same again)
+        self.seed = int(os.environ.get("DQCEP_LIVE_SEED", random.randrange(1 << 30)))
+        a, b = sorted(random.Random(self.seed).sample(range(1500, 7500, 100), 2))
+        self.phases = [self.events[:a], self.events[a:b], self.events[b:]]
+        print(f"DQCEP_LIVE_SEED={self.seed}: changes after events {a} and {b}")
         self.token = tmp_path / "token"
         self.token.write_text(TOKEN + "\n")
         self.added = tmp_path / "added.cep"
@@ -495,3 +502,11 @@ def test_workers_add_and_remove_queries_live(mosquitto, tmp_path):
         lines = path.read_text().splitlines() if path.exists() else []
         assert len(lines) == len(set(lines)), f"{q}: a match was written twice"
         assert set(lines) == want.get(q, set()), q
+
+
+def test_every_metric_is_in_the_docs():
+    """docs/operations.md's table names every metric /metrics serves."""
+    from dqcep.service.metrics import HISTOGRAM, METRICS
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    missing = [name for name, *_ in METRICS if f"`{name}`" not in doc]
+    assert not missing and f"`{HISTOGRAM[0]}`" in doc, missing

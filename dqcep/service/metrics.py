@@ -22,7 +22,7 @@ METRICS = [
      "matches_by_query"),
     ("dqcep_dead_letters_total", "counter",
      "Dead letters written, by reason (payload, event, ahead, schema, journal_lost, "
-     "stopped)", "dead_letters"),
+     "stopped, change)", "dead_letters"),
     ("dqcep_late_events_total", "counter",
      "Events later than --lateness, left out (the late file)", "late"),
     ("dqcep_repeated_events_total", "counter",

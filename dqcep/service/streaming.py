@@ -656,7 +656,7 @@ class StreamingService:
         processed under the old set, every one after it under the new. A worker's
         consumer (one query of the file) leaves changes to its coordinator."""
         self.offset = record.offset + 1
-        if self.cfg.hosted is not None:
+        if self.cfg.consumer != CONSUMER:  # a worker's query consumer
             return
         try:
             change = read_control(record.payload)
