@@ -510,3 +510,36 @@ def test_every_metric_is_in_the_docs():
     doc = (ROOT / "docs" / "operations.md").read_text()
     missing = [name for name, *_ in METRICS if f"`{name}`" not in doc]
     assert not missing and f"`{HISTOGRAM[0]}`" in doc, missing
+
+
+def test_with_targets_a_query_added_live_is_placed_by_its_calibration(mosquitto, tmp_path):
+    """--target: a query the calibration has no cost of is refused (nothing journaled);
+    one it has is hosted, then every query is placed again by the capacity model; its
+    output is the reference's on the events after it."""
+    from dqcep.capacity import Calibration, QueryCost
+    cost = {q: QueryCost(q, 0.0022, 1e-5) for q in
+            ("overheating", "intrusion", "stuffy", "intrusion2")}
+    (tmp_path / "cal.json").write_text(json.dumps(Calibration(
+        200, 100, cost, cost, 0.003, QueryCost("overhead", 0, 0), 0.0,
+        QueryCost("checkpoint", 0, 0), 1.0, 0.0).to_json()))
+    run = LiveRun(mosquitto, tmp_path, "dqcep/live-target", "--state", str(tmp_path / "st"),
+                  "--target", "*=1000", "--calibration", str(tmp_path / "cal.json"))
+    run.svc.start(before=1)
+    run.publish(0)
+    one, other = ADDED.split(";\n")
+    code, body, _ = get(run.base + "queries", token=TOKEN, method="POST",
+                        body=other.encode())
+    assert code == 409 and b"has no cost of smokeless" in body, body
+    (tmp_path / "one.cep").write_text(one)
+    assert "added intrusion2 at journal record" in run.queries("add", str(tmp_path / "one.cep"))
+    deadline = time.monotonic() + 30  # the model's placement, in the stats file
+    while not any(p["why"] == "intrusion2 added" for p in json.loads(
+            (tmp_path / "stats.json").read_text()).get("plans", [])):
+        assert time.monotonic() < deadline, (tmp_path / "stats.json").read_text()
+        time.sleep(0.2)
+    run.publish(1)
+    run.publish(2)
+    run.svc.finish()
+    lines = (tmp_path / "out.intrusion2.jsonl").read_text().splitlines()
+    assert set(lines) == by_query(reference_lines(
+        one, run.phases[1] + run.phases[2]))["intrusion2"] and len(lines) == len(set(lines))

@@ -101,6 +101,7 @@ def _serve_workers(args, cfg, names: list[str]) -> int:
                                                            names).items()}
         scaling = Scaling({n: targets.get(n, float("inf")) for n in names},
                           read_calibration(args.calibration), lw=args.lw, hw=args.hw,
-                          replan_every=args.replan_every)
+                          replan_every=args.replan_every,
+                          calibration_path=args.calibration)
     workers = args.workers or 1
     return serve_workers(cfg, round_robin(names, min(workers, len(names))), scaling)

@@ -112,6 +112,15 @@ class Scaling:
     replan_every: float = 2.0
     max_workers: int = 8
     down_after: int = 3  # re-plans in a row with every query below lw before fewer workers
+    calibration_path: str | None = None  # read again for a query added live
+
+
+def read_calibration(path: str) -> Calibration:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Calibration.from_json(json.load(f), path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read the calibration {path}: {err}") from None
 
 
 def query_home(cfg: ServiceConfig, query: str) -> Path:
@@ -302,6 +311,10 @@ class Coordinator:
                 if read_control(record.payload)["op"] == "remove":
                     self._let_go(names[0], record.offset)
         self._use_set(self.query_set)
+        if scaling is not None:  # the queries added live are placed by their calibration
+            self._calibrated(scaling.calibration, self.names)
+            for q in self.names:
+                scaling.targets.setdefault(q, float("inf"))
         if self.names != [q.name for q in query_file.queries]:
             placement = round_robin(self.names, max(1, min(len(placement), len(self.names))))
         self.source: MqttSource | None = None
@@ -379,24 +392,27 @@ class Coordinator:
         journaled, then applied by the coordinator's loop: an added query gets a
         consumer on the worker with the fewest queries, from its control record on; a
         removed one's consumer takes the records up to it, then is let go."""
-        if self.scaling is not None:
-            return 409, {"error": "with --target the queries are placed by their "
-                                  "calibration, which a query added live has not: restart "
-                                  "with a calibration that has it"}
         if self.source is None:
             return 503, {"error": "the service is not running"}
         with self._changing:
             try:
-                op, payload, _, _ = requested_change(method, path, body, self.query_set)
+                op, payload, names, _ = requested_change(method, path, body,
+                                                         self.query_set)
+                calibration = None
+                if self.scaling is not None and op == "add":  # placed by its calibration
+                    calibration = read_calibration(self.scaling.calibration_path)
+                    self._calibrated(calibration, names)
             except ChangeRefused as err:
                 return err.code, {"error": err.message}
+            except UserError as err:
+                return 409, {"error": str(err)}
             try:
                 offset = self.source.journal_record(CONTROL_TOPIC, payload)
             except (UserError, OSError) as err:
                 return 503, {"error": f"cannot write the journal: {err}"}
             done: dict = {}
             event = threading.Event()
-            self._changes.put((offset, read_control(payload), done, event))
+            self._changes.put((offset, read_control(payload), done, event, calibration))
             if not event.wait(60):
                 return 202, {"op": op, "queries": [], "journal_offset": offset,
                              "applied": False, "running": self.names}
@@ -404,6 +420,30 @@ class Coordinator:
             return 500, {"error": done["error"]}
         return 200, {"op": op, "queries": done["names"], "journal_offset": offset,
                      "applied": True, "running": self.names}
+
+    def _calibrated(self, calibration: Calibration, names: list[str]) -> None:
+        missing = [q for q in names if q not in calibration.alone]
+        if missing:
+            raise UserError(
+                f"the calibration {self.scaling.calibration_path} has no cost of "
+                f"{', '.join(missing)}: with --target a query is placed by its calibration; "
+                "run dqcep calibrate on a query file that has it")
+
+    def _place_by_model(self, why: str) -> None:
+        """Every query placed again by the capacity model on the workers there are, at
+        the rate measured since the start (a query added live goes where the model
+        says)."""
+        from dqcep.capacity import place
+        s = self.scaling
+        cal = s.calibration
+        rate = self.journal.durable_offset / max(time.monotonic() - self.started, 1e-9) \
+            * self._events_per_record()
+        consumers = cal.consumer_costs(rate / cal.batch_events)
+        plan = place([consumers[q] for q in self.names],
+                     {q: rate / cal.batch_events for q in self.names}, s.targets,
+                     workers=len(self.workers), lw=s.lw, hw=s.hw, rho_max=s.rho_max,
+                     model=cal.consumer_model(self.names))
+        self._apply([[c.name for c in w.queries] for w in plan.workers if w.queries], why)
 
     def _let_go(self, q: str, offset: int) -> None:
         """A removed query's consumer is gone: retention no longer waits for it, its
@@ -418,7 +458,7 @@ class Coordinator:
         """In the coordinator's loop: the changes journaled from the HTTP side."""
         while True:
             try:
-                offset, change, done, event = self._changes.get_nowait()
+                offset, change, done, event, calibration = self._changes.get_nowait()
             except queue.Empty:
                 return
             try:
@@ -429,6 +469,12 @@ class Coordinator:
                         w.conn.send(("host", q))
                         self._expect(w, "hosted")
                         w.queries.append(q)
+                    if self.scaling is not None:  # then where the model says
+                        self.scaling.calibration = calibration
+                        for q in names:
+                            self.scaling.targets.setdefault(q, float("inf"))
+                        self._use_set(new)
+                        self._place_by_model(f"{', '.join(names)} added")
                 else:
                     q = names[0]
                     w = next(w for w in self.workers if q in w.queries)
