@@ -80,7 +80,8 @@ class Pipeline:
     their RETURN values and the batches must be ``Event`` lists); ``tables``: the
     lookup tables the engine reads (refreshed before each batch); ``counts``: the
     dict the counters live in (the caller's, e.g. a checkpointed one; keys in
-    ``COUNTS`` are added, and ``matches.NAME`` for each query's matches); ``warn``: where a stale lookup table is said;
+    ``COUNTS`` are added, and ``matches.NAME`` for each query's matches); ``warn``:
+    where a stale lookup table is said;
     ``report``: called with each ``Outcome`` before its matches are written (a
     ``BadEvents`` that raises there stops a run before them)."""
 
@@ -112,9 +113,9 @@ class Pipeline:
         (counted either way: a replay whose matches the sink holds already).
         ``through``: what a database sink commits with the rows."""
         events, kept = self.admit(events)
-        self.counts["events_in"] += len(events.ts) if isinstance(events, tuple) \
-            else len(events)
-        if not len(events.ts if isinstance(events, tuple) else events):
+        n = len(events.ts) if isinstance(events, tuple) else len(events)
+        self.counts["events_in"] += n
+        if not n:
             return Outcome(events, kept, None)
         self.refresh_tables()
         if self.returns is not None:

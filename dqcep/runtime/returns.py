@@ -38,10 +38,10 @@ class ReturnValues:
         self.source = lookup_source
         self.looked: dict[int, dict] = {}  # event id -> {(table, attr, column): value}
 
-    def for_engine(self, queries, engine) -> "ReturnValues":
+    def for_engine(self, queries, engine, tables=()) -> "ReturnValues":
         """The same events kept, for another query set and the engine that runs it
-        (a live change: the queries' RETURN items and lookups are the new set's)."""
-        tables = [t for t in (getattr(engine.plan, "tables", ()) or ())]
+        (a live change: the queries' RETURN items and lookups are the new set's;
+        ``tables``: the declared tables they read)."""
         out = ReturnValues(queries, engine, tables, self.source)
         out.events, out.order, out.looked = self.events, self.order, self.looked
         return out

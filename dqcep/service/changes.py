@@ -107,9 +107,7 @@ class QuerySet:
         if not text.strip():
             raise UserError(f"{source}: no query to add")
         added = self._parse(text, source)
-        mine = parse(text, source) if not (self.schemas or self.tables) else None
-        if mine is not None and (mine.schemas or mine.tables) or \
-                len(added.schemas) != len(self.schemas) or len(added.tables) != len(self.tables):
+        if len(added.schemas) != len(self.schemas) or len(added.tables) != len(self.tables):
             raise UserError(f"{source}: declare EVENT schemas and TABLEs in the service's "
                             "query file; a change adds queries only")
         clash = [q.name for q in added.queries if q.name in self.names]

@@ -682,7 +682,7 @@ class StreamingService:
         self.decoder = engine.column_decoder()
         if self.returns is not None:
             self.returns = self.pipeline.returns = self.returns.for_engine(
-                self.queries, engine)
+                self.queries, engine, self.query_tables)
         if not self._replaying:
             print(f"dqcep: queries {what} at journal record {record.offset}; running "
                   f"{', '.join(self.query_set.names)}", file=sys.stderr, flush=True)

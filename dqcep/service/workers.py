@@ -463,6 +463,7 @@ class Coordinator:
                 return
             try:
                 new, names = self._change_set(offset, change)
+                self._use_set(new)
                 if change["op"] == "add":
                     for q in names:
                         w = min(self.workers, key=lambda w: len(w.queries))
@@ -473,7 +474,6 @@ class Coordinator:
                         self.scaling.calibration = calibration
                         for q in names:
                             self.scaling.targets.setdefault(q, float("inf"))
-                        self._use_set(new)
                         self._place_by_model(f"{', '.join(names)} added")
                 else:
                     q = names[0]
@@ -482,7 +482,6 @@ class Coordinator:
                     self._expect(w, "released")
                     w.queries.remove(q)
                     self._let_go(q, offset)
-                self._use_set(new)
                 print(f"dqcep: queries {'added' if change['op'] == 'add' else 'removed'} "
                       f"{', '.join(names)} at journal record {offset}; running "
                       f"{', '.join(self.names)}", file=sys.stderr, flush=True)
