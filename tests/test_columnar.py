@@ -233,6 +233,7 @@ def test_json_lines_fast_path_equals_the_validator(tmp_path_factory, lines, bloc
     path.write_bytes(text.encode("utf-8", "surrogatepass"))
     with pytest.MonkeyPatch.context() as mp:  # blocks cut between lines anywhere
         mp.setattr(columnar, "JSON_BLOCK_BYTES", block)
+        mp.setattr(columnar, "FAST_PATH_MIN_BYTES", 0)  # small files too
         assert file_outcome(path, "jsonl", True) == file_outcome(path, "jsonl", False)
 
 
@@ -247,6 +248,31 @@ def test_a_line_that_opens_no_object_goes_to_the_validator(tmp_path):
     ids = [int(i) for p in pieces for i in (p[1] if isinstance(p, tuple) else
                                             [ev.id for ev in p])]
     assert ids == [1]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_small_text_file_is_read_without_pyarrow(tmp_path, fmt):
+    """Below FAST_PATH_MIN_BYTES the validator reads the file: `dqcep run` on a small
+    file does not pay for importing pyarrow (and the pandas its conversions load);
+    above it, the fast path's columns."""
+    import subprocess
+    import sys
+
+    from dqcep.io.columnar import FAST_PATH_MIN_BYTES
+    rows = ["id,type,ts,p"] + [f"{i},A,{i},{i % 7}" for i in range(1, 8000)] if fmt == "csv" \
+        else [f'{{"id": {i}, "type": "A", "ts": {i}, "p": {i % 7}}}' for i in range(1, 8000)]
+    small, large = tmp_path / f"small.{fmt}", tmp_path / f"large.{fmt}"
+    small.write_text("\n".join(rows[:50]) + "\n")
+    large.write_text("\n".join(rows) + "\n")
+    assert small.stat().st_size < FAST_PATH_MIN_BYTES <= large.stat().st_size
+    probe = ("import sys; from tests.test_columnar import engine; "
+             "from dqcep.io.columnar import read_columns; "
+             "p = list(read_columns(sys.argv[1], None, engine())); "
+             "print(sum(isinstance(x, tuple) for x in p), 'pyarrow' in sys.modules)")
+    for path, expected in ((small, "0 False"), (large, "1 True")):
+        out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True,
+                             text=True, check=True, cwd=str(Path(__file__).parent.parent))
+        assert out.stdout.split() == expected.split(), (path, out.stdout, out.stderr)
 
 
 CSV_ODD_CELLS = st.sampled_from(["+5", "-0", "007", "5.", ".5", "+.5e-3", "1e999", "-1E5",
@@ -314,10 +340,13 @@ def test_csv_fast_path_equals_the_validator(tmp_path_factory, data, block):
 
     with pytest.MonkeyPatch.context() as mp:  # blocks cut between lines anywhere
         mp.setattr(columnar, "CSV_BLOCK_BYTES", block)
+        mp.setattr(columnar, "FAST_PATH_MIN_BYTES", 0)  # small files too
         assert reading(True) == reading(False)
 
 
-def test_a_clean_csv_file_is_all_columns(tmp_path):
+def test_a_clean_csv_file_is_all_columns(tmp_path, monkeypatch):
+    import dqcep.io.columnar as columnar
+    monkeypatch.setattr(columnar, "FAST_PATH_MIN_BYTES", 0)
     path = tmp_path / "e.csv"
     path.write_text("id,type,ts,p,s\n1,A,5,1.5,x\n2,B,6,,true\n3,A,7,+4,y\n")
     e = engine()

@@ -239,6 +239,7 @@ def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
     from dqcep.spark.source import ColumnPiece, IdsAndTs, file_index_row, read_file
     monkeypatch.setattr(columnar, "JSON_BLOCK_BYTES", 3000)
     monkeypatch.setattr(columnar, "CSV_BLOCK_BYTES", 2000)
+    monkeypatch.setattr(columnar, "FAST_PATH_MIN_BYTES", 0)
     monkeypatch.setattr(columnar, "PARQUET_BATCH_ROWS", 40)
     path = generate(tmp_path / f"events.{fmt}", 3000, *IMPERFECT)
     text = QUERIES.read_text()

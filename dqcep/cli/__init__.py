@@ -11,35 +11,50 @@ Exit codes: 0 success, 2 a user error (bad query, bad event file, bad option),
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Sequence
 
 from dqcep import __version__
-from dqcep.cli import (calibrate, capacity, demo, experiment, explain, generate, publish,
-                       queries, run, status)
 from dqcep.cli.common import EXIT_USER_ERROR, Parser
 from dqcep.errors import UserError
 
 __all__ = ["EXIT_USER_ERROR", "build_parser", "main"]
 
+# The commands in the order `dqcep --help` lists them: name -> the module whose
+# add_parser(sub) adds it (spark's is the Spark application's own)
+COMMANDS = {"explain": "dqcep.cli.explain", "calibrate": "dqcep.cli.calibrate",
+            "capacity": "dqcep.cli.capacity", "demo": "dqcep.cli.demo",
+            "spark": "dqcep.spark.cli", "generate": "dqcep.cli.generate",
+            "publish": "dqcep.cli.publish", "run": "dqcep.cli.run",
+            "status": "dqcep.cli.status", "queries": "dqcep.cli.queries",
+            "experiment": "dqcep.cli.experiment"}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``only``: a command's name, whose module alone is
+    imported (a command's start-up pays for what it needs, not for every command's
+    imports: `dqcep run` on a small file, issue 40)."""
     p = Parser(prog="dqcep", description="Complex event processing over IoT streams: "
                "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
     p.add_argument("--version", action="version", version=f"dqcep {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=Parser)
-    for command in (explain, calibrate, capacity, demo):
-        command.add_parser(sub)
-    from dqcep.spark.cli import add_spark_parser
-    add_spark_parser(sub, Parser)
-    for command in (generate, publish, run, status, queries, experiment):
-        command.add_parser(sub)
+    for name, module in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        if name == "spark":
+            importlib.import_module(module).add_spark_parser(sub, Parser)
+        else:
+            importlib.import_module(module).add_parser(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the command named first gets its parser alone; anything else (--help, a
+    # misspelt command) the whole one, whose messages list every command
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -55,12 +56,31 @@ MAX_NESTING = 200
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
+    # Building the LALR tables takes ~35 ms of every command's start-up; lark keeps
+    # them in a cache file of the user's own (checked against the grammar, the
+    # options and lark's version on load, rebuilt when any changed)
     return Lark.open(
         str(Path(__file__).with_name("grammar.lark")),
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=False,
+        cache=_grammar_cache() or False,
     )
+
+
+def _grammar_cache() -> str | None:
+    """The parser tables' cache file, in the user's cache directory (not a shared
+    temporary directory: lark loads it with pickle); None where there is none."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "dqcep")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.stat(folder)
+    except OSError:
+        return None
+    if not os.access(folder, os.W_OK) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        return None
+    return os.path.join(folder, "query-grammar.lark-cache")
 
 
 class _SemanticError(Exception):
