@@ -20,7 +20,7 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
-KERNELS = ["ring", "store", "operators", "lists", "runs", "msgpack_encode", "msgpack_decode", "recent_ids",
+KERNELS = ["ring", "store", "operators", "lists", "runs", "chains", "msgpack_encode", "msgpack_decode", "recent_ids",
            "match_format", "walk", "sase"]
 
 extensions = [

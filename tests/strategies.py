@@ -368,6 +368,56 @@ def kleene_queries(draw, name="kleene", strategies=ast.STRATEGIES):
 
 
 @st.composite
+def neighbour_queries(draw, name="neighbours"):
+    """Skip-till-any-match SEQs of 2-4 items over A, B, C with one or two Kleene items,
+    whose conditions tie a list to its neighbours (issue 40): each element against an
+    earlier plain item, a later one or both, against another list, iteration and
+    first-element conditions, aggregates and v[last] beside them; [room] and a NOT gap
+    sometimes. Made to match often on ``dense_streams``."""
+    n = draw(st.integers(2, 4))
+    kleene_at = set(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=2)))
+    items: list[ast.Item] = [
+        ast.Kleene(draw(SMALL_TYPES), f"k{i}") if i in kleene_at
+        else ast.EventPattern(draw(SMALL_TYPES), f"x{i}") for i in range(n)]
+    if draw(st.integers(0, 3)) == 0:
+        items.insert(draw(st.integers(1, n - 1)), ast.Negation(
+            ast.EventPattern(draw(SMALL_TYPES), "neg")))
+    variables = [f"k{i}" if i in kleene_at else f"x{i}" for i in range(n)]
+    lists = [v for v in variables if v.startswith("k")]
+    ops = st.sampled_from(["<", ">", "<=", ">=", "!="])
+    parts: list[ast.Expr] = []
+    if draw(st.integers(0, 2)) == 0:
+        parts.append(ast.Equivalence("room"))
+    for _ in range(draw(st.integers(1, 3))):
+        k = draw(st.sampled_from(lists))
+        others = [v for v in variables if v != k]
+        kind = draw(st.integers(0, 5))
+        if kind <= 1 and others:  # each element against a neighbour (or another list)
+            part: ast.Expr = ast.Binary(draw(ops), ast.AttrRef(k, "p"),
+                                        ast.AttrRef(draw(st.sampled_from(others)), "p"))
+        elif kind == 2:
+            part = ast.Binary(draw(ops), ast.AttrRef(k, "q", index="i"),
+                              ast.AttrRef(k, "q", index=draw(st.sampled_from(["i-1", "1"]))))
+        elif kind == 3:
+            func = draw(st.sampled_from(ast.AGGREGATES))
+            part = ast.Binary(draw(ops), ast.Aggregate(func, k, None if func == "count"
+                                                       else "p"),
+                              ast.Number(draw(st.integers(1, 4))))
+        elif kind == 4:
+            part = ast.Binary(draw(ops), ast.AttrRef(k, "p", index="last"),
+                              ast.AttrRef(draw(st.sampled_from(others)), "q") if others
+                              else ast.Number(2))
+        else:
+            part = ast.Binary(draw(ops), ast.AttrRef(k, "q"), ast.Number(draw(st.integers(0, 3))))
+        parts.append(part)
+    where = None
+    for p in parts:
+        where = p if where is None else ast.Binary("AND", where, p)
+    return ast.Query(name, ast.Operator(ast.SEQ, tuple(items)), where,
+                     ast.Within(draw(st.integers(3, 10)), "ms"), ())
+
+
+@st.composite
 def kleene_event_streams(draw, max_events=14):
     """Streams in which Kleene lists form: 6-14 events whose ts grow by 0-2 (bursts
     of equal ts included), in stream order; small enough for any-match to stay

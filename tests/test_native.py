@@ -25,9 +25,9 @@ from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine, run_events
 from tests.strategies import (ATTR_VALUES, SMALL_TYPES, chain_queries, kleene_event_streams,
-                              kleene_queries, negation_queries, outside_sase,
-                              small_event_streams, small_query_files, strategy_event_streams,
-                              strategy_queries)
+                              kleene_queries, negation_queries, neighbour_queries,
+                              outside_sase, small_event_streams, small_query_files,
+                              strategy_event_streams, strategy_queries)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +38,7 @@ def as_set(matches):
     return set(out)
 
 
-MATERIALIZE = ("always", "on-demand")  # every join's records kept / built where they can be
+MATERIALIZE = ("always", "on-demand", "chain")  # joins kept / built on demand / chains
 
 
 def native(queries, batches, lateness=0, materialize="always"):
@@ -208,6 +208,41 @@ def test_snapshot_inside_kleene_runs_restores_every_list(q, events, cut):
     """Snapshot after a cut (lists open inside the Kleene item), restore into a fresh
     engine of the same plan, go on: the reference's matches, each once."""
     assert snapshot_at(q, events, cut) == as_set(ReferenceMatcher([q]).run(events))
+
+
+@st.composite
+def dense_streams(draw, max_events=13):
+    """Streams in which skip-till-any-match lists of several elements form and pass
+    conditions: A, B and C events whose ts grow by 0 or 1, numbers in p and q (rarely
+    missing), room r1 or r2 (rarely missing)."""
+    out, ts = [], 0
+    for i in range(draw(st.integers(5, max_events))):
+        ts += draw(st.sampled_from([1, 1, 0]))
+        attrs = {a: draw(st.integers(0, 3)) for a in ("p", "q") if draw(st.integers(0, 7))}
+        if draw(st.integers(0, 7)):
+            attrs["room"] = draw(st.sampled_from(["r1", "r1", "r2"]))
+        out.append(Event(i + 1, draw(SMALL_TYPES), ts, attrs))
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(neighbour_queries() | kleene_queries(strategies=(ast.ANY_MATCH,)), dense_streams(),
+       CUTS, st.none() | st.integers(0, 9))
+def test_chains_match_reference_on_kleene_items(q, events, cuts, shuffle):
+    """Skip-till-any-match Kleene items built as chains (issue 40: conditions reach the
+    list as it is made): each element against an earlier neighbour, a later one or
+    both, iteration and first-element conditions, aggregates and v[last] beside them,
+    [attr], NOT gaps; every plan choice (check) against the reference."""
+    check([q], events, cuts, shuffle)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(neighbour_queries(), dense_streams(), st.integers(0, 20), st.integers(0, 3))
+def test_snapshot_inside_chains_restores_their_stacks(q, events, cut, lateness):
+    """Snapshot with events on a chain's stacks (and waiting for stream order), restore
+    into a fresh engine of the same program, go on: the reference's matches."""
+    assert snapshot_at(q, events, cut, lateness, "chain") == \
+        as_set(ReferenceMatcher([q]).run(events))
 
 
 def snapshot_at(q, events, cut, lateness=0, materialize="always"):

@@ -64,9 +64,10 @@ def planner_options(parser, only: str = "") -> None:
     parser.add_argument("--materialize", choices=MATERIALIZE_MODES, default="always",
                         help=only + "which SEQ joins keep their partial matches as records "
                         "(always, default), build them on demand from their inputs when "
-                        "their parent needs them (on-demand, where the plan allows it), or "
-                        "choose per join by the cost model (auto); same matches either way "
-                        "(docs/planner.md)")
+                        "their parent needs them (on-demand, where the plan allows it), run "
+                        "every flat skip-till-any-match SEQ as one chain built when its last "
+                        "event comes (chain), or choose by the cost model (auto); same "
+                        "matches either way (docs/planner.md)")
     parser.add_argument("--rates", metavar="FILE",
                         help=only + "JSON object {event type: events per second} for the "
                         "cost model (default: 1 event/s for every type)")

@@ -18,9 +18,10 @@ from dqcep.plan.orthogonal import Kind, Port
 
 # The functions take a dqcep.plan.planner.Plan (not imported: the planner calls them).
 
-# choose_materialization's modes
-AUTO, ALWAYS, ON_DEMAND = "auto", "always", "on-demand"
-MATERIALIZE_MODES = (AUTO, ALWAYS, ON_DEMAND)
+# choose_materialization's modes; CHAIN: every query that is a flat SEQ is one RUN
+# vertex built when its last event comes (dqcep._kernels.chains), its joins' none
+AUTO, ALWAYS, ON_DEMAND, CHAIN = "auto", "always", "on-demand", "chain"
+MATERIALIZE_MODES = (AUTO, ALWAYS, ON_DEMAND, CHAIN)
 RECORD_WORDS = 4  # start, end, key and the per-key chain link, besides the slots
 
 
@@ -106,8 +107,8 @@ def choose_materialization(plan: "Plan", mode: str = ALWAYS) -> tuple[tuple[bool
             on_demand.append(False)
             why.append("")
             continue
-        reason = "materialized (every join's records are kept)" if mode == ALWAYS else \
-            _why_kept(plan, v, eq)
+        reason = "materialized (every join's records are kept)" if mode in (ALWAYS, CHAIN) \
+            else _why_kept(plan, v, eq)
         if reason is None:
             right = g.child(v, Port.RIGHT)
             kept = plan.estimate[v] * (RECORD_WORDS + len(plan.slots[v])) * 8

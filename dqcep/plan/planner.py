@@ -52,7 +52,7 @@ import numpy as np
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import MAX_AND_DP, CostModel, better
-from dqcep.plan.joins import ALWAYS, choose_materialization
+from dqcep.plan.joins import ALWAYS, CHAIN, choose_materialization
 from dqcep.plan.lookups import LookupColumn, resolve_all
 from dqcep.plan.orthogonal import NIL, Kind, OrthogonalList, Port, VertexView
 
@@ -265,8 +265,9 @@ class _Guard:
 class _QueryPlanner:
     """Decomposition and predicate placement for one query."""
 
-    def __init__(self, q: ast.Query, cost: CostModel):
+    def __init__(self, q: ast.Query, cost: CostModel, chain: bool = False):
         self.q = q
+        self.chain = chain  # run as one chain (a RUN vertex under skip-till-any-match)
         self.cost = cost
         self.w = q.within.ms
         self.negated = {e.var for e, neg in ast.event_patterns(q.pattern) if neg}
@@ -409,7 +410,7 @@ class _QueryPlanner:
 
     def plan(self) -> tuple[_Node, list[_Guard]]:
         q = self.q
-        if q.strategy != ast.ANY_MATCH:
+        if q.strategy != ast.ANY_MATCH or self.chain:
             return self._run()
         root = self.tree(q.pattern, self.positive, bool(self.key_attrs))
         for c in self.positive:
@@ -420,7 +421,8 @@ class _QueryPlanner:
         return root, self.output_guards
 
     def _run(self) -> tuple[_Node, list[_Guard]]:
-        """A query under a selection strategy: one RUN vertex over its flat SEQ, every
+        """A query under a selection strategy (or run as a chain under
+        skip-till-any-match): one RUN vertex over its flat SEQ, every
         positive condition on it, a top-level [attr] as its key (which the runtime
         checks exactly, element by element), the negations at the OUTPUT."""
         q = self.q
@@ -502,6 +504,25 @@ class _QueryPlanner:
             self.output_guards.append(guard)
         else:
             self.lca(root, anchor).guards.append(guard)
+
+
+MAX_CHAIN_SLOTS = 32  # dqcep._kernels.chains
+
+
+def chain_eligible(q: ast.Query) -> bool:
+    """Can the query run as one chain: a skip-till-any-match SEQ whose items are
+    events, Kleene items and negations (a RUN vertex's shape, spec 5.2), with at most
+    MAX_CHAIN_SLOTS positive items, more than one or a Kleene item?"""
+    if q.strategy != ast.ANY_MATCH:
+        return False
+    items = q.pattern.items if isinstance(q.pattern, ast.Operator) else (q.pattern,)
+    if isinstance(q.pattern, ast.Operator) and q.pattern.op != ast.SEQ:
+        return False
+    positive = [i for i in items if not isinstance(i, ast.Negation)]
+    if not all(isinstance(i, (ast.EventPattern, ast.Kleene)) for i in positive):
+        return False
+    return 1 <= len(positive) <= MAX_CHAIN_SLOTS and (
+        len(positive) > 1 or isinstance(positive[0], ast.Kleene))
 
 
 def element_filter(c: ast.Expr, var: str) -> bool:
@@ -673,7 +694,7 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
     interner = _Interner(types)
     specs = []
     for q in queries:
-        qp = _QueryPlanner(q, cost)
+        qp = _QueryPlanner(q, cost, chain=materialize == CHAIN and chain_eligible(q))
         interner.kleene, interner.strategy = qp.kleene, q.strategy
         interner.epoch = (epochs or {}).get(q.name, 0)
         root_tree, output_guards = qp.plan()

@@ -20,6 +20,7 @@ from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.bytecode import FIRST, LAST, PAIRS, PREVIOUS, Op, Predicate
 from dqcep.plan.planner import UNBOUNDED, RunItems
 from dqcep._kernels.operators import BytecodeError, PredicateSet
+from dqcep._kernels.chains import ChainSpec
 from dqcep._kernels.runs import NEXT_MATCH, PARTITION, STRICT, RunSpec
 from dqcep._kernels.store import KINDS
 
@@ -263,11 +264,60 @@ def run_placement(preds: Sequence[Predicate], k: int) -> tuple[list[Predicate], 
     return ordered, np.cumsum([0] + [len(g) for g in by_slot]).tolist()
 
 
+def chain_placement(preds: Sequence[Predicate], kleene: Sequence[bool]
+                    ) -> tuple[list[Predicate], list[int]]:
+    """Where a chain (``dqcep._kernels.chains``: a flat SEQ under skip-till-any-match
+    built when its last event comes) checks each condition. It binds the plain slots
+    from the last to the first, then the Kleene slots from the first to the last; a
+    condition goes to the slot that completes its slots in that order: a filter if it
+    reads that slot alone (element by element for a Kleene slot), else checked when
+    the slot is bound (a Kleene slot: per element, against what is bound), or with
+    the element before / the first (``v[i-1]``, ``v[1]``) as each element is appended.
+    Whole-list conditions (aggregates, ``v[last]``) and nested [attr]s: on the
+    complete match. Returns the conditions in group order and the 3 k + 2 bounds of
+    the groups (per slot: filter, bind, iteration; then the whole-match ones)."""
+    k = len(kleene)
+    order = [s for s in range(k - 1, -1, -1) if not kleene[s]] + \
+        [s for s in range(k) if kleene[s]]
+    rank = {s: i for i, s in enumerate(order)}
+    groups: list[list[Predicate]] = [[] for _ in range(3 * k)]
+    whole = []
+    for p in preds:
+        if p.whole_list or p.has_equivalence:
+            whole.append(p)
+            continue
+        positions = {s for _, s in p.extras}     # lists whose v[i-1] / v[1] it reads
+        read = {s for s in p.slots if s < k} | positions
+        at = max(read, key=rank.__getitem__)
+        if read == {at} and not positions:
+            groups[3 * at].append(p)          # the event (element) alone
+        elif kleene[at] and at in positions:
+            groups[3 * at + 2].append(p)      # with the element before / the first
+        else:
+            groups[3 * at + 1].append(p)
+    ordered = [p for g in groups for p in g] + whole
+    return ordered, np.cumsum([0] + [len(g) for g in groups] + [len(whole)]).tolist()
+
+
+def chain_spec(items: RunItems, preds: Sequence[Predicate], key_attrs: Sequence[str],
+               window: int, attr_index: dict[str, int],
+               dictionary: "StringDictionary") -> ChainSpec:
+    """A RUN vertex under skip-till-any-match, for ``dqcep._kernels.chains.chain_step``,
+    its conditions placed by ``chain_placement``."""
+    ordered, group_first = chain_placement(preds, items.kleene)
+    return ChainSpec(
+        window, np.array(items.types, np.int32), np.array(items.kleene, np.uint8),
+        predicate_set(ordered, attr_index, dictionary), np.array(group_first, np.int64),
+        np.array([attr_index[a] for a in key_attrs], np.int32))
+
+
 def run_spec(items: RunItems, preds: Sequence[Predicate], key_attrs: Sequence[str],
              window: int, attr_index: dict[str, int],
-             dictionary: "StringDictionary") -> RunSpec:
+             dictionary: "StringDictionary") -> RunSpec | ChainSpec:
     """A RUN vertex for ``dqcep._kernels.runs.run_step``, its conditions placed by
-    ``run_placement``."""
+    ``run_placement``; under skip-till-any-match a chain (``chain_spec``)."""
+    if items.strategy == ast.ANY_MATCH:
+        return chain_spec(items, preds, key_attrs, window, attr_index, dictionary)
     ordered, slot_first = run_placement(preds, len(items.types))
     return RunSpec(
         STRATEGY_CODES[items.strategy], window, np.array(items.types, np.int32),

@@ -42,7 +42,8 @@ import numpy as np
 from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
 from dqcep._kernels.ring import KeyedQueue, RingBuffer, StateBudgetExceeded
-from dqcep._kernels.runs import RunTable, run_step
+from dqcep._kernels.chains import ChainSpec, chain_step
+from dqcep._kernels.runs import run_step
 from dqcep.errors import UserError
 from dqcep.events import STATE_BUDGET
 from dqcep.plan import Kind, Plan
@@ -50,7 +51,7 @@ from dqcep.runtime.eventtime import (LIST_ID, EventColumns, EventTimeEngine, Mat
                                      MatchLists, ready_in_stream_order, wait_for_stream_order)
 from dqcep.runtime.policy import accepted_part, partition_of, positions
 from dqcep.runtime.program import Program, QueryProgram
-from dqcep.runtime.state import EngineState, Records, VertexStats
+from dqcep.runtime.state import EngineState, Records, VertexStats, run_state
 
 __all__ = ["Engine", "Records", "VertexStats", "run_events", "STATE_BUDGET"]
 
@@ -249,7 +250,7 @@ class Engine(EventTimeEngine):
             if u in state.not_store:
                 state.not_store[u] = RingBuffer(state.not_store[u].n_ids)
             if u in state.runs:
-                state.runs[u] = RunTable(len(self.plan.run[u].types))
+                state.runs[u] = run_state(self.plan.run[u])
             self._new_inputs.pop(u, None)
         self._budget_state()
 
@@ -284,9 +285,10 @@ class Engine(EventTimeEngine):
                 seqs, ts, types = seqs[keep], ts[keep], types[keep]
             ring = self._scratch(v, prog.n_slots[v])
             ok, keys = leaf_keys(state.store, seqs, run.key)
+            step = chain_step if isinstance(run.spec, ChainSpec) else run_step
             try:
-                run_step(run.spec, state.runs[v], state.store, state.lists, seqs, ts, types,
-                         keys, ok.view(np.uint8), ring)
+                step(run.spec, state.runs[v], state.store, state.lists, seqs, ts, types,
+                     keys, ok.view(np.uint8), ring)
             except StateBudgetExceeded as err:
                 self._stop(v, err)
                 continue

@@ -55,9 +55,10 @@ class KleeneProgram(NamedTuple):
 
 
 class RunProgram(NamedTuple):
-    """What a RUN vertex runs (``dqcep._kernels.runs.run_step``)."""
+    """What a RUN vertex runs: ``dqcep._kernels.runs.run_step`` under a selection
+    strategy, ``dqcep._kernels.chains.chain_step`` under skip-till-any-match."""
 
-    spec: object                 # the kernel's RunSpec
+    spec: object                 # the kernel's RunSpec or ChainSpec
     window: int
     key: np.ndarray              # int32 store columns of its [attr]s
     queries: tuple[int, ...]     # the queries whose matches it makes

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
+from dqcep._kernels.chains import ChainStacks
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.runs import RunTable
 from dqcep._kernels.store import ListStore
 from dqcep.errors import UserError
+from dqcep.lang import ast
 from dqcep.runtime.compile import StringDictionary
 from dqcep.runtime.eventtime import NOTHING_WAITING, TimeState
 from dqcep.runtime.policy import PolicyState
@@ -64,6 +66,13 @@ class Records:
         return Records(s, e, k, ids)
 
 
+def run_state(items) -> RunTable | ChainStacks:
+    """A RUN vertex's empty state (``items``: its ``RunItems``): the runs of a
+    selection strategy, the stacks of a chain under skip-till-any-match."""
+    k = len(items.types)
+    return ChainStacks(k) if items.strategy == ast.ANY_MATCH else RunTable(k)
+
+
 def _dumped(lists: ListStore | None, arr) -> list | None:
     """A ListStore's ``dump`` for a snapshot: its evicted count, then its arrays."""
     if lists is None:
@@ -91,7 +100,8 @@ class EngineState(TimeState):
     stats: dict[int, VertexStats] = field(default_factory=dict)
     lists: ListStore | None = None    # every Kleene list (plans with KLEENE vertices)
     growing: dict[int, KeyedQueue] = field(default_factory=dict)  # KLEENE: lists that may grow
-    runs: dict[int, RunTable] = field(default_factory=dict)  # RUN: its runs
+    # RUN: its runs (a chain's stacks under skip-till-any-match: ``run_state``)
+    runs: dict[int, RunTable | ChainStacks] = field(default_factory=dict)
     # RUN: released events not yet stepped (seq, ts, id, type): the events of the newest
     # ts may still be joined by others of that ts, and runs take events in (ts, id) order
     run_pending: tuple = NOTHING_WAITING  # RUN vertices' events, until stream order is known
@@ -122,7 +132,7 @@ class EngineState(TimeState):
         if program.kleene or program.runs:
             state.lists = ListStore(program.list_aggs)
             state.growing = {v: KeyedQueue(1) for v in program.kleene}
-        state.runs = {v: RunTable(len(program.plan.run[v].types)) for v in program.runs}
+        state.runs = {v: run_state(program.plan.run[v]) for v in program.runs}
         state.stats = {v: VertexStats() for v in range(program.plan.n_vertices)}
         state.policies = {q.index: PolicyState(q.spec.after_match) for q in program.queries
                           if q.spec.after_match is not None}

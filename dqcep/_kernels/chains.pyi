@@ -1,0 +1,44 @@
+# Python-visible API of dqcep._kernels.chains (C types in comments).
+import numpy as np
+import numpy.typing as npt
+
+from dqcep._kernels.operators import PredicateSet
+from dqcep._kernels.ring import RingBuffer
+from dqcep._kernels.store import EventStore, ListStore
+
+class ChainSpec:
+    window: int                         # int64_t, ms
+    k: int                              # slots
+    conds: PredicateSet
+    def __init__(
+        self,
+        window: int,
+        slot_type: "npt.ArrayLike",     # int32 per slot
+        slot_kleene: "npt.ArrayLike",   # uint8 per slot
+        conds: PredicateSet,
+        group_first: "npt.ArrayLike",   # int64 [3 k + 2]: per slot filter, bind, iteration; whole
+        key_cols: "npt.ArrayLike",      # int32 store columns of [attr]
+    ) -> None: ...
+
+class ChainStacks:
+    k: int
+    live: int                           # events stacked
+    high_water: int
+    def __init__(self, k: int) -> None: ...
+    nbytes: int                         # the stacks and the partition table
+    def evict_start_before(self, cutoff: int) -> int: ...
+    def dump(self) -> "npt.NDArray[np.int64]": ...           # [live, 4]: key, slot, seq, ts
+    def load(self, rows: "npt.NDArray[np.int64]") -> None: ...
+
+def chain_step(
+    sp: ChainSpec,
+    stacks: ChainStacks,
+    st: EventStore,
+    ls: ListStore,
+    seqs: "npt.NDArray[np.int64]",      # const int64_t[::1], stream order (ts, id)
+    ts: "npt.NDArray[np.int64]",        # const int64_t[::1]
+    types: "npt.NDArray[np.int32]",     # const int32_t[::1], -1: a type no slot has
+    keys: "npt.NDArray[np.int64]",      # const int64_t[::1]
+    keyed: "npt.NDArray[np.uint8]",     # const uint8_t[::1]
+    out: RingBuffer,
+) -> int: ...

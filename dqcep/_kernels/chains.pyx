@@ -1,0 +1,520 @@
+"""A flat SEQ under skip-till-any-match built when its last event comes (issue 40).
+
+SASE's construction (Wu, Diao, Rizzi, SIGMOD 2006) carried to Kleene items: the
+operator keeps, per [attr] partition and per slot, the events that may fill the
+slot (its type, its own conditions: a *stack*, in stream order, pruned by the
+window), and builds no partial match until an event comes that fits the last slot.
+Then it binds the slots in an order that lets every condition prune as early as it
+can:
+
+1. the plain (non-Kleene) slots from the last to the first, each from its stack:
+   an event before the one bound to its right and inside the window of the last
+   event; a condition is checked as soon as its plain slots are bound;
+2. the Kleene slots from the first to the last, each a list of its stack's events
+   strictly between its neighbours: the events that pass its conditions against
+   what is bound (``b.price > a.price``) are found once, then every non-empty
+   sub-list of them with strictly increasing ts is made element by element, its
+   iteration conditions (``b[i].x > b[i-1].x``, ``b[1]``) checked as each element is
+   appended, so a list that fails is never extended; a trailing Kleene slot's list
+   ends with the last event;
+3. the whole-list conditions (aggregates, ``v[last]``) and nested [attr]s on the
+   complete match.
+
+Its result is the skip-till-any-match set of spec 5.1 (every combination, each
+once), so it returns what the DAG of joins returns; its cost is the matches made
+and the bindings tried, not every partial match of the window (which the DAG keeps
+and, for a Kleene item, 2^n lists of it whatever the neighbours' conditions).
+
+The caller hands events in stream order (ts, id) once no event can still come
+before them (an event's enumeration reads the events before it only). Matches
+are rows like a run operator's (``dqcep._kernels.runs``): per slot an event's
+sequence number or a list handle of the engine's ListStore.
+"""
+cimport cython
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdlib cimport free
+from libc.string cimport memmove
+
+import numpy as np
+
+from dqcep._kernels._alloc cimport grow
+from dqcep._kernels._table cimport (Int64Table, table_free, table_get, table_init,
+                                    table_set)
+from dqcep._kernels._types cimport idx_t
+from dqcep._kernels.operators cimport PredicateSet
+from dqcep._kernels.ring cimport COL_END, COL_IDS, COL_KEY, COL_START, RingBuffer, ring_push
+from dqcep._kernels.store cimport EventStore, ListStore, ls_row, same_cells
+
+cdef enum:
+    MAX_CHAIN_SLOTS = 32
+    MIN_STACK = 16
+    # the condition groups of slot s (``group_first``): 3 s its filter (the event
+    # alone, checked before it is stacked), 3 s + 1 checked when it is bound (for a
+    # Kleene slot: per element, against what is bound), 3 s + 2 a Kleene slot's
+    # iteration conditions (per element, against the list before it); 3 k the
+    # whole-match ones
+    G_FILTER = 0
+    G_BIND = 1
+    G_ITER = 2
+
+
+cdef struct Stack:
+    int64_t* seq
+    int64_t* ts
+    idx_t lo        # first live entry
+    idx_t hi        # one past the last
+    idx_t cap
+
+
+cdef class ChainSpec:
+    """The operator, compiled (never changed): the slots' types and kinds, the
+    conditions in groups (see ``G_*``; ``group_first`` has 3 k + 2 bounds), the
+    window and the [attr] store columns."""
+    cdef readonly int64_t window
+    cdef readonly idx_t k
+    cdef int32_t[::1] slot_type
+    cdef uint8_t[::1] slot_kleene
+    cdef readonly PredicateSet conds
+    cdef int64_t[::1] group_first
+    cdef int32_t[::1] key_cols
+
+    def __init__(self, int64_t window, slot_type, slot_kleene, PredicateSet conds,
+                 group_first, key_cols):
+        cdef idx_t j
+        self.window = window
+        self.slot_type = np.ascontiguousarray(slot_type, dtype=np.int32)
+        self.slot_kleene = np.ascontiguousarray(slot_kleene, dtype=np.uint8)
+        self.k = self.slot_type.shape[0]
+        self.conds = conds
+        self.group_first = np.ascontiguousarray(group_first, dtype=np.int64)
+        self.key_cols = np.ascontiguousarray(key_cols, dtype=np.int32)
+        if not 1 <= self.k <= MAX_CHAIN_SLOTS or self.slot_kleene.shape[0] != self.k:
+            raise ValueError(f"a chain has 1..{MAX_CHAIN_SLOTS} slots, one kind per slot")
+        if self.group_first.shape[0] != 3 * self.k + 2 or self.group_first[0] != 0 \
+                or self.group_first[3 * self.k + 1] != conds.n:
+            raise ValueError("group_first must bound every condition, in 3 k + 1 groups")
+        for j in range(3 * self.k + 1):
+            if self.group_first[j] > self.group_first[j + 1]:
+                raise ValueError("group_first must not decrease")
+        for j in range(conds.rng_slot.shape[0]):
+            if not 0 <= conds.rng_slot[j] < self.k or not self.slot_kleene[conds.rng_slot[j]]:
+                raise ValueError(f"a condition ranges over slot {conds.rng_slot[j]}, which "
+                                 "holds no list")
+        for j in range(conds.ext_slot.shape[0]):
+            if not 0 <= conds.ext_slot[j] < self.k or not self.slot_kleene[conds.ext_slot[j]]:
+                raise ValueError(f"a condition reads a list position of slot "
+                                 f"{conds.ext_slot[j]}, which holds no list")
+        conds.check_slots(self.k)
+
+
+cdef class ChainStacks:
+    """The operator's state: per partition key, a stack per slot."""
+    cdef readonly idx_t k
+    cdef Stack* stacks        # partition p, slot s: stacks[p * k + s]
+    cdef int64_t* part_key    # per partition: its key
+    cdef idx_t n_parts
+    cdef idx_t parts_cap
+    cdef Int64Table part_of   # key -> partition
+    cdef readonly idx_t live
+    cdef readonly idx_t high_water
+
+    def __cinit__(self, idx_t k):
+        self.k = k
+        self.stacks = NULL
+        self.part_key = NULL
+        self.n_parts = self.parts_cap = 0
+        self.live = self.high_water = 0
+        table_init(&self.part_of, 16)
+
+    def __dealloc__(self):
+        cdef idx_t i
+        for i in range(self.n_parts * self.k):
+            free(self.stacks[i].seq)
+            free(self.stacks[i].ts)
+        free(self.stacks)
+        free(self.part_key)
+        table_free(&self.part_of)
+
+    cdef idx_t _partition(self, int64_t key) except -1 nogil:
+        cdef int64_t p = table_get(&self.part_of, key)
+        cdef idx_t i, cap
+        if p >= 0:
+            return <idx_t>p
+        if self.n_parts == self.parts_cap:
+            cap = self.parts_cap * 2 if self.parts_cap else 4
+            self.stacks = <Stack*>grow(self.stacks, cap * self.k * sizeof(Stack))
+            self.part_key = <int64_t*>grow(self.part_key, cap * sizeof(int64_t))
+            for i in range(self.parts_cap * self.k, cap * self.k):
+                self.stacks[i] = Stack(NULL, NULL, 0, 0, 0)
+            self.parts_cap = cap
+        p = self.n_parts
+        self.part_key[p] = key
+        self.n_parts += 1
+        table_set(&self.part_of, key, p)
+        return <idx_t>p
+
+    cdef int _push(self, Stack* s, int64_t seq, int64_t ts) except -1 nogil:
+        cdef idx_t live = s.hi - s.lo, cap
+        if s.hi == s.cap:
+            if s.lo and live * 2 <= s.cap:      # room at the bottom: move down
+                memmove(s.seq, s.seq + s.lo, live * sizeof(int64_t))
+                memmove(s.ts, s.ts + s.lo, live * sizeof(int64_t))
+            else:
+                if s.lo:
+                    memmove(s.seq, s.seq + s.lo, live * sizeof(int64_t))
+                    memmove(s.ts, s.ts + s.lo, live * sizeof(int64_t))
+                cap = s.cap * 2 if s.cap else MIN_STACK
+                s.seq = <int64_t*>grow(s.seq, cap * sizeof(int64_t))
+                s.ts = <int64_t*>grow(s.ts, cap * sizeof(int64_t))
+                s.cap = cap
+            s.lo, s.hi = 0, live
+        s.seq[s.hi] = seq
+        s.ts[s.hi] = ts
+        s.hi += 1
+        self.live += 1
+        if self.live > self.high_water:
+            self.high_water = self.live
+        return 0
+
+    cdef void _prune(self, Stack* s, int64_t cutoff) noexcept nogil:
+        """Drop the entries with ts < cutoff; free an emptied stack."""
+        while s.lo < s.hi and s.ts[s.lo] < cutoff:
+            s.lo += 1
+            self.live -= 1
+        if s.lo == s.hi and s.cap:
+            free(s.seq)
+            free(s.ts)
+            s.seq = s.ts = NULL
+            s.lo = s.hi = s.cap = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the stacks and the partition table."""
+        cdef idx_t i
+        cdef int64_t total = (self.part_of.mask + 1) * 16 + self.parts_cap * (
+            self.k * sizeof(Stack) + 8)
+        for i in range(self.n_parts * self.k):
+            total += self.stacks[i].cap * 16
+        return total
+
+    def evict_start_before(self, int64_t cutoff) -> int:
+        """Drop every stacked event with ts < cutoff (no match with it can still be
+        made); returns how many."""
+        cdef idx_t i, before = self.live
+        for i in range(self.n_parts * self.k):
+            self._prune(&self.stacks[i], cutoff)
+        return before - self.live
+
+    def dump(self) -> np.ndarray:
+        """Every stacked event as a row (key, slot, seq, ts), in stack order."""
+        out = np.empty((self.live, 4), dtype=np.int64)
+        cdef int64_t[:, ::1] o = out
+        cdef idx_t p, s, j, n = 0
+        cdef Stack* st
+        for p in range(self.n_parts):
+            for s in range(self.k):
+                st = &self.stacks[p * self.k + s]
+                for j in range(st.lo, st.hi):
+                    o[n, 0], o[n, 1], o[n, 2], o[n, 3] = self.part_key[p], s, st.seq[j], st.ts[j]
+                    n += 1
+        return out
+
+    def load(self, const int64_t[:, ::1] rows) -> None:
+        """Stack the rows ``dump`` gave (into an empty state)."""
+        cdef idx_t i
+        if rows.shape[0] and rows.shape[1] != 4:
+            raise ValueError("stacked events are rows of (key, slot, seq, ts)")
+        for i in range(rows.shape[0]):
+            if not 0 <= rows[i, 1] < self.k:
+                raise ValueError(f"a stacked event of slot {rows[i, 1]} in a chain of "
+                                 f"{self.k} slots")
+            self._push(&self.stacks[self._partition(rows[i, 0]) * self.k + rows[i, 1]],
+                       rows[i, 2], rows[i, 3])
+
+
+cdef inline idx_t _below(Stack* s, int64_t t) noexcept nogil:
+    """One past the last entry with ts < t."""
+    cdef idx_t lo = s.lo, hi = s.hi, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if s.ts[mid] < t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@cython.final
+cdef class _Build:
+    """One event's enumeration: what every step reads (scratch, reused per event)."""
+    cdef ChainSpec sp
+    cdef PredicateSet ps
+    cdef EventStore st
+    cdef ListStore ls
+    cdef RingBuffer out
+    cdef Stack* part            # the partition's k stacks
+    cdef int64_t rec[MAX_CHAIN_SLOTS]
+    cdef int64_t rec_ts[MAX_CHAIN_SLOTS]   # a plain slot's event ts (read, not looked up)
+    cdef int32_t right_plain[MAX_CHAIN_SLOTS]  # the nearest plain slot to the right, -1
+    cdef const int64_t* gf                  # group_first
+    cdef const uint8_t* is_list
+    cdef int32_t plain[MAX_CHAIN_SLOTS]    # plain slots, last first
+    cdef int32_t lists[MAX_CHAIN_SLOTS]    # Kleene slots, first first
+    cdef idx_t n_plain, n_lists
+    cdef int64_t last_seq, last_ts, key, floor   # floor: the window's earliest ts
+    cdef int64_t made
+    # per Kleene slot: the events that pass its bind conditions, and the DFS arrays
+    cdef int64_t* cand[MAX_CHAIN_SLOTS]
+    cdef int64_t* cand_ts[MAX_CHAIN_SLOTS]
+    cdef int64_t* path_pos[MAX_CHAIN_SLOTS]
+    cdef int64_t* path_handle[MAX_CHAIN_SLOTS]
+    cdef idx_t cand_cap[MAX_CHAIN_SLOTS]
+
+    def __cinit__(self):
+        cdef idx_t i
+        for i in range(MAX_CHAIN_SLOTS):
+            self.cand[i] = self.cand_ts[i] = self.path_pos[i] = self.path_handle[i] = NULL
+            self.cand_cap[i] = 0
+
+    def __dealloc__(self):
+        cdef idx_t i
+        for i in range(MAX_CHAIN_SLOTS):
+            free(self.cand[i])
+            free(self.cand_ts[i])
+            free(self.path_pos[i])
+            free(self.path_handle[i])
+
+    cdef int _reserve(self, idx_t j, idx_t n) except -1 nogil:
+        cdef idx_t cap = self.cand_cap[j] if self.cand_cap[j] else MIN_STACK
+        if n <= self.cand_cap[j]:
+            return 0
+        while cap < n:
+            cap *= 2
+        self.cand[j] = <int64_t*>grow(self.cand[j], cap * sizeof(int64_t))
+        self.cand_ts[j] = <int64_t*>grow(self.cand_ts[j], cap * sizeof(int64_t))
+        self.path_pos[j] = <int64_t*>grow(self.path_pos[j], (cap + 1) * sizeof(int64_t))
+        self.path_handle[j] = <int64_t*>grow(self.path_handle[j], (cap + 1) * sizeof(int64_t))
+        self.cand_cap[j] = cap
+        return 0
+
+    cdef inline bint _holds(self, idx_t s, idx_t group) noexcept nogil:
+        """Slot s's group, on the record as bound (s a plain slot)."""
+        cdef idx_t first = <idx_t>self.gf[3 * s + group], last = <idx_t>self.gf[3 * s + group + 1]
+        return first == last or self.ps.holds_lists(self.st, self.ls, self.rec, self.is_list,
+                                                    self.sp.k, first, last)
+
+    cdef inline bint _holds_element(self, idx_t s, idx_t group, int64_t handle,
+                                    int64_t seq) noexcept nogil:
+        """Slot s's group with event seq appended to list ``handle`` (-1: none)."""
+        cdef idx_t first = <idx_t>self.gf[3 * s + group], last = <idx_t>self.gf[3 * s + group + 1]
+        return first == last or self.ps.holds_placed(self.st, self.ls, self.rec, self.is_list,
+                                                     self.sp.k, s, handle, seq, first, last)
+
+    cdef inline int64_t _right_ts(self, idx_t s) noexcept nogil:
+        """The ts a slot's events must lie before: the nearest plain slot's to the
+        right, or the last event's (a trailing list ends with it)."""
+        return self.last_ts if self.right_plain[s] < 0 else self.rec_ts[self.right_plain[s]]
+
+    cdef int64_t _left_ts(self, idx_t s) noexcept nogil:
+        """The ts a Kleene slot's elements must lie after (its left neighbour is bound)."""
+        cdef int64_t h
+        if s == 0:
+            return self.floor - 1
+        h = self.rec[s - 1]
+        if self.is_list[s - 1]:
+            return self.ls.end[ls_row(self.ls, h)]
+        return self.rec_ts[s - 1]
+
+    cdef int plain_step(self, idx_t i) except -1 nogil:
+        """Bind plain slot ``plain[i]`` (and then the rest)."""
+        cdef idx_t s, j
+        cdef Stack* stack
+        cdef int64_t hi, seq
+        cdef bint closes
+        if i == self.n_plain:
+            return self.list_step(0)
+        # the last plain slot of a chain without lists: each event bound is a match
+        closes = i + 1 == self.n_plain and self.n_lists == 0
+        s = self.plain[i]
+        if s == self.sp.k - 1:     # the last event
+            self.rec[s], self.rec_ts[s] = self.last_seq, self.last_ts
+            if self._holds(s, G_BIND):
+                self.plain_step(i + 1)
+            self.rec[s] = -1
+            return 0
+        stack = &self.part[s]
+        hi = self._right_ts(s)
+        j = _below(stack, hi)
+        while j > stack.lo:
+            j -= 1
+            if stack.ts[j] < self.floor:
+                break
+            seq = stack.seq[j]
+            if self.sp.key_cols.shape[0] and not same_cells(self.st, self.sp.key_cols,
+                                                            seq, self.last_seq):
+                continue
+            self.rec[s], self.rec_ts[s] = seq, stack.ts[j]
+            if self._holds(s, G_BIND):
+                if closes:
+                    self.finish()
+                else:
+                    self.plain_step(i + 1)
+        self.rec[s] = -1
+        return 0
+
+    cdef int list_step(self, idx_t i) except -1 nogil:
+        """Make every list of Kleene slot ``lists[i]`` (and then the rest)."""
+        cdef idx_t s, j, m = 0, d, n, start
+        cdef Stack* stack
+        cdef int64_t lo, hi, seq, handle, parent, last_ts
+        cdef bint trailing
+        if i == self.n_lists:
+            return self.finish()
+        s = self.lists[i]
+        trailing = s == self.sp.k - 1
+        lo, hi = self._left_ts(s), self._right_ts(s)
+        if trailing and not self._holds_element(s, G_BIND, -1, self.last_seq):
+            return 0                        # the last event cannot end the list
+        # the events between the neighbours that pass the conditions against them
+        stack = &self.part[s]
+        n = _below(stack, hi)
+        start = _below(stack, lo + 1)
+        self._reserve(s, n - start + 1)
+        for j in range(start, n):
+            seq = stack.seq[j]
+            if self.sp.key_cols.shape[0] and not same_cells(self.st, self.sp.key_cols,
+                                                            seq, self.last_seq):
+                continue
+            if self._holds_element(s, G_BIND, -1, seq):
+                self.cand[s][m] = seq
+                self.cand_ts[s][m] = stack.ts[j]
+                m += 1
+        # depth first over the sub-lists in ts order: path_pos[d] is the candidate
+        # at depth d, path_handle[d] the list up to it
+        d, j, parent, last_ts = 0, 0, -1, lo
+        if trailing:
+            self._close(i, s, parent)
+        while True:
+            if j < m:
+                if self.cand_ts[s][j] > last_ts and \
+                        self._holds_element(s, G_ITER, parent, self.cand[s][j]):
+                    handle = self.ls.append(self.st, parent, self.cand[s][j])
+                    self.path_pos[s][d], self.path_handle[s][d] = j, handle
+                    d += 1
+                    parent, last_ts = handle, self.cand_ts[s][j]
+                    if trailing:
+                        self._close(i, s, parent)
+                    else:
+                        self.rec[s] = parent
+                        self.list_step(i + 1)
+                        self.rec[s] = -1
+                j += 1
+                continue
+            if d == 0:
+                break
+            d -= 1
+            j = self.path_pos[s][d] + 1
+            if d:
+                parent = self.path_handle[s][d - 1]
+                last_ts = self.cand_ts[s][self.path_pos[s][d - 1]]
+            else:
+                parent, last_ts = -1, lo
+        return 0
+
+    cdef int _close(self, idx_t i, idx_t s, int64_t parent) except -1 nogil:
+        """A trailing list: the list ``parent`` (-1: empty) with the last event appended."""
+        cdef int64_t handle
+        if not self._holds_element(s, G_ITER, parent, self.last_seq):
+            return 0
+        handle = self.ls.append(self.st, parent, self.last_seq)
+        self.rec[s] = handle
+        self.list_step(i + 1)
+        self.rec[s] = -1
+        return 0
+
+    cdef int finish(self) except -1 nogil:
+        """Every slot bound: a match if the whole-match conditions hold."""
+        cdef int64_t* o
+        cdef int64_t start
+        cdef idx_t k = self.sp.k, s
+        if self.gf[3 * k] != self.ps.n and not self.ps.holds_lists(
+                self.st, self.ls, self.rec, self.is_list, k, self.gf[3 * k], self.ps.n):
+            return 0
+        start = self.ls.start[ls_row(self.ls, self.rec[0])] if self.is_list[0] \
+            else self.rec_ts[0]
+        o = ring_push(self.out)
+        o[COL_START] = start
+        o[COL_END] = self.last_ts
+        o[COL_KEY] = self.key
+        for s in range(k):
+            o[COL_IDS + s] = self.rec[s]
+        self.made += 1
+        return 0
+
+
+def chain_step(ChainSpec sp, ChainStacks stacks, EventStore st, ListStore ls,
+               const int64_t[::1] seqs, const int64_t[::1] ts, const int32_t[::1] types,
+               const int64_t[::1] keys, const uint8_t[::1] keyed, RingBuffer out):
+    """Events in stream order (``seqs`` in the store, ``ts``, ``types``: the operator's
+    type codes, -1 for any other event), each with its partition key (``keys``: the
+    [attr] hash where the operator has [attr], else 0) and whether it carries the
+    [attr] values (``keyed``). Matches go to ``out`` (k ids: per slot an event or a
+    list handle). Returns the number of matches."""
+    cdef idx_t n = seqs.shape[0], j, s, k = sp.k
+    cdef int32_t t
+    cdef int64_t cutoff
+    cdef Stack* part
+    cdef bint has_key = sp.key_cols.shape[0] > 0
+    cdef _Build b = _Build()
+    cdef int64_t none[MAX_CHAIN_SLOTS]
+    if ts.shape[0] != n or types.shape[0] != n or keys.shape[0] != n or keyed.shape[0] != n:
+        raise ValueError("seqs, ts, types, keys and keyed must have one entry per event")
+    if stacks.k != k or out.n_ids != k:
+        raise ValueError(f"a chain of {k} slots needs stacks and records of {k} ids")
+    sp.conds.check_lists_inputs(st, k)
+    for s in range(sp.key_cols.shape[0]):
+        if not 0 <= sp.key_cols[s] < st.n_attrs:
+            raise ValueError("an [attr] column is not in the event store")
+    b.sp, b.ps, b.st, b.ls, b.out = sp, sp.conds, st, ls, out
+    b.gf, b.is_list = &sp.group_first[0], &sp.slot_kleene[0]
+    for s in range(k):
+        b.right_plain[s] = -1
+        for j in range(s + 1, k):
+            if not sp.slot_kleene[j]:
+                b.right_plain[s] = <int32_t>j
+                break
+    b.n_plain = b.n_lists = 0
+    for s in range(k - 1, -1, -1):
+        if not sp.slot_kleene[s]:
+            b.plain[b.n_plain] = s
+            b.n_plain += 1
+    for s in range(k):
+        b.rec[s] = none[s] = -1
+        if sp.slot_kleene[s]:
+            b.lists[b.n_lists] = s
+            b.n_lists += 1
+    with nogil:
+        for j in range(n):
+            t = types[j]
+            if t < 0 or (has_key and not keyed[j]):
+                continue   # no slot's type, or without the [attr] values: in no partition
+            part = &stacks.stacks[stacks._partition(keys[j]) * k]
+            cutoff = ts[j] - sp.window
+            # the enumeration reads events before this one only: then it is stacked
+            if t == sp.slot_type[k - 1] and b.ps.holds_placed(
+                    st, ls, &none[0], &sp.slot_kleene[0], k, k - 1, -1, seqs[j],
+                    sp.group_first[3 * (k - 1)], sp.group_first[3 * (k - 1) + 1]):
+                for s in range(k):
+                    stacks._prune(&part[s], cutoff)
+                b.part = part
+                b.last_seq, b.last_ts, b.key, b.floor = seqs[j], ts[j], keys[j], cutoff
+                b.plain_step(0)
+            for s in range(k):
+                if sp.slot_type[s] != t or (s == k - 1 and not sp.slot_kleene[s]):
+                    continue   # nothing is bound from the last slot's stack but a list
+                if b.ps.holds_placed(st, ls, &none[0], &sp.slot_kleene[0], k, s, -1,
+                                     seqs[j], sp.group_first[3 * s],
+                                     sp.group_first[3 * s + 1]):
+                    stacks._prune(&part[s], cutoff)
+                    stacks._push(&part[s], seqs[j], ts[j])
+    return b.made
