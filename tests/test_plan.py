@@ -509,7 +509,9 @@ def test_materialization_follows_the_cost_and_the_dag():
     demand by its parent (auto); one shared by two parents, or with a NOT checked on it,
     keeps its records; 'always' and 'on-demand' force the choice; explain says which."""
     from dqcep.plan import explain_text
-    chain = parse("QUERY c PATTERN SEQ(A a, B b, C c) WHERE [k] WITHIN 1 min").queries
+    # (inside an AND: a flat SEQ alone may run as a chain under auto)
+    chain = parse("QUERY c PATTERN AND(SEQ(A a, B b, C c), D d) WHERE [k] "
+                  "WITHIN 1 min").queries
     rates = {"A": 10.0, "B": 10.0, "C": 10.0}
     plan = build_plan(chain, rates, materialize="auto")
     ab = next(v for v in range(plan.n_vertices) if plan.slots[v] == ("a", "b"))
@@ -530,3 +532,39 @@ def test_materialization_follows_the_cost_and_the_dag():
     assert not plan.on_demand[ab] and "a NOT is checked" in plan.materialization[ab]
     with pytest.raises(ValueError, match="materialize must be one of"):
         build_plan(chain, materialize="sometimes")
+
+
+def test_auto_runs_a_query_as_a_chain_where_its_estimated_work_is_smaller():
+    """Issue 40: under auto the cost model estimates a flat skip-till-any-match SEQ's
+    work as joins and as one chain and takes the smaller; a Kleene list tied to a
+    neighbour (exponential as joins) runs as a chain, a rising run whose lists the
+    joins make once for every neighbour as joins; a query whose joins another query
+    shares stays joins; explain shows the choice and both estimates."""
+    from dqcep.plan import explain_text
+    rates = {"A": 100.0, "B": 100.0, "C": 100.0}
+
+    def choice(text, rates=rates, materialize="auto"):
+        plan = build_plan(parse(text).queries, rates, materialize=materialize)
+        return plan, [q.construction for q in plan.queries]
+
+    tied = "QUERY t PATTERN SEQ(A a, B+ b[], C c) WHERE b.x > a.x AND c.x < a.x WITHIN 100 ms"
+    plan, kinds = choice(tied)
+    assert kinds == ["chain"] and [plan.kind(v) for v in range(plan.n_vertices)] == \
+        [Kind.RUN, Kind.OUTPUT]
+    assert "runs as: chain (est. work per window: chain" in explain_text(plan)
+    rising = "QUERY r PATTERN SEQ(A a, B+ b[], C c) WHERE b[i].x > b[i-1].x WITHIN 100 ms"
+    assert choice(rising)[1] == ["joins"]
+    assert choice(rising, materialize="chain")[1] == ["chain"]
+    assert choice(tied, materialize="always")[1] == ["joins"]
+    assert choice("QUERY s PATTERN SEQ(A a, B b, C c) WITHIN 100 ms")[1] == ["chain"]
+    # an equality index makes the joins cheaper than trying every pair
+    assert choice("QUERY e PATTERN SEQ(A a, B b, C c) WHERE a.x = b.x WITHIN 1 s")[1] == \
+        ["joins"]
+    shared = ("QUERY x PATTERN SEQ(A a, B b, C c) WITHIN 100 ms;"
+              "QUERY y PATTERN SEQ(A a, B b, D d) WITHIN 100 ms")
+    plan, kinds = choice(shared, dict(rates, D=100.0))
+    assert kinds == ["joins", "joins"] and "shared with y" in plan.queries[0].construction_why
+    # not a flat SEQ: no choice to make
+    assert choice("QUERY o PATTERN AND(A a, B b) WITHIN 1 s")[1] == ["joins"]
+    assert choice("QUERY n PATTERN SEQ(A a, B b) WITHIN 1 s USING skip-till-next-match")[1] \
+        == ["runs"]

@@ -98,3 +98,68 @@ class CostModel:
 def better(cost: float, best: float) -> bool:
     """Strictly better beyond float noise (so ties keep the left-deep candidate)."""
     return cost < best - 1e-9 * max(1.0, abs(best))
+
+
+# ------------------------------------------------ joins or a chain (issue 40)
+#
+# A flat skip-till-any-match SEQ runs either as the DAG of joins (every partial match
+# of the window built as records, a Kleene item's lists built once at its KLEENE
+# vertex) or as one chain (dqcep._kernels.chains: nothing built until the last event,
+# then bindings from the last slot back and lists between bound neighbours). Both make
+# the same matches; the work differs in what is looked at and built on the way. The
+# weights say what one step costs against looking at one candidate: building a record
+# or a list node, and evaluating a condition (the bytecode interpreter). They were set
+# by bench/bench_plans.py's shapes (time per step, measured on both operators).
+W_PROBE, W_RECORD, W_COND = 0.5, 1.0, 8.0
+MAX_EXPONENT = 60.0
+
+
+def lists_made(n: float, sigma: float = 1.0) -> float:
+    """Lists (in ts order) of ``n`` events per window whose every adjacent pair passes
+    the iteration conditions with probability ``sigma``: sum over lengths k of
+    C(n, k) sigma^(k-1) = ((1 + sigma)^n - 1) / sigma (2^n - 1 without conditions)."""
+    if n <= 0:
+        return 0.0
+    n = min(n, MAX_EXPONENT)
+    return (2.0 ** n - 1.0) if sigma >= 1.0 else ((1.0 + sigma) ** n - 1.0) / sigma
+
+
+@dataclass(frozen=True)
+class ChainSlot:
+    """What the chain's estimate reads of one positive item."""
+
+    events: float        # events per window that may fill it (its filters applied)
+    kleene: bool
+    bind: float = 1.0    # selectivity of the conditions checked when it is bound
+    bind_conds: bool = False
+    step: float = 1.0    # a Kleene item's: its iteration conditions', per element pair
+    step_conds: bool = False
+
+
+def chain_work(slots: list[ChainSlot], keyed: bool) -> float:
+    """Estimated work per window of a chain: the candidates it looks at and the
+    conditions it checks while binding the plain slots from the last one back, the
+    list nodes it makes (and the extensions it tries) for each Kleene slot per
+    binding, and the matches it writes."""
+    k, key = len(slots), (SEL_KEY if keyed else 1.0)
+    bound, work, depth = slots[-1].events, 0.0, 1
+    for i in range(k - 2, -1, -1):
+        s = slots[i]
+        if s.kleene:
+            continue
+        depth += 1  # of the events before the anchor, the ones that can precede it
+        candidates = bound * s.events / depth * key
+        work += candidates * (W_PROBE + (W_COND if s.bind_conds else 0.0))
+        bound = candidates * s.bind
+    for i, s in enumerate(slots):
+        if not s.kleene:
+            continue
+        # its events between its bound neighbours: half the window's on average once
+        # the count of lists (convex in it) is weighed by the wide pairs
+        between = s.events / 2 * key
+        work += bound * between * (W_PROBE + (W_COND if s.bind_conds else 0.0))
+        m = between * s.bind
+        nodes = bound * (lists_made(m, s.step) + (1.0 if i == k - 1 else 0.0))
+        work += nodes * (W_RECORD + m / 2 * (W_PROBE + (W_COND if s.step_conds else 0.0)))
+        bound = nodes
+    return work + bound * W_RECORD

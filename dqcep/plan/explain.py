@@ -45,6 +45,8 @@ def _slot_labels(plan: Plan, v: int) -> list[str]:
 def _pred_role(plan: Plan, v: int, p) -> str:
     """How a condition is checked where it is placed (spec 5.1 for lists, 5.2 for runs)."""
     kind = plan.kind(v)
+    if kind == Kind.RUN and plan.run[v].strategy == "skip-till-any-match":
+        return _chain_role(plan, v, p)
     if kind == Kind.RUN:
         if p.whole_list:
             return "on each match (whole lists)"
@@ -62,6 +64,28 @@ def _pred_role(plan: Plan, v: int, p) -> str:
         return "each element after the first" if any(m for _, m in p.lists) else \
             "each appended element"
     return "where (every element)" if p.lists else "where"
+
+
+def _chain_role(plan: Plan, v: int, p) -> str:
+    """How a chain checks a condition (``runtime.compile.chain_placement``: plain slots
+    bound from the last back, then the lists from the first on)."""
+    if p.whole_list or p.has_equivalence:
+        return "on each match"
+    kleene = plan.run[v].kleene
+    k = len(kleene)
+    order = [s for s in range(k - 1, -1, -1) if not kleene[s]] + \
+        [s for s in range(k) if kleene[s]]
+    positions = {s for _, s in p.extras}
+    read = {s for s in p.slots if s < k} | positions
+    at = max(read, key=order.index)
+    var = plan.slots[v][at]
+    if read == {at} and not positions:
+        return f"filter of {var}[] elements" if kleene[at] else f"filter of {var}"
+    if kleene[at] and at in positions:
+        return f"as each {var}[] element is appended"
+    if kleene[at]:
+        return f"on each {var}[] candidate, against what is bound"
+    return f"as {var} is bound"
 
 
 def explain_text(plan: Plan) -> str:
@@ -113,6 +137,8 @@ def explain_text(plan: Plan) -> str:
         if q.never:
             head += "  (a constant condition is false: never matches)"
         lines.append(head)
+        if q.construction_why:
+            lines.append(f"        runs as: {q.construction_why}")
         for p in q.preds:
             lines.append(f"        where (complete match): {p.text}")
         for gv in g.guards(q.output):

@@ -51,8 +51,10 @@ import numpy as np
 
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
-from dqcep.plan.cost import MAX_AND_DP, CostModel, better
-from dqcep.plan.joins import ALWAYS, CHAIN, choose_materialization
+from dqcep.plan.cost import (MAX_AND_DP, SEL_EQUAL, SEL_KEY, W_COND, W_PROBE, W_RECORD,
+                             ChainSlot, CostModel, better, chain_work, lists_made,
+                             selectivity)
+from dqcep.plan.joins import ALWAYS, AUTO, CHAIN, choose_materialization
 from dqcep.plan.lookups import LookupColumn, resolve_all
 from dqcep.plan.orthogonal import NIL, Kind, OrthogonalList, Port, VertexView
 
@@ -122,6 +124,10 @@ class QuerySpec:
     after_match: str | None = None  # after-match policy (spec 6)
     after_match_at: tuple[int, int] = (0, 0)  # its line and column (plain data: no ast)
     partition: tuple[str, ...] = ()  # its top-level [attr]s: the policy's partition
+    # joins (the DAG) or one chain (a RUN vertex under skip-till-any-match), why, and
+    # the work per window the cost model estimated for each (0: not estimated)
+    construction: str = "joins"
+    construction_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -408,6 +414,39 @@ class _QueryPlanner:
             else:
                 host.preds.append(c)
 
+    def chain_slots(self) -> list[ChainSlot]:
+        """What the chain's estimate reads of each positive item (a chain-eligible
+        query): its events per window, and its conditions placed as
+        ``runtime.compile.chain_placement`` places them."""
+        q = self.q
+        items = q.pattern.items if isinstance(q.pattern, ast.Operator) else (q.pattern,)
+        slots = [i for i in items if not isinstance(i, ast.Negation)]
+        k = len(slots)
+        kleene = [isinstance(i, ast.Kleene) for i in slots]
+        order = [s for s in range(k - 1, -1, -1) if not kleene[s]] + \
+            [s for s in range(k) if kleene[s]]
+        rank = {slots[s].var: r for r, s in enumerate(order)}
+        filters: list[list[ast.Expr]] = [[] for _ in slots]
+        bind: list[list[ast.Expr]] = [[] for _ in slots]
+        step: list[list[ast.Expr]] = [[] for _ in slots]
+        index = {item.var: s for s, item in enumerate(slots)}
+        for c in self.positive:
+            vars_ = ast.expr_vars(c)
+            if not vars_ or not vars_ <= set(index) or ast.has_equivalence(c) or _whole_list(c):
+                continue
+            at = max(vars_, key=rank.__getitem__)
+            s = index[at]
+            if kleene[s] and _reads_position(c, at, ast.INDEX_PREVIOUS, ast.INDEX_FIRST):
+                step[s].append(c)
+            elif vars_ == {at}:
+                filters[s].append(c)
+            else:
+                bind[s].append(c)
+        return [ChainSlot(self.cost.leaf(item.type, self.w, filters[s]), kleene[s],
+                          _selectivity(bind[s]), bool(bind[s]), _selectivity(step[s]),
+                          bool(step[s]))
+                for s, item in enumerate(slots)]
+
     def plan(self) -> tuple[_Node, list[_Guard]]:
         q = self.q
         if q.strategy != ast.ANY_MATCH or self.chain:
@@ -507,6 +546,56 @@ class _QueryPlanner:
 
 
 MAX_CHAIN_SLOTS = 32  # dqcep._kernels.chains
+
+
+def _reads_position(c: ast.Expr, var: str, *indexes: str) -> bool:
+    return any(isinstance(e, ast.AttrRef) and e.var == var and e.index in indexes
+               for e in ast.walk_expr(c))
+
+
+def _whole_list(c: ast.Expr) -> bool:
+    return any(isinstance(e, ast.Aggregate) or (isinstance(e, ast.AttrRef) and
+                                               e.index == ast.INDEX_LAST)
+               for e in ast.walk_expr(c))
+
+
+def _selectivity(cs: list[ast.Expr]) -> float:
+    out = 1.0
+    for c in cs:
+        out *= selectivity(c)
+    return out
+
+
+def dag_work(node: _Node, keyed: bool) -> tuple[float, float]:
+    """(records per window, estimated work per window) of a query's tree of joins,
+    with the weights of ``plan.cost`` (a join looks at left x right candidates, an
+    equality index at a share of them; a KLEENE vertex makes its lists once and tries
+    each new element on each; a condition costs W_COND per evaluation)."""
+    if node.kind == Kind.EVENT:
+        return node.estimate, 0.0
+    if node.kind == Kind.KLEENE:
+        n, work = dag_work(node.left, keyed)
+        steps = [c for c in node.preds if _reads_position(
+            c, node.vars[0], ast.INDEX_PREVIOUS, ast.INDEX_FIRST)]
+        made = lists_made(n, _selectivity(steps))
+        cond = W_COND if node.preds else 0.0
+        return made, work + made * (W_RECORD + n / 2 * (W_PROBE + cond))
+    if node.kind == Kind.RUN:
+        return node.estimate, 0.0
+    (nl, wl), (nr, wr) = dag_work(node.left, keyed), dag_work(node.right, keyed)
+    if node.kind == Kind.OR:
+        return nl + nr, wl + wr + (nl + nr) * W_RECORD
+    probes = nl * nr * (0.5 if node.kind == Kind.SEQ else 1.0) * (SEL_KEY if keyed else 1.0)
+    preds = list(node.preds)
+    index = next((c for c in preds if isinstance(c, ast.Binary) and c.op == "=" and
+                  isinstance(c.left, ast.AttrRef) and isinstance(c.right, ast.AttrRef)
+                  and c.left.var != c.right.var and not keyed), None)
+    if index is not None:  # looked up by the equality index
+        probes *= SEL_EQUAL
+        preds.remove(index)
+    made = probes * _selectivity(preds)
+    work = probes * (W_PROBE + (W_COND if preds else 0.0)) + made * W_RECORD
+    return made, wl + wr + work
 
 
 def chain_eligible(q: ast.Query) -> bool:
@@ -693,11 +782,12 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
     cost = CostModel(dict(rates or {}))
     interner = _Interner(types)
     specs = []
+    sharing = _sharing(queries, cost, types) if materialize == AUTO else {}
     for q in queries:
-        qp = _QueryPlanner(q, cost, chain=materialize == CHAIN and chain_eligible(q))
+        qp, root_tree, output_guards, construction, why = _choose(q, cost, materialize,
+                                                                  sharing.get(q.name))
         interner.kleene, interner.strategy = qp.kleene, q.strategy
         interner.epoch = (epochs or {}).get(q.name, 0)
-        root_tree, output_guards = qp.plan()
         w = q.within.ms
         root = interner.node(root_tree, qp.key_attrs, w, q.name, w)
         root_vars = root_tree.vars
@@ -714,7 +804,7 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
             strategy=q.strategy, lists=tuple(sorted(qp.kleene)),
             after_match=q.after_match,
             after_match_at=(q.after_match_pos.line, q.after_match_pos.col),
-            partition=qp.key_attrs))
+            partition=qp.key_attrs, construction=construction, construction_why=why))
     g = interner.graph
     g.freeze()
     plan = Plan(
@@ -733,6 +823,55 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
                                schemas=tuple(s for s in schemas if s.type in plan.types),
                                lookups=lookups,
                                tables=tuple(t for t in tables if t.name in used))
+
+
+def _sharing(queries: Sequence[ast.Query], cost: CostModel, types) -> dict[str, list[str]]:
+    """Per query whose joins would share an operator vertex (SEQ, AND, OR, KLEENE) with
+    other queries: those queries. A chain is a vertex of its own query, so under auto
+    such a query stays joins: the shared vertex stays one vertex."""
+    interner = _Interner(types)
+    for q in queries:
+        qp = _QueryPlanner(q, cost)
+        root, _ = qp.plan()
+        interner.kleene, interner.strategy = qp.kleene, q.strategy
+        interner.node(root, qp.key_attrs, q.within.ms, q.name, q.within.ms)
+    operators = (Kind.SEQ, Kind.AND, Kind.OR, Kind.KLEENE)
+    out: dict[str, list[str]] = {}
+    for v, users in enumerate(interner.users):
+        if len(users) > 1 and interner.sigs[v][0] in operators:
+            for u in users:
+                out.setdefault(u, [])
+                out[u] += [x for x in users if x != u and x not in out[u]]
+    return out
+
+
+def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] | None = None):
+    """How a query runs: as joins or as one chain (forced by ``chain`` / the other
+    modes, chosen by the estimated work under ``auto`` unless its joins are shared with
+    ``shares``). Returns its planner, tree, OUTPUT guards, the choice and why."""
+    eligible = chain_eligible(q)
+    if not eligible or materialize not in (AUTO, CHAIN):
+        qp = _QueryPlanner(q, cost)
+        root, guards = qp.plan()
+        why = "" if not eligible else f"joins (--materialize {materialize})"
+        return qp, root, guards, "joins" if q.strategy == ast.ANY_MATCH else "runs", why
+    chain = _QueryPlanner(q, cost, chain=True)
+    slots = chain.chain_slots()
+    chain_est = chain_work(slots, bool(chain.key_attrs))
+    joins = _QueryPlanner(q, cost)
+    root, guards = joins.plan()
+    _, joins_est = dag_work(root, bool(joins.key_attrs))
+    figures = f"est. work per window: chain {chain_est:.4g}, joins {joins_est:.4g}"
+    if materialize == CHAIN:
+        root, guards = chain.plan()
+        return chain, root, guards, "chain", f"chain (forced; {figures})"
+    if shares:
+        return joins, root, guards, "joins", \
+            f"joins (shared with {', '.join(shares)}; {figures})"
+    if chain_est < joins_est:
+        root, guards = chain.plan()
+        return chain, root, guards, "chain", f"chain ({figures})"
+    return joins, root, guards, "joins", f"joins ({figures})"
 
 
 def _canonical_keys(sigs: list[tuple], types: list[str]) -> tuple:
