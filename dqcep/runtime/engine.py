@@ -60,6 +60,9 @@ __all__ = ["Engine", "Records", "VertexStats", "run_events", "STATE_BUDGET"]
 # whose state would grow past it is stopped; every other query goes on. 2^20 records
 # are 32-80 MB a buffer (4-10 words each). The number lives in dqcep.events, where the
 # command lines read it without loading the runtime.
+# A RUN vertex (runs, chains) takes the events of a batch this many at a time: its
+# matches of one slice are one buffer, whatever the batch size.
+RUN_SLICE = 4096
 
 
 class Engine(EventTimeEngine):
@@ -283,20 +286,25 @@ class Engine(EventTimeEngine):
             if v in state.excluded and len(seqs):  # a live-added query's: no earlier event
                 keep = ~self._early(state.excluded[v], seqs.reshape(-1, 1))
                 seqs, ts, types = seqs[keep], ts[keep], types[keep]
-            ring = self._scratch(v, prog.n_slots[v])
             ok, keys = leaf_keys(state.store, seqs, run.key)
+            keyed = ok.view(np.uint8)
             step = chain_step if isinstance(run.spec, ChainSpec) else run_step
-            try:
-                step(run.spec, state.runs[v], state.store, state.lists, seqs, ts, types,
-                     keys, ok.view(np.uint8), ring)
-            except StateBudgetExceeded as err:
-                self._stop(v, err)
-                continue
-            recs = Records.from_ring(ring)
+            # in slices: the ring holds one slice's matches, so the budget bounds what
+            # one slice of events makes, not how many events a batch brings
+            for a in range(0, max(len(seqs), 1), RUN_SLICE):
+                b = a + RUN_SLICE
+                ring = self._scratch(v, prog.n_slots[v])
+                try:
+                    step(run.spec, state.runs[v], state.store, state.lists, seqs[a:b], ts[a:b],
+                         types[a:b], keys[a:b], keyed[a:b], ring)
+                except StateBudgetExceeded as err:
+                    self._stop(v, err)
+                    break
+                recs = Records.from_ring(ring)
+                state.stats[v].outputs += len(recs)
+                for qi in run.queries:
+                    out += self._output(prog.queries[qi], recs)
             state.stats[v].inputs += len(seqs)
-            state.stats[v].outputs += len(recs)
-            for qi in run.queries:
-                out += self._output(prog.queries[qi], recs)
         return out
 
     def _lists(self, v: int, elements: Records) -> Records:
