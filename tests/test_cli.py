@@ -201,6 +201,29 @@ def test_materialize_plans_and_runs_the_same_matches(tmp_path):
     assert r.returncode == 2 and "--engine sase has none" in r.stderr
 
 
+def test_auto_measures_the_rates_on_the_input_and_runs_a_chain(tmp_path):
+    """dqcep run --materialize auto without --rates: the cost model gets the rates of
+    the input's first events (io.readers.sample_rates), which make a list tied to its
+    neighbours a chain (--stats names the RUN vertex); the same matches as the joins."""
+    from dqcep.io.readers import sample_rates
+    events = tmp_path / "u.jsonl"
+    assert dqcep("generate", "--profile", "uniform", "-n", 3000, "--seed", 2, "--quiet",
+                 "-o", events).returncode == 0  # 5 types, 1000 events/s of event time
+    rates = sample_rates(str(events))
+    assert set(rates) == {f"T{i}" for i in range(5)}
+    assert 1000 * 0.9 < sum(rates.values()) < 1000 * 1.1
+    assert sample_rates("-") is None
+    q = tmp_path / "q.cep"
+    q.write_text("QUERY t PATTERN SEQ(T0 a, T1+ b[], T2 c) WHERE b.a0 > a.a0 AND "
+                 "c.a0 < a.a0 WITHIN 20 ms")
+    joins = dqcep("run", q, "--input", events)
+    auto = dqcep("run", q, "--input", events, "--materialize", "auto", "--stats")
+    assert joins.returncode == auto.returncode == 0, auto.stderr
+    assert "RUN SEQ(T0, T1+, T2)" in auto.stderr and "KLEENE" not in auto.stderr
+    assert len(joins.stdout.splitlines()) > 10
+    assert sorted(auto.stdout.splitlines()) == sorted(joins.stdout.splitlines())
+
+
 def test_kleene_queries_explain_and_run_natively_and_on_spark(tmp_path):
     kleene = EXAMPLES / "iot-kleene.cep"
     r = dqcep("explain", kleene)

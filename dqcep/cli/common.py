@@ -70,7 +70,8 @@ def planner_options(parser, only: str = "") -> None:
                         "matches either way (docs/planner.md)")
     parser.add_argument("--rates", metavar="FILE",
                         help=only + "JSON object {event type: events per second} for the "
-                        "cost model (default: 1 event/s for every type)")
+                        "cost model (default: 1 event/s for every type; with --materialize "
+                        "auto, dqcep run measures them on the input's first 10000 events)")
 
 
 def warn_plan(query_file, rates: dict[str, float]) -> None:

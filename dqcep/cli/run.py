@@ -197,7 +197,11 @@ def command(args) -> int:
                 from dqcep.plan import build_plan
                 from dqcep.runtime import Engine
 
-                engine = Engine(build_plan(queries, load_rates(args.rates),
+                rates = load_rates(args.rates)
+                if not rates and args.materialize == "auto":  # measured on the input
+                    from dqcep.io.readers import sample_rates
+                    rates = sample_rates(args.input, args.format)
+                engine = Engine(build_plan(queries, rates,
                                            materialize=args.materialize,
                                            schemas=query_file.schemas,
                                            tables=query_file.tables),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import re
 import sys
@@ -314,3 +315,29 @@ def read_events(path: str, fmt: str | None = None,
         except UnicodeDecodeError as err:
             raise EventInputError(source, f"byte {err.start}",
                                   f"not UTF-8 text ({err.reason})") from None
+
+
+SAMPLE_EVENTS = 10_000
+
+
+def sample_rates(path: str, fmt: str | None = None, events: int = SAMPLE_EVENTS
+                 ) -> dict[str, float] | None:
+    """Events per second of each type over the first ``events`` events of a file (the
+    span of their ts), for the cost model when no --rates are given; None when the
+    file cannot be read twice (stdin) or gives nothing to measure. Bad records are
+    left to the run that reads the file after it."""
+    if path == "-":
+        return None
+    counts: dict[str, int] = {}
+    lo = hi = None
+    try:
+        for _, e in itertools.islice(read_events(path, fmt, on_error=lambda err: None), events):
+            counts[e.type] = counts.get(e.type, 0) + 1
+            lo = e.ts if lo is None else min(lo, e.ts)
+            hi = e.ts if hi is None else max(hi, e.ts)
+    except (UserError, EventInputError):
+        return None
+    if not counts:
+        return None
+    seconds = max(hi - lo, 1) / 1000.0
+    return {t: n / seconds for t, n in counts.items()}

@@ -1,0 +1,98 @@
+"""The native engine against its own baseline on the shapes where joins lose (issue 40).
+
+Each shape is a query over a uniform stream (``generator``: 1000 events/s of event
+time, the types named, one integer attribute ``a0`` in [0, 100)) at several
+windows. Per point, in this one process, on the same decoded batches (generating
+them is not timed; ``process`` over batches of ``--chunk`` events, then ``flush``):
+
+- ``native``: the plan ``--materialize`` chooses (default ``auto``, with the
+  generator's rates given to the cost model) and the choice it made (joins/chain);
+- ``joins``: the plan with every join's records kept (``always``, the old default);
+- ``sase``: the SASE-style baseline (``--engine sase``).
+
+It prints events/s, native / sase and joins / sase, and whether all three made the
+same matches. ``--repeat`` runs each engine that many times, alternating, and keeps
+the best (machines are shared: compare the ratios).
+
+    python3 bench/bench_plans.py                        # every shape
+    python3 bench/bench_plans.py --only tied --events 20000
+"""
+from __future__ import annotations
+
+import argparse
+
+# name: (query text with {w} for the window in ms, types in the stream, windows, events;
+# the tied list's joins make 2^n lists a window: 2 * 10^4 events take them ~10 s)
+SHAPES = {
+    "tied": ("SEQ(T0 a, T1+ b[], T2 c) WHERE b.a0 > a.a0 AND c.a0 < a.a0 WITHIN {w} ms",
+             10, (30, 100), 20_000),
+    "seq5": ("SEQ(T0 a, T1 b, T2 c, T3 d, T4 e) WITHIN {w} ms", 11, (50, 100), 200_000),
+    "seq3": ("SEQ(T0 a, T1 b, T2 c) WITHIN {w} ms", 11, (100, 300), 200_000),
+    "filter": ("SEQ(T0 a, T1+ b[], T2 c) WHERE b.a0 > 60 WITHIN {w} ms", 10, (50, 100),
+               200_000),
+    "rising": ("SEQ(T0 a, T1+ b[], T2 c) WHERE b[i].a0 > b[i-1].a0 WITHIN {w} ms", 10,
+               (50, 100), 200_000),
+}
+EVENT_RATE = 1000.0
+
+
+def batches(types: int, events: int, chunk: int) -> list:
+    from dqcep.generator import GeneratorConfig, UniformConfig, generate
+    cfg = GeneratorConfig(profile="uniform", events=events, seed=1, profile_config=UniformConfig(
+        types=types, keys=10, attributes=1, domain=100, event_rate=EVENT_RATE))
+    return list(generate(cfg, chunk))
+
+
+def run(make, stream: list, repeat: int) -> tuple[float, int, object]:
+    """(best seconds, matches, the last engine) of ``repeat`` fresh engines."""
+    from dqcep.experiments.point import feed
+    best, matches, engine = None, 0, None
+    for _ in range(repeat):
+        engine = make()
+        busy, matches, _ = feed([engine], stream)
+        best = busy if best is None else min(best, busy)
+    return best, matches, engine
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=",".join(SHAPES), help="shapes, comma-separated")
+    ap.add_argument("--events", type=int, default=0,
+                    help="events per shape (default: the shape's own, 2*10^4 or 2*10^5)")
+    ap.add_argument("--chunk", type=int, default=4096, help="events per batch")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--materialize", default="auto", help="the native plan's mode")
+    args = ap.parse_args(argv)
+    from dqcep.baseline import SaseEngine
+    from dqcep.lang import parse
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+
+    print(f"{'shape':<8} {'window':>7} {'choice':<7} {'native ev/s':>12} {'joins ev/s':>12} "
+          f"{'sase ev/s':>12} {'native/sase':>11} {'joins/sase':>10} {'matches':>10}")
+    for name in args.only.split(","):
+        text, types, windows, events = SHAPES[name]
+        events = args.events or events
+        rates = {f"T{i}": EVENT_RATE / types for i in range(types)}
+        stream = batches(types, events, args.chunk)
+        for w in windows:
+            queries = parse("QUERY q PATTERN " + text.format(w=w)).queries
+            plan = build_plan(queries, rates, materialize=args.materialize)
+            joins = build_plan(queries, rates, materialize="always")
+            seconds, counts = {}, {}
+            for _ in range(args.repeat):  # alternating: the machine's noise on all three
+                for engine, make in (("native", lambda: Engine(plan)),
+                                     ("joins", lambda: Engine(joins)),
+                                     ("sase", lambda: SaseEngine(queries))):
+                    s, counts[engine], _ = run(make, stream, 1)
+                    seconds[engine] = min(seconds.get(engine, s), s)
+            rate = {e: events / s for e, s in seconds.items()}
+            same = len(set(counts.values())) == 1
+            print(f"{name:<8} {w:>4} ms {plan.queries[0].construction:<7} "
+                  f"{rate['native']:>12,.0f} {rate['joins']:>12,.0f} {rate['sase']:>12,.0f} "
+                  f"{rate['native'] / rate['sase']:>10.2f}x {rate['joins'] / rate['sase']:>9.2f}x "
+                  f"{counts['native']:>10,}{'' if same else '  MATCHES DIFFER'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
