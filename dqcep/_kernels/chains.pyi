@@ -42,3 +42,9 @@ def chain_step(
     keyed: "npt.NDArray[np.uint8]",     # const uint8_t[::1]
     out: RingBuffer,
 ) -> int: ...
+
+def match_ids(
+    out: RingBuffer,
+    st: EventStore,
+    var_slots: "npt.NDArray[np.int64]",  # const int64_t[::1]
+) -> "tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]": ...  # detected[n], ids[n, m]

@@ -42,7 +42,8 @@ from dqcep._kernels._table cimport (Int64Table, table_free, table_get, table_ini
                                     table_set)
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.operators cimport PredicateSet
-from dqcep._kernels.ring cimport COL_END, COL_IDS, COL_KEY, COL_START, RingBuffer, ring_push
+from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, RingBuffer, ring_push,
+                                   ring_row)
 from dqcep._kernels.store cimport EventStore, ListStore, ls_row, same_cells
 
 cdef enum:
@@ -518,3 +519,36 @@ def chain_step(ChainSpec sp, ChainStacks stacks, EventStore st, ListStore ls,
                     stacks._prune(&part[s], cutoff)
                     stacks._push(&part[s], seqs[j], ts[j])
     return b.made
+
+
+def match_ids(RingBuffer out, EventStore st, const int64_t[::1] var_slots):
+    """The matches a RUN vertex wrote to ``out`` as a query's output, in one pass:
+    (detected: each match's end, ids[n, len(var_slots)]: the user ids of the events
+    in the slots ``var_slots`` names, in the query's variable order). For a query whose
+    OUTPUT checks nothing more and binds no list (the engine's plain output)."""
+    cdef idx_t n = out.size, m = var_slots.shape[0], i, j
+    cdef int64_t s, bad = -1
+    cdef int64_t* row
+    for j in range(m):
+        if not 0 <= var_slots[j] < out.n_ids:
+            raise ValueError(f"slot {var_slots[j]} is not one of the {out.n_ids} of the records")
+    detected = np.empty(n, dtype=np.int64)
+    ids = np.empty((n, m), dtype=np.int64)
+    cdef int64_t[::1] d = detected
+    cdef int64_t[:, ::1] o = ids
+    with nogil:
+        for i in range(n):
+            row = ring_row(out, i)
+            d[i] = row[COL_END]
+            for j in range(m):
+                s = row[COL_IDS + var_slots[j]]
+                if s < 0:
+                    o[i, j] = -1
+                elif s < st.base or s >= st.next_seq:
+                    bad = s
+                    o[i, j] = -1
+                else:
+                    o[i, j] = st.ids[st.row(s)]
+    if bad >= 0:
+        raise ValueError(f"a match holds event {bad}, which the store no longer has")
+    return detected, ids

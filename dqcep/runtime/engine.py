@@ -42,7 +42,7 @@ import numpy as np
 from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
 from dqcep._kernels.ring import KeyedQueue, RingBuffer, StateBudgetExceeded
-from dqcep._kernels.chains import ChainSpec, chain_step
+from dqcep._kernels.chains import ChainSpec, chain_step, match_ids
 from dqcep._kernels.runs import run_step
 from dqcep.errors import UserError
 from dqcep.events import STATE_BUDGET
@@ -300,12 +300,29 @@ class Engine(EventTimeEngine):
                 except StateBudgetExceeded as err:
                     self._stop(v, err)
                     break
-                recs = Records.from_ring(ring)
-                state.stats[v].outputs += len(recs)
-                for qi in run.queries:
-                    out += self._output(prog.queries[qi], recs)
+                state.stats[v].outputs += len(ring)
+                plain = [qi for qi in run.queries if self._plain_output(prog.queries[qi], run)]
+                for qi in plain:  # the ids straight from the ring (what _output would do)
+                    q = prog.queries[qi]
+                    if len(ring):
+                        out.parts.append((qi, *match_ids(ring, state.store, q.var_slots),
+                                          None))
+                        state.stats[q.spec.output].outputs += len(ring)
+                if len(plain) < len(run.queries):
+                    recs = Records.from_ring(ring)
+                    for qi in run.queries:
+                        if qi not in plain:
+                            out += self._output(prog.queries[qi], recs)
             state.stats[v].inputs += len(seqs)
         return out
+
+    def _plain_output(self, q: QueryProgram, run) -> bool:
+        """Does the query's OUTPUT pass a RUN vertex's matches on as they are: no
+        condition, NOT, list, policy or live boundary of its own, its window no
+        narrower than the vertex's (whose matches are inside it)?"""
+        return not (q.never or q.index in self.state.stopped or q.preds.n or q.now_guards
+                    or q.held_guards or q.list_columns or q.spec.after_match is not None
+                    or q.index in self.state.fresh_since or q.window < run.window)
 
     def _lists(self, v: int, elements: Records) -> Records:
         """A KLEENE vertex: the new lists its events make (one slot: the list handle)."""
