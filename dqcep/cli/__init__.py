@@ -43,8 +43,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, module in COMMANDS.items():
         if only is not None and name != only:
             continue
-        if name == "spark":
-            importlib.import_module(module).add_spark_parser(sub, Parser)
+        if name == "spark":  # the Spark application's own (an import the layout shows)
+            from dqcep.spark.cli import add_spark_parser
+            add_spark_parser(sub, Parser)
         else:
             importlib.import_module(module).add_parser(sub)
     return p
