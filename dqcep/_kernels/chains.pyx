@@ -31,11 +31,14 @@ are rows like a run operator's (``dqcep._kernels.runs``): per slot an event's
 sequence number or a list handle of the engine's ListStore.
 """
 cimport cython
+from cython.view cimport array as cvarray
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport free
 from libc.string cimport memmove
 
 import numpy as np
+
+from dqcep._kernels.ring import StateBudgetExceeded
 
 from dqcep._kernels._alloc cimport grow
 from dqcep._kernels._table cimport (Int64Table, table_free, table_get, table_init,
@@ -270,12 +273,22 @@ cdef class _Build:
     cdef int64_t* path_pos[MAX_CHAIN_SLOTS]
     cdef int64_t* path_handle[MAX_CHAIN_SLOTS]
     cdef idx_t cand_cap[MAX_CHAIN_SLOTS]
+    # matches written as a query's output (``chain_step_ids``): detected, user ids of
+    # the slots ``var_slots`` names; at most ``limit`` of them (0: no limit)
+    cdef bint direct
+    cdef const int64_t* var_slots
+    cdef idx_t n_vars, n_out, cap_out, limit
+    cdef int64_t* det_buf
+    cdef int64_t* ids_buf
 
     def __cinit__(self):
         cdef idx_t i
         for i in range(MAX_CHAIN_SLOTS):
             self.cand[i] = self.cand_ts[i] = self.path_pos[i] = self.path_handle[i] = NULL
             self.cand_cap[i] = 0
+        self.direct = False
+        self.det_buf = self.ids_buf = NULL
+        self.n_out = self.cap_out = self.limit = self.n_vars = 0
 
     def __dealloc__(self):
         cdef idx_t i
@@ -284,6 +297,19 @@ cdef class _Build:
             free(self.cand_ts[i])
             free(self.path_pos[i])
             free(self.path_handle[i])
+        free(self.det_buf)
+        free(self.ids_buf)
+
+    cdef int _grow_out(self) except -1 nogil:
+        cdef idx_t cap = self.cap_out * 2 if self.cap_out else 1024
+        if self.limit and self.n_out >= self.limit:
+            with gil:
+                raise StateBudgetExceeded(f"{self.n_out + 1} records, the budget is "
+                                          f"{self.limit}")
+        self.det_buf = <int64_t*>grow(self.det_buf, cap * sizeof(int64_t))
+        self.ids_buf = <int64_t*>grow(self.ids_buf, cap * max(self.n_vars, 1) * sizeof(int64_t))
+        self.cap_out = cap
+        return 0
 
     cdef int _reserve(self, idx_t j, idx_t n) except -1 nogil:
         cdef idx_t cap = self.cand_cap[j] if self.cand_cap[j] else MIN_STACK
@@ -433,6 +459,22 @@ cdef class _Build:
         self.rec[s] = -1
         return 0
 
+    cdef int _write_ids(self) except -1 nogil:
+        """A match as a query's output: its end and its events' user ids."""
+        cdef idx_t j
+        cdef int64_t seq
+        cdef int64_t* row
+        if self.n_out == self.cap_out:
+            self._grow_out()
+        self.det_buf[self.n_out] = self.last_ts
+        row = self.ids_buf + self.n_out * self.n_vars
+        for j in range(self.n_vars):
+            seq = self.rec[self.var_slots[j]]
+            row[j] = self.st.ids[self.st.row(seq)] if seq >= 0 else -1
+        self.n_out += 1
+        self.made += 1
+        return 0
+
     cdef int finish(self) except -1 nogil:
         """Every slot bound: a match if the whole-match conditions hold."""
         cdef int64_t* o
@@ -441,6 +483,8 @@ cdef class _Build:
         if self.gf[3 * k] != self.ps.n and not self.ps.holds_lists(
                 self.st, self.ls, self.rec, self.is_list, k, self.gf[3 * k], self.ps.n):
             return 0
+        if self.direct:
+            return self._write_ids()
         start = self.ls.start[ls_row(self.ls, self.rec[0])] if self.is_list[0] \
             else self.rec_ts[0]
         o = ring_push(self.out)
@@ -453,30 +497,82 @@ cdef class _Build:
         return 0
 
 
+cdef object _owned(int64_t* data, idx_t rows, idx_t cols):
+    """A numpy array over ``data`` (rows x cols, or rows when cols is 0) that frees it
+    when it goes: the kernel's buffer handed over, not copied."""
+    cdef cvarray a
+    cdef object shape
+    if cols:
+        shape = (rows, cols)
+    else:
+        shape = (rows,)
+    if rows == 0:
+        free(data)
+        return np.empty(shape, dtype=np.int64)
+    a = cvarray(shape=shape, itemsize=sizeof(int64_t), format="q", mode="c",
+                allocate_buffer=False)
+    a.data = <char*>data
+    a.callback_free_data = free
+    return np.asarray(a)
+
+
 def chain_step(ChainSpec sp, ChainStacks stacks, EventStore st, ListStore ls,
                const int64_t[::1] seqs, const int64_t[::1] ts, const int32_t[::1] types,
                const int64_t[::1] keys, const uint8_t[::1] keyed, RingBuffer out):
-    """Events in stream order (``seqs`` in the store, ``ts``, ``types``: the operator's
+    """Events in ts order (``seqs`` in the store, ``ts``, ``types``: the operator's
     type codes, -1 for any other event), each with its partition key (``keys``: the
     [attr] hash where the operator has [attr], else 0) and whether it carries the
     [attr] values (``keyed``). Matches go to ``out`` (k ids: per slot an event or a
     list handle). Returns the number of matches."""
+    if out.n_ids != sp.k:
+        raise ValueError(f"a chain of {sp.k} slots needs records of {sp.k} ids")
+    cdef _Build b = _Build()
+    b.out = out
+    _run(b, sp, stacks, st, ls, seqs, ts, types, keys, keyed)
+    return b.made
+
+
+def chain_step_ids(ChainSpec sp, ChainStacks stacks, EventStore st, ListStore ls,
+                   const int64_t[::1] seqs, const int64_t[::1] ts,
+                   const int32_t[::1] types, const int64_t[::1] keys,
+                   const uint8_t[::1] keyed, const int64_t[::1] var_slots, idx_t limit):
+    """``chain_step`` whose matches are a query's output as they are (no list, no
+    condition or NOT of the query's own): (detected, ids[n, len(var_slots)]), the
+    user ids of the events in the slots ``var_slots`` names, written as the matches
+    are made (no records in between). More than ``limit`` matches (0: no limit)
+    raise StateBudgetExceeded."""
+    cdef idx_t j
+    for j in range(var_slots.shape[0]):
+        if not 0 <= var_slots[j] < sp.k or sp.slot_kleene[var_slots[j]]:
+            raise ValueError(f"slot {var_slots[j]} is not a plain slot of the chain")
+    cdef _Build b = _Build()
+    b.direct, b.limit, b.n_vars = True, limit, var_slots.shape[0]
+    b.var_slots = &var_slots[0] if b.n_vars else NULL
+    _run(b, sp, stacks, st, ls, seqs, ts, types, keys, keyed)
+    detected, ids = _owned(b.det_buf, b.n_out, 0), _owned(b.ids_buf, b.n_out, b.n_vars)
+    b.det_buf = b.ids_buf = NULL   # theirs now
+    return detected, ids
+
+
+cdef int _run(_Build b, ChainSpec sp, ChainStacks stacks, EventStore st, ListStore ls,
+              const int64_t[::1] seqs, const int64_t[::1] ts, const int32_t[::1] types,
+              const int64_t[::1] keys, const uint8_t[::1] keyed) except -1:
     cdef idx_t n = seqs.shape[0], j, s, k = sp.k
     cdef int32_t t
     cdef int64_t cutoff
     cdef Stack* part
+    cdef Stack* unkeyed = NULL
     cdef bint has_key = sp.key_cols.shape[0] > 0
-    cdef _Build b = _Build()
     cdef int64_t none[MAX_CHAIN_SLOTS]
     if ts.shape[0] != n or types.shape[0] != n or keys.shape[0] != n or keyed.shape[0] != n:
         raise ValueError("seqs, ts, types, keys and keyed must have one entry per event")
-    if stacks.k != k or out.n_ids != k:
-        raise ValueError(f"a chain of {k} slots needs stacks and records of {k} ids")
+    if stacks.k != k:
+        raise ValueError(f"a chain of {k} slots needs stacks of {k} slots")
     sp.conds.check_lists_inputs(st, k)
     for s in range(sp.key_cols.shape[0]):
         if not 0 <= sp.key_cols[s] < st.n_attrs:
             raise ValueError("an [attr] column is not in the event store")
-    b.sp, b.ps, b.st, b.ls, b.out = sp, sp.conds, st, ls, out
+    b.sp, b.ps, b.st, b.ls = sp, sp.conds, st, ls
     b.gf, b.is_list = &sp.group_first[0], &sp.slot_kleene[0]
     for s in range(k):
         b.right_plain[s] = -1
@@ -495,16 +591,16 @@ def chain_step(ChainSpec sp, ChainStacks stacks, EventStore st, ListStore ls,
             b.lists[b.n_lists] = s
             b.n_lists += 1
     with nogil:
+        if not has_key:
+            unkeyed = &stacks.stacks[stacks._partition(0) * k]
         for j in range(n):
             t = types[j]
             if t < 0 or (has_key and not keyed[j]):
                 continue   # no slot's type, or without the [attr] values: in no partition
-            part = &stacks.stacks[stacks._partition(keys[j]) * k]
+            part = &stacks.stacks[stacks._partition(keys[j]) * k] if has_key else unkeyed
             cutoff = ts[j] - sp.window
             # the enumeration reads events before this one only: then it is stacked
-            if t == sp.slot_type[k - 1] and b.ps.holds_placed(
-                    st, ls, &none[0], &sp.slot_kleene[0], k, k - 1, -1, seqs[j],
-                    sp.group_first[3 * (k - 1)], sp.group_first[3 * (k - 1) + 1]):
+            if t == sp.slot_type[k - 1] and _filter(b, k - 1, seqs[j], &none[0]):
                 for s in range(k):
                     stacks._prune(&part[s], cutoff)
                 b.part = part
@@ -513,12 +609,18 @@ def chain_step(ChainSpec sp, ChainStacks stacks, EventStore st, ListStore ls,
             for s in range(k):
                 if sp.slot_type[s] != t or (s == k - 1 and not sp.slot_kleene[s]):
                     continue   # nothing is bound from the last slot's stack but a list
-                if b.ps.holds_placed(st, ls, &none[0], &sp.slot_kleene[0], k, s, -1,
-                                     seqs[j], sp.group_first[3 * s],
-                                     sp.group_first[3 * s + 1]):
+                if _filter(b, s, seqs[j], &none[0]):
                     stacks._prune(&part[s], cutoff)
                     stacks._push(&part[s], seqs[j], ts[j])
-    return b.made
+    return 0
+
+
+cdef inline bint _filter(_Build b, idx_t s, int64_t seq, int64_t* none) noexcept nogil:
+    """Does event seq pass slot s's own conditions (``none``: a record with no slot
+    bound)?"""
+    cdef idx_t first = <idx_t>b.gf[3 * s], last = <idx_t>b.gf[3 * s + 1]
+    return first == last or b.ps.holds_placed(b.st, b.ls, none, b.is_list, b.sp.k, s, -1, seq,
+                                              first, last)
 
 
 def match_ids(RingBuffer out, EventStore st, const int64_t[::1] var_slots):

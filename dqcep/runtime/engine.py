@@ -42,7 +42,7 @@ import numpy as np
 from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
 from dqcep._kernels.ring import KeyedQueue, RingBuffer, StateBudgetExceeded
-from dqcep._kernels.chains import ChainSpec, chain_step, match_ids
+from dqcep._kernels.chains import ChainSpec, chain_step, chain_step_ids, match_ids
 from dqcep._kernels.runs import run_step
 from dqcep.errors import UserError
 from dqcep.events import STATE_BUDGET
@@ -96,6 +96,10 @@ class Engine(EventTimeEngine):
         # parent's join takes them (see _keep_inputs)
         self._new_inputs: dict[int, tuple[Records, Records]] = {}
         self._swept_at: dict[int, int] = {}  # RUN: the watermark of its last sweep
+        # RUN vertices: chains step on the stored events at once, the strategies' runs
+        # once stream order is known
+        self._chains = [v for v, r in program.runs.items() if isinstance(r.spec, ChainSpec)]
+        self._waiting_runs = [v for v in program.runs if v not in self._chains]
         self.budget, self.stop_over_budget = budget, stop_over_budget
         self._stopped_news: list[tuple[str, str]] = []  # (query, why), for take_stopped
         self._budget_state()
@@ -166,12 +170,14 @@ class Engine(EventTimeEngine):
                 continue
             delta[v] = recs
             stats[v].outputs += len(recs)
-        if prog.runs:
+        if self._waiting_runs:
             state.run_pending = wait_for_stream_order(state.run_pending, state.store, seqs,
                                                       ts, types)
         for q in prog.queries:
             if q.spec.root in delta:
                 out += self._output(q, delta[q.spec.root])
+        if self._chains:
+            out += self._step_chains(seqs, ts, types)
         self._measure_state()
         return out
 
@@ -203,7 +209,8 @@ class Engine(EventTimeEngine):
         elif k == Kind.KLEENE:
             recs = self._lists(v, delta[prog.kleene[v].child])
         elif k == Kind.RUN:
-            return None  # its events wait in run_pending (see _step_runs)
+            return None  # a chain steps after the other vertices (_step_chains); the
+            # strategies' runs wait in run_pending for stream order (_step_runs)
         elif k == Kind.NOT:
             child = delta[prog.children[v][2]]
             if len(child) and v in state.excluded:  # a live-added query's: no earlier event
@@ -268,52 +275,92 @@ class Engine(EventTimeEngine):
         return {self.program.queries[q].name: why for q, why in self.state.stopped.items()}
 
     def _step_runs(self, limit: int | None) -> MatchBatch:
-        """RUN vertices take the waiting events with ts < ``limit`` (all when None):
-        no event can still come before them in stream order (ts, id), which the
-        strategies read."""
+        """The strategies' RUN vertices take the waiting events with ts < ``limit`` (all
+        when None): no event can still come before them in stream order (ts, id),
+        which the strategies read."""
         out = MatchBatch(self.match_queries)
-        prog, state = self.program, self.state
-        if not prog.runs:
+        state = self.state
+        if not self._waiting_runs:
             return out
         state.run_pending, ready = ready_in_stream_order(state.run_pending, limit)
         if ready is None:
             return out
-        every = ready
-        for v, run in prog.runs.items():
-            if v in self._dead:
-                continue
-            seqs, ts, types = every
-            if v in state.excluded and len(seqs):  # a live-added query's: no earlier event
-                keep = ~self._early(state.excluded[v], seqs.reshape(-1, 1))
-                seqs, ts, types = seqs[keep], ts[keep], types[keep]
-            ok, keys = leaf_keys(state.store, seqs, run.key)
-            keyed = ok.view(np.uint8)
-            step = chain_step if isinstance(run.spec, ChainSpec) else run_step
-            # in slices: the ring holds one slice's matches, so the budget bounds what
-            # one slice of events makes, not how many events a batch brings
-            for a in range(0, max(len(seqs), 1), RUN_SLICE):
-                b = a + RUN_SLICE
-                ring = self._scratch(v, prog.n_slots[v])
-                try:
-                    step(run.spec, state.runs[v], state.store, state.lists, seqs[a:b], ts[a:b],
-                         types[a:b], keys[a:b], keyed[a:b], ring)
-                except StateBudgetExceeded as err:
-                    self._stop(v, err)
-                    break
-                state.stats[v].outputs += len(ring)
-                plain = [qi for qi in run.queries if self._plain_output(prog.queries[qi], run)]
-                for qi in plain:  # the ids straight from the ring (what _output would do)
-                    q = prog.queries[qi]
-                    if len(ring):
-                        out.parts.append((qi, *match_ids(ring, state.store, q.var_slots),
-                                          None))
-                        state.stats[q.spec.output].outputs += len(ring)
-                if len(plain) < len(run.queries):
-                    recs = Records.from_ring(ring)
-                    for qi in run.queries:
-                        if qi not in plain:
-                            out += self._output(prog.queries[qi], recs)
-            state.stats[v].inputs += len(seqs)
+        for v in self._waiting_runs:
+            out += self._run_vertex(v, *ready)
+        return out
+
+    def _step_chains(self, seqs, ts, types) -> MatchBatch:
+        """The chains take the events as they are stored: in ts order, which is all
+        they read (they pair no two events of equal ts), so they wait for nothing."""
+        out = MatchBatch(self.match_queries)
+        for v in self._chains:
+            out += self._run_vertex(v, seqs, ts, types)
+        return out
+
+    def _run_vertex(self, v: int, seqs, ts, types) -> MatchBatch:
+        """A RUN vertex (runs or a chain) steps through events in order; its matches
+        to its queries' outputs."""
+        out = MatchBatch(self.match_queries)
+        prog, state = self.program, self.state
+        run = prog.runs[v]
+        if v in self._dead:
+            return out
+        if v in state.excluded and len(seqs):  # a live-added query's: no earlier event
+            keep = ~self._early(state.excluded[v], seqs.reshape(-1, 1))
+            seqs, ts, types = seqs[keep], ts[keep], types[keep]
+        ok, keys = leaf_keys(state.store, seqs, run.key)
+        keyed = ok.view(np.uint8)
+        step = chain_step if isinstance(run.spec, ChainSpec) else run_step
+        if step is chain_step and len(run.queries) == 1 and \
+                self._plain_output(prog.queries[run.queries[0]], run):
+            return self._chain_ids(v, run, prog.queries[run.queries[0]], seqs, ts, types,
+                                   keys, keyed)
+        # in slices: the ring holds one slice's matches, so the budget bounds what
+        # one slice of events makes, not how many events a batch brings
+        for a in range(0, max(len(seqs), 1), RUN_SLICE):
+            b = a + RUN_SLICE
+            ring = self._scratch(v, prog.n_slots[v])
+            try:
+                step(run.spec, state.runs[v], state.store, state.lists, seqs[a:b], ts[a:b],
+                     types[a:b], keys[a:b], keyed[a:b], ring)
+            except StateBudgetExceeded as err:
+                self._stop(v, err)
+                break
+            state.stats[v].outputs += len(ring)
+            plain = [qi for qi in run.queries if self._plain_output(prog.queries[qi], run)]
+            for qi in plain:  # the ids straight from the ring (what _output would do)
+                q = prog.queries[qi]
+                if len(ring):
+                    out.parts.append((qi, *match_ids(ring, state.store, q.var_slots), None))
+                    state.stats[q.spec.output].outputs += len(ring)
+            if len(plain) < len(run.queries):
+                recs = Records.from_ring(ring)
+                for qi in run.queries:
+                    if qi not in plain:
+                        out += self._output(prog.queries[qi], recs)
+        state.stats[v].inputs += len(seqs)
+        return out
+
+    def _chain_ids(self, v: int, run, q: QueryProgram, seqs, ts, types, keys,
+                   keyed) -> MatchBatch:
+        """A chain read by one query that passes its matches on as they are: the
+        kernel writes the matches' user ids itself, no records in between."""
+        out = MatchBatch(self.match_queries)
+        state = self.state
+        for a in range(0, max(len(seqs), 1), RUN_SLICE):
+            b = a + RUN_SLICE
+            try:
+                detected, ids = chain_step_ids(
+                    run.spec, state.runs[v], state.store, state.lists, seqs[a:b], ts[a:b],
+                    types[a:b], keys[a:b], keyed[a:b], q.var_slots, self.budget)
+            except StateBudgetExceeded as err:
+                self._stop(v, err)
+                break
+            if len(detected):
+                out.parts.append((q.index, detected, ids, None))
+                state.stats[v].outputs += len(detected)
+                state.stats[q.spec.output].outputs += len(detected)
+        state.stats[v].inputs += len(seqs)
         return out
 
     def _plain_output(self, q: QueryProgram, run) -> bool:
