@@ -237,10 +237,12 @@ def test_chains_match_reference_on_kleene_items(q, events, cuts, shuffle):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-@given(neighbour_queries(), dense_streams(), st.integers(0, 20), st.integers(0, 3))
+@given(neighbour_queries() | chain_queries(), dense_streams(), st.integers(0, 20),
+       st.integers(0, 3))
 def test_snapshot_inside_chains_restores_their_stacks(q, events, cut, lateness):
-    """Snapshot with events on a chain's stacks (and waiting for stream order), restore
-    into a fresh engine of the same program, go on: the reference's matches."""
+    """Snapshot with events on a chain's stacks (their pointers into the stack before
+    rebuilt on restore), restore into a fresh engine of the same program, go on: the
+    reference's matches."""
     assert snapshot_at(q, events, cut, lateness, "chain") == \
         as_set(ReferenceMatcher([q]).run(events))
 
@@ -270,6 +272,15 @@ def test_one_batch_may_make_more_matches_than_the_budget():
     assert not engine.stopped
     assert len(out) > 8192
     assert as_set(out.to_matches()) == as_set(ReferenceMatcher(q).run(events))
+
+
+def test_a_restored_chain_binds_only_events_before_its_anchor():
+    """A stacked B points into the A stack below it (SASE's pointer); restored, the
+    pointer is rebuilt: the A that came after the B is not bound before it."""
+    q = parse("QUERY q PATTERN SEQ(A a, B b, C c) WITHIN 10 ms").queries[0]
+    events = [Event(1, "A", 1, {}), Event(2, "B", 2, {}), Event(3, "A", 3, {}),
+              Event(4, "C", 4, {})]
+    assert snapshot_at(q, events, 3, 0, "chain") == {("q", (("a", 1), ("b", 2), ("c", 4)), 4)}
 
 
 def snapshot_at(q, events, cut, lateness=0, materialize="always"):

@@ -24,11 +24,25 @@ class ChainStacks:
     k: int
     live: int                           # events stacked
     high_water: int
-    def __init__(self, k: int) -> None: ...
+    def __init__(self, k: int, kleene: "npt.ArrayLike | None" = None) -> None: ...  # per slot
     nbytes: int                         # the stacks and the partition table
     def evict_start_before(self, cutoff: int) -> int: ...
     def dump(self) -> "npt.NDArray[np.int64]": ...           # [live, 4]: key, slot, seq, ts
     def load(self, rows: "npt.NDArray[np.int64]") -> None: ...
+
+def chain_step_ids(
+    sp: ChainSpec,
+    stacks: ChainStacks,
+    st: EventStore,
+    ls: ListStore,
+    seqs: "npt.NDArray[np.int64]",
+    ts: "npt.NDArray[np.int64]",
+    types: "npt.NDArray[np.int32]",
+    keys: "npt.NDArray[np.int64]",
+    keyed: "npt.NDArray[np.uint8]",
+    var_slots: "npt.NDArray[np.int64]",  # const int64_t[::1]: plain slots
+    limit: int,                          # matches at most (0: no limit)
+) -> "tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]": ...  # detected[n], ids[n, m]
 
 def chain_step(
     sp: ChainSpec,

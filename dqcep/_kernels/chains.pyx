@@ -65,9 +65,12 @@ cdef enum:
 cdef struct Stack:
     int64_t* seq
     int64_t* ts
+    int64_t* rip    # per entry: the left plain neighbour's entries before it end here
+                    # (SASE's pointer: an absolute position there), -1: no such slot
     idx_t lo        # first live entry
     idx_t hi        # one past the last
     idx_t cap
+    int64_t dropped  # absolute position of array row 0 (rows moved out or freed)
 
 
 cdef class ChainSpec:
@@ -121,8 +124,18 @@ cdef class ChainStacks:
     cdef Int64Table part_of   # key -> partition
     cdef readonly idx_t live
     cdef readonly idx_t high_water
+    cdef uint8_t left_plain[MAX_CHAIN_SLOTS]  # a plain slot after a plain slot: its
+                                              # entries point into that slot's stack
 
-    def __cinit__(self, idx_t k):
+    def __cinit__(self, idx_t k, kleene=None):
+        cdef idx_t s
+        if not 1 <= k <= MAX_CHAIN_SLOTS:
+            raise ValueError(f"a chain has 1..{MAX_CHAIN_SLOTS} slots")
+        flags = [False] * k if kleene is None else [bool(x) for x in kleene]
+        if len(flags) != k:
+            raise ValueError("one kind per slot")
+        for s in range(k):
+            self.left_plain[s] = s > 0 and not flags[s] and not flags[s - 1]
         self.k = k
         self.stacks = NULL
         self.part_key = NULL
@@ -135,6 +148,7 @@ cdef class ChainStacks:
         for i in range(self.n_parts * self.k):
             free(self.stacks[i].seq)
             free(self.stacks[i].ts)
+            free(self.stacks[i].rip)
         free(self.stacks)
         free(self.part_key)
         table_free(&self.part_of)
@@ -149,7 +163,7 @@ cdef class ChainStacks:
             self.stacks = <Stack*>grow(self.stacks, cap * self.k * sizeof(Stack))
             self.part_key = <int64_t*>grow(self.part_key, cap * sizeof(int64_t))
             for i in range(self.parts_cap * self.k, cap * self.k):
-                self.stacks[i] = Stack(NULL, NULL, 0, 0, 0)
+                self.stacks[i] = Stack(NULL, NULL, NULL, 0, 0, 0, 0)
             self.parts_cap = cap
         p = self.n_parts
         self.part_key[p] = key
@@ -157,23 +171,24 @@ cdef class ChainStacks:
         table_set(&self.part_of, key, p)
         return <idx_t>p
 
-    cdef int _push(self, Stack* s, int64_t seq, int64_t ts) except -1 nogil:
+    cdef int _push(self, Stack* s, int64_t seq, int64_t ts, int64_t rip) except -1 nogil:
         cdef idx_t live = s.hi - s.lo, cap
         if s.hi == s.cap:
-            if s.lo and live * 2 <= s.cap:      # room at the bottom: move down
+            if s.lo:                             # drop the pruned bottom first
                 memmove(s.seq, s.seq + s.lo, live * sizeof(int64_t))
                 memmove(s.ts, s.ts + s.lo, live * sizeof(int64_t))
-            else:
-                if s.lo:
-                    memmove(s.seq, s.seq + s.lo, live * sizeof(int64_t))
-                    memmove(s.ts, s.ts + s.lo, live * sizeof(int64_t))
+                memmove(s.rip, s.rip + s.lo, live * sizeof(int64_t))
+                s.dropped += s.lo
+                s.lo, s.hi = 0, live
+            if live * 2 > s.cap or not s.cap:    # still more than half full: grow
                 cap = s.cap * 2 if s.cap else MIN_STACK
                 s.seq = <int64_t*>grow(s.seq, cap * sizeof(int64_t))
                 s.ts = <int64_t*>grow(s.ts, cap * sizeof(int64_t))
+                s.rip = <int64_t*>grow(s.rip, cap * sizeof(int64_t))
                 s.cap = cap
-            s.lo, s.hi = 0, live
         s.seq[s.hi] = seq
         s.ts[s.hi] = ts
+        s.rip[s.hi] = rip
         s.hi += 1
         self.live += 1
         if self.live > self.high_water:
@@ -188,7 +203,9 @@ cdef class ChainStacks:
         if s.lo == s.hi and s.cap:
             free(s.seq)
             free(s.ts)
-            s.seq = s.ts = NULL
+            free(s.rip)
+            s.seq = s.ts = s.rip = NULL
+            s.dropped += s.hi
             s.lo = s.hi = s.cap = 0
 
     @property
@@ -225,15 +242,21 @@ cdef class ChainStacks:
 
     def load(self, const int64_t[:, ::1] rows) -> None:
         """Stack the rows ``dump`` gave (into an empty state)."""
-        cdef idx_t i
+        cdef idx_t i, j
         if rows.shape[0] and rows.shape[1] != 4:
             raise ValueError("stacked events are rows of (key, slot, seq, ts)")
+        cdef Stack* part
         for i in range(rows.shape[0]):
             if not 0 <= rows[i, 1] < self.k:
                 raise ValueError(f"a stacked event of slot {rows[i, 1]} in a chain of "
                                  f"{self.k} slots")
-            self._push(&self.stacks[self._partition(rows[i, 0]) * self.k + rows[i, 1]],
-                       rows[i, 2], rows[i, 3])
+            part = &self.stacks[self._partition(rows[i, 0]) * self.k]
+            self._push(&part[rows[i, 1]], rows[i, 2], rows[i, 3], -1)
+        for i in range(self.n_parts * self.k):   # the pointers, once every stack is in
+            if self.left_plain[i % self.k]:
+                part = &self.stacks[(i // self.k) * self.k + i % self.k - 1]
+                for j in range(self.stacks[i].lo, self.stacks[i].hi):
+                    self.stacks[i].rip[j] = part.dropped + _below(part, self.stacks[i].ts[j])
 
 
 cdef inline idx_t _below(Stack* s, int64_t t) noexcept nogil:
@@ -259,6 +282,8 @@ cdef class _Build:
     cdef Stack* part            # the partition's k stacks
     cdef int64_t rec[MAX_CHAIN_SLOTS]
     cdef int64_t rec_ts[MAX_CHAIN_SLOTS]   # a plain slot's event ts (read, not looked up)
+    cdef int64_t rec_rip[MAX_CHAIN_SLOTS]  # a plain slot's event's pointer (-1: none)
+    cdef ChainStacks stacks
     cdef int32_t right_plain[MAX_CHAIN_SLOTS]  # the nearest plain slot to the right, -1
     cdef const int64_t* gf                  # group_first
     cdef const uint8_t* is_list
@@ -355,23 +380,28 @@ cdef class _Build:
     cdef int plain_step(self, idx_t i) except -1 nogil:
         """Bind plain slot ``plain[i]`` (and then the rest)."""
         cdef idx_t s, j
+        cdef int32_t r
         cdef Stack* stack
-        cdef int64_t hi, seq
+        cdef int64_t seq
         cdef bint closes
         if i == self.n_plain:
             return self.list_step(0)
         # the last plain slot of a chain without lists: each event bound is a match
         closes = i + 1 == self.n_plain and self.n_lists == 0
         s = self.plain[i]
-        if s == self.sp.k - 1:     # the last event
-            self.rec[s], self.rec_ts[s] = self.last_seq, self.last_ts
+        if s == self.sp.k - 1:     # the last event (on no stack: no pointer)
+            self.rec[s], self.rec_ts[s], self.rec_rip[s] = self.last_seq, self.last_ts, -1
             if self._holds(s, G_BIND):
                 self.plain_step(i + 1)
             self.rec[s] = -1
             return 0
         stack = &self.part[s]
-        hi = self._right_ts(s)
-        j = _below(stack, hi)
+        r = self.right_plain[s]
+        if r == s + 1 and self.rec_rip[r] >= 0:   # the anchor's pointer: no search
+            j = <idx_t>min(max(self.rec_rip[r] - stack.dropped, <int64_t>stack.lo),
+                           <int64_t>stack.hi)
+        else:
+            j = _below(stack, self._right_ts(s))
         while j > stack.lo:
             j -= 1
             if stack.ts[j] < self.floor:
@@ -380,7 +410,7 @@ cdef class _Build:
             if self.sp.key_cols.shape[0] and not same_cells(self.st, self.sp.key_cols,
                                                             seq, self.last_seq):
                 continue
-            self.rec[s], self.rec_ts[s] = seq, stack.ts[j]
+            self.rec[s], self.rec_ts[s], self.rec_rip[s] = seq, stack.ts[j], stack.rip[j]
             if self._holds(s, G_BIND):
                 if closes:
                     self.finish()
@@ -568,6 +598,9 @@ cdef int _run(_Build b, ChainSpec sp, ChainStacks stacks, EventStore st, ListSto
         raise ValueError("seqs, ts, types, keys and keyed must have one entry per event")
     if stacks.k != k:
         raise ValueError(f"a chain of {k} slots needs stacks of {k} slots")
+    for s in range(k):
+        if stacks.left_plain[s] != (s > 0 and not sp.slot_kleene[s] and not sp.slot_kleene[s - 1]):
+            raise ValueError("the stacks were made for a chain of other slot kinds")
     sp.conds.check_lists_inputs(st, k)
     for s in range(sp.key_cols.shape[0]):
         if not 0 <= sp.key_cols[s] < st.n_attrs:
@@ -586,7 +619,7 @@ cdef int _run(_Build b, ChainSpec sp, ChainStacks stacks, EventStore st, ListSto
             b.plain[b.n_plain] = s
             b.n_plain += 1
     for s in range(k):
-        b.rec[s] = none[s] = -1
+        b.rec[s] = none[s] = b.rec_rip[s] = -1
         if sp.slot_kleene[s]:
             b.lists[b.n_lists] = s
             b.n_lists += 1
@@ -611,7 +644,8 @@ cdef int _run(_Build b, ChainSpec sp, ChainStacks stacks, EventStore st, ListSto
                     continue   # nothing is bound from the last slot's stack but a list
                 if _filter(b, s, seqs[j], &none[0]):
                     stacks._prune(&part[s], cutoff)
-                    stacks._push(&part[s], seqs[j], ts[j])
+                    stacks._push(&part[s], seqs[j], ts[j], part[s - 1].dropped + _below(
+                        &part[s - 1], ts[j]) if stacks.left_plain[s] else -1)
     return 0
 
 

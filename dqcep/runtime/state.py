@@ -70,7 +70,7 @@ def run_state(items) -> RunTable | ChainStacks:
     """A RUN vertex's empty state (``items``: its ``RunItems``): the runs of a
     selection strategy, the stacks of a chain under skip-till-any-match."""
     k = len(items.types)
-    return ChainStacks(k) if items.strategy == ast.ANY_MATCH else RunTable(k)
+    return ChainStacks(k, items.kleene) if items.strategy == ast.ANY_MATCH else RunTable(k)
 
 
 def _dumped(lists: ListStore | None, arr) -> list | None:
