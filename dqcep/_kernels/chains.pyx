@@ -103,15 +103,7 @@ cdef class ChainSpec:
         for j in range(3 * self.k + 1):
             if self.group_first[j] > self.group_first[j + 1]:
                 raise ValueError("group_first must not decrease")
-        for j in range(conds.rng_slot.shape[0]):
-            if not 0 <= conds.rng_slot[j] < self.k or not self.slot_kleene[conds.rng_slot[j]]:
-                raise ValueError(f"a condition ranges over slot {conds.rng_slot[j]}, which "
-                                 "holds no list")
-        for j in range(conds.ext_slot.shape[0]):
-            if not 0 <= conds.ext_slot[j] < self.k or not self.slot_kleene[conds.ext_slot[j]]:
-                raise ValueError(f"a condition reads a list position of slot "
-                                 f"{conds.ext_slot[j]}, which holds no list")
-        conds.check_slots(self.k)
+        conds.check_list_slots(self.slot_kleene)
 
 
 cdef class ChainStacks:
@@ -327,10 +319,6 @@ cdef class _Build:
 
     cdef int _grow_out(self) except -1 nogil:
         cdef idx_t cap = self.cap_out * 2 if self.cap_out else 1024
-        if self.limit and self.n_out >= self.limit:
-            with gil:
-                raise StateBudgetExceeded(f"{self.n_out + 1} records, the budget is "
-                                          f"{self.limit}")
         self.det_buf = <int64_t*>grow(self.det_buf, cap * sizeof(int64_t))
         self.ids_buf = <int64_t*>grow(self.ids_buf, cap * max(self.n_vars, 1) * sizeof(int64_t))
         self.cap_out = cap
@@ -494,6 +482,10 @@ cdef class _Build:
         cdef idx_t j
         cdef int64_t seq
         cdef int64_t* row
+        if self.limit and self.n_out >= self.limit:
+            with gil:
+                raise StateBudgetExceeded(f"{self.n_out + 1} records, the budget is "
+                                          f"{self.limit}")
         if self.n_out == self.cap_out:
             self._grow_out()
         self.det_buf[self.n_out] = self.last_ts

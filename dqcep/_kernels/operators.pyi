@@ -32,6 +32,7 @@ class PredicateSet:
                    is_list: "npt.ArrayLike",            # uint8 per slot
                    ) -> "npt.NDArray[np.bool_]": ...
     def check_slots(self, width: int) -> None: ...                      # ValueError
+    def check_list_slots(self, is_list: "npt.ArrayLike") -> None: ...  # uint8 per slot; ValueError
     def check_lists_inputs(self, st: EventStore, width: int) -> None: ...  # ValueError
 
 def leaf_keys(

@@ -340,6 +340,21 @@ cdef class PredicateSet:
             raise ValueError(f"the predicates read slot {self.max_slot}, records have "
                              f"{width}")
 
+    def check_list_slots(self, const uint8_t[::1] is_list):
+        """``check_slots`` for records whose slots ``is_list`` says hold lists: ValueError
+        unless every slot a predicate ranges over, or reads a list position of, holds
+        a list (a run's or a chain's slots: their Kleene items)."""
+        cdef idx_t j, k = is_list.shape[0]
+        for j in range(self.rng_slot.shape[0]):
+            if not 0 <= self.rng_slot[j] < k or not is_list[self.rng_slot[j]]:
+                raise ValueError(f"a condition ranges over slot {self.rng_slot[j]}, which "
+                                 "holds no list")
+        for j in range(self.ext_slot.shape[0]):
+            if not 0 <= self.ext_slot[j] < k or not is_list[self.ext_slot[j]]:
+                raise ValueError(f"a condition reads a list position of slot "
+                                 f"{self.ext_slot[j]}, which holds no list")
+        self.check_slots(k)
+
     def check_lists_inputs(self, EventStore st, idx_t width):
         """``check_inputs`` where extra slots (up to MAX_EXTRAS) follow the record."""
         self.check_slots(width)

@@ -87,15 +87,7 @@ cdef class RunSpec:
         for j in range(self.k):
             if self.slot_first[j] > self.slot_first[j + 1]:
                 raise ValueError("slot_first must not decrease")
-        for j in range(conds.rng_slot.shape[0]):
-            if not 0 <= conds.rng_slot[j] < self.k or not self.slot_kleene[conds.rng_slot[j]]:
-                raise ValueError(f"a condition ranges over slot {conds.rng_slot[j]}, which "
-                                 "holds no list")
-        for j in range(conds.ext_slot.shape[0]):
-            if not 0 <= conds.ext_slot[j] < self.k or not self.slot_kleene[conds.ext_slot[j]]:
-                raise ValueError(f"a condition reads a list position of slot "
-                                 f"{conds.ext_slot[j]}, which holds no list")
-        conds.check_slots(self.k)
+        conds.check_list_slots(self.slot_kleene)
 
 
 cdef class RunTable:
