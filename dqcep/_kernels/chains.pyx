@@ -340,8 +340,12 @@ cdef class _Build:
     cdef inline bint _holds(self, idx_t s, idx_t group) noexcept nogil:
         """Slot s's group, on the record as bound (s a plain slot)."""
         cdef idx_t first = <idx_t>self.gf[3 * s + group], last = <idx_t>self.gf[3 * s + group + 1]
-        return first == last or self.ps.holds_lists(self.st, self.ls, self.rec, self.is_list,
-                                                    self.sp.k, first, last)
+        if first == last:
+            return True
+        if not self.ps.reads_lists:   # plain conditions: the interpreter straight away
+            return self.ps.holds_range(self.st, self.rec, first, last)
+        return self.ps.holds_lists(self.st, self.ls, self.rec, self.is_list, self.sp.k,
+                                   first, last)
 
     cdef inline bint _holds_element(self, idx_t s, idx_t group, int64_t handle,
                                     int64_t seq) noexcept nogil:
@@ -502,8 +506,10 @@ cdef class _Build:
         cdef int64_t* o
         cdef int64_t start
         cdef idx_t k = self.sp.k, s
-        if self.gf[3 * k] != self.ps.n and not self.ps.holds_lists(
-                self.st, self.ls, self.rec, self.is_list, k, self.gf[3 * k], self.ps.n):
+        if self.gf[3 * k] != self.ps.n and not (
+                self.ps.holds_range(self.st, self.rec, self.gf[3 * k], self.ps.n)
+                if not self.ps.reads_lists else self.ps.holds_lists(
+                    self.st, self.ls, self.rec, self.is_list, k, self.gf[3 * k], self.ps.n)):
             return 0
         if self.direct:
             return self._write_ids()
@@ -645,8 +651,15 @@ cdef inline bint _filter(_Build b, idx_t s, int64_t seq, int64_t* none) noexcept
     """Does event seq pass slot s's own conditions (``none``: a record with no slot
     bound)?"""
     cdef idx_t first = <idx_t>b.gf[3 * s], last = <idx_t>b.gf[3 * s + 1]
-    return first == last or b.ps.holds_placed(b.st, b.ls, none, b.is_list, b.sp.k, s, -1, seq,
-                                              first, last)
+    cdef bint ok
+    if first == last:
+        return True
+    if not b.ps.reads_lists:   # plain conditions: the interpreter straight away
+        none[s] = seq
+        ok = b.ps.holds_range(b.st, none, first, last)
+        none[s] = -1
+        return ok
+    return b.ps.holds_placed(b.st, b.ls, none, b.is_list, b.sp.k, s, -1, seq, first, last)
 
 
 def match_ids(RingBuffer out, EventStore st, const int64_t[::1] var_slots):
