@@ -505,20 +505,22 @@ def test_invariants_on_random_kleene_queries(q):
 
 
 def test_materialization_follows_the_cost_and_the_dag():
-    """plan/joins.py: a SEQ vertex whose pairs outnumber its right inputs is built on
-    demand by its parent (auto); one shared by two parents, or with a NOT checked on it,
-    keeps its records; 'always' and 'on-demand' force the choice; explain says which."""
+    """plan/joins.py: a SEQ vertex whose parent's right input comes rarely is built on
+    demand by its parent (auto: it costs less time built again for each such record
+    than built once and kept); one whose parent's right input comes often, one shared
+    by two parents, or with a NOT checked on it, keeps its records; 'always' and
+    'on-demand' force the choice; explain says which."""
     from dqcep.plan import explain_text
     # (inside an AND: a flat SEQ alone may run as a chain under auto)
     chain = parse("QUERY c PATTERN AND(SEQ(A a, B b, C c), D d) WHERE [k] "
                   "WITHIN 1 min").queries
     rates = {"A": 10.0, "B": 10.0, "C": 10.0}
+    rare = build_plan(chain, dict(rates, A=0.001, C=0.001), materialize="auto")
+    ab = next(v for v in range(rare.n_vertices) if rare.slots[v] == ("a", "b"))
+    assert rare.on_demand[ab] and rare.materialization[ab].startswith("on demand (est.")
+    assert "records: on demand" in explain_text(rare)
     plan = build_plan(chain, rates, materialize="auto")
-    ab = next(v for v in range(plan.n_vertices) if plan.slots[v] == ("a", "b"))
-    assert plan.on_demand[ab] and plan.materialization[ab].startswith("on demand (est.")
-    assert "records: on demand" in explain_text(plan)
-    sparse = build_plan(chain, {"A": 0.01, "B": 0.01, "C": 0.01}, materialize="auto")
-    assert not any(sparse.on_demand)
+    assert not any(plan.on_demand)
     assert not any(build_plan(chain, rates).on_demand)  # the default: always
     assert build_plan(chain, {"A": 0.01}, materialize="on-demand").on_demand[ab]
     shared = parse("QUERY x PATTERN SEQ(A a, B b, C c) WHERE [k] WITHIN 1 min;"

@@ -38,6 +38,7 @@ SEL_NOT_EQUAL = 0.9
 SEL_RANGE = 1 / 3
 SEL_OTHER = 0.5
 SEL_KEY = 0.1
+SEL_NOT = 0.5   # the share of records a NOT lets through (no negated event in the gap)
 DEFAULT_RATE = 1.0  # events per second
 MAX_AND_DP = 8
 
@@ -136,11 +137,12 @@ class ChainSlot:
     step_conds: bool = False
 
 
-def chain_work(slots: list[ChainSlot], keyed: bool) -> float:
+def chain_work(slots: list[ChainSlot], keyed: bool, negations: int = 0) -> float:
     """Estimated work per window of a chain: the candidates it looks at and the
     conditions it checks while binding the plain slots from the last one back, the
     list nodes it makes (and the extensions it tries) for each Kleene slot per
-    binding, and the matches it writes."""
+    binding, and the matches it writes; its ``negations`` are checked on each match
+    at the OUTPUT (where joins check one between two items on the pairs, early)."""
     k, key = len(slots), (SEL_KEY if keyed else 1.0)
     bound, work, depth = slots[-1].events, 0.0, 1
     for i in range(k - 2, -1, -1):
@@ -162,4 +164,4 @@ def chain_work(slots: list[ChainSlot], keyed: bool) -> float:
         nodes = bound * (lists_made(m, s.step) + (1.0 if i == k - 1 else 0.0))
         work += nodes * (W_RECORD + m / 2 * (W_PROBE + (W_COND if s.step_conds else 0.0)))
         bound = nodes
-    return work + bound * W_RECORD
+    return work + bound * (W_RECORD + negations * W_COND)

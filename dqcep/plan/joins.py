@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from dqcep.plan.bytecode import Op
+from dqcep.plan.cost import SEL_KEY, W_PROBE, W_RECORD
 from dqcep.plan.orthogonal import Kind, Port
 
 # The functions take a dqcep.plan.planner.Plan (not imported: the planner calls them).
@@ -110,14 +111,20 @@ def choose_materialization(plan: "Plan", mode: str = ALWAYS) -> tuple[tuple[bool
         reason = "materialized (every join's records are kept)" if mode in (ALWAYS, CHAIN) \
             else _why_kept(plan, v, eq)
         if reason is None:
-            right = g.child(v, Port.RIGHT)
-            kept = plan.estimate[v] * (RECORD_WORDS + len(plan.slots[v])) * 8
-            inputs = plan.estimate[right] * (RECORD_WORDS + len(plan.slots[right])) * 8
-            estimate = f"est. {kept:,.0f} B of records against {inputs:,.0f} B of right inputs"
+            # built once and kept, or built again for every record of the parent's
+            # right input (dqcep.plan.cost's weights: a candidate looked at, a record)
+            arc = next(iter(g.out_arcs(v)))
+            trigger = g.child(int(g.head[arc]), Port.RIGHT)
+            left, right = g.child(v, Port.LEFT), g.child(v, Port.RIGHT)
+            probes = plan.estimate[left] * plan.estimate[right] * 0.5 * \
+                (SEL_KEY if plan.key_attrs[v] else 1.0)
+            kept = probes * W_PROBE + plan.estimate[v] * W_RECORD
+            built = plan.estimate[trigger] * probes * W_PROBE
+            estimate = f"est. work per window: kept {kept:,.4g}, on demand {built:,.4g}"
             if mode == ON_DEMAND:
                 on_demand.append(True)
                 why.append(f"on demand (forced; {estimate})")
-            elif inputs < kept:
+            elif built < kept:
                 on_demand.append(True)
                 why.append(f"on demand ({estimate})")
             else:

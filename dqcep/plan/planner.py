@@ -51,7 +51,8 @@ import numpy as np
 
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
-from dqcep.plan.cost import (MAX_AND_DP, SEL_EQUAL, SEL_KEY, W_COND, W_PROBE, W_RECORD,
+from dqcep.plan.cost import (MAX_AND_DP, SEL_EQUAL, SEL_KEY, SEL_NOT, W_COND, W_PROBE,
+                             W_RECORD,
                              ChainSlot, CostModel, better, chain_work, lists_made,
                              selectivity)
 from dqcep.plan.joins import ALWAYS, AUTO, CHAIN, choose_materialization
@@ -595,6 +596,9 @@ def dag_work(node: _Node, keyed: bool) -> tuple[float, float]:
         preds.remove(index)
     made = probes * _selectivity(preds)
     work = probes * (W_PROBE + (W_COND if preds else 0.0)) + made * W_RECORD
+    for _ in node.guards:  # a NOT decided here: checked on each record, drops a share
+        work += made * W_COND
+        made *= SEL_NOT
     return made, wl + wr + work
 
 
@@ -857,7 +861,9 @@ def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] |
         return qp, root, guards, "joins" if q.strategy == ast.ANY_MATCH else "runs", why
     chain = _QueryPlanner(q, cost, chain=True)
     slots = chain.chain_slots()
-    chain_est = chain_work(slots, bool(chain.key_attrs))
+    negations = sum(1 for i in q.pattern.items if isinstance(i, ast.Negation)) \
+        if isinstance(q.pattern, ast.Operator) else 0
+    chain_est = chain_work(slots, bool(chain.key_attrs), negations)
     joins = _QueryPlanner(q, cost)
     root, guards = joins.plan()
     _, joins_est = dag_work(root, bool(joins.key_attrs))
