@@ -258,6 +258,23 @@ def test_run_vertices_take_a_batch_in_slices(q, events, cuts):
         check([q], events, cuts)
 
 
+@pytest.mark.parametrize("materialize", ["always", "chain"])
+def test_one_batch_may_bring_more_than_the_budget_holds(materialize):
+    """Released events are matched RELEASE_SLICE at a time with the watermark moved
+    after each slice: a batch of 10 slices' events whose joins would make 4x the
+    budget's records at once stops no query and makes the reference's matches."""
+    from dqcep.runtime import Engine
+    from dqcep.runtime.eventtime import RELEASE_SLICE
+    q = parse("QUERY s PATTERN SEQ(A a, B b) WITHIN 2 ms").queries
+    events = [Event(i, "AB"[i % 2], i // 2, {}) for i in range(10 * RELEASE_SLICE)]
+    engine = Engine(build_plan(q, materialize=materialize), budget=8192)
+    out = engine.process(events)
+    out += engine.flush()
+    assert not engine.stopped
+    assert len(out) > 4 * 8192
+    assert as_set(out.to_matches()) == as_set(ReferenceMatcher(q).run(events))
+
+
 def test_one_batch_may_make_more_matches_than_the_budget():
     """The budget bounds what one slice of a batch makes (RUN_SLICE events), not the
     batch: 16,000 events in one batch make ~24,000 matches of a SEQ run as a chain

@@ -50,6 +50,9 @@ def late_rule(before: np.ndarray, ts: np.ndarray, lateness: int) -> np.ndarray:
     return (before > ts) & (gap > np.uint64(lateness))
 
 
+# Released events are matched this many at a time, the watermark moved after each slice
+RELEASE_SLICE = 4096
+
 # Events waiting for stream order (ts, id): (seqs, ts, ids, types) columns.
 NOTHING_WAITING = (np.empty(0, np.int64),) * 3 + (np.empty(0, np.int32),)
 
@@ -480,18 +483,23 @@ class EventTimeEngine:
         self.state.buffer = [tuple(c[cut:] for c in cols)] if cut < len(cols[0]) else []
         if cut == 0:
             return out
-        ts, ids, types, val, kind = (c[:cut] for c in cols)
-        # events of types no query uses only move event time (unless a contiguity
-        # strategy needs to see every event)
-        used = types >= 0 if not self.every_event else np.ones(len(types), bool)
-        if used.any():
-            first = self.store.append(ts[used], ids[used], np.ascontiguousarray(val[used]),
-                                      np.ascontiguousarray(kind[used]))
-            seqs = np.arange(first, first + int(used.sum()), dtype=np.int64)
-            out += self._match(seqs, ts[used], np.ascontiguousarray(types[used], np.int32))
-        last = int(ts[-1])
-        if self.wm is None or last > self.wm:
-            self.wm = last
-        out += self._after_watermark()
+        # in slices of RELEASE_SLICE events, the watermark moved after each: what one
+        # slice adds to the state is evicted as a slice would be, however many events
+        # a batch brings (the budget bounds the window's state, not the batch's)
+        for a in range(0, cut, RELEASE_SLICE):
+            ts, ids, types, val, kind = (c[a:min(a + RELEASE_SLICE, cut)] for c in cols)
+            # events of types no query uses only move event time (unless a contiguity
+            # strategy needs to see every event)
+            used = types >= 0 if not self.every_event else np.ones(len(types), bool)
+            if used.any():
+                first = self.store.append(ts[used], ids[used],
+                                          np.ascontiguousarray(val[used]),
+                                          np.ascontiguousarray(kind[used]))
+                seqs = np.arange(first, first + int(used.sum()), dtype=np.int64)
+                out += self._match(seqs, ts[used], np.ascontiguousarray(types[used], np.int32))
+            last = int(ts[-1])
+            if self.wm is None or last > self.wm:
+                self.wm = last
+            out += self._after_watermark()
         return out
 
