@@ -451,7 +451,7 @@ def _too_deep_plan(pattern) -> ast.Pos | None:
             return depth(node.pattern)
         if isinstance(node, (ast.EventPattern, ast.Kleene)):
             return 0, None
-        worst, where = 0, None
+        worst = 0
         for item in node.items:
             d, w = depth(item)
             if w is not None:
