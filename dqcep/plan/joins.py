@@ -13,14 +13,12 @@
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dqcep.plan.bytecode import Op
 from dqcep.plan.cost import SEL_KEY, W_PROBE, W_RECORD
 from dqcep.plan.orthogonal import Kind, Port
 
-if TYPE_CHECKING:  # the planner calls these functions: imported for the annotations only
-    from dqcep.plan.planner import Plan
+# The functions take a dqcep.plan.planner.Plan (not imported: the planner calls them,
+# and an import back, even for annotations, is a circle in the layout).
 
 # choose_materialization's modes; CHAIN: every query that is a flat SEQ is one RUN
 # vertex built when its last event comes (dqcep._kernels.chains), its joins' none
