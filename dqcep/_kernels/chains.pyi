@@ -49,7 +49,7 @@ def chain_step(
     stacks: ChainStacks,
     st: EventStore,
     ls: ListStore,
-    seqs: "npt.NDArray[np.int64]",      # const int64_t[::1], stream order (ts, id)
+    seqs: "npt.NDArray[np.int64]",      # const int64_t[::1], in ts order
     ts: "npt.NDArray[np.int64]",        # const int64_t[::1]
     types: "npt.NDArray[np.int32]",     # const int32_t[::1], -1: a type no slot has
     keys: "npt.NDArray[np.int64]",      # const int64_t[::1]

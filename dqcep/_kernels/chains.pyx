@@ -2,7 +2,7 @@
 
 SASE's construction (Wu, Diao, Rizzi, SIGMOD 2006) carried to Kleene items: the
 operator keeps, per [attr] partition and per slot, the events that may fill the
-slot (its type, its own conditions: a *stack*, in stream order, pruned by the
+slot (its type, its own conditions: a *stack*, in ts order, pruned by the
 window), and builds no partial match until an event comes that fits the last slot.
 Then it binds the slots in an order that lets every condition prune as early as it
 can:
@@ -25,8 +25,9 @@ once), so it returns what the DAG of joins returns; its cost is the matches made
 and the bindings tried, not every partial match of the window (which the DAG keeps
 and, for a Kleene item, 2^n lists of it whatever the neighbours' conditions).
 
-The caller hands events in stream order (ts, id) once no event can still come
-before them (an event's enumeration reads the events before it only). Matches
+The caller hands events in ts order, once no event of a smaller ts can still come
+(an event's enumeration reads the events of smaller ts only; two of equal ts are
+never paired, so their order does not matter). Matches
 are rows like a run operator's (``dqcep._kernels.runs``): per slot an event's
 sequence number or a list handle of the engine's ListStore.
 """
