@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dqcep.plan.orthogonal import Kind, Port
-from dqcep.plan.planner import UNBOUNDED, Plan
+from dqcep.plan.planner import UNBOUNDED, Plan, chain_order
 
 _UNITS = (("h", 3_600_000), ("min", 60_000), ("s", 1000))
 
@@ -73,8 +73,7 @@ def _chain_role(plan: Plan, v: int, p) -> str:
         return "on each match"
     kleene = plan.run[v].kleene
     k = len(kleene)
-    order = [s for s in range(k - 1, -1, -1) if not kleene[s]] + \
-        [s for s in range(k) if kleene[s]]
+    order = chain_order(kleene)
     positions = {s for _, s in p.extras}
     read = {s for s in p.slots if s < k} | positions
     at = max(read, key=order.index)

@@ -422,11 +422,8 @@ class _QueryPlanner:
         q = self.q
         items = q.pattern.items if isinstance(q.pattern, ast.Operator) else (q.pattern,)
         slots = [i for i in items if not isinstance(i, ast.Negation)]
-        k = len(slots)
         kleene = [isinstance(i, ast.Kleene) for i in slots]
-        order = [s for s in range(k - 1, -1, -1) if not kleene[s]] + \
-            [s for s in range(k) if kleene[s]]
-        rank = {slots[s].var: r for r, s in enumerate(order)}
+        rank = {slots[s].var: r for r, s in enumerate(chain_order(kleene))}
         filters: list[list[ast.Expr]] = [[] for _ in slots]
         bind: list[list[ast.Expr]] = [[] for _ in slots]
         step: list[list[ast.Expr]] = [[] for _ in slots]
@@ -547,6 +544,16 @@ class _QueryPlanner:
 
 
 MAX_CHAIN_SLOTS = 32  # dqcep._kernels.chains
+
+
+def chain_order(kleene: Sequence[bool]) -> list[int]:
+    """The order a chain binds its slots in (``kleene``: per slot, a Kleene item?):
+    the plain slots from the last to the first, then the Kleene slots from the first
+    to the last (dqcep._kernels.chains). A condition is placed at the slot that
+    completes its slots in this order."""
+    k = len(kleene)
+    return [s for s in range(k - 1, -1, -1) if not kleene[s]] + \
+        [s for s in range(k) if kleene[s]]
 
 
 def _reads_position(c: ast.Expr, var: str, *indexes: str) -> bool:

@@ -18,7 +18,7 @@ from dqcep.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.bytecode import FIRST, LAST, PAIRS, PREVIOUS, Op, Predicate
-from dqcep.plan.planner import UNBOUNDED, RunItems
+from dqcep.plan.planner import UNBOUNDED, RunItems, chain_order
 from dqcep._kernels.operators import BytecodeError, PredicateSet
 from dqcep._kernels.chains import ChainSpec
 from dqcep._kernels.runs import NEXT_MATCH, PARTITION, STRICT, RunSpec
@@ -277,9 +277,7 @@ def chain_placement(preds: Sequence[Predicate], kleene: Sequence[bool]
     complete match. Returns the conditions in group order and the 3 k + 2 bounds of
     the groups (per slot: filter, bind, iteration; then the whole-match ones)."""
     k = len(kleene)
-    order = [s for s in range(k - 1, -1, -1) if not kleene[s]] + \
-        [s for s in range(k) if kleene[s]]
-    rank = {s: i for i, s in enumerate(order)}
+    rank = {s: i for i, s in enumerate(chain_order(kleene))}
     groups: list[list[Predicate]] = [[] for _ in range(3 * k)]
     whole = []
     for p in preds:
