@@ -117,7 +117,7 @@ def test_stats_and_lateness(tmp_path):
     assert r.returncode == 0
     lines = r.stderr.splitlines()
     assert lines[0].split() == ["vertex", "operator", "inputs", "outputs", "queue-hw",
-                                "evictions"]
+                                "evictions", "ms"]
     assert any("OUTPUT fire" in x for x in lines)
     assert lines[-1].startswith("events: 13 in ") and "peak state" in lines[-1]
     # out of order by 1.5 s: lost without lateness, recovered with it
@@ -199,6 +199,8 @@ def test_materialize_plans_and_runs_the_same_matches(tmp_path):
     assert sorted(auto.stdout.splitlines()) == sorted(kept.stdout.splitlines())
     r = dqcep("run", q, "--input", events, "--engine", "sase", "--materialize", "on-demand")
     assert r.returncode == 2 and "--engine sase has none" in r.stderr
+    r = dqcep("run", q, "--input", events, "--engine", "reference", "--adapt", "on")
+    assert r.returncode == 2 and "--engine reference has none" in r.stderr
 
 
 def test_auto_measures_the_rates_on_the_input_and_runs_a_chain(tmp_path):
@@ -222,6 +224,11 @@ def test_auto_measures_the_rates_on_the_input_and_runs_a_chain(tmp_path):
     assert "RUN SEQ(T0, T1+, T2)" in auto.stderr and "KLEENE" not in auto.stderr
     assert len(joins.stdout.splitlines()) > 10
     assert sorted(auto.stdout.splitlines()) == sorted(joins.stdout.splitlines())
+    # --adapt on: whatever it measures and moves (said under --stats), the same matches
+    adapted = dqcep("run", q, "--input", events, "--adapt", "on", "--chunk-size", 300,
+                    "--stats")
+    assert adapted.returncode == 0, adapted.stderr
+    assert sorted(adapted.stdout.splitlines()) == sorted(joins.stdout.splitlines())
 
 
 def test_kleene_queries_explain_and_run_natively_and_on_spark(tmp_path):

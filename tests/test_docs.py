@@ -330,7 +330,7 @@ def test_operations_commands_against_a_broker(mosquitto, tmp_path):
                                cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
         try:
             line = svc.stderr.readline()
-            assert "listening on" in line and f"http on http://" in line, line
+            assert "listening on" in line and "http on http://" in line, line
             assert subprocess.run(publish, cwd=cwd, env=env).returncode == 0
             deadline = time.monotonic() + 60
             while True:  # until every event is in (the second run: the same, repeats)

@@ -14,7 +14,6 @@ import math
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgpack
@@ -25,13 +24,11 @@ from hypothesis import strategies as st
 from dqcep.baseline import SaseEngine
 from dqcep.events import Event
 from dqcep.lang import QueryError, ast, file_to_source, parse
-from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
-from dqcep.runtime import Engine
 from dqcep.tables import StaticTables, snapshot_of
 from tests.conftest import free_port
 from tests.strategies import ATTR_VALUES, outside_sase, small_event_streams, small_query_files
-from tests.test_native import CUTS, MATERIALIZE, as_set, split
+from tests.test_native import CUTS, MATERIALIZE, as_set, engine_for, split
 
 LITERALS = (ast.Number, ast.String, ast.Boolean)
 TYPE_OF = {ast.Number: ast.DOUBLE, ast.String: ast.STRING, ast.Boolean: ast.BOOL}
@@ -85,8 +82,7 @@ def engines_agree(parsed, events, source, cuts):
     expected = as_set(ReferenceMatcher(queries, (), tables, source).run(events))
     batches = split(events, cuts)
     for materialize in MATERIALIZE:
-        engine = Engine(build_plan(queries, materialize=materialize, tables=tables),
-                        lookup_source=source)
+        engine = engine_for(queries, 0, materialize, tables=tables, lookup_source=source)
         out = engine.process([])
         for b in batches:
             out += engine.process(b)

@@ -24,6 +24,7 @@ from dqcep.lang import QueryError, ast, file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine, run_events
+from dqcep.runtime.adapt import OTHER, AdaptiveEngine
 from tests.strategies import (ATTR_VALUES, SMALL_TYPES, chain_queries, kleene_event_streams,
                               kleene_queries, negation_queries, neighbour_queries,
                               outside_sase, small_event_streams, small_query_files,
@@ -38,12 +39,47 @@ def as_set(matches):
     return set(out)
 
 
-MATERIALIZE = ("always", "on-demand", "chain")  # joins kept / built on demand / chains
+# joins kept / built on demand / chains / an adaptive engine moving its queries between
+# joins and a chain after random batches (RandomSwitches)
+SWITCHING = "switching"
+MATERIALIZE = ("always", "on-demand", "chain", SWITCHING)
+
+
+class RandomSwitches(AdaptiveEngine):
+    """An adaptive engine that, instead of measuring, moves each switchable query to
+    its other construction with probability 1/2 after every batch (``seed``)."""
+
+    def __init__(self, queries, seed: int = 0, **kwargs):
+        super().__init__(queries, adapt=False, **kwargs)
+        self.rnd = random.Random(seed)
+        self.moves = 0
+
+    def process(self, events):
+        out = super().process(events)
+        for name, now in self.constructions.items():
+            if self.rnd.random() < 0.5:
+                self.moves += self.switch(name, OTHER[now])
+        return out
+
+
+def engine_for(queries, lateness=0, materialize="always", seed=0, **kwargs) -> Engine:
+    """An engine of ``queries`` under a ``MATERIALIZE`` mode (``kwargs``: schemas,
+    tables, lookup_source, budget)."""
+    if materialize == SWITCHING:
+        return RandomSwitches(queries, seed, lateness=lateness, **kwargs)
+    plan = build_plan(queries, materialize=materialize, schemas=kwargs.pop("schemas", ()),
+                      tables=kwargs.pop("tables", ()))
+    return Engine(plan, lateness, **kwargs)
 
 
 def native(queries, batches, lateness=0, materialize="always"):
-    mb, _ = run_events(build_plan(queries, materialize=materialize), batches, lateness)
-    return as_set(mb.to_matches())
+    engine = engine_for(queries, lateness, materialize,
+                        seed=sum(e.id * (i + 1) for i, b in enumerate(batches) for e in b))
+    out = engine.process([])
+    for b in batches:
+        out += engine.process(b)
+    out += engine.flush()
+    return as_set(out.to_matches())
 
 
 def split(events, cuts, shuffle_seed=None):
@@ -557,7 +593,7 @@ def test_engines_drop_the_events_a_schema_refuses_alike(f, events, cuts):
     expected = as_set(reference.run(events))
     batches = split(events, cuts)
     for materialize in MATERIALIZE:
-        engine = Engine(build_plan(queries, materialize=materialize, schemas=schemas))
+        engine = engine_for(queries, 0, materialize, schemas=schemas)
         out = engine.process([])
         for b in batches:
             out += engine.process(b)

@@ -4,7 +4,6 @@ import ast
 import os
 import re
 import subprocess
-import sys
 import venv
 import zipfile
 from pathlib import Path

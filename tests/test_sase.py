@@ -16,7 +16,7 @@ from dqcep.errors import UserError
 from dqcep.events import Event
 from dqcep.lang import ast, file_to_source, parse
 from dqcep.reference import ReferenceMatcher
-from tests.strategies import (kleene_event_streams, kleene_queries, outside_sase, sase_queries,
+from tests.strategies import (outside_sase, sase_queries,
                               small_event_streams, small_query_files)
 from tests.test_native import CUTS, as_set, bursty_streams, sase, split
 

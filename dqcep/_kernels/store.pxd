@@ -51,6 +51,7 @@ cdef class EventStore:
     cdef readonly idx_t n_attrs      # attribute columns (those some predicate or key reads)
     cdef int64_t* ts                 # per row
     cdef int64_t* ids                # per row: the user's event id
+    cdef int32_t* type_code          # per row: its type code (-1: not given)
     cdef double* val                 # row * n_attrs + a
     cdef int8_t* kind                # row * n_attrs + a
     cdef readonly int64_t base       # sequence number of the oldest stored event

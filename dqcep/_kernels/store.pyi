@@ -17,23 +17,25 @@ class EventStore:
         ids: "npt.NDArray[np.int64]",    # const int64_t[::1]
         val: "npt.NDArray[np.float64]",  # const double[:, ::1], shape (n, n_attrs)
         kind: "npt.NDArray[np.int8]",    # const int8_t[:, ::1], shape (n, n_attrs)
+        types: "npt.NDArray[np.int32] | None" = None,  # const int32_t[::1]; None: -1
     ) -> int: ...  # sequence number of the first appended event
     def evict_before(self, cutoff: int) -> int: ...
     def __len__(self) -> int: ...
     @property
     def nbytes(self) -> int: ...
     def ts_of(self, seqs: "npt.NDArray[np.int64]") -> "npt.NDArray[np.int64]": ...
+    def types_of(self, seqs: "npt.NDArray[np.int64]") -> "npt.NDArray[np.int32]": ...  # -1: not given
     def ids_of(self, seqs: "npt.NDArray[np.int64]") -> "npt.NDArray[np.int64]": ...  # -1 stays -1
     def cell(self, seq: int, a: int) -> tuple[int, float]: ...  # (kind, value)
     def dump(
         self,
     ) -> tuple[
         "npt.NDArray[np.int64]", "npt.NDArray[np.int64]", "npt.NDArray[np.int64]",
-        "npt.NDArray[np.float64]", "npt.NDArray[np.int8]",
-    ]: ...  # (seqs, ts, ids, val, kind)
+        "npt.NDArray[np.float64]", "npt.NDArray[np.int8]", "npt.NDArray[np.int32]",
+    ]: ...  # (seqs, ts, ids, val, kind, types)
     def string_codes(self) -> "npt.NDArray[np.int64]": ...
     def load(self, base: int, ts: "npt.ArrayLike", ids: "npt.ArrayLike", val: "npt.ArrayLike",
-             kind: "npt.ArrayLike") -> None: ...
+             kind: "npt.ArrayLike", types: "npt.ArrayLike | None" = None) -> None: ...
 
 def py_eval(
     st: EventStore,

@@ -45,6 +45,7 @@ cdef class EventStore:
     def __cinit__(self, idx_t n_attrs):
         self.ts = NULL
         self.ids = NULL
+        self.type_code = NULL
         self.val = NULL
         self.kind = NULL
         self.n_attrs = n_attrs
@@ -58,6 +59,7 @@ cdef class EventStore:
     def __dealloc__(self):
         free(self.ts)
         free(self.ids)
+        free(self.type_code)
         free(self.val)
         free(self.kind)
 
@@ -75,11 +77,13 @@ cdef class EventStore:
             return 0
         cdef int64_t* ts = <int64_t*>malloc(cap * sizeof(int64_t))
         cdef int64_t* ids = <int64_t*>malloc(cap * sizeof(int64_t))
+        cdef int32_t* type_ = <int32_t*>malloc(cap * sizeof(int32_t))
         cdef double* val = <double*>malloc(cap * na * sizeof(double))
         cdef int8_t* kind = <int8_t*>malloc(cap * na * sizeof(int8_t))
-        if ts == NULL or ids == NULL or val == NULL or kind == NULL:
+        if ts == NULL or ids == NULL or type_ == NULL or val == NULL or kind == NULL:
             free(ts)
             free(ids)
+            free(type_)
             free(val)
             free(kind)
             with gil:
@@ -89,22 +93,29 @@ cdef class EventStore:
             r_new = <idx_t>(s & (cap - 1))
             ts[r_new] = self.ts[r_old]
             ids[r_new] = self.ids[r_old]
+            type_[r_new] = self.type_code[r_old]
             memcpy(&val[r_new * na], &self.val[r_old * na], na * sizeof(double))
             memcpy(&kind[r_new * na], &self.kind[r_old * na], na * sizeof(int8_t))
         free(self.ts)
         free(self.ids)
+        free(self.type_code)
         free(self.val)
         free(self.kind)
-        self.ts, self.ids, self.val, self.kind = ts, ids, val, kind
+        self.ts, self.ids, self.type_code, self.val, self.kind = ts, ids, type_, val, kind
         self.cap, self.mask = cap, cap - 1
         return 0
 
     def append(self, const int64_t[::1] ts, const int64_t[::1] ids,
-               const double[:, ::1] val, const int8_t[:, ::1] kind):
-        """Store n events (in ts order); returns the sequence number of the first."""
+               const double[:, ::1] val, const int8_t[:, ::1] kind,
+               const int32_t[::1] types=None):
+        """Store n events (in ts order); returns the sequence number of the first.
+        ``types``: their type codes (None: -1, unknown), which a replay of the stored
+        events reads (``types_of``)."""
         cdef idx_t n = ts.shape[0], i, a, r
         cdef idx_t na = self.n_attrs
-        if ids.shape[0] != n or val.shape[0] != n or kind.shape[0] != n:
+        cdef bint typed = types is not None
+        if ids.shape[0] != n or val.shape[0] != n or kind.shape[0] != n or \
+                (typed and types.shape[0] != n):
             raise ValueError("append: columns disagree in length")
         if n and na and (val.shape[1] != na or kind.shape[1] != na):
             raise ValueError(f"append: expected {na} attribute columns, got {val.shape[1]}")
@@ -115,6 +126,7 @@ cdef class EventStore:
                 r = self.row(self.next_seq)
                 self.ts[r] = ts[i]
                 self.ids[r] = ids[i]
+                self.type_code[r] = types[i] if typed else -1
                 for a in range(na):
                     self.val[r * na + a] = val[i, a]
                     self.kind[r * na + a] = kind[i, a]
@@ -136,7 +148,7 @@ cdef class EventStore:
 
     @property
     def nbytes(self):
-        return self.cap * (16 + (self.n_attrs or 1) * 9)
+        return self.cap * (20 + (self.n_attrs or 1) * 9)
 
     def ts_of(self, const int64_t[::1] seqs):
         out = np.empty(seqs.shape[0], dtype=np.int64)
@@ -145,6 +157,16 @@ cdef class EventStore:
         for i in range(seqs.shape[0]):
             self._check(seqs[i])
             o[i] = self.ts[self.row(seqs[i])]
+        return out
+
+    def types_of(self, const int64_t[::1] seqs):
+        """The type codes the events were stored with (-1: not given)."""
+        out = np.empty(seqs.shape[0], dtype=np.int32)
+        cdef int32_t[::1] o = out
+        cdef idx_t i
+        for i in range(seqs.shape[0]):
+            self._check(seqs[i])
+            o[i] = self.type_code[self.row(seqs[i])]
         return out
 
     def ids_of(self, const int64_t[:, ::1] seqs):
@@ -178,21 +200,24 @@ cdef class EventStore:
             raise IndexError(f"event {seq} is not in the store ({self.base}..{self.next_seq - 1})")
 
     def dump(self):
-        """The stored events as arrays (ts, ids, val[n, a], kind[n, a]), oldest first."""
+        """The stored events as arrays (seqs, ts, ids, val[n, a], kind[n, a], types),
+        oldest first."""
         cdef idx_t n = <idx_t>(self.next_seq - self.base), i
         seqs = np.arange(self.base, self.next_seq, dtype=np.int64)
         ts = np.empty(n, np.int64)
         ids = np.empty(n, np.int64)
+        types = np.empty(n, np.int32)
         val = np.empty((n, self.n_attrs), np.float64)
         kind = np.empty((n, self.n_attrs), np.int8)
         for i in range(n):
             r = self.row(self.base + i)
             ts[i] = self.ts[r]
             ids[i] = self.ids[r]
+            types[i] = self.type_code[r]
             for a in range(self.n_attrs):
                 val[i, a] = self.val[r * self.n_attrs + a]
                 kind[i, a] = self.kind[r * self.n_attrs + a]
-        return seqs, ts, ids, val, kind
+        return seqs, ts, ids, val, kind, types
 
     def string_codes(self):
         """Dictionary codes of the retained events' string cells (repeats included):
@@ -209,13 +234,14 @@ cdef class EventStore:
                         k += 1
         return out[:k]
 
-    def load(self, int64_t base, ts, ids, val, kind):
+    def load(self, int64_t base, ts, ids, val, kind, types=None):
         """Replace the contents by a dump (restore); the first event gets seq ``base``."""
         self.base = base
         self.next_seq = base
         self.append(np.ascontiguousarray(ts, np.int64), np.ascontiguousarray(ids, np.int64),
                     np.ascontiguousarray(val, np.float64).reshape(len(ts), self.n_attrs),
-                    np.ascontiguousarray(kind, np.int8).reshape(len(ts), self.n_attrs))
+                    np.ascontiguousarray(kind, np.int8).reshape(len(ts), self.n_attrs),
+                    None if types is None else np.ascontiguousarray(types, np.int32))
 
 
 cdef inline bint _load(EventStore st, int64_t seq, int32_t attr, int8_t* k, double* v) noexcept nogil:

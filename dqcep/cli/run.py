@@ -10,6 +10,8 @@ from dqcep.events import MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET
 from dqcep.numbers import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
                            POSITIVE)
 
+ADAPT_DEFAULT = "off"  # dqcep run --adapt
+
 
 def add_parser(sub) -> None:
     """``dqcep run`` and the streaming service's options."""
@@ -37,6 +39,11 @@ def add_parser(sub) -> None:
                      "only), or the reference matcher (simple and exact, holds the whole "
                      "input)")
     planner_options(run, "native: ")
+    run.add_argument("--adapt", choices=("on", "off"), default=ADAPT_DEFAULT,
+                     help="native: measure each query's time while it runs and move a "
+                     "skip-till-any-match SEQ between joins and one chain where the other "
+                     f"measures faster (default {ADAPT_DEFAULT}; same matches either way; "
+                     "docs/planner.md)")
     run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                      help="native, sase: events may arrive up to MS ms out of event-time order "
                      "(a K-slack buffer); later ones are counted and left out (default 0)")
@@ -156,8 +163,9 @@ def command(args) -> int:
         raise UserError("--chunk-size must be >= 1")
     if args.engine == "native":
         warn_plan(query_file, load_rates(args.rates))
-    if args.engine != "native" and (args.materialize != "always" or args.rates):
-        raise UserError("--materialize and --rates plan the native engine's joins; "
+    if args.engine != "native" and (args.materialize != "always" or args.rates
+                                    or args.adapt != ADAPT_DEFAULT):
+        raise UserError("--materialize, --rates and --adapt plan the native engine's joins; "
                         f"--engine {args.engine} has none")
     from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
     from dqcep.runtime.pipeline import BadEvents, Pipeline
@@ -194,19 +202,27 @@ def command(args) -> int:
                                     schemas=query_file.schemas, tables=query_file.tables,
                                     lookup_source=tables)
             else:
-                from dqcep.plan import build_plan
-                from dqcep.runtime import Engine
-
                 rates = load_rates(args.rates)
                 if not rates and args.materialize == "auto":  # measured on the input
                     from dqcep.io.readers import sample_rates
                     rates = sample_rates(args.input, args.format)
-                engine = Engine(build_plan(queries, rates,
-                                           materialize=args.materialize,
-                                           schemas=query_file.schemas,
-                                           tables=query_file.tables),
-                                lateness=args.lateness, lookup_source=tables,
-                                budget=args.max_partial_matches)
+                if args.adapt == "on":
+                    from dqcep.runtime.adapt import AdaptiveEngine
+
+                    engine = AdaptiveEngine(queries, rates=rates, materialize=args.materialize,
+                                            schemas=query_file.schemas,
+                                            tables=query_file.tables, lateness=args.lateness,
+                                            lookup_source=tables,
+                                            budget=args.max_partial_matches)
+                else:
+                    from dqcep.plan import build_plan
+                    from dqcep.runtime import Engine
+
+                    engine = Engine(build_plan(queries, rates, materialize=args.materialize,
+                                               schemas=query_file.schemas,
+                                               tables=query_file.tables),
+                                    lateness=args.lateness, lookup_source=tables,
+                                    budget=args.max_partial_matches)
             from dqcep.runtime import ReturnValues
             returns = ReturnValues(queries, engine, query_file.tables, tables) \
                 if args.returns else None
@@ -325,13 +341,17 @@ def _report_rejected(rejected: list[tuple[int, str]], bad, source: str) -> None:
 def _print_stats(engine, seconds: float) -> None:
     out = sys.stderr
     print(f"{'vertex':<7} {'operator':<24} {'inputs':>10} {'outputs':>10} "
-          f"{'queue-hw':>9} {'evictions':>10}", file=out)
+          f"{'queue-hw':>9} {'evictions':>10} {'ms':>9}", file=out)
     for r in engine.vertex_stats():
+        ms = f"{r['ms']:.1f}" if "ms" in r else "-"  # the native engine's vertices' time
         print(f"v{r['vertex']:<6} {r['operator'][:24]:<24} {r['inputs']:>10} "
-              f"{r['outputs']:>10} {r['queue_high_water']:>9} {r['evictions']:>10}", file=out)
+              f"{r['outputs']:>10} {r['queue_high_water']:>9} {r['evictions']:>10} "
+              f"{ms:>9}", file=out)
     rate = engine.events_in / seconds if seconds > 0 else 0.0
     print(f"events: {engine.events_in} in {seconds:.3f} s ({rate:,.0f} events/s); late "
           f"{engine.late}; peak state {engine.peak_state_bytes} bytes", file=out)
+    for move in getattr(engine, "moves", ()):  # --adapt on
+        print(f"adapt: {move}", file=out)
 
 
 def _report_stopped(stopped: list[tuple[str, str]]) -> int:

@@ -9,7 +9,7 @@
 from dqcep.plan.bytecode import Op, Predicate
 from dqcep.plan.explain import explain_dot, explain_text
 from dqcep.plan.orthogonal import Kind, OrthogonalList, Port, VertexView
-from dqcep.plan.planner import GuardSpec, LeafFilter, Plan, QuerySpec, build_plan
+from dqcep.plan.planner import GuardSpec, LeafFilter, Plan, QuerySpec, build_plan, switchable
 
-__all__ = ["build_plan", "Plan", "QuerySpec", "GuardSpec", "LeafFilter", "Kind", "Port",
+__all__ = ["build_plan", "switchable", "Plan", "QuerySpec", "GuardSpec", "LeafFilter", "Kind", "Port",
            "OrthogonalList", "VertexView", "Predicate", "Op", "explain_text", "explain_dot"]

@@ -544,6 +544,8 @@ class _QueryPlanner:
 
 
 MAX_CHAIN_SLOTS = 32  # dqcep._kernels.chains
+# how a query under skip-till-any-match may run: DAG joins, or one chain (a RUN vertex)
+CONSTRUCTIONS = ("joins", "chain")
 
 
 def chain_order(kleene: Sequence[bool]) -> list[int]:
@@ -777,7 +779,8 @@ class _Interner:
 def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = None,
                materialize: str = ALWAYS, schemas: Sequence[ast.EventSchema] = (),
                tables: Sequence[ast.LookupTable] = (), types: Sequence[str] = (),
-               epochs: dict[str, int] | None = None) -> Plan:
+               epochs: dict[str, int] | None = None,
+               constructions: dict[str, str] | None = None) -> Plan:
     """Plan every query of a file into one shared DAG; ``materialize`` (always, auto,
     on-demand) decides which SEQ vertices keep their records (plan/joins.py). The
     default keeps them all (on demand pays only where the parent's right input is
@@ -787,7 +790,9 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
     ``types``: event types the plan's type list starts with (a running engine's, whose
     stored events keep their type codes); ``epochs``: per query added to a running
     engine, a number of its own (the journal offset it was added at): its NOT and RUN
-    vertices are then its own, shared with no other query."""
+    vertices are then its own, shared with no other query. ``constructions``: per
+    query name, ``joins`` or ``chain`` decided elsewhere (a running engine's measured
+    choice, ``dqcep.runtime.adapt``); it overrides ``materialize`` for that query."""
     declared = {t.name: t for t in tables}
     queries, lookups = resolve_all(queries, declared)
     cost = CostModel(dict(rates or {}))
@@ -795,8 +800,8 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
     specs = []
     sharing = _sharing(queries, cost, types) if materialize == AUTO else {}
     for q in queries:
-        qp, root_tree, output_guards, construction, why = _choose(q, cost, materialize,
-                                                                  sharing.get(q.name))
+        qp, root_tree, output_guards, construction, why = _choose(
+            q, cost, materialize, sharing.get(q.name), (constructions or {}).get(q.name))
         interner.kleene, interner.strategy = qp.kleene, q.strategy
         interner.epoch = (epochs or {}).get(q.name, 0)
         w = q.within.ms
@@ -856,11 +861,21 @@ def _sharing(queries: Sequence[ast.Query], cost: CostModel, types) -> dict[str, 
     return out
 
 
-def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] | None = None):
+def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] | None = None,
+            measured: str | None = None):
     """How a query runs: as joins or as one chain (forced by ``chain`` / the other
     modes, chosen by the estimated work under ``auto`` unless its joins are shared with
-    ``shares``). Returns its planner, tree, OUTPUT guards, the choice and why."""
+    ``shares``, or ``measured`` by a running engine). Returns its planner, tree, OUTPUT
+    guards, the choice and why."""
     eligible = chain_eligible(q)
+    if measured is not None:
+        if measured not in CONSTRUCTIONS:
+            raise ValueError(f"a query runs as {' or '.join(CONSTRUCTIONS)}, not {measured!r}")
+        if not eligible:
+            raise ValueError(f"query {q.name} cannot run as a chain: it runs as it is planned")
+        qp = _QueryPlanner(q, cost, chain=measured == "chain")
+        root, guards = qp.plan()
+        return qp, root, guards, measured, f"{measured} (measured faster while running)"
     if not eligible or materialize not in (AUTO, CHAIN):
         qp = _QueryPlanner(q, cost)
         root, guards = qp.plan()
@@ -885,6 +900,16 @@ def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] |
         root, guards = chain.plan()
         return chain, root, guards, "chain", f"chain ({figures})"
     return joins, root, guards, "joins", f"joins ({figures})"
+
+
+def switchable(queries: Sequence[ast.Query], tables: Sequence[ast.LookupTable] = (),
+               types: Sequence[str] = ()) -> list[str]:
+    """The queries a running engine may move between joins and a chain: those that
+    can run as a chain whose joins share no operator vertex with another query (a
+    chain is a vertex of its own query; a shared vertex stays one vertex)."""
+    resolved, _ = resolve_all(queries, {t.name: t for t in tables})
+    shared = _sharing(resolved, CostModel({}), types)
+    return [q.name for q in resolved if chain_eligible(q) and q.name not in shared]
 
 
 def _canonical_keys(sigs: list[tuple], types: list[str]) -> tuple:

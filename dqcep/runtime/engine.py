@@ -35,6 +35,7 @@ objects only when asked.
 """
 from __future__ import annotations
 
+from time import perf_counter_ns
 from typing import Iterable
 
 import numpy as np
@@ -87,6 +88,14 @@ class Engine(EventTimeEngine):
         super().__init__(program.types, program.attrs, program.match_queries, lateness, state,
                          program.plan.schemas, program.plan.lookups, program.plan.tables,
                          lookup_source)
+        self.budget, self.stop_over_budget = budget, stop_over_budget
+        self._stopped_news: list[tuple[str, str]] = []  # (query, why), for take_stopped
+        self._bind(program)
+
+    def _bind(self, program: Program) -> None:
+        """What the engine derives from its program (and ``self.state``): set at the
+        start, and again when a query changes how it runs (``dqcep.runtime.adapt``,
+        which hands in a program of the same queries, types and attribute columns)."""
         self.program = program
         self.plan = program.plan
         self.store_retention = program.store_retention
@@ -100,8 +109,6 @@ class Engine(EventTimeEngine):
         # once stream order is known
         self._chains = [v for v, r in program.runs.items() if isinstance(r.spec, ChainSpec)]
         self._waiting_runs = [v for v in program.runs if v not in self._chains]
-        self.budget, self.stop_over_budget = budget, stop_over_budget
-        self._stopped_news: list[tuple[str, str]] = []  # (query, why), for take_stopped
         self._budget_state()
 
     stats = property(lambda self: self.state.stats, doc="``self.state.stats``")
@@ -149,36 +156,48 @@ class Engine(EventTimeEngine):
                 for p in self.state.policies.values() if p.waiting]
         return min(due) if due else None
 
-    def _match(self, seqs, ts, types) -> MatchBatch:
+    def _match(self, seqs, ts, types, only: frozenset[int] | None = None) -> MatchBatch:
+        """The matches stored events make (seqs, in ts order). ``only``: a replay
+        (``dqcep.runtime.adapt``) that builds the state of these vertices alone (a
+        query's, closed under children) and emits nothing. Each vertex's time goes to
+        its ``VertexStats.ns``."""
         out = MatchBatch(self.match_queries)
         delta: dict[int, Records] = {}
         prog, state = self.program, self.state
         stats = state.stats
         inputs, taken = prog.leaves.route(state.store, seqs, ts, types)
         for v in prog.topo:
+            if only is not None and v not in only:
+                continue
             k = prog.kind[v]
             if v in self._dead:  # every query reading it was stopped by its budget
                 delta[v] = Records.empty(prog.n_slots[v])
                 self._new_inputs.pop(v, None)
                 continue
+            began = perf_counter_ns()
             try:
                 recs = self._vertex(v, k, delta, inputs, taken)
             except StateBudgetExceeded as err:
                 self._stop(v, err)
                 recs = Records.empty(prog.n_slots[v])
+            stats[v].ns += perf_counter_ns() - began
             if recs is None:
                 continue
             delta[v] = recs
             stats[v].outputs += len(recs)
-        if self._waiting_runs:
-            state.run_pending = wait_for_stream_order(state.run_pending, state.store, seqs,
-                                                      ts, types)
-        for q in prog.queries:
-            if q.spec.root in delta:
-                out += self._output(q, delta[q.spec.root])
+        if only is None:
+            if self._waiting_runs:
+                state.run_pending = wait_for_stream_order(state.run_pending, state.store,
+                                                          seqs, ts, types)
+            for q in prog.queries:
+                if q.spec.root in delta:
+                    began = perf_counter_ns()
+                    out += self._output(q, delta[q.spec.root])
+                    stats[q.spec.output].ns += perf_counter_ns() - began
         if self._chains:
-            out += self._step_chains(seqs, ts, types)
-        self._measure_state()
+            out += self._step_chains(seqs, ts, types, only)
+        if only is None:
+            self._measure_state()
         return out
 
     def _vertex(self, v: int, k, delta: dict[int, Records], inputs, taken) -> Records | None:
@@ -286,15 +305,21 @@ class Engine(EventTimeEngine):
         if ready is None:
             return out
         for v in self._waiting_runs:
+            began = perf_counter_ns()
             out += self._run_vertex(v, *ready)
+            state.stats[v].ns += perf_counter_ns() - began
         return out
 
-    def _step_chains(self, seqs, ts, types) -> MatchBatch:
+    def _step_chains(self, seqs, ts, types, only: frozenset[int] | None = None) -> MatchBatch:
         """The chains take the events as they are stored: in ts order, which is all
-        they read (they pair no two events of equal ts), so they wait for nothing."""
+        they read (they pair no two events of equal ts), so they wait for nothing.
+        ``only``: those of a replay (``_match``)."""
         out = MatchBatch(self.match_queries)
         for v in self._chains:
-            out += self._run_vertex(v, seqs, ts, types)
+            if only is None or v in only:
+                began = perf_counter_ns()
+                out += self._run_vertex(v, seqs, ts, types)
+                self.state.stats[v].ns += perf_counter_ns() - began
         return out
 
     def _run_vertex(self, v: int, seqs, ts, types) -> MatchBatch:
@@ -635,21 +660,9 @@ class Engine(EventTimeEngine):
         """Release held matches that are due, then evict what the watermark made useless."""
         prog, state, wm = self.program, self.state, self.wm
         out = self._step_runs(wm)
-        for v, run in prog.runs.items():  # runs of keys no event came for
-            if wm - self._swept_at.setdefault(v, wm) >= run.window:
-                state.stats[v].evictions += state.runs[v].evict_start_before(wm - run.window)
-                self._swept_at[v] = wm
         for q in prog.queries:
             out += self._release_held(q, wm)
-        for queues in (state.left_q, state.right_q):
-            for v, queue in queues.items():
-                state.stats[v].evictions += queue.py_evict_end_before(
-                    wm - int(prog.queue_window[v]))
-        for v, store in state.not_store.items():
-            state.stats[v].evictions += store.evict_before(
-                wm - 2 * self.plan.guard[v].window_ms - 1)
-        for v, growing in state.growing.items():  # no list ending before can grow
-            state.stats[v].evictions += growing.py_evict_end_before(wm - prog.kleene[v].window)
+        self._evict_vertices(wm)
         out += self._decide(wm)
         held_start = min((int(p.start.min()) for p in state.pending if len(p)), default=wm)
         for table in (state.fresh_since, state.excluded):
@@ -662,6 +675,25 @@ class Engine(EventTimeEngine):
         if state.lists is not None:  # a list in a queue or held starts after this
             state.lists.py_evict_end_before(min(wm - prog.store_retention, held_start))
         return out
+
+    def _evict_vertices(self, wm: int) -> None:
+        """The vertices let go of what no match can use once every event to come has
+        ts >= ``wm``: queue records, negated matches, lists that can no longer grow,
+        runs (chains' stacks) that started a window ago."""
+        prog, state = self.program, self.state
+        for v, run in prog.runs.items():  # runs of keys no event came for
+            if wm - self._swept_at.setdefault(v, wm) >= run.window:
+                state.stats[v].evictions += state.runs[v].evict_start_before(wm - run.window)
+                self._swept_at[v] = wm
+        for queues in (state.left_q, state.right_q):
+            for v, queue in queues.items():
+                state.stats[v].evictions += queue.py_evict_end_before(
+                    wm - int(prog.queue_window[v]))
+        for v, store in state.not_store.items():
+            state.stats[v].evictions += store.evict_before(
+                wm - 2 * self.plan.guard[v].window_ms - 1)
+        for v, growing in state.growing.items():  # no list ending before can grow
+            state.stats[v].evictions += growing.py_evict_end_before(wm - prog.kleene[v].window)
 
     # ---------------------------------------------------------- introspection
     def state_bytes(self) -> int:
@@ -700,7 +732,7 @@ class Engine(EventTimeEngine):
                 label += " (on demand)"
             rows.append({"vertex": v, "operator": label, "inputs": st.inputs,
                          "outputs": st.outputs, "queue_high_water": high,
-                         "evictions": st.evictions})
+                         "evictions": st.evictions, "ms": st.ns / 1e6})
         return rows
 
     # ------------------------------------------------------------- snapshots

@@ -492,11 +492,12 @@ class EventTimeEngine:
             # strategy needs to see every event)
             used = types >= 0 if not self.every_event else np.ones(len(types), bool)
             if used.any():
+                used_types = np.ascontiguousarray(types[used], np.int32)
                 first = self.store.append(ts[used], ids[used],
                                           np.ascontiguousarray(val[used]),
-                                          np.ascontiguousarray(kind[used]))
+                                          np.ascontiguousarray(kind[used]), used_types)
                 seqs = np.arange(first, first + int(used.sum()), dtype=np.int64)
-                out += self._match(seqs, ts[used], np.ascontiguousarray(types[used], np.int32))
+                out += self._match(seqs, ts[used], used_types)
             last = int(ts[-1])
             if self.wm is None or last > self.wm:
                 self.wm = last

@@ -73,10 +73,10 @@ def carry_over(old: EngineState, old_prog: Program, new_prog: Program,
     # what every engine over event time holds: the events, their strings, the buffer
     # every code the engine has given stays; the new constants have the program's
     state.dictionary = StringDictionary(new_prog.constants, len(new_prog.constants))
-    seqs, ts, ids, val, kind = old.store.dump()
+    seqs, ts, ids, val, kind, types = old.store.dump()
     state.store = EventStore(width)
     state.store.load(old.store.base, ts, ids, _widen(val, width, 0.0),
-                     _widen(kind, width, 0))
+                     _widen(kind, width, 0), types)
     state.buffer = [(b_ts, b_ids, b_types, _widen(b_val, width, 0.0), _widen(b_kind, width, 0))
                     for b_ts, b_ids, b_types, b_val, b_kind in old.buffer]
     state.type_counts[:len(old.type_counts)] = old.type_counts
@@ -85,32 +85,10 @@ def carry_over(old: EngineState, old_prog: Program, new_prog: Program,
     state.events_in, state.late, state.late_ids = old.events_in, old.late, old.late_ids
     state.peak_state_bytes, state.sweep_at = old.peak_state_bytes, old.sweep_at
     state.run_pending = old.run_pending
-    # the vertices: by what they compute
-    old_of = {key: v for v, key in enumerate(old_prog.plan.keys)}
-    for v, key in enumerate(new_prog.plan.keys):
-        u = old_of.get(key)
-        if u is None:
-            continue
-        for name in ("left_q", "right_q", "not_store", "growing", "runs"):
-            mine, theirs = getattr(state, name), getattr(old, name)
-            if u in theirs and v in mine:
-                mine[v] = theirs[u]
-        state.stats[v] = old.stats[u]
+    old_of = state.take_vertices(old, old_prog, new_prog)  # by what they compute
     if old.lists is not None and state.lists is not None:
-        state.lists = _lists(old.lists, old_prog.list_aggs, new_prog.list_aggs)
-    # the queries: by name
-    old_index = {q.name: q.index for q in old_prog.queries}
-    for q in new_prog.queries:
-        i = old_index.get(q.name)
-        if i is None:
-            continue
-        state.pending[q.index] = old.pending[i]
-        if i in old.policies and q.index in state.policies:
-            state.policies[q.index] = old.policies[i]
-        if i in old.stopped:
-            state.stopped[q.index] = old.stopped[i]
-        if i in old.fresh_since:
-            state.fresh_since[q.index] = old.fresh_since[i]
+        state.lists = list_store_for(old.lists, old_prog.list_aggs, new_prog.list_aggs)
+    state.take_queries(old, old_prog, new_prog)  # by name
     boundary = old.store.base + len(seqs)  # the seq the next stored event gets
     buffered = np.unique(np.concatenate([b[1] for b in old.buffer] + [np.zeros(0, np.int64)]))
     last = max((int(b[0].max()) for b in old.buffer if len(b[0])), default=-1)
@@ -126,7 +104,7 @@ def carry_over(old: EngineState, old_prog: Program, new_prog: Program,
     return state
 
 
-def _lists(old: ListStore, old_aggs, new_aggs) -> ListStore:
+def list_store_for(old: ListStore, old_aggs, new_aggs) -> ListStore:
     """The list nodes under the new program's aggregated columns: a column both keep
     is carried, a new one is unknown in the old nodes (a list built on them holds an
     event from before the change, which no added query may match)."""

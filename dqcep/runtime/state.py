@@ -86,6 +86,7 @@ class VertexStats:
     inputs: int = 0
     outputs: int = 0
     evictions: int = 0
+    ns: int = 0  # time spent in it (dqcep.runtime.adapt compares a query's constructions by it)
 
 
 @dataclass
@@ -138,6 +139,39 @@ class EngineState(TimeState):
                           if q.spec.after_match is not None}
         return state
 
+    def take_vertices(self, old: "EngineState", old_prog, new_prog) -> dict:
+        """Each vertex of ``new_prog`` that ``old_prog`` had (the same ``Plan.keys``
+        entry: what it computes, whatever its number) takes ``old``'s queues, NOT
+        store, lists, runs and counters; the others stay as they are. Returns the old
+        programs' vertices by key."""
+        old_of = {key: v for v, key in enumerate(old_prog.plan.keys)}
+        for v, key in enumerate(new_prog.plan.keys):
+            u = old_of.get(key)
+            if u is None:
+                continue
+            for name in ("left_q", "right_q", "not_store", "growing", "runs"):
+                mine, theirs = getattr(self, name), getattr(old, name)
+                if u in theirs and v in mine:
+                    mine[v] = theirs[u]
+            self.stats[v] = old.stats[u]
+        return old_of
+
+    def take_queries(self, old: "EngineState", old_prog, new_prog) -> None:
+        """Each query of ``new_prog`` that ``old_prog`` ran (by name) takes ``old``'s
+        held matches, after-match policy state, budget stop and live boundary."""
+        old_index = {q.name: q.index for q in old_prog.queries}
+        for q in new_prog.queries:
+            i = old_index.get(q.name)
+            if i is None:
+                continue
+            self.pending[q.index] = old.pending[i]
+            if i in old.policies and q.index in self.policies:
+                self.policies[q.index] = old.policies[i]
+            if i in old.stopped:
+                self.stopped[q.index] = old.stopped[i]
+            if i in old.fresh_since:
+                self.fresh_since[q.index] = old.fresh_since[i]
+
     def vertex_nbytes(self) -> dict[int, int]:
         """Bytes held per vertex: its queues, NOT store, growing lists and runs (the
         event store, the list nodes and held matches belong to no one vertex)."""
@@ -175,18 +209,19 @@ class EngineState(TimeState):
             s, e, k, ids = q.records.to_arrays()
             return [int(q.evicted), arr(s), arr(e), arr(k), arr(ids[:, :q.n_ids])]
 
-        _, ts, ids, val, kind = self.store.dump()
+        _, ts, ids, val, kind, types = self.store.dump()
         body = {
             "plan": fingerprint,
             "wm": self.wm, "max_seen": self.max_seen, "lateness": self.lateness,
             "dictionary": self.dictionary.values,
-            "store": [int(self.store.base), arr(ts), arr(ids), arr(val), arr(kind)],
+            "store": [int(self.store.base), arr(ts), arr(ids), arr(val), arr(kind), arr(types)],
             "buffer": [[arr(c) for c in b] for b in self.buffer],
             "left": {str(v): queue(q) for v, q in self.left_q.items()},
             "right": {str(v): queue(q) for v, q in self.right_q.items()},
             "not": {str(v): recs(Records.from_ring(s)) for v, s in self.not_store.items()},
             "pending": [recs(p) for p in self.pending],
-            "stats": {str(v): [s.inputs, s.outputs, s.evictions] for v, s in self.stats.items()},
+            "stats": {str(v): [s.inputs, s.outputs, s.evictions, s.ns]
+                      for v, s in self.stats.items()},
             "counters": [self.events_in, self.late],
             "lists": _dumped(self.lists, arr),
             "growing": {str(v): queue(q) for v, q in self.growing.items()},
@@ -227,8 +262,9 @@ class EngineState(TimeState):
         state = cls.fresh(program, body["lateness"])
         state.wm, state.max_seen = body["wm"], body["max_seen"]
         state.dictionary = StringDictionary(body["dictionary"], len(program.constants))
-        base, ts, ids, val, kind = body["store"]
-        state.store.load(base, view(ts), view(ids), view(val), view(kind))
+        base, ts, ids, val, kind, *types = body["store"]  # no types: a snapshot before them
+        state.store.load(base, view(ts), view(ids), view(val), view(kind),
+                         view(types[0]) if types else None)
         state.buffer = [tuple(arr(c) for c in b) for b in body["buffer"]]
         for side, queues in (("left", state.left_q), ("right", state.right_q)):
             for v_str, (evicted, s, e, k, ids_) in body[side].items():
@@ -237,8 +273,8 @@ class EngineState(TimeState):
         for v_str, r in body["not"].items():
             state.not_store[int(v_str)] = Records(*(view(x) for x in r)).ring()
         state.pending = [Records(*(arr(x) for x in r)) for r in body["pending"]]
-        for v_str, (i, o, e) in body["stats"].items():
-            state.stats[int(v_str)] = VertexStats(i, o, e)
+        for v_str, counters in body["stats"].items():  # (no ns in a snapshot before it)
+            state.stats[int(v_str)] = VertexStats(*counters)
         state.events_in, state.late = body["counters"]
         if body.get("lists") is not None:
             evicted, *columns = body["lists"]
