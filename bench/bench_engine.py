@@ -10,6 +10,13 @@ memory growth). The reference matcher runs at the smallest size only.
 
     python3 bench/bench_engine.py                       # the full table (10^5..10^7)
     python3 bench/bench_engine.py --sizes 100000 --workloads W1,W4
+    python3 bench/bench_engine.py --adapt      # as dqcep run on a file runs them
+    python3 bench/bench_engine.py --adapt --materialize auto
+
+``--adapt``: each native engine is what ``dqcep run`` runs on a file
+(``AdaptiveEngine``, moving queries between joins and a chain as it measures them),
+starting from ``--materialize`` (default ``always``, as dqcep run; ``auto`` gets the
+stream's rates), not a bare ``Engine``.
 
 Workloads (window ~1000 events, 100 keys):
   W1  SEQ(T0 a, T1 b) WHERE [key] WITHIN 1 s
@@ -47,12 +54,12 @@ def stream(types: int, events: int):
     return generate(cfg, CHUNK)
 
 
-def run_native(plans, types: int, events: int) -> tuple[float, int, int]:
-    """(seconds in the engines, matches, peak state bytes) over one stream."""
+def run_native(make, types: int, events: int) -> tuple[float, int, int]:
+    """(seconds in the engines, matches, peak state bytes) over one stream; ``make``
+    gives fresh engines."""
     from dqcep.experiments.point import feed
-    from dqcep.runtime import Engine
 
-    return feed([Engine(p) for p in plans], stream(types, events))
+    return feed(make(), stream(types, events))
 
 
 def point(workload: str, events: int, mode: str, repeat: int) -> dict:
@@ -70,10 +77,20 @@ def point(workload: str, events: int, mode: str, repeat: int) -> dict:
         n = len(ReferenceMatcher(queries).run(events_list))
         busy, state = time.perf_counter() - t0, 0
     else:
-        plans = [build_plan(queries)] if mode == "shared" else [build_plan([q]) for q in queries]
+        from dqcep.runtime import Engine
+        groups = [queries] if mode.startswith("shared") else [[q] for q in queries]
+        plans = [build_plan(g) for g in groups]
+        rates = {f"T{i}": 1000 / types for i in range(types)}
+        materialize = mode.split(":")[-1]  # +adapt:MODE
+
+        def make():
+            if "+adapt" in mode:
+                from dqcep.runtime.adapt import AdaptiveEngine
+                return [AdaptiveEngine(g, rates=rates, materialize=materialize) for g in groups]
+            return [Engine(p) for p in plans]
         best = None
         for _ in range(repeat):
-            busy, n, state = run_native(plans, types, events)
+            busy, n, state = run_native(make, types, events)
             best = busy if best is None else min(best, busy)
         busy = best
     vertices = 0
@@ -102,6 +119,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="native runs per point (best kept)")
     ap.add_argument("--no-reference", action="store_true",
                     help="skip the reference matcher (it needs minutes at 10^5 events for W4)")
+    ap.add_argument("--adapt", action="store_true",
+                    help="native: dqcep run's engine on a file (AdaptiveEngine)")
+    ap.add_argument("--materialize", default="always", help="with --adapt: the start plans")
     ap.add_argument("--point", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.point:
@@ -119,8 +139,11 @@ def main(argv=None) -> None:
                                  else []):
                 if mode == "separate" and n > sizes[min(1, len(sizes) - 1)]:
                     continue  # 50 separate engines: two sizes are enough for the ratio
-                r = measure(w, n, mode, 1 if mode == "reference" else args.repeat)
+                adapt = f"+adapt:{args.materialize}" if args.adapt else ""
+                r = measure(w, n, mode + ("" if mode == "reference" else adapt),
+                            1 if mode == "reference" else args.repeat)
                 rows.append(r)
+                r["mode"] = mode  # (without +adapt)
                 label = {"shared": "native", "separate": "native/50", "reference": "reference"}
                 print(f"{w:8} {n:>9} {label[mode]:10} {r['events_per_s']:>12,.0f} "
                       f"{r['matches']:>11} {r['state_bytes'] / 1e6:>9.2f} "

@@ -7,6 +7,9 @@ them is not timed; ``process`` over batches of ``--chunk`` events, then ``flush`
 
 - ``native``: the plan ``--materialize`` chooses (default ``auto``, with the
   generator's rates given to the cost model) and the choice it made (joins/chain);
+  with ``--adapt`` an ``AdaptiveEngine`` that starts from that plan and moves the
+  query where it measures the other construction faster (the choice printed is the
+  one it ends with, and ``->`` when it moved);
 - ``joins``: the plan with every join's records kept (``always``, the old default);
 - ``sase``: the SASE-style baseline (``--engine sase``).
 
@@ -63,7 +66,10 @@ def main(argv=None) -> None:
     ap.add_argument("--chunk", type=int, default=4096, help="events per batch")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--materialize", default="auto", help="the native plan's mode")
+    ap.add_argument("--adapt", action="store_true",
+                    help="native: an adaptive engine (dqcep run --adapt on)")
     args = ap.parse_args(argv)
+    from dqcep.runtime.adapt import AdaptiveEngine
     from dqcep.baseline import SaseEngine
     from dqcep.lang import parse
     from dqcep.plan import build_plan
@@ -81,17 +87,25 @@ def main(argv=None) -> None:
             plan = build_plan(queries, rates, materialize=args.materialize)
             joins = build_plan(queries, rates, materialize="always")
             seconds, counts, stopped = {}, {}, set()
+
+            def native():
+                if args.adapt:
+                    return AdaptiveEngine(queries, rates=rates, materialize=args.materialize)
+                return Engine(plan)
+            choice = plan.queries[0].construction
             for _ in range(args.repeat):  # alternating: the machine's noise on all three
-                for engine, make in (("native", lambda: Engine(plan)),
+                for engine, make in (("native", native),
                                      ("joins", lambda: Engine(joins)),
                                      ("sase", lambda: SaseEngine(queries))):
                     s, counts[engine], made = run(make, stream, 1)
                     seconds[engine] = min(seconds.get(engine, s), s)
                     if getattr(made, "stopped", None):
                         stopped.add(engine)
+                    if engine == "native" and getattr(made, "moves", None):
+                        choice = "->" + made.constructions["q"]
             rate = {e: events / s for e, s in seconds.items()}
             same = len({n for e, n in counts.items() if e not in stopped}) == 1
-            print(f"{name:<8} {w:>4} ms {plan.queries[0].construction:<7} "
+            print(f"{name:<8} {w:>4} ms {choice:<7} "
                   f"{rate['native']:>12,.0f} {rate['joins']:>12,.0f} {rate['sase']:>12,.0f} "
                   f"{rate['native'] / rate['sase']:>10.2f}x {rate['joins'] / rate['sase']:>9.2f}x "
                   f"{counts['sase']:>10,}{'' if same else '  MATCHES DIFFER'}"

@@ -3,6 +3,7 @@ the engine runs. The differential tests of test_native, test_policies and
 test_lookups run every query through random moves (``RandomSwitches``); here: what
 may move and when, the state a move hands over, and the decisions, with the
 measurements given (no test reads a clock)."""
+import itertools
 import random
 
 import numpy as np
@@ -15,7 +16,7 @@ from dqcep.plan import switchable
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import MatchBatch
 from dqcep.runtime import adapt
-from dqcep.runtime.adapt import AdaptiveEngine, Trial
+from dqcep.runtime.adapt import OTHER, AdaptiveEngine, Trial
 from tests.test_native import as_set
 
 KLEENE = "QUERY k PATTERN SEQ(A a, B+ b[], C c) WHERE b[i].p > a.p AND c.p < a.p WITHIN 30 ms"
@@ -103,8 +104,8 @@ def test_a_moved_engine_restores_into_one_built_with_its_constructions():
 
 class Measured(AdaptiveEngine):
     """An adaptive engine whose measurements are given: its query's vertices take
-    ``cost[construction]`` ns per stored event, and so does a trial of it (None: the
-    trial went over its cap or the budget). The clocks read 0 (``no_clock``)."""
+    ``cost[construction]`` ns per stored event, and so does a replay of it (None: over
+    the budget). The clocks read 0 (``no_clock``)."""
 
     def __init__(self, queries, cost: dict, **kwargs):
         super().__init__(queries, **kwargs)
@@ -117,12 +118,13 @@ class Measured(AdaptiveEngine):
         self.state.stats[v].ns += int(self.cost[q.spec.construction] * len(seqs))
         return out
 
-    def try_construction(self, name, construction, cap_ns_per_event=None):
-        self.tried.append((construction, cap_ns_per_event))
-        if self.cost[construction] is None:
+    def try_construction(self, name, construction, capped=True, upto=None):
+        self.tried.append((construction, capped))
+        cost = self.cost[construction]
+        if cost is None or (capped and cost > adapt.CAP * self.cost[OTHER[construction]]):
             return None
-        trial = super().try_construction(name, construction)
-        return Trial(trial.program, trial.state, self.cost[construction], trial.events)
+        trial = super().try_construction(name, construction, False, upto)
+        return Trial(trial.program, trial.state, cost, trial.events)
 
 
 @pytest.fixture
@@ -140,30 +142,34 @@ def run(engine, events, size=1000):
     return out
 
 
-def test_the_engine_moves_a_query_when_the_other_construction_measures_faster(no_clock):
+def test_a_faster_construction_is_kept_after_its_probation(no_clock):
     qs = parse(KLEENE).queries
-    events = stream(30_000, seed=5)
+    events = stream(30_000, seed=5)  # 22,500 stored
     engine = Measured(qs, {"joins": 20_000.0, "chain": 1000.0})
     out = run(engine, events)
-    # the first look: LOOK_EVENTS stored events in, the current cost per event its cap;
-    # then the chain is looked at (and kept: joins measure slower)
-    assert engine.tried == [("chain", 20_000.0), ("joins", 1000.0)]
+    # the first look tries the chain, capped by a replay of the joins; the probation
+    # (8192 stored events later) keeps it; the next look is after 8192 more
+    assert engine.tried == [("chain", True)]
     assert engine.constructions == {"k": "chain"}
-    assert engine.looks["k"].switches == 1
+    assert engine.looks["k"].switches == 1 and engine.looks["k"].before is None
+    assert len(engine.moves) == 1 and engine.moves[0].at_event >= adapt.LOOK_EVENTS
+    assert "on probation (20,000 ns/event as joins" in str(engine.moves[0])
     unmoved = run(AdaptiveEngine(qs, adapt=False), events)  # (the reference is slow here)
     assert as_set(out.to_matches()) == as_set(unmoved.to_matches())
 
 
-def test_a_slower_trial_is_dropped_and_the_next_look_waits_twice_as_long(no_clock):
+def test_a_move_slower_on_probation_is_taken_back_and_the_next_look_waits(no_clock):
     qs = parse(KLEENE).queries
-    events = stream(40_000, seed=6)  # 30,000 stored (no query reads D)
-    engine = Measured(qs, {"joins": 2000.0, "chain": 1500.0})  # faster, not GAIN times
-    run(engine, events)
+    events = stream(40_000, seed=6)  # 30,000 stored
+    engine = Measured(qs, {"joins": 2000.0, "chain": 3000.0})  # within the replay's cap
+    out = run(engine, events)
     assert engine.constructions == {"k": "joins"}
     look = engine.looks["k"]
-    # looks after 8192 and 8192 + 16384 stored events (not after every batch)
-    assert look.trials == len(engine.tried) == 2 and look.switches == 0
-    assert look.wait == 4 * adapt.LOOK_EVENTS
+    assert engine.tried == [("chain", True), ("joins", False)]  # moved back: no cap
+    assert look.switches == 2 and look.wait == adapt.BACKOFF * adapt.LOOK_EVENTS
+    assert "3,000 ns/event as chain, 2,000 before" in str(engine.moves[1])
+    unmoved = run(AdaptiveEngine(qs, adapt=False), events)
+    assert as_set(out.to_matches()) == as_set(unmoved.to_matches())
 
 
 def test_cheap_queries_and_adapt_false_are_never_tried(no_clock):
@@ -177,8 +183,48 @@ def test_cheap_queries_and_adapt_false_are_never_tried(no_clock):
     assert cheap.constructions == off.constructions == {"k": "joins"}
 
 
-def test_a_trial_over_its_cap_keeps_the_query_as_it_runs(no_clock):
+def test_a_replay_over_its_cap_or_the_budget_keeps_the_query_as_it_runs(no_clock):
     qs = parse(KLEENE).queries
-    engine = Measured(qs, {"joins": 2000.0, "chain": None})
-    run(engine, stream(20_000, seed=8))
-    assert engine.tried and engine.constructions == {"k": "joins"}
+    for cost in (None, 4001.0):  # the budget; over CAP x 2000
+        engine = Measured(qs, {"joins": 2000.0, "chain": cost})
+        run(engine, stream(20_000, seed=8))
+        assert engine.tried == [("chain", True)]  # the next look: 8 x 4096 stored later
+        assert engine.looks["k"].wait == adapt.BACKOFF * adapt.LOOK_EVENTS
+        assert engine.constructions == {"k": "joins"} and not engine.moves
+
+
+def test_a_real_replay_stops_at_its_cap(monkeypatch):
+    """The replays themselves, on a clock that ticks once a reading (every slice of a
+    replay takes 1 ns): within CAP times the current one's; with a cap of 0, stopped."""
+    ticks = itertools.count()
+    monkeypatch.setattr("dqcep.runtime.adapt.perf_counter_ns", lambda: next(ticks))
+    qs = parse(KLEENE).queries
+    engine = AdaptiveEngine(qs, adapt=False)
+    engine.process(stream(500, seed=9))
+    assert engine.try_construction("k", "chain") is not None
+    monkeypatch.setattr(adapt, "CAP", 0.0)
+    assert engine.try_construction("k", "chain") is None
+    assert engine.try_construction("k", "chain", capped=False) is not None
+
+
+def test_a_move_over_the_budget_on_probation_goes_back_and_loses_no_match():
+    """Joins on probation make 2^15 lists in one slice, over a budget of 1024 partial
+    matches: the query is not stopped; it goes back to the chain, rebuilt from the
+    events before the slice, which takes the slice (its matches emitted)."""
+    qs = parse(KLEENE).queries
+    engine = AdaptiveEngine(qs, adapt=False, budget=1024, constructions={"k": "chain"})
+    events = [Event(1, "A", 0, {"p": 0})]
+    out = engine.process(events)
+    assert engine.switch("k", "joins")
+    engine.looks["k"].before = 1.0  # on probation
+    burst = [Event(2 + i, "B", 1 + i, {"p": 5}) for i in range(15)]
+    burst += [Event(20, "C", 17, {"p": 5}), Event(21, "A", 100, {"p": 0}),
+              Event(22, "B", 101, {"p": 1}), Event(23, "C", 102, {"p": -1})]
+    out += engine.process(burst)
+    assert engine.stopped == {} and engine.take_stopped() == []
+    assert engine.constructions == {"k": "chain"}
+    assert "over the budget on probation" in str(engine.moves[-1])
+    events += burst
+    out += engine.flush()
+    want = as_set(ReferenceMatcher(qs).run(events))
+    assert len(want) == 1 and as_set(out.to_matches()) == want

@@ -186,7 +186,7 @@ def test_materialize_plans_and_runs_the_same_matches(tmp_path):
     r = dqcep("explain", q, "--materialize", "on-demand")
     assert r.returncode == 0 and "records: on demand (forced; est." in r.stdout
     assert "records: on demand" not in dqcep("explain", q).stdout
-    kept = dqcep("run", q, "--input", events)
+    kept = dqcep("run", q, "--input", events, "--materialize", "always")
     built = dqcep("run", q, "--input", events, "--materialize", "on-demand",
                   "--chunk-size", 1000, "--stats")
     assert kept.returncode == built.returncode == 0, built.stderr
@@ -201,6 +201,8 @@ def test_materialize_plans_and_runs_the_same_matches(tmp_path):
     assert r.returncode == 2 and "--engine sase has none" in r.stderr
     r = dqcep("run", q, "--input", events, "--engine", "reference", "--adapt", "on")
     assert r.returncode == 2 and "--engine reference has none" in r.stderr
+    r = dqcep("run", q, "--input", "mqtt://127.0.0.1:1/x", "--adapt", "off")
+    assert r.returncode == 2 and "--adapt is for an event file" in r.stderr
 
 
 def test_auto_measures_the_rates_on_the_input_and_runs_a_chain(tmp_path):
@@ -218,15 +220,16 @@ def test_auto_measures_the_rates_on_the_input_and_runs_a_chain(tmp_path):
     q = tmp_path / "q.cep"
     q.write_text("QUERY t PATTERN SEQ(T0 a, T1+ b[], T2 c) WHERE b.a0 > a.a0 AND "
                  "c.a0 < a.a0 WITHIN 20 ms")
-    joins = dqcep("run", q, "--input", events)
-    auto = dqcep("run", q, "--input", events, "--materialize", "auto", "--stats")
+    joins = dqcep("run", q, "--input", events, "--materialize", "always", "--adapt", "off")
+    auto = dqcep("run", q, "--input", events, "--materialize", "auto", "--adapt", "off",
+                 "--stats")
     assert joins.returncode == auto.returncode == 0, auto.stderr
     assert "RUN SEQ(T0, T1+, T2)" in auto.stderr and "KLEENE" not in auto.stderr
     assert len(joins.stdout.splitlines()) > 10
     assert sorted(auto.stdout.splitlines()) == sorted(joins.stdout.splitlines())
-    # --adapt on: whatever it measures and moves (said under --stats), the same matches
-    adapted = dqcep("run", q, "--input", events, "--adapt", "on", "--chunk-size", 300,
-                    "--stats")
+    # the default (--adapt on): whatever it measures and moves (said under --stats),
+    # the same matches
+    adapted = dqcep("run", q, "--input", events, "--chunk-size", 300, "--stats")
     assert adapted.returncode == 0, adapted.stderr
     assert sorted(adapted.stdout.splitlines()) == sorted(joins.stdout.splitlines())
 

@@ -10,7 +10,9 @@ from dqcep.events import MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET
 from dqcep.numbers import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
                            POSITIVE)
 
-ADAPT_DEFAULT = "off"  # dqcep run --adapt
+# dqcep run on an event file, unless told otherwise: queries moved between joins and a
+# chain as they are measured (--adapt; the streaming service keeps its plans)
+FILE_ADAPT = "on"
 
 
 def add_parser(sub) -> None:
@@ -39,11 +41,11 @@ def add_parser(sub) -> None:
                      "only), or the reference matcher (simple and exact, holds the whole "
                      "input)")
     planner_options(run, "native: ")
-    run.add_argument("--adapt", choices=("on", "off"), default=ADAPT_DEFAULT,
-                     help="native: measure each query's time while it runs and move a "
-                     "skip-till-any-match SEQ between joins and one chain where the other "
-                     f"measures faster (default {ADAPT_DEFAULT}; same matches either way; "
-                     "docs/planner.md)")
+    run.add_argument("--adapt", choices=("on", "off"), default=None,
+                     help="native, on an event file: measure each query's time while it "
+                     "runs and move a skip-till-any-match SEQ between joins and one chain "
+                     f"where the other measures faster (default {FILE_ADAPT}; same matches "
+                     "either way; docs/planner.md)")
     run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                      help="native, sase: events may arrive up to MS ms out of event-time order "
                      "(a K-slack buffer); later ones are counted and left out (default 0)")
@@ -146,6 +148,9 @@ def command(args) -> int:
     import time
 
     if any(i.startswith(("mqtt://", "mqtts://")) for i in args.input):
+        if args.adapt is not None:
+            raise UserError("--adapt is for an event file: the streaming service keeps the "
+                            "plans it starts with (its live query changes re-plan them)")
         from dqcep.cli.serve import start_service
         return start_service(args)
     if len(args.input) != 1:
@@ -163,8 +168,7 @@ def command(args) -> int:
         raise UserError("--chunk-size must be >= 1")
     if args.engine == "native":
         warn_plan(query_file, load_rates(args.rates))
-    if args.engine != "native" and (args.materialize != "always" or args.rates
-                                    or args.adapt != ADAPT_DEFAULT):
+    if args.engine != "native" and (args.materialize != "always" or args.rates or args.adapt):
         raise UserError("--materialize, --rates and --adapt plan the native engine's joins; "
                         f"--engine {args.engine} has none")
     from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
@@ -206,7 +210,7 @@ def command(args) -> int:
                 if not rates and args.materialize == "auto":  # measured on the input
                     from dqcep.io.readers import sample_rates
                     rates = sample_rates(args.input, args.format)
-                if args.adapt == "on":
+                if (args.adapt or FILE_ADAPT) == "on":
                     from dqcep.runtime.adapt import AdaptiveEngine
 
                     engine = AdaptiveEngine(queries, rates=rates, materialize=args.materialize,

@@ -3,10 +3,11 @@ it measures the other faster (the planner's estimate can be wrong: a selectivity
 cannot see, rates that change as the stream goes).
 
     engine = AdaptiveEngine(queries, rates=rates, materialize="auto")
-    out = engine.process(batch)      # may move a query at the end of the batch
+    out = engine.process(batch)      # may move a query between two slices of it
     engine.constructions             # {query: "joins" | "chain"}, as it runs now
 
-How a query moves (``Switch``, at a batch boundary): it is planned again with the
+How a query moves (``switch``, between two slices of events: the engine's own
+batches, ``eventtime.RELEASE_SLICE`` events at most): it is planned again with the
 other construction on the engine's own types, attribute columns and string codes (the
 stored events read the same under both programs). Every vertex the two programs share
 (the same ``Plan.keys`` entry) keeps its state; the new vertices get theirs by a replay
@@ -17,16 +18,18 @@ events come later, as any). The new vertices' state is then what they would hold
 they run from the start. A query that holds matches for a trailing NOT stays as it is
 until it holds none (those records are written in the old root's slots).
 
-How it decides (``AdaptiveEngine.adapt``, after each batch): each vertex counts its
-time (``VertexStats.ns``). Once ``LOOK_EVENTS`` events have been stored since a
-switchable query's last look and its vertices took ``LOOK_MIN_NS`` or more, the other
-construction is tried: the replay above, timed per event on the events from one
-window after the first on (the new state's steady part). It is kept if it cost under
-1/``GAIN`` of the current construction's time per stored event since the last look;
-otherwise it is dropped and the query's next look waits twice as many events. A
-trial is stopped once it has cost ``CAP`` times the current construction's time for
-the events it replayed (and by the state budget): a wrong guess costs a bounded time,
-and repeated wrong guesses a shrinking share of it.
+How it decides (``AdaptiveEngine.adapt``, after each slice): each vertex counts its
+time (``VertexStats.ns``). Once ``LOOK_EVENTS`` events (and ``STORE_SHARE`` times
+what the store holds) have been stored since a switchable query's last look and its
+vertices took ``LOOK_MIN_NS`` or more in them, the other construction is tried: the
+replay above, dropped (the query left as it is) once it has cost ``CAP`` times what
+the current construction took for as many events, or by the state budget. A replay
+starts cold and runs in other slices than the stream does, so its time only bounds;
+the move is then on probation for ``PROBATION_EVENTS`` stored events, measured as it
+really runs: kept if no slower per event than before, else moved back. After a
+probation or a dropped replay the query's next look waits ``BACKOFF`` times as many
+events as the last: a wrong guess costs a bounded time, and repeated guesses a
+shrinking share of the run.
 """
 from __future__ import annotations
 
@@ -42,16 +45,20 @@ from dqcep.lang import ast
 from dqcep.plan import build_plan, switchable
 from dqcep.plan.joins import ALWAYS
 from dqcep.runtime.engine import Engine
-from dqcep.runtime.eventtime import TimeState
+from dqcep.runtime.eventtime import MatchBatch, TimeState
 from dqcep.runtime.live import list_store_for
 from dqcep.runtime.program import Program, Universe
 from dqcep.runtime.state import EngineState
 
-LOOK_EVENTS = 8192        # stored events between two looks at a query (doubled per kept choice)
-LOOK_MIN_NS = 5_000_000   # a query whose vertices took less since its last look is not tried
-GAIN = 1.5                # the other construction is kept if this many times faster per event
-CAP = 2.0                 # a trial stops once it cost this many times the current per event
-REPLAY_SLICE = 1024       # events a replay takes at a time (a trial over its cap stops there)
+# stored events between two looks at a query, and a move's probation: these many, and
+# at least STORE_SHARE times what the store holds (a replay takes that many events)
+LOOK_EVENTS = 4096
+PROBATION_EVENTS = 2048
+STORE_SHARE = 4
+LOOK_MIN_NS = 1_000_000   # a query whose vertices took less since its last look is not tried
+BACKOFF = 8               # after a probation or a dropped replay: the next look waits 8x longer
+CAP = 2.0                 # a replay stops once it cost this many times the current per event
+REPLAY_SLICE = 1024       # events a replay takes at a time (one over its cap stops there)
 OTHER = {"joins": "chain", "chain": "joins"}
 
 
@@ -61,7 +68,9 @@ class Look:
 
     ns_at: int        # its vertices' time then
     seq_at: int       # the store's next seq then
-    wait: int = LOOK_EVENTS  # stored events until the next look
+    wait: int = LOOK_EVENTS  # stored events from a look to the next (not on probation)
+    due: int = LOOK_EVENTS   # the store's next seq at which it is looked at
+    before: float | None = None  # on probation: ns per event as it ran before its move
     trials: int = 0
     switches: int = 0
 
@@ -74,12 +83,11 @@ class Move:
     to: str            # joins or chain
     at_event: int      # the events stored before it (the store's next seq)
     was_ns: float      # per stored event, as it ran since its last look
-    trial_ns: float    # per event, the trial's replay (its steady part)
+    why: str           # what was measured
 
     def __str__(self) -> str:
-        return (f"query {self.query} runs as {self.to} from stored event {self.at_event:,} on "
-                f"(measured {self.trial_ns:,.0f} ns/event, against {self.was_ns:,.0f} as "
-                f"{OTHER[self.to]})")
+        return (f"query {self.query} runs as {self.to} from stored event {self.at_event:,} on: "
+                f"{self.why}")
 
 
 @dataclass
@@ -88,7 +96,7 @@ class Trial:
 
     program: Program
     state: EngineState
-    ns_per_event: float   # its replay's time per event, on the steady part
+    ns_per_event: float   # its replay's time per event (a replay starts cold: a bound)
     events: int           # events replayed
 
 
@@ -169,6 +177,7 @@ class AdaptiveEngine(Engine):
         self.adaptive = adapt
         self.looks = {name: Look(0, 0) for name in switchable(queries, tables)}
         self.overrides: dict[str, str] = dict(constructions or {})  # replan() keeps them
+        self._over_budget: dict[str, object] = {}  # on probation, stopped in this slice
         self.moves: list[Move] = []  # by adapt(), in order
 
     @property
@@ -185,7 +194,7 @@ class AdaptiveEngine(Engine):
                              f"{', '.join(self.looks) or 'none'})")
         if self.constructions[name] == construction:
             return True
-        trial = self.try_construction(name, construction)
+        trial = self.try_construction(name, construction, capped=False)
         if trial is None:
             return False
         self.install(name, trial)
@@ -198,92 +207,174 @@ class AdaptiveEngine(Engine):
         self.state = trial.state
         self._bind(trial.program)
 
-    def try_construction(self, name: str, construction: str,
-                         cap_ns_per_event: float | None = None) -> Trial | None:
+    def try_construction(self, name: str, construction: str, capped: bool = True,
+                         upto: int | None = None) -> Trial | None:
         """Query ``name`` planned as ``construction``, its new vertices built by a
-        replay of the stored events; None where it cannot move now (it holds matches
-        for a trailing NOT, is stopped or live-added, an event in the store has no
-        type code) or the replay went over the budget or over ``CAP`` times
-        ``cap_ns_per_event`` per event."""
+        replay of the stored events (those with seq < ``upto``: all when None); None
+        where it cannot move now (it holds matches for a trailing NOT, is stopped or
+        live-added, an event in the store has no type code) or the replay went over
+        the budget, or (``capped``) over ``CAP`` times what a replay of the query as it
+        runs now takes (both start cold, on the same events and slices)."""
         old_prog, old = self.program, self.state
         index = next(q.index for q in old_prog.queries if q.name == name)
         if len(old.pending[index]) or index in old.stopped or index in old.fresh_since:
             return None
-        program = replan(self, self.source, self.overrides | {name: construction})
-        state = hand_over(self, program)
-        store = state.store
-        seqs = np.arange(store.base, store.next_seq, dtype=np.int64)
+        store = old.store
+        seqs = np.arange(store.base, store.next_seq if upto is None else upto, dtype=np.int64)
         ts, types = store.ts_of(seqs), store.types_of(seqs)
         if len(types) and types.min() < 0:
             return None  # restored from a snapshot that kept no types: nothing to replay
-        mine = query_vertices(program, index)
+        limit = None
+        if capped:
+            done = self._replay(old_prog, old.lists, index, seqs, ts, types)
+            if done is None:
+                return None
+            limit = CAP * done[1]
+        program = replan(self, self.source, self.overrides | {name: construction})
+        state = hand_over(self, program)
+        done = self._replay(program, state.lists, index, seqs, ts, types, limit)
+        if done is None:
+            return None
+        side_state, spent = done
         old_keys = set(old_prog.plan.keys)
-        side_state = EngineState.fresh(program, state.lateness)
-        side_state.store, side_state.dictionary, side_state.lists = \
-            store, state.dictionary, state.lists
-        side = Engine(program, state=side_state, budget=self.budget,
-                      lookup_source=self.lookup_source)
-        window = int(program.queries[index].window)
-        steady = int(np.searchsorted(ts, ts[0] + window, "left")) if len(ts) else 0
-        if steady >= len(ts):
-            steady = 0  # under one window stored: all of it
-        spent = steady_ns = 0
-        for a in range(0, len(seqs), REPLAY_SLICE):
-            b = min(a + REPLAY_SLICE, len(seqs))
-            began = perf_counter_ns()
-            side._match(seqs[a:b], ts[a:b], types[a:b], only=mine)
-            side._evict_vertices(int(ts[b - 1]))
-            took = perf_counter_ns() - began
-            spent += took
-            if a >= steady:
-                steady_ns += took
-            if index in side_state.stopped:
-                return None
-            if cap_ns_per_event is not None and spent > CAP * cap_ns_per_event * b:
-                return None
-        if old.wm is not None:
-            side._evict_vertices(int(old.wm))
-        for v in mine:
+        for v in query_vertices(program, index):
             if program.plan.keys[v] in old_keys:
                 continue  # shared with the old program: its state is the real one
             for table in ("left_q", "right_q", "not_store", "growing", "runs"):
                 theirs = getattr(side_state, table)
                 if v in theirs:
                     getattr(state, table)[v] = theirs[v]
-        return Trial(program, state, steady_ns / max(len(seqs) - steady, 1), len(seqs))
+        return Trial(program, state, spent / max(len(seqs), 1), len(seqs))
 
-    def process(self, events):
-        out = super().process(events)
+    def _replay(self, program: Program, lists, index: int, seqs, ts, types,
+                limit_ns: float | None = None) -> tuple[EngineState, int] | None:
+        """The state query ``index``'s vertices of ``program`` build from the given
+        stored events (and the time it took); None over the budget or ``limit_ns``."""
+        state = EngineState.fresh(program, self.state.lateness)
+        state.store, state.dictionary, state.lists = self.state.store, self.dictionary, lists
+        side = Engine(program, state=state, budget=self.budget,
+                      lookup_source=self.lookup_source)
+        mine = query_vertices(program, index)
+        spent = 0
+        for a in range(0, len(seqs), REPLAY_SLICE):
+            b = min(a + REPLAY_SLICE, len(seqs))
+            began = perf_counter_ns()
+            side._match(seqs[a:b], ts[a:b], types[a:b], only=mine)
+            side._evict_vertices(int(ts[b - 1]))
+            spent += perf_counter_ns() - began
+            if index in state.stopped or (limit_ns is not None and spent > limit_ns):
+                return None
+        if self.wm is not None:
+            side._evict_vertices(int(self.wm))
+        return state, spent
+
+    def _after_watermark(self):
+        """After each slice of events (``eventtime.RELEASE_SLICE``, the watermark
+        moved): the looks that are due. A batch of many events is many slices, so a
+        probation lasts its own events, not the rest of the batch."""
+        out = super()._after_watermark()
         if self.adaptive:
             self.adapt()
         return out
+
+    # ----------------------------------------- a move over the budget on probation
+    def _stop(self, v: int, err) -> None:
+        """A query on probation keeps its held matches when its new construction goes
+        over the budget: ``_match`` moves it back and redoes the slice."""
+        for qi in self.program.readers[v]:
+            name = self.program.queries[qi].name
+            look = self.looks.get(name)
+            if look is not None and look.before is not None and qi not in self.state.stopped:
+                self._over_budget[name] = self.state.pending[qi]
+        super()._stop(v, err)
+
+    def _match(self, seqs, ts, types, only=None, emit=None):
+        out = super()._match(seqs, ts, types, only, emit)
+        while self._over_budget:
+            name, held = self._over_budget.popitem()
+            out += self._move_back(name, held, seqs, ts, types)
+        return out
+
+    def _move_back(self, name: str, held, seqs, ts, types):
+        """Query ``name``'s construction on probation went over the budget in this slice
+        (its matches of the slice not emitted): it goes back to the construction it
+        ran before, rebuilt from the events stored before the slice, which then takes
+        the slice. Its budget stop is taken back."""
+        index = next(q.index for q in self.program.queries if q.name == name)
+        why = self.state.stopped.pop(index)
+        news = self._stopped_news
+        self._stopped_news = [(n, w) for n, w in news if n != name]
+        self.state.pending[index] = held
+        look = self.looks[name]
+        before, look.before = look.before, None
+        trial = self.try_construction(name, OTHER[self.constructions[name]], capped=False,
+                                      upto=int(seqs[0]))
+        if trial is None:  # the old one cannot be rebuilt either: the stop stands
+            self.state.stopped[index] = why
+            self._stopped_news = news
+            return MatchBatch(self.match_queries)
+        self._move(name, trial, look, before,
+                   f"over the budget on probation ({self.budget:,} partial matches)")
+        look.wait *= BACKOFF
+        look.due = self._due(look.wait)
+        return super()._match(seqs, ts, types, query_vertices(self.program, index), True)
 
     def adapt(self) -> list[str]:
         """Look at each switchable query whose time has come; returns those moved."""
         moved = []
         store_next = self.state.store.next_seq
         for name, look in self.looks.items():
-            if store_next - look.seq_at < look.wait:
+            if store_next < look.due:
                 continue
-            index = next(q.index for q in self.program.queries if q.name == name)
-            spent = sum(self.state.stats[v].ns for v in query_vertices(self.program, index))
-            events = store_next - look.seq_at
-            took = spent - look.ns_at
+            spent = self._spent(name)
+            took, events = spent - look.ns_at, store_next - look.seq_at
             look.ns_at, look.seq_at = spent, store_next
+            current = took / max(events, 1)
+            now = self.constructions[name]
+            if look.before is not None:  # on probation: kept if no slower than before
+                before, look.before = look.before, None
+                look.wait *= BACKOFF  # either way: the next try waits longer
+                if current <= before:
+                    look.due = self._due(look.wait)
+                    continue
+                trial = self.try_construction(name, OTHER[now], capped=False)  # ran before
+                look.due = self._due(look.wait)
+                if trial is not None:
+                    self._move(name, trial, look, current,
+                               f"{current:,.0f} ns/event as {now}, {before:,.0f} before")
+                    moved.append(name)
+                continue
+            look.due = self._due(look.wait)
             if took < LOOK_MIN_NS:
                 continue
-            current = took / events
             look.trials += 1
-            trial = self.try_construction(name, OTHER[self.constructions[name]], current)
-            if trial is not None and trial.ns_per_event * GAIN < current:
-                self.install(name, trial)
-                look.switches += 1
-                moved.append(name)
-                self.moves.append(Move(name, self.constructions[name], store_next, current,
-                                       trial.ns_per_event))
-                index = next(q.index for q in self.program.queries if q.name == name)
-                look.ns_at = sum(self.state.stats[v].ns
-                                 for v in query_vertices(self.program, index))
-            else:
-                look.wait *= 2
+            trial = self.try_construction(name, OTHER[now])
+            if trial is None:  # over its cap or the budget (or it cannot move now)
+                look.wait *= BACKOFF
+                look.due = self._due(look.wait)
+                continue
+            self._move(name, trial, look, current,
+                       f"on probation ({current:,.0f} ns/event as {now}; the replay "
+                       f"{trial.ns_per_event:,.0f})")
+            look.before = current
+            look.due = self._due(PROBATION_EVENTS)
+            moved.append(name)
         return moved
+
+    def _due(self, wait: int) -> int:
+        """The store's next seq at which to look again: ``wait`` stored events on, and
+        at least ``STORE_SHARE`` times what the store holds (a replay of it then costs
+        a bounded share of the run)."""
+        store = self.state.store
+        return store.next_seq + max(wait, STORE_SHARE * len(store))
+
+    def _spent(self, name: str) -> int:
+        """The time the vertices of query ``name`` have taken (its program's now)."""
+        index = next(q.index for q in self.program.queries if q.name == name)
+        return sum(self.state.stats[v].ns for v in query_vertices(self.program, index))
+
+    def _move(self, name: str, trial: Trial, look: Look, current: float, why: str) -> None:
+        self.install(name, trial)
+        look.switches += 1
+        look.ns_at = self._spent(name)
+        self.moves.append(Move(name, self.constructions[name], int(look.seq_at), current, why))

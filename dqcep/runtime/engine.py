@@ -156,11 +156,14 @@ class Engine(EventTimeEngine):
                 for p in self.state.policies.values() if p.waiting]
         return min(due) if due else None
 
-    def _match(self, seqs, ts, types, only: frozenset[int] | None = None) -> MatchBatch:
-        """The matches stored events make (seqs, in ts order). ``only``: a replay
-        (``dqcep.runtime.adapt``) that builds the state of these vertices alone (a
-        query's, closed under children) and emits nothing. Each vertex's time goes to
-        its ``VertexStats.ns``."""
+    def _match(self, seqs, ts, types, only: frozenset[int] | None = None,
+               emit: bool | None = None) -> MatchBatch:
+        """The matches stored events make (seqs, in ts order). ``only``: these vertices
+        alone (a query's, closed under children: ``dqcep.runtime.adapt``), which emit
+        nothing unless ``emit`` (a replay builds their state; a redo of a slice emits
+        their query's matches). Each vertex's time goes to its ``VertexStats.ns``."""
+        if emit is None:
+            emit = only is None
         out = MatchBatch(self.match_queries)
         delta: dict[int, Records] = {}
         prog, state = self.program, self.state
@@ -185,17 +188,19 @@ class Engine(EventTimeEngine):
                 continue
             delta[v] = recs
             stats[v].outputs += len(recs)
-        if only is None:
-            if self._waiting_runs:
-                state.run_pending = wait_for_stream_order(state.run_pending, state.store,
-                                                          seqs, ts, types)
+        if only is None and self._waiting_runs:
+            state.run_pending = wait_for_stream_order(state.run_pending, state.store,
+                                                      seqs, ts, types)
+        if emit:
             for q in prog.queries:
-                if q.spec.root in delta:
+                if q.spec.root in delta and (only is None or q.spec.output in only):
                     began = perf_counter_ns()
                     out += self._output(q, delta[q.spec.root])
                     stats[q.spec.output].ns += perf_counter_ns() - began
         if self._chains:
-            out += self._step_chains(seqs, ts, types, only)
+            made = self._step_chains(seqs, ts, types, only)
+            if emit:
+                out += made
         if only is None:
             self._measure_state()
         return out
