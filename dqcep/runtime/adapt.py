@@ -176,6 +176,9 @@ class AdaptiveEngine(Engine):
         self.lookup_source = lookup_source  # a replay's engine is built with it too
         self.adaptive = adapt
         self.looks = {name: Look(0, 0) for name in switchable(queries, tables)}
+        self._index = {q.name: q.index for q in self.program.queries}  # in every program
+        # per combination of constructions (sorted items): its compiled program
+        self._programs = {tuple(sorted(self.constructions.items())): self.program}
         self.overrides: dict[str, str] = dict(constructions or {})  # replan() keeps them
         self._over_budget: dict[str, object] = {}  # on probation, stopped in this slice
         self.moves: list[Move] = []  # by adapt(), in order
@@ -230,7 +233,7 @@ class AdaptiveEngine(Engine):
             if done is None:
                 return None
             limit = CAP * done[1]
-        program = replan(self, self.source, self.overrides | {name: construction})
+        program = self._program_for(name, construction)
         state = hand_over(self, program)
         done = self._replay(program, state.lists, index, seqs, ts, types, limit)
         if done is None:
@@ -330,7 +333,7 @@ class AdaptiveEngine(Engine):
             took, events = spent - look.ns_at, store_next - look.seq_at
             look.ns_at, look.seq_at = spent, store_next
             current = took / max(events, 1)
-            now = self.constructions[name]
+            now = self.program.queries[self._index[name]].spec.construction
             if look.before is not None:  # on probation: kept if no slower than before
                 before, look.before = look.before, None
                 look.wait *= BACKOFF  # either way: the next try waits longer
@@ -368,10 +371,27 @@ class AdaptiveEngine(Engine):
         store = self.state.store
         return store.next_seq + max(wait, STORE_SHARE * len(store))
 
+    def _bind(self, program: Program) -> None:
+        super()._bind(program)
+        self._mine: dict[str, tuple[int, ...]] = {}  # per query: its vertices (_spent)
+
+    def _program_for(self, name: str, construction: str) -> Program:
+        """The program with query ``name`` run as ``construction``, the others as they
+        run now: compiled once per combination (a move back reuses the one before)."""
+        key = tuple(sorted((self.constructions | {name: construction}).items()))
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = replan(
+                self, self.source, self.overrides | {name: construction})
+        return program
+
     def _spent(self, name: str) -> int:
         """The time the vertices of query ``name`` have taken (its program's now)."""
-        index = next(q.index for q in self.program.queries if q.name == name)
-        return sum(self.state.stats[v].ns for v in query_vertices(self.program, index))
+        mine = self._mine.get(name)
+        if mine is None:
+            mine = self._mine[name] = tuple(query_vertices(self.program, self._index[name]))
+        stats = self.state.stats
+        return sum(stats[v].ns for v in mine)
 
     def _move(self, name: str, trial: Trial, look: Look, current: float, why: str) -> None:
         self.install(name, trial)
