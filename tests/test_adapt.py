@@ -207,24 +207,49 @@ def test_a_real_replay_stops_at_its_cap(monkeypatch):
     assert engine.try_construction("k", "chain", capped=False) is not None
 
 
+def burst():
+    """An A, then 15 rising-enough Bs in one batch: 2^15 lists as joins, none as a chain
+    (no C after them matches); then one match."""
+    events = [Event(1, "A", 0, {"p": 0})]
+    later = [Event(2 + i, "B", 1 + i, {"p": 5}) for i in range(15)]
+    later += [Event(20, "C", 17, {"p": 5}), Event(21, "A", 100, {"p": 0}),
+              Event(22, "B", 101, {"p": 1}), Event(23, "C", 102, {"p": -1})]
+    return events, later
+
+
 def test_a_move_over_the_budget_on_probation_goes_back_and_loses_no_match():
     """Joins on probation make 2^15 lists in one slice, over a budget of 1024 partial
     matches: the query is not stopped; it goes back to the chain, rebuilt from the
     events before the slice, which takes the slice (its matches emitted)."""
     qs = parse(KLEENE).queries
-    engine = AdaptiveEngine(qs, adapt=False, budget=1024, constructions={"k": "chain"})
-    events = [Event(1, "A", 0, {"p": 0})]
-    out = engine.process(events)
+    engine = AdaptiveEngine(qs, budget=1024, constructions={"k": "chain"})
+    first, later = burst()
+    out = engine.process(first)
     assert engine.switch("k", "joins")
     engine.looks["k"].before = 1.0  # on probation
-    burst = [Event(2 + i, "B", 1 + i, {"p": 5}) for i in range(15)]
-    burst += [Event(20, "C", 17, {"p": 5}), Event(21, "A", 100, {"p": 0}),
-              Event(22, "B", 101, {"p": 1}), Event(23, "C", 102, {"p": -1})]
-    out += engine.process(burst)
+    out += engine.process(later)
     assert engine.stopped == {} and engine.take_stopped() == []
     assert engine.constructions == {"k": "chain"}
     assert "over the budget on probation" in str(engine.moves[-1])
-    events += burst
     out += engine.flush()
-    want = as_set(ReferenceMatcher(qs).run(events))
+    want = as_set(ReferenceMatcher(qs).run(first + later))
     assert len(want) == 1 and as_set(out.to_matches()) == want
+
+
+def test_joins_over_the_budget_become_a_chain_instead_of_stopping():
+    """dqcep run's default plan (joins) of a list tied to its neighbours: over the
+    budget, the query moves to a chain and goes on; without adapting it is stopped."""
+    qs = parse(KLEENE).queries
+    first, later = burst()
+    want = as_set(ReferenceMatcher(qs).run(first + later))
+    engine = AdaptiveEngine(qs, budget=1024)
+    out = engine.process(first)
+    out += engine.process(later)
+    out += engine.flush()
+    assert engine.stopped == {} and engine.constructions == {"k": "chain"}
+    assert "over the budget as joins" in str(engine.moves[-1])
+    assert as_set(out.to_matches()) == want
+    plain = AdaptiveEngine(qs, budget=1024, adapt=False)
+    plain.process(first)
+    plain.process(later)
+    assert list(plain.stopped) == ["k"] and plain.constructions == {"k": "joins"}

@@ -56,7 +56,9 @@ def add_parser(sub) -> None:
                      help="native: the partial matches one buffer of a query may hold (a "
                      "join queue, a Kleene item's lists, a batch's new records; rounded up "
                      f"to a power of two; default {STATE_BUDGET}, 0: no limit). A query over it is "
-                     "stopped with one line; the other queries go on (docs/runtime.md)")
+                     "stopped with one line (under --adapt on, one that can run as joins "
+                     "or as a chain first moves to the other); the other queries go on "
+                     "(docs/runtime.md)")
     run.add_argument("--stats", action="store_true",
                      help="native: print per-vertex inputs, outputs, queue high-water marks "
                      "and evictions; sase: per query, instances pushed, matches, peak live "

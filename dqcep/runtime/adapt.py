@@ -57,7 +57,8 @@ PROBATION_EVENTS = 2048
 STORE_SHARE = 4
 LOOK_MIN_NS = 1_000_000   # a query whose vertices took less since its last look is not tried
 BACKOFF = 8               # after a probation or a dropped replay: the next look waits 8x longer
-CAP = 2.0                 # a replay stops once it cost this many times the current per event
+CAP = 2.0                 # a replay of the other construction is dropped past this many
+#                           times what the replay of the query as it runs took
 REPLAY_SLICE = 1024       # events a replay takes at a time (one over its cap stops there)
 OTHER = {"joins": "chain", "chain": "joins"}
 
@@ -180,7 +181,8 @@ class AdaptiveEngine(Engine):
         # per combination of constructions (sorted items): its compiled program
         self._programs = {tuple(sorted(self.constructions.items())): self.program}
         self.overrides: dict[str, str] = dict(constructions or {})  # replan() keeps them
-        self._over_budget: dict[str, object] = {}  # on probation, stopped in this slice
+        self._over_budget: dict[str, object] = {}  # stopped in this slice: held matches
+        self._rescued: set[str] = set()  # moved over the budget in this slice already
         self.moves: list[Move] = []  # by adapt(), in order
 
     @property
@@ -215,7 +217,8 @@ class AdaptiveEngine(Engine):
         """Query ``name`` planned as ``construction``, its new vertices built by a
         replay of the stored events (those with seq < ``upto``: all when None); None
         where it cannot move now (it holds matches for a trailing NOT, is stopped or
-        live-added, an event in the store has no type code) or the replay went over
+        live-added, an event in the store has no type code, a vertex the two programs
+        share would be built on demand in one of them) or the replay went over
         the budget, or (``capped``) over ``CAP`` times what a replay of the query as it
         runs now takes (both start cold, on the same events and slices)."""
         old_prog, old = self.program, self.state
@@ -233,8 +236,11 @@ class AdaptiveEngine(Engine):
             if done is None:
                 return None
             limit = CAP * done[1]
-        program = self._program_for(name, construction)
-        state = hand_over(self, program)
+        try:
+            program = self._program_for(name, construction)
+            state = hand_over(self, program)
+        except ValueError:  # a shared vertex built otherwise (on demand) in one of them
+            return None
         done = self._replay(program, state.lists, index, seqs, ts, types, limit)
         if done is None:
             return None
@@ -280,14 +286,17 @@ class AdaptiveEngine(Engine):
             self.adapt()
         return out
 
-    # ----------------------------------------- a move over the budget on probation
+    # ------------------------------------------------------ a move over the budget
     def _stop(self, v: int, err) -> None:
-        """A query on probation keeps its held matches when its new construction goes
-        over the budget: ``_match`` moves it back and redoes the slice."""
+        """A switchable query whose construction goes over the budget keeps its held
+        matches: ``_match`` then moves it to the other construction (back, if it was
+        on probation) and redoes the slice there; only if that goes over too (or
+        cannot be built) is the query stopped. Once per query and slice; never
+        without ``adaptive`` (the plan as built, as a plain ``Engine``)."""
         for qi in self.program.readers[v]:
             name = self.program.queries[qi].name
-            look = self.looks.get(name)
-            if look is not None and look.before is not None and qi not in self.state.stopped:
+            if self.adaptive and name in self.looks and name not in self._rescued \
+                    and qi not in self.state.stopped:
                 self._over_budget[name] = self.state.pending[qi]
         super()._stop(v, err)
 
@@ -295,29 +304,32 @@ class AdaptiveEngine(Engine):
         out = super()._match(seqs, ts, types, only, emit)
         while self._over_budget:
             name, held = self._over_budget.popitem()
-            out += self._move_back(name, held, seqs, ts, types)
+            self._rescued.add(name)
+            out += self._rescue(name, held, seqs, ts, types)
+        self._rescued.clear()
         return out
 
-    def _move_back(self, name: str, held, seqs, ts, types):
-        """Query ``name``'s construction on probation went over the budget in this slice
-        (its matches of the slice not emitted): it goes back to the construction it
-        ran before, rebuilt from the events stored before the slice, which then takes
-        the slice. Its budget stop is taken back."""
-        index = next(q.index for q in self.program.queries if q.name == name)
+    def _rescue(self, name: str, held, seqs, ts, types) -> MatchBatch:
+        """Query ``name`` went over the budget in this slice (none of its matches of
+        the slice emitted): it moves to its other construction, rebuilt from the
+        events stored before the slice, which then takes the slice. Its budget stop
+        is taken back; if the other construction cannot be built, it stands."""
+        index = self._index[name]
         why = self.state.stopped.pop(index)
         news = self._stopped_news
         self._stopped_news = [(n, w) for n, w in news if n != name]
         self.state.pending[index] = held
         look = self.looks[name]
-        before, look.before = look.before, None
-        trial = self.try_construction(name, OTHER[self.constructions[name]], capped=False,
-                                      upto=int(seqs[0]))
-        if trial is None:  # the old one cannot be rebuilt either: the stop stands
+        now = self.program.queries[index].spec.construction
+        trial = self.try_construction(name, OTHER[now], capped=False, upto=int(seqs[0]))
+        if trial is None:
             self.state.stopped[index] = why
             self._stopped_news = news
             return MatchBatch(self.match_queries)
-        self._move(name, trial, look, before,
-                   f"over the budget on probation ({self.budget:,} partial matches)")
+        was = "on probation" if look.before is not None else f"as {now}"
+        look.before = None
+        self._move(name, trial, look, 0.0,
+                   f"over the budget {was} ({self.budget:,} partial matches)")
         look.wait *= BACKOFF
         look.due = self._due(look.wait)
         return super()._match(seqs, ts, types, query_vertices(self.program, index), True)
