@@ -183,7 +183,7 @@ class AdaptiveEngine(Engine):
         self.overrides: dict[str, str] = dict(constructions or {})  # replan() keeps them
         self._over_budget: dict[str, object] = {}  # stopped in this slice: held matches
         self._rescued: set[str] = set()  # moved over the budget in this slice already
-        self.moves: list[Move] = []  # by adapt(), in order
+        self.moves: list[Move] = []  # the engine's own moves (adapt, over the budget)
 
     @property
     def constructions(self) -> dict[str, str]:
