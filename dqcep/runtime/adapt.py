@@ -207,8 +207,7 @@ class AdaptiveEngine(Engine):
 
     def install(self, name: str, trial: Trial) -> None:
         """The engine goes on with the trial's program and state."""
-        self.overrides[name] = trial.program.plan.queries[
-            next(q.index for q in trial.program.queries if q.name == name)].construction
+        self.overrides[name] = trial.program.queries[self._index[name]].spec.construction
         self.state = trial.state
         self._bind(trial.program)
 
@@ -222,7 +221,7 @@ class AdaptiveEngine(Engine):
         the budget, or (``capped``) over ``CAP`` times what a replay of the query as it
         runs now takes (both start cold, on the same events and slices)."""
         old_prog, old = self.program, self.state
-        index = next(q.index for q in old_prog.queries if q.name == name)
+        index = self._index[name]
         if len(old.pending[index]) or index in old.stopped or index in old.fresh_since:
             return None
         store = old.store
