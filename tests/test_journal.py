@@ -299,3 +299,45 @@ def test_a_journal_of_a_newer_format_is_refused_with_one_line(tmp_path):
     for open_it in (Journal, JournalTail, lambda d: list(read_journal(d))):
         with pytest.raises(UserError, match="is format 9; this dqcep reads formats up to 2"):
             open_it(tmp_path)
+
+
+def test_a_segment_closed_while_a_tail_lists_the_journal_is_not_lost(tmp_path, monkeypatch):
+    """The writer closes a segment (renames it from .open to .seg) and starts the next
+    while a tail lists the directory: the closed one was once in neither listing, and
+    the tail took the one after it for its successor (its records read as lost; seen
+    under load in the service's full-disk test)."""
+    from dqcep.io.journal import JournalTail
+    j = Journal(tmp_path, segment_bytes=300)
+    for topic, p in payloads(12):                # a closed segment and an open one
+        j.append(topic, p)
+        j.commit()
+    assert len(list(tmp_path.glob("*.seg"))) >= 1
+    tail = JournalTail(tmp_path, 0)
+    seen = list(tail.read(j.durable_offset))
+    assert [o for o, *_ in seen] == list(range(12))
+
+    def commit_until_a_segment_closes(start):
+        """Commits records from ``start`` on until the open segment is closed and
+        one more record is in the next; returns the offset after them."""
+        opened = tmp_path / next(n for n in os.listdir(tmp_path) if n.endswith(".open"))
+        while opened.exists():
+            j.append(*payloads(1, start)[0])
+            j.commit()
+            start += 1
+        j.append(*payloads(1, start)[0])
+        j.commit()
+        return start + 1
+    upto = commit_until_a_segment_closes(12)  # the tail's segment closed, the next open
+    real_glob, raced = type(tmp_path).glob, []
+
+    def glob_while_the_writer_rolls(self, pattern):
+        found = list(real_glob(self, pattern))
+        if not raced and tail._file is not None:  # the tail looks for its next segment
+            raced.append(commit_until_a_segment_closes(upto))
+        return iter(found)
+    monkeypatch.setattr(type(tmp_path), "glob", glob_while_the_writer_rolls)
+    seen = list(tail.read(upto))
+    monkeypatch.undo()
+    seen += list(tail.read(j.durable_offset))
+    assert raced and gaps(seen) == []
+    assert [o for o, *_ in seen] == list(range(12, raced[0]))

@@ -118,7 +118,12 @@ class Service:
         deadline = time.monotonic() + timeout
         while self.events_in(counter) < n and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert self.events_in(counter) >= n, (self.events_in(counter), n, self.log()[-3000:])
+        assert self.events_in(counter) >= n, (self.events_in(counter), n, self.said("cannot"),
+                                              self.log()[-3000:])
+
+    def said(self, word: str) -> list[str]:
+        """The service's stderr lines with ``word`` (what went wrong, before the stats)."""
+        return [line for line in self.stderr if word in line]
 
     def kill_and_restart(self, while_down=lambda: None):
         """SIGKILL mid-stream, ``while_down()``, then start again (the broker queues for

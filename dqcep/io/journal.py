@@ -114,12 +114,30 @@ def _fsync_dir(path: Path) -> None:
 
 
 def segments(directory: str | Path, include_open: bool = True) -> list[Path]:
-    """Segment files in offset order (the open one last)."""
+    """Segment files in offset order (the open one last), while a writer may close one.
+
+    The open segments are listed before the closed ones: a segment closed (renamed
+    from ``.open`` to ``.seg``) between the two listings is then in one of them, or in
+    both (kept once, as closed). Listed the other way round, it was in neither, and a
+    reader took the segment after it for its successor: its records read as lost.
+    """
     directory = Path(directory)
-    found = list(directory.glob("*" + SEG))
-    if include_open:
-        found += directory.glob("*" + OPEN)
-    return sorted(found, key=lambda p: (int(p.stem), p.suffix == OPEN))
+    opened = list(directory.glob("*" + OPEN)) if include_open else []
+    closed = list(directory.glob("*" + SEG))
+    names = {int(p.stem) for p in closed}
+    found = closed + [p for p in opened if int(p.stem) not in names]
+    return sorted(found, key=lambda p: int(p.stem))
+
+
+def journal_bytes(directory: str | Path) -> int:
+    """Bytes the journal's segments take (one trimmed or closed meanwhile is skipped)."""
+    total = 0
+    for path in segments(directory):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass  # trimmed, or closed (renamed) since the listing
+    return total
 
 
 # ---------------------------------------------------------------- records

@@ -49,7 +49,8 @@ from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
                                  write_checkpoint)
 from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader, ahead_reason, ahead_rows
-from dqcep.io.journal import Gap, Journal, JournalTail, JournalView, Record, segments
+from dqcep.io.journal import (Gap, Journal, JournalTail, JournalView, Record, journal_bytes,
+                               segments)
 from dqcep.io.mapping import TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
@@ -805,22 +806,13 @@ class StreamingService:
                 "matches_by_query": {n: self.counts.get(MATCHES + n, 0) for n in names},
                 "state_bytes": self.engine.query_state_bytes(),
                 "state_total_bytes": self.engine.state_bytes(),
-                "journal_bytes": self._journal_bytes(),
+                "journal_bytes": journal_bytes(self.cfg.journal),
                 "checkpoint_age_s": None if self.checkpointed_at is None
                 else now - self.checkpointed_at,
                 "stopped_by_query": {n: int(n in stopped) for n in names},
                 "budget_stops": len(stopped), "failing": int(self.error is not None),
                 "query_count": len(names), "uptime_s": elapsed,
                 "inputs": list(self.cfg.inputs), "state": self.cfg.state}
-
-    def _journal_bytes(self) -> int:
-        total = 0
-        for path in segments(self.cfg.journal):
-            try:
-                total += path.stat().st_size
-            except OSError:
-                pass  # trimmed meanwhile
-        return total
 
     def status(self, source: MqttSource | None = None) -> dict:
         """``/status``: the stats, the last stats line's recent figures, the query set,

@@ -48,7 +48,7 @@ from pathlib import Path
 from dqcep.capacity import Calibration, in_turn_order
 from dqcep.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
-from dqcep.io.journal import Journal, JournalView, forget_consumer, segments
+from dqcep.io.journal import Journal, JournalView, forget_consumer, journal_bytes
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.sinks import is_mqtt
 from dqcep.lang import parse_file, to_source
@@ -734,8 +734,7 @@ class Coordinator:
             "state_bytes": {q: r.get("state_total_bytes", 0) for q, r in reports.items()},
             "state_total_bytes": sum(r.get("state_total_bytes", 0)
                                      for r in reports.values()),
-            "journal_bytes": sum(p.stat().st_size for p in segments(self.cfg.journal)
-                                 if p.exists()),
+            "journal_bytes": journal_bytes(self.cfg.journal),
             "checkpoint_age_s": max(ages) if ages else None,
             "stopped_by_query": {q: int(q in s["stopped"]) for q in self.names},
             "budget_stops": len(s["stopped"]), "failing": int(s["error"] is not None),
