@@ -34,6 +34,8 @@ NOT_RUN = [
     (r"^python3 -m pytest -q$", "the test suite itself (what runs this test)"),
     (r"^dqcep experiment all --out", "the full sizes take 3-4 min; the --quick form runs "
      "the same code"),
+    (r"^dqcep experiment all --quick --out results/$", "tests/test_experiments.py runs "
+     "it (its `quick` fixture) and checks every file it writes"),
     (r"spark-submit --master spark://host", "needs a cluster at spark://host:7077"),
     (r"spark://127\.0\.0\.1:PORT|^dqcep spark cluster",
      "starts a standalone cluster: tests/test_spark.py::test_scripted_standalone_cluster "
