@@ -113,6 +113,20 @@ def better(cost: float, best: float) -> bool:
 # by bench/bench_plans.py's shapes (time per step, measured on both operators).
 W_PROBE, W_RECORD, W_COND = 0.5, 1.0, 8.0
 MAX_EXPONENT = 60.0
+# What every query pays per event before any candidate is looked at. A chain takes in
+# each event of its items' types (its key's partition found, its stacks pruned, the
+# event stacked: W_INTAKE) and looks at the type of every event of the stream
+# (W_SCAN): each chain is handed the whole batch. The joins take in each event of a
+# leaf once for every query that shares the leaf (W_INTAKE over the leaf's users).
+# Set by bench_engine's W4 (50 queries sharing their T0 and T1 leaves: 22 ns per event
+# per query as chains, 15 as joins, where the work above gave the chain 0.6x of the
+# joins' work) and checked on the single queries of bench_plans.py (same choices).
+W_INTAKE, W_SCAN = 3.0, 0.3
+
+
+def intake_work(events: float, sharers: float = 1.0) -> float:
+    """The intake of ``events`` per window, split among the ``sharers`` reading them."""
+    return W_INTAKE * events / max(sharers, 1.0)
 
 
 def lists_made(n: float, sigma: float = 1.0) -> float:

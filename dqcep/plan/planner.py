@@ -52,9 +52,8 @@ import numpy as np
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import (MAX_AND_DP, SEL_EQUAL, SEL_KEY, SEL_NOT, W_COND, W_PROBE,
-                             W_RECORD,
-                             ChainSlot, CostModel, better, chain_work, lists_made,
-                             selectivity)
+                             W_RECORD, W_SCAN, ChainSlot, CostModel, better, chain_work,
+                             intake_work, lists_made, selectivity)
 from dqcep.plan.joins import ALWAYS, AUTO, CHAIN, choose_materialization
 from dqcep.plan.lookups import LookupColumn, resolve_all
 from dqcep.plan.orthogonal import NIL, Kind, OrthogonalList, Port, VertexView
@@ -798,10 +797,12 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
     cost = CostModel(dict(rates or {}))
     interner = _Interner(types)
     specs = []
-    sharing = _sharing(queries, cost, types) if materialize == AUTO else {}
+    sharing, intake = _sharing(queries, cost, types) if materialize == AUTO else ({}, {})
+    stream = _stream_rate(queries, cost)
     for q in queries:
         qp, root_tree, output_guards, construction, why = _choose(
-            q, cost, materialize, sharing.get(q.name), (constructions or {}).get(q.name))
+            q, cost, materialize, sharing.get(q.name), (constructions or {}).get(q.name),
+            intake.get(q.name), stream)
         interner.kleene, interner.strategy = qp.kleene, q.strategy
         interner.epoch = (epochs or {}).get(q.name, 0)
         w = q.within.ms
@@ -841,10 +842,21 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
                                tables=tuple(t for t in tables if t.name in used))
 
 
-def _sharing(queries: Sequence[ast.Query], cost: CostModel, types) -> dict[str, list[str]]:
+def _stream_rate(queries: Sequence[ast.Query], cost: CostModel) -> float:
+    """Events per second of the whole stream: every chain looks at each of them."""
+    if cost.rates:
+        return float(sum(cost.rates.values()))
+    return sum(cost.rate(t) for t in {i.type for q in queries
+                                      for i, _ in ast.event_patterns(q.pattern)})
+
+
+def _sharing(queries: Sequence[ast.Query], cost: CostModel,
+             types) -> tuple[dict[str, list[str]], dict[str, float]]:
     """Per query whose joins would share an operator vertex (SEQ, AND, OR, KLEENE) with
     other queries: those queries. A chain is a vertex of its own query, so under auto
-    such a query stays joins: the shared vertex stays one vertex."""
+    such a query stays joins: the shared vertex stays one vertex. Second, per query,
+    the events per second its joins' leaves take in, each leaf's split among the
+    queries that share it (what its joins' intake costs it; a chain's is its own)."""
     interner = _Interner(types)
     for q in queries:
         qp = _QueryPlanner(q, cost)
@@ -853,20 +865,28 @@ def _sharing(queries: Sequence[ast.Query], cost: CostModel, types) -> dict[str, 
         interner.node(root, qp.key_attrs, q.within.ms, q.name, q.within.ms)
     operators = (Kind.SEQ, Kind.AND, Kind.OR, Kind.KLEENE)
     out: dict[str, list[str]] = {}
+    intake: dict[str, float] = {}
     for v, users in enumerate(interner.users):
         if len(users) > 1 and interner.sigs[v][0] in operators:
             for u in users:
                 out.setdefault(u, [])
                 out[u] += [x for x in users if x != u and x not in out[u]]
-    return out
+        if interner.sigs[v][0] == Kind.EVENT:
+            share = cost.rate(interner.types[interner.sigs[v][1]]) / len(users)
+            for u in users:
+                intake[u] = intake.get(u, 0.0) + share
+    return out, intake
 
 
 def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] | None = None,
-            measured: str | None = None):
+            measured: str | None = None, leaf_rate: float | None = None,
+            stream_rate: float | None = None):
     """How a query runs: as joins or as one chain (forced by ``chain`` / the other
     modes, chosen by the estimated work under ``auto`` unless its joins are shared with
-    ``shares``, or ``measured`` by a running engine). Returns its planner, tree, OUTPUT
-    guards, the choice and why."""
+    ``shares``, or ``measured`` by a running engine). ``leaf_rate``: events per second
+    its joins' leaves take in, split among their sharers (default: its items' types'
+    rates, as a chain's); ``stream_rate``: the whole stream's (default: its types').
+    Returns its planner, tree, OUTPUT guards, the choice and why."""
     eligible = chain_eligible(q)
     if measured is not None:
         if measured not in CONSTRUCTIONS:
@@ -885,10 +905,16 @@ def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] |
     slots = chain.chain_slots()
     negations = sum(1 for i in q.pattern.items if isinstance(i, ast.Negation)) \
         if isinstance(q.pattern, ast.Operator) else 0
-    chain_est = chain_work(slots, bool(chain.key_attrs), negations)
+    seconds = q.within.ms / 1000.0
+    items = q.pattern.items if isinstance(q.pattern, ast.Operator) else (q.pattern,)
+    own_rate = sum(cost.rate(i.type) for i in items if not isinstance(i, ast.Negation))
+    chain_est = chain_work(slots, bool(chain.key_attrs), negations) + \
+        intake_work(own_rate * seconds) + W_SCAN * seconds * max(
+            own_rate, own_rate if stream_rate is None else stream_rate)
     joins = _QueryPlanner(q, cost)
     root, guards = joins.plan()
     _, joins_est = dag_work(root, bool(joins.key_attrs))
+    joins_est += intake_work((own_rate if leaf_rate is None else leaf_rate) * seconds)
     figures = f"est. work per window: chain {chain_est:.4g}, joins {joins_est:.4g}"
     if materialize == CHAIN:
         root, guards = chain.plan()
@@ -908,7 +934,7 @@ def switchable(queries: Sequence[ast.Query], tables: Sequence[ast.LookupTable] =
     can run as a chain whose joins share no operator vertex with another query (a
     chain is a vertex of its own query; a shared vertex stays one vertex)."""
     resolved, _ = resolve_all(queries, {t.name: t for t in tables})
-    shared = _sharing(resolved, CostModel({}), types)
+    shared, _ = _sharing(resolved, CostModel({}), types)
     return [q.name for q in resolved if chain_eligible(q) and q.name not in shared]
 
 
