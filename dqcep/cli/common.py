@@ -58,16 +58,22 @@ def load_rates(path: str | None) -> dict[str, float]:
     return rates
 
 
-def planner_options(parser, only: str = "") -> None:
+# The plans when --materialize is not given: dqcep run on an event file chooses by the
+# cost model with the file's measured rates; the streaming service, whose rates are
+# not known before it starts, and explain keep every join's records.
+FILE_MATERIALIZE, MATERIALIZE = "auto", "always"
+
+
+def planner_options(parser, only: str = "", default: str = f"default {MATERIALIZE}") -> None:
     from dqcep.plan.joins import MATERIALIZE_MODES
 
-    parser.add_argument("--materialize", choices=MATERIALIZE_MODES, default="always",
-                        help=only + "which SEQ joins keep their partial matches as records "
-                        "(always, default), build them on demand from their inputs when "
-                        "their parent needs them (on-demand, where the plan allows it), run "
-                        "every flat skip-till-any-match SEQ as one chain built when its last "
-                        "event comes (chain), or choose by the cost model (auto); same "
-                        "matches either way (docs/planner.md)")
+    parser.add_argument("--materialize", choices=MATERIALIZE_MODES, default=None,
+                        help=only + "SEQ joins keep their partial matches as records "
+                        "(always), build them on demand from their inputs when their parent "
+                        "needs them (on-demand, where the plan allows it), every flat "
+                        "skip-till-any-match SEQ runs as one chain built when its last event "
+                        "comes (chain), or the cost model chooses per query (auto); "
+                        f"{default}; same matches either way (docs/planner.md)")
     parser.add_argument("--rates", metavar="FILE",
                         help=only + "JSON object {event type: events per second} for the "
                         "cost model (default: 1 event/s for every type; with --materialize "

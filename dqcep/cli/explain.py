@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import sys
 
-from dqcep.cli.common import load_queries, load_rates, planner_options, warn_plan
+from dqcep.cli.common import (
+    MATERIALIZE,
+    load_queries,
+    load_rates,
+    planner_options,
+    warn_plan,
+)
 
 
 def add_parser(sub) -> None:
@@ -25,7 +31,8 @@ def command(args) -> int:
 
     queries = load_queries(args.queries)
     rates = load_rates(args.rates)
-    plan = build_plan(queries.queries, rates, materialize=args.materialize,
+    plan = build_plan(queries.queries, rates,
+                      materialize=args.materialize or MATERIALIZE,
                       schemas=queries.schemas, tables=queries.tables)
     warn_plan(queries, rates)
     sys.stdout.write(explain_dot(plan) if args.dot else explain_text(plan))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from dqcep.cli.common import byte_size, load_queries, load_rates, planner_options, warn_plan
+from dqcep.cli.common import (FILE_MATERIALIZE, MATERIALIZE, byte_size, load_queries, load_rates,
+                              planner_options, warn_plan)
 from dqcep.errors import UserError
 from dqcep.events import MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET
 from dqcep.numbers import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
@@ -40,7 +41,8 @@ def add_parser(sub) -> None:
                      "SASE-style baseline (NFA with active instance stacks; SEQ queries "
                      "only), or the reference matcher (simple and exact, holds the whole "
                      "input)")
-    planner_options(run, "native: ")
+    planner_options(run, "native: ", f"default {FILE_MATERIALIZE} on an event file, "
+                    f"{MATERIALIZE} on MQTT input")
     run.add_argument("--adapt", choices=("on", "off"), default=None,
                      help="native, on an event file: measure each query's time while it "
                      "runs and move a skip-till-any-match SEQ between joins and one chain "
@@ -170,7 +172,7 @@ def command(args) -> int:
         raise UserError("--chunk-size must be >= 1")
     if args.engine == "native":
         warn_plan(query_file, load_rates(args.rates))
-    if args.engine != "native" and (args.materialize != "always" or args.rates or args.adapt):
+    if args.engine != "native" and (args.materialize or args.rates or args.adapt):
         raise UserError("--materialize, --rates and --adapt plan the native engine's joins; "
                         f"--engine {args.engine} has none")
     from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
@@ -209,6 +211,7 @@ def command(args) -> int:
                                     lookup_source=tables)
             else:
                 rates = load_rates(args.rates)
+                args.materialize = args.materialize or FILE_MATERIALIZE
                 if not rates and args.materialize == "auto":  # measured on the input
                     from dqcep.io.readers import sample_rates
                     rates = sample_rates(args.input, args.format)
