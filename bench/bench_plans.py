@@ -19,6 +19,7 @@ the best (machines are shared: compare the ratios).
 
     python3 bench/bench_plans.py                        # every shape
     python3 bench/bench_plans.py --only tied --events 20000
+    python3 bench/bench_plans.py --more                 # the other workloads
 """
 from __future__ import annotations
 
@@ -36,6 +37,29 @@ SHAPES = {
                500_000),
     "rising": ("SEQ(T0 a, T1+ b[], T2 c) WHERE b[i].a0 > b[i-1].a0 WITHIN {w} ms", 10,
                (50, 100), 500_000),
+}
+# Other workloads of these shapes (``--more``): a list tied the other way, to both
+# neighbours, with [key]; SEQs of 4 and 2, one with a condition between its ends, one
+# with a NOT between, W2's [key] AND a.a0 < b.a0; a rising list also tied to a; a
+# filtered list with an aggregate
+MORE = {
+    "tied2": ("SEQ(T0 a, T1+ b[], T2 c) WHERE b.a0 < a.a0 AND c.a0 > a.a0 WITHIN {w} ms",
+              10, (40, 80), 20_000),
+    "tiedboth": ("SEQ(T0 a, T1+ b[], T2 c) WHERE b.a0 > a.a0 AND b.a0 < c.a0 WITHIN {w} ms",
+                 10, (40, 80), 20_000),
+    "tiedkey": ("SEQ(T0 a, T1+ b[], T2 c) WHERE [a0] AND b.a0 > a.a0 WITHIN {w} ms", 10,
+                (200, 500), 100_000),
+    "seq4": ("SEQ(T0 a, T1 b, T2 c, T3 d) WITHIN {w} ms", 10, (40, 120), 500_000),
+    "seq3p": ("SEQ(T0 a, T1 b, T2 c) WHERE a.a0 < c.a0 WITHIN {w} ms", 10, (60, 200),
+              500_000),
+    "seq2": ("SEQ(T0 a, T1 b) WITHIN {w} ms", 10, (20, 100), 500_000),
+    "seqneg": ("SEQ(T0 a, NOT T3 n, T1 b, T2 c) WITHIN {w} ms", 10, (40, 120), 500_000),
+    "seqkey": ("SEQ(T0 a, T1 b, T2 c) WHERE [a0] AND a.a0 < b.a0 WITHIN {w} ms", 10,
+               (200, 600), 500_000),
+    "itertied": ("SEQ(T0 a, T1+ b[], T2 c) WHERE b[i].a0 > b[i-1].a0 AND b.a0 > a.a0 "
+                 "WITHIN {w} ms", 8, (40, 100), 200_000),
+    "kfilt2": ("SEQ(T0 a, T1+ b[], T2 c) WHERE b.a0 > 60 AND count(b) >= 2 WITHIN {w} ms",
+               10, (40, 80), 500_000),
 }
 EVENT_RATE = 1000.0
 
@@ -60,7 +84,10 @@ def run(make, stream: list, repeat: int) -> tuple[float, int, object]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default=",".join(SHAPES), help="shapes, comma-separated")
+    ap.add_argument("--only", default=",".join(SHAPES), help="shapes, comma-separated "
+                    f"(of {', '.join(SHAPES)}; or of --more's)")
+    ap.add_argument("--more", action="store_true",
+                    help=f"the other workloads: {', '.join(MORE)}")
     ap.add_argument("--events", type=int, default=0,
                     help="events per shape (default: the shape's own, 2*10^4 or 5*10^5)")
     ap.add_argument("--chunk", type=int, default=4096, help="events per batch")
@@ -77,8 +104,9 @@ def main(argv=None) -> None:
 
     print(f"{'shape':<8} {'window':>7} {'choice':<7} {'native ev/s':>12} {'joins ev/s':>12} "
           f"{'sase ev/s':>12} {'native/sase':>11} {'joins/sase':>10} {'matches':>10}")
-    for name in args.only.split(","):
-        text, types, windows, events = SHAPES[name]
+    names = ",".join(MORE) if args.more and args.only == ",".join(SHAPES) else args.only
+    for name in names.split(","):
+        text, types, windows, events = {**SHAPES, **MORE}[name]
         events = args.events or events
         rates = {f"T{i}": EVENT_RATE / types for i in range(types)}
         stream = batches(types, events, args.chunk)
