@@ -33,9 +33,9 @@ sequence number or a list handle of the engine's ListStore.
 """
 cimport cython
 from cython.view cimport array as cvarray
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free
-from libc.string cimport memmove
+from libc.string cimport memmove, memset
 
 import numpy as np
 
@@ -54,6 +54,7 @@ cdef enum:
     MAX_CHAIN_SLOTS = 32
     MIN_STACK = 16
     KEEP_STACK = 64   # an emptied stack up to this capacity keeps its arrays
+    MEMO_ENTRIES = 64   # bindings whose lists one call keeps (direct-mapped by binding)
     # the condition groups of slot s (``group_first``): 3 s its filter (the event
     # alone, checked before it is stacked), 3 s + 1 checked when it is bound (for a
     # Kleene slot: per element, against what is bound), 3 s + 2 a Kleene slot's
@@ -62,6 +63,26 @@ cdef enum:
     G_FILTER = 0
     G_BIND = 1
     G_ITER = 2
+
+
+cdef struct Memo:
+    # The lists of the memo slot for one binding of the slots before it (``ctx``),
+    # made from its candidates with ts below ``hi``, grouped by the candidate each
+    # ends with: a later last event with the same binding extends them and reads
+    # the prefix below its own bound instead of making them again.
+    int64_t ctx[MAX_CHAIN_SLOTS]
+    int64_t key_seq       # an event with the [attr] values they were made for
+    int64_t hi
+    bint live
+    idx_t m               # candidates
+    idx_t cand_cap
+    int64_t* cand
+    int64_t* cand_ts
+    idx_t* node_start     # candidate j's first node; node_start[m] = n_nodes
+    idx_t n_nodes
+    idx_t node_cap
+    int64_t* node         # list handles
+    idx_t* node_last      # the candidate each ends with
 
 
 cdef struct Stack:
@@ -299,6 +320,10 @@ cdef class _Build:
     cdef idx_t cand_cap[MAX_CHAIN_SLOTS]
     # matches written as a query's output (``chain_step_ids``): detected, user ids of
     # the slots ``var_slots`` names; at most ``limit`` of them (0: no limit)
+    # the Kleene slot whose lists are kept per binding of the slots before it (-1:
+    # none): one whose conditions read no slot after it (``_memo_slot``)
+    cdef idx_t memo_slot
+    cdef Memo* memo           # MEMO_ENTRIES of them, made at the memo slot's first use
     cdef bint direct
     cdef const int64_t* var_slots
     cdef idx_t n_vars, n_out, cap_out, limit
@@ -313,6 +338,8 @@ cdef class _Build:
         self.direct = False
         self.det_buf = self.ids_buf = NULL
         self.n_out = self.cap_out = self.limit = self.n_vars = 0
+        self.memo_slot = -1
+        self.memo = NULL
 
     def __dealloc__(self):
         cdef idx_t i
@@ -321,6 +348,14 @@ cdef class _Build:
             free(self.cand_ts[i])
             free(self.path_pos[i])
             free(self.path_handle[i])
+        if self.memo != NULL:
+            for i in range(MEMO_ENTRIES):
+                free(self.memo[i].cand)
+                free(self.memo[i].cand_ts)
+                free(self.memo[i].node_start)
+                free(self.memo[i].node)
+                free(self.memo[i].node_last)
+            free(self.memo)
         free(self.det_buf)
         free(self.ids_buf)
 
@@ -427,6 +462,8 @@ cdef class _Build:
         if i == self.n_lists:
             return self.finish()
         s = self.lists[i]
+        if s == self.memo_slot:
+            return self.memo_step(i)
         trailing = s == self.sp.k - 1
         lo, hi = self._left_ts(s), self._right_ts(s)
         if trailing and not self._holds_element(s, G_BIND, -1, self.last_seq):
@@ -475,6 +512,105 @@ cdef class _Build:
                 last_ts = self.cand_ts[s][self.path_pos[s][d - 1]]
             else:
                 parent, last_ts = -1, lo
+        return 0
+
+    cdef int memo_step(self, idx_t i) except -1 nogil:
+        """``list_step`` of the memo slot: its lists for the binding before it, kept
+        from an earlier last event with that binding and extended to this one's bound
+        (the same lists the depth-first walk makes: every ts-increasing sub-list of the
+        candidates whose elements pass the iteration conditions one by one)."""
+        cdef idx_t s = self.lists[i], n, q
+        cdef int64_t hi = self._right_ts(s)
+        cdef Memo* e = self._memo_for(s)
+        if hi > e.hi:
+            self._memo_extend(e, s, hi)
+        n = e.m
+        while n > 0 and e.cand_ts[n - 1] >= hi:
+            n -= 1
+        if n == 0:
+            return 0
+        for q in range(e.node_start[n]):
+            self.rec[s] = e.node[q]
+            self.list_step(i + 1)
+        self.rec[s] = -1
+        return 0
+
+    cdef Memo* _memo_for(self, idx_t s) except NULL nogil:
+        """The memo entry of the binding of the slots before s (a fresh one in its
+        place when another binding held it)."""
+        cdef uint64_t h = 0
+        cdef idx_t t
+        cdef Memo* e
+        if self.memo == NULL:   # zeroed: no entry live, no array yet
+            self.memo = <Memo*>grow(NULL, MEMO_ENTRIES * sizeof(Memo))
+            memset(self.memo, 0, MEMO_ENTRIES * sizeof(Memo))
+        for t in range(s):
+            h = (h ^ <uint64_t>self.rec[t]) * <uint64_t>0x9E3779B97F4A7C15
+        e = &self.memo[(h >> 40) % MEMO_ENTRIES]
+        if e.live:
+            for t in range(s):
+                if e.ctx[t] != self.rec[t]:
+                    break
+            else:
+                if not self.sp.key_cols.shape[0] or same_cells(
+                        self.st, self.sp.key_cols, e.key_seq, self.last_seq):
+                    return e
+        for t in range(s):
+            e.ctx[t] = self.rec[t]
+        e.key_seq, e.hi, e.live = self.last_seq, self._left_ts(s) + 1, True
+        e.m = e.n_nodes = 0
+        self._memo_reserve(e, 1, 0)
+        e.node_start[0] = 0
+        return e
+
+    cdef int _memo_reserve(self, Memo* e, idx_t cands, idx_t nodes) except -1 nogil:
+        cdef idx_t cap
+        if cands > e.cand_cap:
+            cap = max(e.cand_cap * 2, <idx_t>MIN_STACK, cands)
+            e.cand = <int64_t*>grow(e.cand, cap * sizeof(int64_t))
+            e.cand_ts = <int64_t*>grow(e.cand_ts, cap * sizeof(int64_t))
+            e.node_start = <idx_t*>grow(e.node_start, (cap + 1) * sizeof(idx_t))
+            e.cand_cap = cap
+        if nodes > e.node_cap:
+            cap = max(e.node_cap * 2, <idx_t>MIN_STACK, nodes)
+            e.node = <int64_t*>grow(e.node, cap * sizeof(int64_t))
+            e.node_last = <idx_t*>grow(e.node_last, cap * sizeof(idx_t))
+            e.node_cap = cap
+        return 0
+
+    cdef int _memo_node(self, Memo* e, int64_t parent, idx_t j) except -1 nogil:
+        self._memo_reserve(e, 0, e.n_nodes + 1)
+        e.node[e.n_nodes] = self.ls.append(self.st, parent, e.cand[j])
+        e.node_last[e.n_nodes] = j
+        e.n_nodes += 1
+        return 0
+
+    cdef int _memo_extend(self, Memo* e, idx_t s, int64_t hi) except -1 nogil:
+        """Take the candidates with ts in [e.hi, hi) and make the lists ending with each:
+        it alone, and each earlier list (ending before its ts) it may extend."""
+        cdef Stack* stack = &self.part[s]
+        cdef idx_t jj, j, q, prior
+        cdef int64_t seq
+        for jj in range(_below(stack, e.hi), _below(stack, hi)):
+            seq = stack.seq[jj]
+            if self.sp.key_cols.shape[0] and not same_cells(self.st, self.sp.key_cols,
+                                                            seq, self.last_seq):
+                continue
+            if not self._holds_element(s, G_BIND, -1, seq):
+                continue
+            j = e.m
+            self._memo_reserve(e, j + 1, 0)
+            e.cand[j], e.cand_ts[j] = seq, stack.ts[jj]
+            prior = e.n_nodes
+            if self._holds_element(s, G_ITER, -1, seq):
+                self._memo_node(e, -1, j)
+            for q in range(prior):
+                if e.cand_ts[e.node_last[q]] < e.cand_ts[j] and \
+                        self._holds_element(s, G_ITER, e.node[q], seq):
+                    self._memo_node(e, e.node[q], j)
+            e.m = j + 1
+            e.node_start[e.m] = e.n_nodes
+        e.hi = hi
         return 0
 
     cdef int _close(self, idx_t i, idx_t s, int64_t parent) except -1 nogil:
@@ -628,6 +764,7 @@ cdef int _run(_Build b, ChainSpec sp, ChainStacks stacks, EventStore st, ListSto
         if sp.slot_kleene[s]:
             b.lists[b.n_lists] = s
             b.n_lists += 1
+    b.memo_slot = _memo_slot(sp)
     with nogil:
         if not has_key:
             unkeyed = &stacks.stacks[stacks._partition(0) * k]
@@ -658,6 +795,33 @@ cdef int _run(_Build b, ChainSpec sp, ChainStacks stacks, EventStore st, ListSto
                     stacks._push(&part[s], seqs[j], ts[j], part[s - 1].dropped + _below(
                         &part[s - 1], ts[j]) if stacks.left_plain[s] else -1)
     return 0
+
+
+cdef idx_t _memo_slot(ChainSpec sp):
+    """The first Kleene slot, after the first slot and before the last, whose bind
+    and iteration conditions read no slot after it: its lists depend on the binding
+    of the slots before it and on its right bound only, so they are kept per binding
+    (``_Build.memo_step``); -1 if there is none."""
+    cdef PredicateSet ps = sp.conds
+    cdef idx_t s, p, j
+    cdef bint left_only
+    for s in range(1, sp.k - 1):
+        if not sp.slot_kleene[s]:
+            continue
+        left_only = True
+        for p in range(sp.group_first[3 * s + G_BIND], sp.group_first[3 * s + G_ITER + 1]):
+            for j in range(ps.slot_start[p], ps.slot_start[p + 1]):
+                if s < ps.slots[j] < sp.k:
+                    left_only = False
+            for j in range(ps.rng_start[p], ps.rng_start[p + 1]):
+                if ps.rng_slot[j] > s:
+                    left_only = False
+            for j in range(ps.ext_start[p], ps.ext_start[p + 1]):
+                if ps.ext_slot[j] > s:
+                    left_only = False
+        if left_only:
+            return s
+    return -1
 
 
 cdef inline bint _filter(_Build b, idx_t s, int64_t seq, int64_t* none) noexcept nogil:

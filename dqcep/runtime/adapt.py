@@ -60,6 +60,11 @@ BACKOFF = 8               # after a probation or a dropped replay: the next look
 CAP = 2.0                 # a replay of the other construction is dropped past this many
 #                           times what the replay of the query as it runs took
 REPLAY_SLICE = 1024       # events a replay takes at a time (one over its cap stops there)
+# a probation ends early, after these many stored events, once the move measures over
+# EARLY_FACTOR times slower than before it (a run shorter than the probation spent the
+# rest of itself in a construction 5x slower)
+EARLY_EVENTS = 512
+EARLY_FACTOR = 2.0
 OTHER = {"joins": "chain", "chain": "joins"}
 
 
@@ -338,7 +343,7 @@ class AdaptiveEngine(Engine):
         moved = []
         store_next = self.state.store.next_seq
         for name, look in self.looks.items():
-            if store_next < look.due:
+            if store_next < look.due and not self._clearly_slower(name, look, store_next):
                 continue
             spent = self._spent(name)
             took, events = spent - look.ns_at, store_next - look.seq_at
@@ -374,6 +379,13 @@ class AdaptiveEngine(Engine):
             look.due = self._due(PROBATION_EVENTS)
             moved.append(name)
         return moved
+
+    def _clearly_slower(self, name: str, look, store_next: int) -> bool:
+        """On probation, EARLY_EVENTS stored events in: over EARLY_FACTOR times slower
+        per event than before the move (the probation then ends now)."""
+        events = store_next - look.seq_at
+        return look.before is not None and events >= EARLY_EVENTS and \
+            (self._spent(name) - look.ns_at) / events > EARLY_FACTOR * look.before
 
     def _due(self, wait: int) -> int:
         """The store's next seq at which to look again: ``wait`` stored events on, and
