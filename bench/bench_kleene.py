@@ -66,8 +66,8 @@ def main(argv=None) -> None:
     ref_s = time.perf_counter() - started
     nat_s, got, lists, peak = native(queries, small)
     big_s, big, big_lists, big_peak = native(queries, large)
-    print(f"query: rising temperature run (>= 3, skip-till-any-match) then smoke, WITHIN 5 s; "
-          f"iot --seed 3")
+    print("query: rising temperature run (>= 3, skip-till-any-match) then smoke, WITHIN 5 s; "
+          "iot --seed 3")
     print(f"{'run':<28} {'events':>10} {'seconds':>8} {'events/s':>11} {'matches':>8} "
           f"{'lists out':>10} {'peak state':>11}")
     print(f"{'reference':<28} {n:>10,} {ref_s:>8.2f} {n / ref_s:>11,.0f} {len(expected):>8,}")

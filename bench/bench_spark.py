@@ -558,8 +558,8 @@ def model(args) -> None:
           + "".join(f"{str(r['jobs']) + ' / ' + str(r['stages_run']):>22}" for r in runs))
     print(f"{'task s per 10^6 events':<26}"
           + "".join(f"{r['task_ms'] / n * 1e3:>22.2f}" for r in runs))
-    print(f"\nper stage (>= 2% of the work): work alone, core demand, skew, tasks; task s per "
-          f"10^6 events with 1 executor x 2 cores and 2 executors x 1 core")
+    print("\nper stage (>= 2% of the work): work alone, core demand, skew, tasks; task s per "
+          "10^6 events with 1 executor x 2 cores and 2 executors x 1 core")
     by_one = {s["id"]: s for s in one["stages"]}
     by_two = {s["id"]: s for s in two["stages"]}
     worst = 0.0

@@ -32,7 +32,6 @@ import numpy as np
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from dqcep.errors import UserError
 from dqcep.io.readers import format_for, list_event_files
 from dqcep.runtime import EventColumns
 
