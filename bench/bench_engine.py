@@ -10,13 +10,14 @@ memory growth). The reference matcher runs at the smallest size only.
 
     python3 bench/bench_engine.py                       # the full table (10^5..10^7)
     python3 bench/bench_engine.py --sizes 100000 --workloads W1,W4
-    python3 bench/bench_engine.py --adapt      # as dqcep run on a file runs them
-    python3 bench/bench_engine.py --adapt --materialize auto
+    python3 bench/bench_engine.py --adapt      # adapting from always
+    python3 bench/bench_engine.py --adapt --materialize auto   # dqcep run on a file
+    python3 bench/bench_engine.py --workloads W4 --materialize chain
 
-``--adapt``: each native engine is what ``dqcep run`` runs on a file
-(``AdaptiveEngine``, moving queries between joins and a chain as it measures them),
-starting from ``--materialize`` (default ``always``, as dqcep run; ``auto`` gets the
-stream's rates), not a bare ``Engine``.
+``--materialize``: the native plans (default ``always``, as the service; ``auto`` gets
+the stream's rates). ``--adapt``: each native engine is what ``dqcep run`` runs on a
+file (``AdaptiveEngine``, moving queries between joins and a chain as it measures
+them), starting from those plans, not a bare ``Engine``.
 
 Workloads (window ~1000 events, 100 keys):
   W1  SEQ(T0 a, T1 b) WHERE [key] WITHIN 1 s
@@ -79,9 +80,12 @@ def point(workload: str, events: int, mode: str, repeat: int) -> dict:
     else:
         from dqcep.runtime import Engine
         groups = [queries] if mode.startswith("shared") else [[q] for q in queries]
-        plans = [build_plan(g) for g in groups]
         rates = {f"T{i}": 1000 / types for i in range(types)}
-        materialize = mode.split(":")[-1]  # +adapt:MODE
+        materialize = mode.split(":")[-1]  # MODE[+adapt]:MATERIALIZE
+        # the stream's rates where the cost model chooses (auto); the other modes plan
+        # as before rates were given (the figures in bench/README.md)
+        plans = [build_plan(g, rates=rates if materialize == "auto" else None,
+                            materialize=materialize) for g in groups]
 
         def make():
             if "+adapt" in mode:
@@ -121,7 +125,8 @@ def main(argv=None) -> None:
                     help="skip the reference matcher (it needs minutes at 10^5 events for W4)")
     ap.add_argument("--adapt", action="store_true",
                     help="native: dqcep run's engine on a file (AdaptiveEngine)")
-    ap.add_argument("--materialize", default="always", help="with --adapt: the start plans")
+    ap.add_argument("--materialize", default="always",
+                    help="the native plans (with --adapt: the start plans)")
     ap.add_argument("--point", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.point:
@@ -139,11 +144,11 @@ def main(argv=None) -> None:
                                  else []):
                 if mode == "separate" and n > sizes[min(1, len(sizes) - 1)]:
                     continue  # 50 separate engines: two sizes are enough for the ratio
-                adapt = f"+adapt:{args.materialize}" if args.adapt else ""
-                r = measure(w, n, mode + ("" if mode == "reference" else adapt),
+                plan = ("+adapt" if args.adapt else "") + f":{args.materialize}"
+                r = measure(w, n, mode + ("" if mode == "reference" else plan),
                             1 if mode == "reference" else args.repeat)
                 rows.append(r)
-                r["mode"] = mode  # (without +adapt)
+                r["mode"] = mode  # (without the plan)
                 label = {"shared": "native", "separate": "native/50", "reference": "reference"}
                 print(f"{w:8} {n:>9} {label[mode]:10} {r['events_per_s']:>12,.0f} "
                       f"{r['matches']:>11} {r['state_bytes'] / 1e6:>9.2f} "

@@ -318,12 +318,12 @@ cdef class _Build:
     cdef int64_t* path_pos[MAX_CHAIN_SLOTS]
     cdef int64_t* path_handle[MAX_CHAIN_SLOTS]
     cdef idx_t cand_cap[MAX_CHAIN_SLOTS]
-    # matches written as a query's output (``chain_step_ids``): detected, user ids of
-    # the slots ``var_slots`` names; at most ``limit`` of them (0: no limit)
     # the Kleene slot whose lists are kept per binding of the slots before it (-1:
     # none): one whose conditions read no slot after it (``_memo_slot``)
     cdef idx_t memo_slot
     cdef Memo* memo           # MEMO_ENTRIES of them, made at the memo slot's first use
+    # matches written as a query's output (``chain_step_ids``): detected, user ids of
+    # the slots ``var_slots`` names; at most ``limit`` of them (0: no limit)
     cdef bint direct
     cdef const int64_t* var_slots
     cdef idx_t n_vars, n_out, cap_out, limit

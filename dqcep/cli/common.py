@@ -64,6 +64,12 @@ def load_rates(path: str | None) -> dict[str, float]:
 FILE_MATERIALIZE, MATERIALIZE = "auto", "always"
 
 
+def materialize_of(args, event_file: bool = False) -> str:
+    """``--materialize`` as given, else the default (``FILE_MATERIALIZE`` for dqcep run
+    on an event file, ``MATERIALIZE`` otherwise)."""
+    return args.materialize or (FILE_MATERIALIZE if event_file else MATERIALIZE)
+
+
 def planner_options(parser, only: str = "", default: str = f"default {MATERIALIZE}") -> None:
     from dqcep.plan.joins import MATERIALIZE_MODES
 

@@ -3,13 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from dqcep.cli.common import (
-    MATERIALIZE,
-    load_queries,
-    load_rates,
-    planner_options,
-    warn_plan,
-)
+from dqcep.cli.common import (load_queries, load_rates, materialize_of, planner_options,
+                              warn_plan)
 
 
 def add_parser(sub) -> None:
@@ -31,8 +26,7 @@ def command(args) -> int:
 
     queries = load_queries(args.queries)
     rates = load_rates(args.rates)
-    plan = build_plan(queries.queries, rates,
-                      materialize=args.materialize or MATERIALIZE,
+    plan = build_plan(queries.queries, rates, materialize=materialize_of(args),
                       schemas=queries.schemas, tables=queries.tables)
     warn_plan(queries, rates)
     sys.stdout.write(explain_dot(plan) if args.dot else explain_text(plan))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from dqcep.cli.common import (FILE_MATERIALIZE, MATERIALIZE, byte_size, load_queries, load_rates,
-                              planner_options, warn_plan)
+                              materialize_of, planner_options, warn_plan)
 from dqcep.errors import UserError
 from dqcep.events import MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET
 from dqcep.numbers import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
@@ -211,14 +211,14 @@ def command(args) -> int:
                                     lookup_source=tables)
             else:
                 rates = load_rates(args.rates)
-                args.materialize = args.materialize or FILE_MATERIALIZE
-                if not rates and args.materialize == "auto":  # measured on the input
+                materialize = materialize_of(args, event_file=True)
+                if not rates and materialize == "auto":  # measured on the input
                     from dqcep.io.readers import sample_rates
                     rates = sample_rates(args.input, args.format)
                 if (args.adapt or FILE_ADAPT) == "on":
                     from dqcep.runtime.adapt import AdaptiveEngine
 
-                    engine = AdaptiveEngine(queries, rates=rates, materialize=args.materialize,
+                    engine = AdaptiveEngine(queries, rates=rates, materialize=materialize,
                                             schemas=query_file.schemas,
                                             tables=query_file.tables, lateness=args.lateness,
                                             lookup_source=tables,
@@ -227,7 +227,7 @@ def command(args) -> int:
                     from dqcep.plan import build_plan
                     from dqcep.runtime import Engine
 
-                    engine = Engine(build_plan(queries, rates, materialize=args.materialize,
+                    engine = Engine(build_plan(queries, rates, materialize=materialize,
                                                schemas=query_file.schemas,
                                                tables=query_file.tables),
                                     lateness=args.lateness, lookup_source=tables,

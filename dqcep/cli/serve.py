@@ -2,8 +2,8 @@
 and the service (or its workers) started."""
 from __future__ import annotations
 
-from dqcep.cli.common import (MATERIALIZE, MAX_WORKERS, check_water_marks, load_queries,
-                              load_rates, named_values, read_calibration, warn_plan)
+from dqcep.cli.common import (MAX_WORKERS, check_water_marks, load_queries, load_rates,
+                              materialize_of, named_values, read_calibration, warn_plan)
 from dqcep.errors import UserError
 from dqcep.events import MAX_FUTURE_MS
 
@@ -68,8 +68,7 @@ def start_service(args) -> int:
         output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,
         until_idle=args.until_idle, journal_retention=args.journal_retention,
-        journal_segment_bytes=args.journal_segment,
-        materialize=args.materialize or MATERIALIZE,
+        journal_segment_bytes=args.journal_segment, materialize=materialize_of(args),
         rates=load_rates(args.rates), budget=args.max_partial_matches,
         returns=args.returns, http=http,
         hosted=args.queries_hosted.split(",") if args.queries_hosted else None)

@@ -124,9 +124,10 @@ MAX_EXPONENT = 60.0
 W_INTAKE, W_SCAN = 3.0, 0.3
 
 
-def intake_work(events: float, sharers: float = 1.0) -> float:
-    """The intake of ``events`` per window, split among the ``sharers`` reading them."""
-    return W_INTAKE * events / max(sharers, 1.0)
+def intake_work(taken: float, scanned: float = 0.0) -> float:
+    """The work per window of taking ``taken`` events in and looking at the type of
+    ``scanned`` more (a chain: every event of the stream)."""
+    return W_INTAKE * taken + W_SCAN * scanned
 
 
 def lists_made(n: float, sigma: float = 1.0) -> float:

@@ -52,8 +52,8 @@ import numpy as np
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate
 from dqcep.plan.cost import (MAX_AND_DP, SEL_EQUAL, SEL_KEY, SEL_NOT, W_COND, W_PROBE,
-                             W_RECORD, W_SCAN, ChainSlot, CostModel, better, chain_work,
-                             intake_work, lists_made, selectivity)
+                             W_RECORD, ChainSlot, CostModel, better, chain_work, intake_work,
+                             lists_made, selectivity)
 from dqcep.plan.joins import ALWAYS, AUTO, CHAIN, choose_materialization
 from dqcep.plan.lookups import LookupColumn, resolve_all
 from dqcep.plan.orthogonal import NIL, Kind, OrthogonalList, Port, VertexView
@@ -908,9 +908,9 @@ def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] |
     seconds = q.within.ms / 1000.0
     items = q.pattern.items if isinstance(q.pattern, ast.Operator) else (q.pattern,)
     own_rate = sum(cost.rate(i.type) for i in items if not isinstance(i, ast.Negation))
+    stream_rate = own_rate if stream_rate is None else max(stream_rate, own_rate)
     chain_est = chain_work(slots, bool(chain.key_attrs), negations) + \
-        intake_work(own_rate * seconds) + W_SCAN * seconds * max(
-            own_rate, own_rate if stream_rate is None else stream_rate)
+        intake_work(own_rate * seconds, stream_rate * seconds)
     joins = _QueryPlanner(q, cost)
     root, guards = joins.plan()
     _, joins_est = dag_work(root, bool(joins.key_attrs))
