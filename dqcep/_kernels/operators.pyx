@@ -549,51 +549,60 @@ cdef class LeafRouter:
         takes, in the batch's order, with their partition keys."""
         cdef idx_t n = seqs.shape[0], i, q, j, nt = self.n_types, nl = self.n_leaves
         cdef int32_t t
-        cdef int64_t c, key
+        cdef int64_t c, key, total = 0
         if ts.shape[0] != n or types.shape[0] != n:
             raise ValueError("route: seqs, ts and types differ in length")
         self.preds.check_inputs(st, 1)
         _check_columns(st, self.key_cols)
-        per_type_arr = np.zeros(nt + 1, dtype=np.int64)
-        cdef int64_t[::1] per_type = per_type_arr
+        # called once per slice of events: two arrays and one scratch block, whatever
+        # the number of leaves (its fixed cost is paid by every plan with EVENT vertices)
+        inputs_arr = np.zeros(nl, dtype=np.int64)
+        cdef int64_t[::1] inputs = inputs_arr
         with nogil:
             for i in range(n):
                 t = types[i]
                 if 0 <= t < nt:
-                    per_type[t] += 1
-        inputs = per_type_arr[np.asarray(self.leaf_type)] if nl else np.zeros(0, np.int64)
-        offsets = np.zeros(nl + 1, dtype=np.int64)
-        np.cumsum(inputs, out=offsets[1:])
-        cursor_arr = offsets[:nl].copy()
-        out_ts = np.empty(offsets[nl], dtype=np.int64)
-        out_key = np.empty(offsets[nl], dtype=np.int64)
-        out_seq = np.empty(offsets[nl], dtype=np.int64)
-        cdef int64_t[::1] cursor = cursor_arr
-        cdef int64_t[::1] o_ts = out_ts, o_key = out_key, o_seq = out_seq
-        with nogil:
-            for i in range(n):
-                t = types[i]
-                if t < 0 or t >= nt:
-                    continue
-                for q in range(self.type_start[t], self.type_start[t + 1]):
-                    j = self.type_leaf[q]
-                    key = 0
-                    if self.key_start[j + 1] > self.key_start[j] and not _key_of(
-                            st, <idx_t>(seqs[i] & st.mask), &self.key_cols[self.key_start[j]],
-                            self.key_start[j + 1] - self.key_start[j], &key):
+                    for q in range(self.type_start[t], self.type_start[t + 1]):
+                        inputs[self.type_leaf[q]] += 1
+            for j in range(nl):
+                total += inputs[j]
+        # rows ts, keys, seqs; leaf j's events at offsets[j]..cursor[j] of each
+        taken_arr = np.empty((3, total), dtype=np.int64)
+        cdef int64_t[:, ::1] taken_rows = taken_arr
+        cdef int64_t* offsets = <int64_t*>grow(NULL, 2 * (nl + 1) * sizeof(int64_t))
+        cdef int64_t* cursor = offsets + nl + 1
+        try:
+            with nogil:
+                offsets[0] = 0
+                for j in range(nl):
+                    offsets[j + 1] = offsets[j] + inputs[j]
+                    cursor[j] = offsets[j]
+                for i in range(n):
+                    t = types[i]
+                    if t < 0 or t >= nt:
                         continue
-                    if self.pred_start[j + 1] > self.pred_start[j] and \
-                            not self.preds.holds_range(st, &seqs[i], self.pred_start[j],
-                                                       self.pred_start[j + 1]):
-                        continue
-                    c = cursor[j]
-                    o_ts[c], o_key[c], o_seq[c] = ts[i], key, seqs[i]
-                    cursor[j] = c + 1
-        taken = []
-        for j in range(nl):
-            rows = slice(offsets[j], cursor[j])
-            taken.append((out_ts[rows], out_key[rows], out_seq[rows]))
-        return inputs, taken
+                    for q in range(self.type_start[t], self.type_start[t + 1]):
+                        j = self.type_leaf[q]
+                        key = 0
+                        if self.key_start[j + 1] > self.key_start[j] and not _key_of(
+                                st, <idx_t>(seqs[i] & st.mask),
+                                &self.key_cols[self.key_start[j]],
+                                self.key_start[j + 1] - self.key_start[j], &key):
+                            continue
+                        if self.pred_start[j + 1] > self.pred_start[j] and \
+                                not self.preds.holds_range(st, &seqs[i], self.pred_start[j],
+                                                           self.pred_start[j + 1]):
+                            continue
+                        c = cursor[j]
+                        taken_rows[0, c], taken_rows[1, c], taken_rows[2, c] = ts[i], key, seqs[i]
+                        cursor[j] = c + 1
+            taken = []
+            for j in range(nl):
+                rows = slice(offsets[j], cursor[j])
+                taken.append((taken_arr[0, rows], taken_arr[1, rows], taken_arr[2, rows]))
+        finally:
+            free(offsets)
+        return inputs_arr, taken
 
 
 cdef inline int64_t _event_of(const int64_t* rec, idx_t n, const uint8_t* is_list,

@@ -109,13 +109,21 @@ class Engine(EventTimeEngine):
         # once stream order is known
         self._chains = [v for v, r in program.runs.items() if isinstance(r.spec, ChainSpec)]
         self._waiting_runs = [v for v in program.runs if v not in self._chains]
+        # per vertex that makes records as a batch's events come (not RUN or OUTPUT), in
+        # topological order: the method that makes them, chosen once here (``_match``
+        # calls it for every slice of events)
+        steps = {Kind.EVENT: self._leaf, Kind.OR: self._merge, Kind.SEQ: self._join,
+                 Kind.AND: self._join, Kind.KLEENE: self._lists, Kind.NOT: self._negated}
+        self._steps = [(v, self._keep_inputs if self.plan.on_demand[v] and k in (
+            Kind.SEQ, Kind.AND) else steps[k]) for v, k in (
+                (v, program.kind[v]) for v in program.topo) if k in steps]
         self._budget_state()
 
     stats = property(lambda self: self.state.stats, doc="``self.state.stats``")
 
     def _join_input(self, v: int, recs: Records, side: int) -> Records:
         """The records as this vertex's queue sees them: keyed for its join."""
-        if self.plan.key_attrs[v] or not len(recs):
+        if self.program.keyless or self.plan.key_attrs[v] or not len(recs):
             return recs  # [attr] keys come up from the leaves
         index = self.program.eq_index.get(v)
         if index is None:
@@ -168,24 +176,21 @@ class Engine(EventTimeEngine):
         delta: dict[int, Records] = {}
         prog, state = self.program, self.state
         stats = state.stats
-        inputs, taken = prog.leaves.route(state.store, seqs, ts, types)
-        for v in prog.topo:
+        routed = prog.leaves.route(state.store, seqs, ts, types) if prog.leaf_index else None
+        for v, step in self._steps:
             if only is not None and v not in only:
                 continue
-            k = prog.kind[v]
             if v in self._dead:  # every query reading it was stopped by its budget
                 delta[v] = Records.empty(prog.n_slots[v])
                 self._new_inputs.pop(v, None)
                 continue
             began = perf_counter_ns()
             try:
-                recs = self._vertex(v, k, delta, inputs, taken)
+                recs = step(v, delta, routed)
             except StateBudgetExceeded as err:
                 self._stop(v, err)
                 recs = Records.empty(prog.n_slots[v])
             stats[v].ns += perf_counter_ns() - began
-            if recs is None:
-                continue
             delta[v] = recs
             stats[v].outputs += len(recs)
         if only is None and self._waiting_runs:
@@ -205,48 +210,42 @@ class Engine(EventTimeEngine):
             self._measure_state()
         return out
 
-    def _vertex(self, v: int, k, delta: dict[int, Records], inputs, taken) -> Records | None:
-        """Vertex v's new records of this batch (None: it makes none here)."""
-        prog, state = self.program, self.state
-        stats = state.stats
-        if k == Kind.EVENT:  # the events its type, key and filters let through
-            j = prog.leaf_index[v]
-            t, keys, s = taken[j]
-            recs = Records(t, t, keys, s.reshape(-1, 1))
-            stats[v].inputs += int(inputs[j])
-        elif k == Kind.OR:
-            left, right = delta[prog.children[v][0]], delta[prog.children[v][1]]
-            nl, nr = prog.n_slots[prog.children[v][0]], prog.n_slots[prog.children[v][1]]
-            recs = Records(
-                np.concatenate([left.start, right.start]),
-                np.concatenate([left.end, right.end]),
-                np.concatenate([left.key, right.key]),
-                np.concatenate([
-                    np.hstack([left.slots, np.full((len(left), nr), -1, np.int64)]),
-                    np.hstack([np.full((len(right), nl), -1, np.int64), right.slots])]),
-            ).sorted_by_end()
-            stats[v].inputs += len(left) + len(right)
-        elif k in (Kind.SEQ, Kind.AND) and self.plan.on_demand[v]:
-            recs = self._keep_inputs(v, delta)
-        elif k in (Kind.SEQ, Kind.AND):
-            recs = self._join(v, delta)
-        elif k == Kind.KLEENE:
-            recs = self._lists(v, delta[prog.kleene[v].child])
-        elif k == Kind.RUN:
-            return None  # a chain steps after the other vertices (_step_chains); the
-            # strategies' runs wait in run_pending for stream order (_step_runs)
-        elif k == Kind.NOT:
-            child = delta[prog.children[v][2]]
-            if len(child) and v in state.excluded:  # a live-added query's: no earlier event
-                child = child.take(~self._early(state.excluded[v], child.slots))
-            if len(child):
-                state.not_store[v].push_batch(child.start, child.end, child.key,
-                                              np.ascontiguousarray(child.slots))
-            stats[v].inputs += len(child)
-            recs = child
-        else:  # OUTPUT
-            return None
-        return recs
+    # The steps of ``_match``, one per kind of vertex: (v, this slice's new records of
+    # the vertices before it, the leaves' routing of the slice) -> v's new records.
+    def _leaf(self, v: int, delta: dict[int, Records], routed) -> Records:
+        """An EVENT vertex: the events its type, key and filters let through."""
+        inputs, taken = routed
+        j = self.program.leaf_index[v]
+        t, keys, s = taken[j]
+        self.state.stats[v].inputs += int(inputs[j])
+        return Records(t, t, keys, s.reshape(-1, 1))
+
+    def _merge(self, v: int, delta: dict[int, Records], routed) -> Records:
+        """An OR vertex: both children's records, each with the other's slots unbound."""
+        prog = self.program
+        left, right = delta[prog.children[v][0]], delta[prog.children[v][1]]
+        nl, nr = prog.n_slots[prog.children[v][0]], prog.n_slots[prog.children[v][1]]
+        self.state.stats[v].inputs += len(left) + len(right)
+        return Records(
+            np.concatenate([left.start, right.start]),
+            np.concatenate([left.end, right.end]),
+            np.concatenate([left.key, right.key]),
+            np.concatenate([
+                np.hstack([left.slots, np.full((len(left), nr), -1, np.int64)]),
+                np.hstack([np.full((len(right), nl), -1, np.int64), right.slots])]),
+        ).sorted_by_end()
+
+    def _negated(self, v: int, delta: dict[int, Records], routed) -> Records:
+        """A NOT vertex: its child's records, kept in its store for the guards."""
+        state = self.state
+        child = delta[self.program.children[v][2]]
+        if len(child) and v in state.excluded:  # a live-added query's: no earlier event
+            child = child.take(~self._early(state.excluded[v], child.slots))
+        if len(child):
+            state.not_store[v].push_batch(child.start, child.end, child.key,
+                                          np.ascontiguousarray(child.slots))
+        state.stats[v].inputs += len(child)
+        return child
 
     # ------------------------------------------------------------ the budget
     def _budget_state(self) -> None:
@@ -401,9 +400,10 @@ class Engine(EventTimeEngine):
                     or q.held_guards or q.list_columns or q.spec.after_match is not None
                     or q.index in self.state.fresh_since or q.window < run.window)
 
-    def _lists(self, v: int, elements: Records) -> Records:
+    def _lists(self, v: int, delta: dict[int, Records], routed=None) -> Records:
         """A KLEENE vertex: the new lists its events make (one slot: the list handle)."""
         state, spec = self.state, self.program.kleene[v]
+        elements = delta[spec.child]
         state.stats[v].inputs += len(elements)
         if not len(elements):
             return Records.empty(1)
@@ -432,7 +432,7 @@ class Engine(EventTimeEngine):
             np.ascontiguousarray(recs.slots), self.state.lists)
         return recs.take(keep)
 
-    def _keep_inputs(self, v: int, delta: dict[int, Records]) -> Records:
+    def _keep_inputs(self, v: int, delta: dict[int, Records], routed=None) -> Records:
         """A SEQ vertex built on demand makes no records: its inputs' new records wait
         for its parent's join, which appends them to its queues as it goes."""
         left, right = self.program.children[v][:2]
@@ -454,7 +454,9 @@ class Engine(EventTimeEngine):
                        dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots))
         return od
 
-    def _join(self, v: int, delta: dict[int, Records]) -> Records:
+    def _join(self, v: int, delta: dict[int, Records], routed=None) -> Records:
+        """A SEQ or AND vertex: its inputs' new records joined with each other and with
+        its queues (built on demand: its left input's chain too)."""
         prog, state = self.program, self.state
         left, right = prog.children[v][0], prog.children[v][1]
         dl, dr = delta[left], delta[right]
@@ -482,9 +484,10 @@ class Engine(EventTimeEngine):
         out = MatchBatch(self.match_queries)
         if q.never or not len(recs) or q.index in self.state.stopped:
             return out
-        inside = recs.end - recs.start <= q.window
-        if not inside.all():
-            recs = recs.take(inside)
+        if not q.root_within:
+            inside = recs.end - recs.start <= q.window
+            if not inside.all():
+                recs = recs.take(inside)
         if len(recs) and q.preds.n:
             slots = np.ascontiguousarray(recs.slots)
             recs = recs.take(q.preds.mask_lists(self.store, self.state.lists, slots, q.list_mask)
@@ -493,17 +496,24 @@ class Engine(EventTimeEngine):
             recs = self._keep(gv, recs)
         if not len(recs):
             return out
+        if q.held_active:
+            recs = self._hold(q, recs)
+        self._emit(out, q, recs.end, recs.slots)
+        return out
+
+    def _hold(self, q: QueryProgram, recs: Records) -> Records:
+        """The records a held negation applies to join the query's pending ones (they
+        wait until start + W); the others are returned."""
         held = np.zeros(len(recs), bool)
         for active in q.held_active:
             held |= (recs.slots[:, active] >= 0).any(axis=1)
-        if held.any():
-            hold, pending = recs.take(held), self.state.pending[q.index]
-            self.state.pending[q.index] = Records(*(np.concatenate([a, b]) for a, b in zip(
-                (pending.start, pending.end, pending.key, pending.slots),
-                (hold.start, hold.end, hold.key, hold.slots))))
-            recs = recs.take(~held)
-        self._emit(out, q, recs.end, recs.slots)
-        return out
+        if not held.any():
+            return recs
+        hold, pending = recs.take(held), self.state.pending[q.index]
+        self.state.pending[q.index] = Records(*(np.concatenate([a, b]) for a, b in zip(
+            (pending.start, pending.end, pending.key, pending.slots),
+            (hold.start, hold.end, hold.key, hold.slots))))
+        return recs.take(~held)
 
     def _emit(self, out: MatchBatch, q: QueryProgram, detected: np.ndarray, slots: np.ndarray):
         if len(detected):

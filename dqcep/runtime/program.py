@@ -44,6 +44,9 @@ class QueryProgram(NamedTuple):
     list_columns: tuple[int, ...] = ()  # the variables (by position) bound to Kleene lists
     list_mask: np.ndarray | None = None  # per root slot: it holds a list (None: none does)
     partition_cols: tuple[int, ...] = ()  # store columns of its [attr]s (after-match policy)
+    # its root is a join whose window is no wider than the query's: every record the
+    # root makes is inside the query's window (the output need not check it)
+    root_within: bool = False
 
 
 class KleeneProgram(NamedTuple):
@@ -99,7 +102,6 @@ class Program:
             constants = StringDictionary(universe.constants, len(universe.constants))
         self.based_on = universe
         self.attr_index = {a: i for i, a in enumerate(self.attrs)}
-        g = plan.graph
         g = plan.graph
         self.eff_window = effective_windows(plan)
         hosts = guard_hosts(plan)
@@ -177,6 +179,8 @@ class Program:
             np.cumsum([0] + [len(plan.preds[v]) for v in leaves]), len(self.types))
         self.eq_index = {v: (s1, self.attr_index[a1], s2, self.attr_index[a2])
                          for v, (s1, a1, s2, a2) in equality_joins(plan).items()}
+        # no vertex is keyed ([attr]s or an equality join): every record's key is 0
+        self.keyless = not self.eq_index and not any(map(len, self.keys.values()))
         self.queries = [self._query(i, spec, hosts[spec.output], constants)
                         for i, spec in enumerate(plan.queries)]
         self.match_queries = tuple((q.name, tuple(q.spec.variables)) for q in self.queries)
@@ -237,7 +241,8 @@ class Program:
             tuple(np.array(plan.guard[g].active_slots, dtype=np.int64) for g in held),
             len(spec.slot_of),
             tuple(j for j, var in enumerate(spec.variables) if var in spec.lists),
-            self._list_mask(spec), tuple(self.attr_index[a] for a in spec.partition))
+            self._list_mask(spec), tuple(self.attr_index[a] for a in spec.partition),
+            spec.root in self.joins and 0 <= self.joins[spec.root].window <= spec.window_ms)
 
     def _list_mask(self, spec) -> np.ndarray | None:
         root_lists = self.plan.lists[spec.root]
