@@ -173,13 +173,14 @@ class Engine(EventTimeEngine):
         if emit is None:
             emit = only is None
         out = MatchBatch(self.match_queries)
-        delta: dict[int, Records] = {}
+        # per vertex, its new records of this slice (a join of Program.ring_roots: the
+        # ring it wrote them to, for its query's OUTPUT)
+        delta: dict[int, Records | RingBuffer] = {}
         prog, state = self.program, self.state
         stats = state.stats
         routed = prog.leaves.route(state.store, seqs, ts, types) if prog.leaf_index else None
-        for v, step in self._steps:
-            if only is not None and v not in only:
-                continue
+        for v, step in (self._steps if only is None else
+                        [(v, step) for v, step in self._steps if v in only]):
             if v in self._dead:  # every query reading it was stopped by its budget
                 delta[v] = Records.empty(prog.n_slots[v])
                 self._new_inputs.pop(v, None)
@@ -200,7 +201,7 @@ class Engine(EventTimeEngine):
             for q in prog.queries:
                 if q.spec.root in delta and (only is None or q.spec.output in only):
                     began = perf_counter_ns()
-                    out += self._output(q, delta[q.spec.root])
+                    self._output(out, q, delta[q.spec.root])
                     stats[q.spec.output].ns += perf_counter_ns() - began
         if self._chains:
             made = self._step_chains(seqs, ts, types, only)
@@ -341,7 +342,7 @@ class Engine(EventTimeEngine):
         keyed = ok.view(np.uint8)
         step = chain_step if isinstance(run.spec, ChainSpec) else run_step
         if step is chain_step and len(run.queries) == 1 and \
-                self._plain_output(prog.queries[run.queries[0]], run):
+                self._plain_output(prog.queries[run.queries[0]]):
             return self._chain_ids(v, run, prog.queries[run.queries[0]], seqs, ts, types,
                                    keys, keyed)
         # in slices: the ring holds one slice's matches, so the budget bounds what
@@ -356,17 +357,8 @@ class Engine(EventTimeEngine):
                 self._stop(v, err)
                 break
             state.stats[v].outputs += len(ring)
-            plain = [qi for qi in run.queries if self._plain_output(prog.queries[qi], run)]
-            for qi in plain:  # the ids straight from the ring (what _output would do)
-                q = prog.queries[qi]
-                if len(ring):
-                    out.parts.append((qi, *match_ids(ring, state.store, q.var_slots), None))
-                    state.stats[q.spec.output].outputs += len(ring)
-            if len(plain) < len(run.queries):
-                recs = Records.from_ring(ring)
-                for qi in run.queries:
-                    if qi not in plain:
-                        out += self._output(prog.queries[qi], recs)
+            for qi in run.queries:
+                self._output(out, prog.queries[qi], ring)
         state.stats[v].inputs += len(seqs)
         return out
 
@@ -392,13 +384,14 @@ class Engine(EventTimeEngine):
         state.stats[v].inputs += len(seqs)
         return out
 
-    def _plain_output(self, q: QueryProgram, run) -> bool:
-        """Does the query's OUTPUT pass a RUN vertex's matches on as they are: no
+    def _plain_output(self, q: QueryProgram) -> bool:
+        """Does the query's OUTPUT pass its root's matches on as they are: no
         condition, NOT, list, policy or live boundary of its own, its window no
-        narrower than the vertex's (whose matches are inside it)?"""
-        return not (q.never or q.index in self.state.stopped or q.preds.n or q.now_guards
-                    or q.held_guards or q.list_columns or q.spec.after_match is not None
-                    or q.index in self.state.fresh_since or q.window < run.window)
+        narrower than its root's (a join's or RUN's, whose matches are inside it)?"""
+        return q.root_within and not (
+            q.never or q.index in self.state.stopped or q.preds.n or q.now_guards
+            or q.held_guards or q.list_columns or q.spec.after_match is not None
+            or q.index in self.state.fresh_since)
 
     def _lists(self, v: int, delta: dict[int, Records], routed=None) -> Records:
         """A KLEENE vertex: the new lists its events make (one slot: the list handle)."""
@@ -458,15 +451,14 @@ class Engine(EventTimeEngine):
         """A SEQ or AND vertex: its inputs' new records joined with each other and with
         its queues (built on demand: its left input's chain too)."""
         prog, state = self.program, self.state
-        left, right = prog.children[v][0], prog.children[v][1]
+        left, right, _ = prog.children[v]
         dl, dr = delta[left], delta[right]
         state.stats[v].inputs += len(dl) + len(dr)
         dl, dr = self._join_input(v, dl, 0), self._join_input(v, dr, 1)
-        n_out = prog.n_slots[v]
         on_demand = self._on_demand(left) if self.plan.on_demand[left] else None
         if not len(dl) and not len(dr) and on_demand is None:
-            return Records.empty(n_out)
-        out_ring = self._scratch(v, n_out)
+            return Records.empty(prog.n_slots[v])
+        out_ring = self._scratch(v, prog.n_slots[v])
         state.stats[v].evictions += join_delta(
             prog.joins[v], state.store, state.left_q.get(v), state.right_q.get(v),
             dl.start, dl.end, dl.key, np.ascontiguousarray(dl.slots),
@@ -478,12 +470,23 @@ class Engine(EventTimeEngine):
         for gv in prog.host_guards[v]:  # the NOTs checked on its records, in the ring
             prog.guards[gv].drop_violated(state.store, state.not_store[gv], out_ring,
                                           state.lists)
+        if v in prog.ring_roots:
+            return out_ring  # to its query's OUTPUT alone (_output)
         return Records.from_ring(out_ring)  # the join emits in end-ts order
 
-    def _output(self, q: QueryProgram, recs: Records) -> MatchBatch:
-        out = MatchBatch(self.match_queries)
+    def _output(self, out: MatchBatch, q: QueryProgram, recs: Records | RingBuffer) -> None:
+        """A query's matches among its root's new records (or the ring they were
+        written to: a RUN's, a join of ``Program.ring_roots``), to ``out``."""
+        if isinstance(recs, RingBuffer):
+            if self._plain_output(q):  # the ids straight from the ring, in one pass
+                if len(recs):
+                    out.parts.append((q.index, *match_ids(recs, self.store, q.var_slots),
+                                      None))
+                    self.state.stats[q.spec.output].outputs += len(recs)
+                return
+            recs = Records.from_ring(recs)
         if q.never or not len(recs) or q.index in self.state.stopped:
-            return out
+            return
         if not q.root_within:
             inside = recs.end - recs.start <= q.window
             if not inside.all():
@@ -495,11 +498,10 @@ class Engine(EventTimeEngine):
         for gv in q.now_guards:
             recs = self._keep(gv, recs)
         if not len(recs):
-            return out
+            return
         if q.held_active:
             recs = self._hold(q, recs)
         self._emit(out, q, recs.end, recs.slots)
-        return out
 
     def _hold(self, q: QueryProgram, recs: Records) -> Records:
         """The records a held negation applies to join the query's pending ones (they

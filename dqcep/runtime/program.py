@@ -44,8 +44,8 @@ class QueryProgram(NamedTuple):
     list_columns: tuple[int, ...] = ()  # the variables (by position) bound to Kleene lists
     list_mask: np.ndarray | None = None  # per root slot: it holds a list (None: none does)
     partition_cols: tuple[int, ...] = ()  # store columns of its [attr]s (after-match policy)
-    # its root is a join whose window is no wider than the query's: every record the
-    # root makes is inside the query's window (the output need not check it)
+    # its root is a join or a RUN whose window is no wider than the query's: every
+    # record the root makes is inside the query's window (the output need not check it)
     root_within: bool = False
 
 
@@ -181,6 +181,11 @@ class Program:
                          for v, (s1, a1, s2, a2) in equality_joins(plan).items()}
         # no vertex is keyed ([attr]s or an equality join): every record's key is 0
         self.keyless = not self.eq_index and not any(map(len, self.keys.values()))
+        # the joins whose records only their query's OUTPUT reads: they hand it the ring
+        # they wrote them to (``Engine._output`` takes the matches from there)
+        self.ring_roots = frozenset(
+            q.root for q in plan.queries if self.kind[q.root] in (Kind.SEQ, Kind.AND)
+            and not plan.on_demand[q.root] and g.parents(q.root) == (q.output,))
         self.queries = [self._query(i, spec, hosts[spec.output], constants)
                         for i, spec in enumerate(plan.queries)]
         self.match_queries = tuple((q.name, tuple(q.spec.variables)) for q in self.queries)
@@ -242,7 +247,8 @@ class Program:
             len(spec.slot_of),
             tuple(j for j, var in enumerate(spec.variables) if var in spec.lists),
             self._list_mask(spec), tuple(self.attr_index[a] for a in spec.partition),
-            spec.root in self.joins and 0 <= self.joins[spec.root].window <= spec.window_ms)
+            self.kind[spec.root] in (Kind.SEQ, Kind.AND, Kind.RUN)
+            and 0 <= self.eff_window[spec.root] <= spec.window_ms)
 
     def _list_mask(self, spec) -> np.ndarray | None:
         root_lists = self.plan.lists[spec.root]
