@@ -227,21 +227,20 @@ cdef class RingBuffer:
         """
         if n_ids < 0 or n_ids > self.n_ids:
             n_ids = self.n_ids
-        starts = np.empty(self.size, dtype=np.int64)
-        ends = np.empty(self.size, dtype=np.int64)
-        keys = np.empty(self.size, dtype=np.int64)
-        ids = np.empty((self.size, n_ids), dtype=np.int64)
-        cdef int64_t[::1] s = starts, e = ends, k = keys
-        cdef int64_t[:, ::1] d = ids
-        cdef idx_t i, j
+        cdef idx_t n = self.size, i, j
+        # one block for the four (the engine takes a join's new records every slice
+        # of events: one allocation and one buffer, not four)
+        block = np.empty(n * (3 + n_ids), dtype=np.int64)
+        cdef int64_t[::1] out = block
         cdef int64_t* r
         with nogil:
-            for i in range(self.size):
+            for i in range(n):
                 r = self.row(i)
-                s[i], e[i], k[i] = r[COL_START], r[COL_END], r[COL_KEY]
+                out[i], out[n + i], out[2 * n + i] = r[COL_START], r[COL_END], r[COL_KEY]
                 for j in range(n_ids):  # a few words: a loop, not a memcpy call per row
-                    d[i, j] = r[COL_IDS + j]
-        return starts, ends, keys, ids
+                    out[3 * n + i * n_ids + j] = r[COL_IDS + j]
+        return block[:n], block[n:2 * n], block[2 * n:3 * n], \
+            block[3 * n:].reshape(n, n_ids)
 
 
 # ---------------------------------------------------------------------------

@@ -109,11 +109,11 @@ class Engine(EventTimeEngine):
         # once stream order is known
         self._chains = [v for v, r in program.runs.items() if isinstance(r.spec, ChainSpec)]
         self._waiting_runs = [v for v in program.runs if v not in self._chains]
-        # per vertex that makes records as a batch's events come (not RUN or OUTPUT), in
-        # topological order: the method that makes them, chosen once here (``_match``
-        # calls it for every slice of events)
-        steps = {Kind.EVENT: self._leaf, Kind.OR: self._merge, Kind.SEQ: self._join,
-                 Kind.AND: self._join, Kind.KLEENE: self._lists, Kind.NOT: self._negated}
+        # per vertex that makes records from its children's (EVENT vertices are routed
+        # before, all in one pass: ``_route``), in topological order: the method that
+        # makes them, chosen once here (``_match`` calls it for every slice of events)
+        steps = {Kind.OR: self._merge, Kind.SEQ: self._join, Kind.AND: self._join,
+                 Kind.KLEENE: self._lists, Kind.NOT: self._negated}
         self._steps = [(v, self._keep_inputs if self.plan.on_demand[v] and k in (
             Kind.SEQ, Kind.AND) else steps[k]) for v, k in (
                 (v, program.kind[v]) for v in program.topo) if k in steps]
@@ -178,7 +178,8 @@ class Engine(EventTimeEngine):
         delta: dict[int, Records | RingBuffer] = {}
         prog, state = self.program, self.state
         stats = state.stats
-        routed = prog.leaves.route(state.store, seqs, ts, types) if prog.leaf_index else None
+        if prog.leaf_index:
+            self._route(delta, seqs, ts, types, only)
         for v, step in (self._steps if only is None else
                         [(v, step) for v, step in self._steps if v in only]):
             if v in self._dead:  # every query reading it was stopped by its budget
@@ -187,7 +188,7 @@ class Engine(EventTimeEngine):
                 continue
             began = perf_counter_ns()
             try:
-                recs = step(v, delta, routed)
+                recs = step(v, delta)
             except StateBudgetExceeded as err:
                 self._stop(v, err)
                 recs = Records.empty(prog.n_slots[v])
@@ -211,17 +212,31 @@ class Engine(EventTimeEngine):
             self._measure_state()
         return out
 
-    # The steps of ``_match``, one per kind of vertex: (v, this slice's new records of
-    # the vertices before it, the leaves' routing of the slice) -> v's new records.
-    def _leaf(self, v: int, delta: dict[int, Records], routed) -> Records:
-        """An EVENT vertex: the events its type, key and filters let through."""
-        inputs, taken = routed
-        j = self.program.leaf_index[v]
-        t, keys, s = taken[j]
-        self.state.stats[v].inputs += int(inputs[j])
-        return Records(t, t, keys, s.reshape(-1, 1))
+    def _route(self, delta: dict[int, Records], seqs, ts, types,
+               only: frozenset[int] | None) -> None:
+        """The EVENT vertices (of ``only``): the events their type, key and filters let
+        through, to ``delta``, routed in one pass (``Program.leaves``) whose time they
+        share."""
+        prog, stats = self.program, self.state.stats
+        began = perf_counter_ns()
+        inputs, taken = prog.leaves.route(self.state.store, seqs, ts, types)
+        leaves = [v for v in prog.leaf_index if (only is None or v in only)
+                  and v not in self._dead]
+        share = (perf_counter_ns() - began) // max(len(leaves), 1)
+        for v in leaves:
+            j = prog.leaf_index[v]
+            t, keys, s = taken[j]
+            delta[v] = Records(t, t, keys, s.reshape(-1, 1))
+            counts = stats[v]
+            counts.inputs += int(inputs[j])
+            counts.outputs += len(t)
+            counts.ns += share
+        for v in self._dead.intersection(prog.leaf_index):  # its queries were stopped
+            delta[v] = Records.empty(1)
 
-    def _merge(self, v: int, delta: dict[int, Records], routed) -> Records:
+    # The steps of ``_match``, one per kind of vertex: (v, this slice's new records of
+    # the vertices before it) -> v's new records.
+    def _merge(self, v: int, delta: dict[int, Records]) -> Records:
         """An OR vertex: both children's records, each with the other's slots unbound."""
         prog = self.program
         left, right = delta[prog.children[v][0]], delta[prog.children[v][1]]
@@ -236,7 +251,7 @@ class Engine(EventTimeEngine):
                 np.hstack([np.full((len(right), nl), -1, np.int64), right.slots])]),
         ).sorted_by_end()
 
-    def _negated(self, v: int, delta: dict[int, Records], routed) -> Records:
+    def _negated(self, v: int, delta: dict[int, Records]) -> Records:
         """A NOT vertex: its child's records, kept in its store for the guards."""
         state = self.state
         child = delta[self.program.children[v][2]]
@@ -393,7 +408,7 @@ class Engine(EventTimeEngine):
             or q.held_guards or q.list_columns or q.spec.after_match is not None
             or q.index in self.state.fresh_since)
 
-    def _lists(self, v: int, delta: dict[int, Records], routed=None) -> Records:
+    def _lists(self, v: int, delta: dict[int, Records]) -> Records:
         """A KLEENE vertex: the new lists its events make (one slot: the list handle)."""
         state, spec = self.state, self.program.kleene[v]
         elements = delta[spec.child]
@@ -425,7 +440,7 @@ class Engine(EventTimeEngine):
             np.ascontiguousarray(recs.slots), self.state.lists)
         return recs.take(keep)
 
-    def _keep_inputs(self, v: int, delta: dict[int, Records], routed=None) -> Records:
+    def _keep_inputs(self, v: int, delta: dict[int, Records]) -> Records:
         """A SEQ vertex built on demand makes no records: its inputs' new records wait
         for its parent's join, which appends them to its queues as it goes."""
         left, right = self.program.children[v][:2]
@@ -447,7 +462,7 @@ class Engine(EventTimeEngine):
                        dr.start, dr.end, dr.key, np.ascontiguousarray(dr.slots))
         return od
 
-    def _join(self, v: int, delta: dict[int, Records], routed=None) -> Records:
+    def _join(self, v: int, delta: dict[int, Records]) -> Records:
         """A SEQ or AND vertex: its inputs' new records joined with each other and with
         its queues (built on demand: its left input's chain too)."""
         prog, state = self.program, self.state
