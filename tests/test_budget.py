@@ -16,6 +16,7 @@ from dqcep.lang import parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine
+from dqcep.runtime.program import Program
 
 # the issue's: any-match Kleene over 10 min; 27 rising temperatures make 2^27 lists
 QUERIES = """
@@ -82,14 +83,21 @@ def test_under_its_budget_nothing_changes():
     assert got == reference(QUERIES, evs, {"rising", "hot", "dry"})
 
 
-def test_a_join_over_its_budget_stops_its_query():
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_a_join_over_its_budget_stops_its_query(pipeline):
     """Not only Kleene lists: a SEQ whose queue outgrows the budget (many A before a B
-    in one window) stops its query; the negation-free other query goes on."""
+    in one window) stops its query; the negation-free other query goes on. The same
+    with the slice run through the joins in one call (JoinPipeline) or vertex by
+    vertex."""
     text = ("QUERY pairs PATTERN SEQ(A a, B b) WITHIN 1 min; "
             "QUERY bs PATTERN SEQ(B x, C y) WITHIN 1 min")
     evs = [{"id": i + 1, "type": "A", "ts": i} for i in range(300)] + \
         [{"id": 1000, "type": "B", "ts": 400}, {"id": 1001, "type": "C", "ts": 500}]
-    engine = Engine(build_plan(parse(text).queries), budget=128)
+    program = Program(build_plan(parse(text).queries))
+    assert program.pipeline is not None
+    if not pipeline:
+        program.pipeline = None
+    engine = Engine(program, budget=128)
     got = lines(engine.process([event_from_mapping(e) for e in evs])) | lines(engine.flush())
     assert [q for q, _ in engine.take_stopped()] == ["pairs"]
     assert got == reference(text, evs, {"bs"}) and got

@@ -25,6 +25,7 @@ from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine, run_events
 from dqcep.runtime.adapt import OTHER, AdaptiveEngine
+from dqcep.runtime.program import Program
 from tests.strategies import (ATTR_VALUES, SMALL_TYPES, chain_queries, kleene_event_streams,
                               kleene_queries, negation_queries, neighbour_queries,
                               outside_sase, small_event_streams, small_query_files,
@@ -155,6 +156,87 @@ def test_seq_chains_built_on_demand_match_reference(qs, events, cuts, shuffle):
         ast.Query(f"q{i}", q.pattern, q.where, q.within, ())
         for i, q in enumerate(qs))))).queries
     check(queries, events, cuts, shuffle)
+
+
+def vertex_by_vertex(plan, **kwargs) -> Engine:
+    """An engine that runs ``plan`` vertex by vertex, also where its program would
+    run the slice through a JoinPipeline."""
+    program = Program(plan)
+    program.pipeline = None
+    return Engine(program, **kwargs)
+
+
+def chain_files():
+    """Files of 1-3 SEQ chains (sharing prefixes; [room], conditions across items,
+    NOTs) or of any queries."""
+    return st.lists(chain_queries(), min_size=1, max_size=3).map(
+        lambda qs: ast.QueryFile("<t>", tuple(ast.Query(f"q{i}", q.pattern, q.where, q.within,
+                                                        ()) for i, q in enumerate(qs)))) | \
+        small_query_files()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(chain_files(), strategy_event_streams(), CUTS, st.sampled_from([0, 2, 8]))
+def test_the_join_pipeline_agrees_with_the_vertices_one_by_one(f, events, cuts, budget):
+    """A plan of EVENT vertices and joins runs each slice in one call (JoinPipeline):
+    the same matches, the same counters at every vertex and, under a small budget
+    (``budget`` records; 0: none), the same queries stopped as vertex by vertex."""
+    queries = parse(file_to_source(f)).queries
+    plan = build_plan(queries)
+    assume(Program(plan).pipeline is not None)
+    runs = []
+    for engine in (Engine(plan, budget=budget), vertex_by_vertex(plan, budget=budget)):
+        out = engine.process([])
+        for b in split(events, cuts):
+            out += engine.process(b)
+        out += engine.flush()
+        runs.append((as_set(out.to_matches()), engine.stopped, [
+            (s.inputs, s.outputs, s.evictions) for _, s in sorted(engine.stats.items())]))
+    assert runs[0] == runs[1]
+    if not runs[0][1]:
+        assert runs[0][0] == as_set(ReferenceMatcher(queries).run(events))
+
+
+def test_a_stop_inside_the_join_pipeline_passes_over_the_joins_it_stops():
+    """SEQ(A a, B b, C c): the (A, B) join goes over the budget; its parent, whose
+    query stopped with it, makes and counts nothing more in that slice, in one call
+    as vertex by vertex (a C came in the same slice)."""
+    q = parse("QUERY a PATTERN SEQ(A a, B b, C c) WITHIN 1 min").queries
+    events = [Event(i + 1, "A", i, {}) for i in range(300)] + \
+        [Event(1000, "B", 400, {}), Event(1001, "C", 500, {})]
+    plan = build_plan(q)
+    runs = []
+    for engine in (Engine(plan, budget=128), vertex_by_vertex(plan, budget=128)):
+        out = engine.process(events)
+        out += engine.flush()
+        runs.append((len(out), list(engine.stopped), [
+            (s.inputs, s.outputs, s.evictions) for _, s in sorted(engine.stats.items())]))
+    assert runs[0] == runs[1]
+    assert runs[0][1] == ["a"]
+    root = plan.queries[0].root
+    assert runs[0][2][root] == (0, 0, 0)
+
+
+def test_the_join_pipeline_runs_plans_of_joins_alone():
+    """Which plans run a slice in one call: EVENT vertices and joins, with other
+    queries' chains beside them; not with a NOT, an OR, a Kleene item, a join built
+    on demand or one whose inputs are keyed otherwise (they are keyed for it first)."""
+    def pipeline(text, materialize="always"):
+        return Program(build_plan(parse(text).queries, materialize=materialize)).pipeline
+    joins = pipeline("QUERY a PATTERN SEQ(A a, B b, C c) WHERE [k] AND a.x < b.x WITHIN 5 s; "
+                     "QUERY b PATTERN AND(A a, D d) WHERE [k] WITHIN 5 s")
+    assert joins is not None and len(joins.join_vertices) == 3
+    # a join keyed by nothing in a plan with keys: its inputs' keys are dropped first
+    assert pipeline("QUERY a PATTERN SEQ(A a, B b) WHERE [k] WITHIN 5 s; "
+                    "QUERY b PATTERN AND(A a, D d) WITHIN 5 s") is None
+    assert pipeline("QUERY a PATTERN SEQ(A a, B b) WITHIN 5 s; QUERY b PATTERN "
+                    "SEQ(C c, D d) WITHIN 5 s USING skip-till-next-match") is not None
+    for text in ("QUERY a PATTERN SEQ(A a, NOT B b, C c) WITHIN 5 s",
+                 "QUERY a PATTERN SEQ(A a, OR(B b, C c)) WITHIN 5 s",
+                 "QUERY a PATTERN SEQ(A a, B+ b[], C c) WITHIN 5 s",
+                 "QUERY a PATTERN A a WITHIN 5 s"):
+        assert pipeline(text) is None, text
+    assert pipeline("QUERY a PATTERN SEQ(A a, B b, C c) WITHIN 5 s", "on-demand") is None
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

@@ -1,4 +1,6 @@
 # Python-visible API of dqcep._kernels.operators (C types in comments).
+from typing import Any, Callable, Container, Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -95,6 +97,25 @@ def join_delta(
     out: RingBuffer, lists: ListStore | None = None,
     left_on_demand: OnDemand | None = None,
 ) -> int: ...  # records the SEQ's left queue dropped (too old for its window)
+
+class JoinPipeline:
+    """A plan's EVENT vertices and the joins above them, run on a slice in one call."""
+    leaves: LeafRouter
+    leaf_vertices: tuple[int, ...]
+    join_vertices: tuple[int, ...]   # topological order
+    def __init__(self, leaves: LeafRouter, leaf_vertices: "Sequence[int]",
+                 join_vertices: "Sequence[int]", specs: "Sequence[JoinSpec]",
+                 left_inputs: "Sequence[int]",    # per join: leaf j as j, join m as
+                 right_inputs: "Sequence[int]",   # n_leaves + m (m before it)
+                 ) -> None: ...                   # ValueError on widths, order, lists
+    def run(self, st: EventStore,
+            seqs: "npt.NDArray[np.int64]", ts: "npt.NDArray[np.int64]",
+            types: "npt.NDArray[np.int32]",
+            left_queues: dict[int, KeyedQueue], right_queues: dict[int, KeyedQueue],
+            rings: dict[int, RingBuffer],     # per join: its new records (emptied first)
+            stats: dict[int, Any],            # per vertex: inputs, outputs, evictions, ns
+            on_stop: "Callable[[int, Exception], Container[int]]",  # -> vertices stopped
+            ) -> None: ...
 
 class Guard:
     mode: int     # GUARD_MODES value

@@ -15,8 +15,11 @@ probing record ends.
 """
 from libc.stdint cimport INT64_MAX, INT64_MIN, int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 import numpy as np
+
+from dqcep._kernels.ring import StateBudgetExceeded
 
 from dqcep._kernels._types cimport idx_t, ts_t
 from dqcep._kernels._alloc cimport grow
@@ -547,6 +550,24 @@ cdef class LeafRouter:
         """(inputs, taken) for a batch in stream order: ``inputs[j]``, the batch's
         events of leaf j's type; ``taken[j]``, (ts, keys, seqs) of the events leaf j
         takes, in the batch's order, with their partition keys."""
+        cdef idx_t j, nl = self.n_leaves
+        cdef int64_t* offsets = <int64_t*>grow(NULL, 2 * (nl + 1) * sizeof(int64_t))
+        cdef int64_t* cursor = offsets + nl + 1
+        try:
+            inputs_arr, taken_arr = self._route_into(st, seqs, ts, types, offsets, cursor)
+            taken = []
+            for j in range(nl):
+                rows = slice(offsets[j], cursor[j])
+                taken.append((taken_arr[0, rows], taken_arr[1, rows], taken_arr[2, rows]))
+        finally:
+            free(offsets)
+        return inputs_arr, taken
+
+    cdef tuple _route_into(self, EventStore st, const int64_t[::1] seqs,
+                           const int64_t[::1] ts, const int32_t[::1] types,
+                           int64_t* offsets, int64_t* cursor):
+        """``route``'s pass: (inputs, taken rows ts, keys, seqs [3, total]); leaf j's
+        events at columns offsets[j] .. cursor[j] (both n_leaves long, the caller's)."""
         cdef idx_t n = seqs.shape[0], i, q, j, nt = self.n_types, nl = self.n_leaves
         cdef int32_t t
         cdef int64_t c, key, total = 0
@@ -554,8 +575,8 @@ cdef class LeafRouter:
             raise ValueError("route: seqs, ts and types differ in length")
         self.preds.check_inputs(st, 1)
         _check_columns(st, self.key_cols)
-        # called once per slice of events: two arrays and one scratch block, whatever
-        # the number of leaves (its fixed cost is paid by every plan with EVENT vertices)
+        # called once per slice of events: two arrays, whatever the number of leaves
+        # (its fixed cost is paid by every plan with EVENT vertices)
         inputs_arr = np.zeros(nl, dtype=np.int64)
         cdef int64_t[::1] inputs = inputs_arr
         with nogil:
@@ -566,43 +587,32 @@ cdef class LeafRouter:
                         inputs[self.type_leaf[q]] += 1
             for j in range(nl):
                 total += inputs[j]
-        # rows ts, keys, seqs; leaf j's events at offsets[j]..cursor[j] of each
         taken_arr = np.empty((3, total), dtype=np.int64)
         cdef int64_t[:, ::1] taken_rows = taken_arr
-        cdef int64_t* offsets = <int64_t*>grow(NULL, 2 * (nl + 1) * sizeof(int64_t))
-        cdef int64_t* cursor = offsets + nl + 1
-        try:
-            with nogil:
-                offsets[0] = 0
-                for j in range(nl):
-                    offsets[j + 1] = offsets[j] + inputs[j]
-                    cursor[j] = offsets[j]
-                for i in range(n):
-                    t = types[i]
-                    if t < 0 or t >= nt:
-                        continue
-                    for q in range(self.type_start[t], self.type_start[t + 1]):
-                        j = self.type_leaf[q]
-                        key = 0
-                        if self.key_start[j + 1] > self.key_start[j] and not _key_of(
-                                st, <idx_t>(seqs[i] & st.mask),
-                                &self.key_cols[self.key_start[j]],
-                                self.key_start[j + 1] - self.key_start[j], &key):
-                            continue
-                        if self.pred_start[j + 1] > self.pred_start[j] and \
-                                not self.preds.holds_range(st, &seqs[i], self.pred_start[j],
-                                                           self.pred_start[j + 1]):
-                            continue
-                        c = cursor[j]
-                        taken_rows[0, c], taken_rows[1, c], taken_rows[2, c] = ts[i], key, seqs[i]
-                        cursor[j] = c + 1
-            taken = []
+        with nogil:
+            offsets[0] = 0
             for j in range(nl):
-                rows = slice(offsets[j], cursor[j])
-                taken.append((taken_arr[0, rows], taken_arr[1, rows], taken_arr[2, rows]))
-        finally:
-            free(offsets)
-        return inputs_arr, taken
+                offsets[j + 1] = offsets[j] + inputs[j]
+                cursor[j] = offsets[j]
+            for i in range(n):
+                t = types[i]
+                if t < 0 or t >= nt:
+                    continue
+                for q in range(self.type_start[t], self.type_start[t + 1]):
+                    j = self.type_leaf[q]
+                    key = 0
+                    if self.key_start[j + 1] > self.key_start[j] and not _key_of(
+                            st, <idx_t>(seqs[i] & st.mask), &self.key_cols[self.key_start[j]],
+                            self.key_start[j + 1] - self.key_start[j], &key):
+                        continue
+                    if self.pred_start[j + 1] > self.pred_start[j] and \
+                            not self.preds.holds_range(st, &seqs[i], self.pred_start[j],
+                                                       self.pred_start[j + 1]):
+                        continue
+                    c = cursor[j]
+                    taken_rows[0, c], taken_rows[1, c], taken_rows[2, c] = ts[i], key, seqs[i]
+                    cursor[j] = c + 1
+        return inputs_arr, taken_arr
 
 
 cdef inline int64_t _event_of(const int64_t* rec, idx_t n, const uint8_t* is_list,
@@ -759,6 +769,54 @@ cdef inline void _record(int64_t* buf, idx_t width, const int64_t[::1] starts,
     buf[COL_START], buf[COL_END], buf[COL_KEY] = starts[i], ends[i], keys[i]
     for j in range(width):
         buf[COL_IDS + j] = ids[i, j]
+
+
+# A join input's new records of one slice, in end-ts order, read where they are: in
+# columns (``join_delta``'s arrays; a leaf's routed events: start = end = ts, one slot)
+# or in the rows of a child join's scratch ring (``JoinPipeline``)
+ctypedef struct Delta:
+    idx_t n
+    idx_t n_ids
+    const int64_t* start
+    const int64_t* end
+    const int64_t* key
+    const int64_t* ids            # n x n_ids, row-major
+    const int64_t* rows           # not NULL: the ring form, record i at
+    idx_t head, mask, width       # rows + ((head + i) & mask) * width
+
+
+cdef inline Delta _columns(idx_t n, idx_t n_ids, const int64_t* start, const int64_t* end,
+                           const int64_t* key, const int64_t* ids) noexcept nogil:
+    cdef Delta d
+    d.n, d.n_ids, d.start, d.end, d.key, d.ids, d.rows = n, n_ids, start, end, key, ids, NULL
+    d.head = d.mask = d.width = 0
+    return d
+
+
+cdef inline Delta _ring_rows(RingBuffer r) noexcept nogil:
+    cdef Delta d = _columns(r.size, r.n_ids, NULL, NULL, NULL, NULL)
+    d.rows, d.head, d.mask, d.width = r.data, r.head, r.mask, r.width
+    return d
+
+
+cdef inline int64_t _delta_end(const Delta* d, idx_t i) noexcept nogil:
+    if d.rows != NULL:
+        return d.rows[((d.head + i) & d.mask) * d.width + COL_END]
+    return d.end[i]
+
+
+cdef inline void _delta_record(int64_t* buf, const Delta* d, idx_t i) noexcept nogil:
+    """Record i of the delta into buf (COL_IDS + n_ids words)."""
+    cdef idx_t j
+    cdef const int64_t* row
+    if d.rows != NULL:
+        row = d.rows + ((d.head + i) & d.mask) * d.width
+        for j in range(COL_IDS + d.n_ids):
+            buf[j] = row[j]
+        return
+    buf[COL_START], buf[COL_END], buf[COL_KEY] = d.start[i], d.end[i], d.key[i]
+    for j in range(d.n_ids):
+        buf[COL_IDS + j] = d.ids[i * d.n_ids + j]
 
 
 cdef class OnDemand:
@@ -1017,16 +1075,13 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
     so its queue holds a window, not a batch. Returns how many it dropped (the
     chain built on demand counts its own: ``OnDemand.evicted``).
     """
-    cdef idx_t i = 0, j = 0, nl = l_start.shape[0], nr = r_start.shape[0]
-    cdef bint take_left
+    cdef idx_t nl = l_start.shape[0], nr = r_start.shape[0]
     cdef int64_t* scratch
-    cdef int64_t* x
-    cdef int64_t evicted = 0
+    cdef int64_t evicted
+    cdef Delta dl, dr
     if l_ids.shape[1] != v.n_left or r_ids.shape[1] != v.n_right:
         raise ValueError(f"deltas have {l_ids.shape[1]} and {r_ids.shape[1]} slots, the join "
                          f"expects {v.n_left} and {v.n_right}")
-    if v.op == OP_AND and right is None:
-        raise ValueError("an AND join needs a right queue")
     if v.has_lists and lists is None:
         raise ValueError("a join over Kleene lists needs the engine's ListStore")
     if left_on_demand is not None:
@@ -1038,6 +1093,25 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
         _check_chain(left_on_demand, st)
         _build_on_demand(v, left_on_demand, st, lists, r_start, r_end, r_key, r_ids, out)
         return 0
+    _check_join(v, st, left, right)
+    # (no element of an empty array is read: its pointer only stands for it)
+    dl = _columns(nl, v.n_left, &l_start[0] if nl else NULL, &l_end[0] if nl else NULL,
+                  &l_key[0] if nl else NULL, &l_ids[0, 0] if nl and v.n_left else NULL)
+    dr = _columns(nr, v.n_right, &r_start[0] if nr else NULL, &r_end[0] if nr else NULL,
+                  &r_key[0] if nr else NULL, &r_ids[0, 0] if nr and v.n_right else NULL)
+    scratch = <int64_t*>grow(NULL, (v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
+    try:
+        with nogil:
+            evicted = _join_core(v, st, left, right, &dl, &dr, out, lists, scratch)
+    finally:
+        free(scratch)
+    return evicted
+
+
+cdef int _check_join(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right) except -1:
+    """The queues and the store fit the join (its inputs' widths checked apart)."""
+    if v.op == OP_AND and right is None:
+        raise ValueError("an AND join needs a right queue")
     if left is None or left.n_ids != v.n_left or (right is not None and right.n_ids != v.n_right):
         raise ValueError("the queues' record widths differ from the join's")
     if v.has_lists:
@@ -1045,33 +1119,159 @@ def join_delta(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
     else:
         v.preds.check_inputs(st, v.n_left + v.n_right)
     _check_columns(st, v.key_attrs)
-    scratch = <int64_t*>malloc((v.n_left + v.n_right + 3) * sizeof(int64_t) * 2)
-    x = scratch + v.n_left + v.n_right + 3
-    if scratch == NULL:
-        raise MemoryError()
-    try:
-        with nogil:
-            while i < nl or j < nr:
-                take_left = j >= nr or (i < nl and l_end[i] <= r_end[j])
-                if take_left:
-                    _record(x, v.n_left, l_start, l_end, l_key, l_ids, i)
-                    if v.op == OP_AND:
-                        _probe(v, st, lists, right, x, True, scratch, out)
-                    elif v.window >= 0 and left.records.size == left.records.capacity:
-                        # SEQ, before the queue grows: no record still to come pairs
-                        # with those that end too early for the window
-                        evicted += left.evict_end_before(x[COL_END] - v.window)
-                    left.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
-                    i += 1
-                else:
-                    _record(x, v.n_right, r_start, r_end, r_key, r_ids, j)
-                    _probe(v, st, lists, left, x, False, scratch, out)
-                    if v.op == OP_AND:
-                        right.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
-                    j += 1
-    finally:
-        free(scratch)
+    return 0
+
+
+cdef int64_t _join_core(JoinSpec v, EventStore st, KeyedQueue left, KeyedQueue right,
+                        const Delta* dl, const Delta* dr, RingBuffer out, ListStore lists,
+                        int64_t* scratch) except -1 nogil:
+    """``join_delta`` on checked inputs: the deltas taken merged in end-ts order (left
+    first on equal ends), pairs to ``out``; returns the left records it evicted.
+    ``scratch``: 2 * (n_left + n_right + 3) words."""
+    cdef idx_t i = 0, j = 0
+    cdef int64_t evicted = 0
+    cdef int64_t* x = scratch + v.n_left + v.n_right + 3
+    while i < dl.n or j < dr.n:
+        if j >= dr.n or (i < dl.n and _delta_end(dl, i) <= _delta_end(dr, j)):
+            _delta_record(x, dl, i)
+            if v.op == OP_AND:
+                _probe(v, st, lists, right, x, True, scratch, out)
+            elif v.window >= 0 and left.records.size == left.records.capacity:
+                # SEQ, before the queue grows: no record still to come pairs
+                # with those that end too early for the window
+                evicted += left.evict_end_before(x[COL_END] - v.window)
+            left.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
+            i += 1
+        else:
+            _delta_record(x, dr, j)
+            _probe(v, st, lists, left, x, False, scratch, out)
+            if v.op == OP_AND:
+                right.append(x[COL_START], x[COL_END], x[COL_KEY], x + COL_IDS)
+            j += 1
     return evicted
+
+
+cdef inline int64_t _now_ns() noexcept nogil:
+    """The monotonic clock in ns (``time.perf_counter_ns``'s on Linux)."""
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return <int64_t>t.tv_sec * 1000000000 + t.tv_nsec
+
+
+cdef class JoinPipeline:
+    """JoinPipeline(leaves, leaf_vertices, join_vertices, specs, left_inputs, right_inputs)
+
+    A plan's EVENT vertices and the SEQ/AND joins above them, run on one slice of
+    events in one call (``run``): the events routed to the leaves (``leaves``), then
+    each join in topological order on its inputs' new records where they are (a leaf's
+    routed events, a child join's scratch ring), with no records made in between.
+    Compiled (a ``Program``'s); the engine's queues, scratch rings and counters are
+    passed in. Join k reads ``left_inputs[k]`` and ``right_inputs[k]``: leaf j as j,
+    join m (m < k) as n_leaves + m.
+    """
+    cdef readonly LeafRouter leaves
+    cdef readonly tuple leaf_vertices, join_vertices
+    cdef tuple specs
+    cdef int64_t[::1] left_in, right_in
+    cdef idx_t scratch_words
+
+    def __init__(self, LeafRouter leaves, leaf_vertices, join_vertices, specs, left_inputs,
+                 right_inputs):
+        cdef JoinSpec spec
+        n_leaves, n_joins = len(leaf_vertices), len(join_vertices)
+        if n_leaves != leaves.n_leaves or len(specs) != n_joins or \
+                len(left_inputs) != n_joins or len(right_inputs) != n_joins:
+            raise ValueError("JoinPipeline: a vertex per leaf, a spec and two inputs per join")
+        widths = [1] * n_leaves
+        self.scratch_words = 0
+        for k, spec in enumerate(specs):
+            for x in (left_inputs[k], right_inputs[k]):
+                if not 0 <= x < n_leaves + k:
+                    raise ValueError(f"JoinPipeline: join {k} reads input {x}, not a leaf or "
+                                     f"an earlier join")
+            if widths[left_inputs[k]] != spec.n_left or widths[right_inputs[k]] != spec.n_right:
+                raise ValueError(f"JoinPipeline: join {k}'s inputs' widths differ from its spec's")
+            if spec.has_lists:
+                raise ValueError("JoinPipeline: joins over Kleene lists run vertex by vertex")
+            widths.append(spec.n_left + spec.n_right)
+            self.scratch_words = max(self.scratch_words, 2 * (spec.n_left + spec.n_right + 3))
+        self.leaves, self.specs = leaves, tuple(specs)
+        self.leaf_vertices, self.join_vertices = tuple(leaf_vertices), tuple(join_vertices)
+        self.left_in = np.ascontiguousarray(left_inputs, dtype=np.int64)
+        self.right_in = np.ascontiguousarray(right_inputs, dtype=np.int64)
+
+    def run(self, EventStore st, const int64_t[::1] seqs, const int64_t[::1] ts,
+            const int32_t[::1] types, dict left_queues, dict right_queues, dict rings,
+            dict stats, on_stop):
+        """The slice (stored events, in ts order) through the leaves and the joins: each
+        join's new records in ``rings[vertex]`` (emptied first); each vertex's counters
+        (``stats[vertex]``: inputs, outputs, evictions, ns; the leaves share the routing's
+        time) counted. A join whose state would grow past its limit makes no records
+        of the slice; ``on_stop(vertex, StateBudgetExceeded)`` is called then and
+        returns the vertices that stop with it: the joins among them that come later
+        are passed over (no records, nothing counted), as the engine's vertex-by-vertex
+        path does."""
+        cdef idx_t nl = self.leaves.n_leaves, nj = len(self.join_vertices), j, k
+        cdef int64_t began, share, evicted, n, off
+        cdef int64_t* offsets = <int64_t*>grow(NULL, 2 * (nl + 1) * sizeof(int64_t))
+        cdef int64_t* cursor = offsets + nl + 1
+        cdef int64_t* scratch = NULL
+        cdef Delta* deltas = NULL
+        cdef int64_t[:, ::1] taken
+        cdef int64_t[::1] inputs
+        cdef JoinSpec spec
+        cdef KeyedQueue left, right
+        cdef RingBuffer ring
+        dead = ()
+        try:
+            scratch = <int64_t*>grow(NULL, max(self.scratch_words, 1) * sizeof(int64_t))
+            deltas = <Delta*>grow(NULL, (nl + nj) * sizeof(Delta))
+            began = _now_ns()
+            inputs_arr, taken_arr = self.leaves._route_into(st, seqs, ts, types, offsets,
+                                                            cursor)
+            inputs, taken = inputs_arr, taken_arr
+            for j in range(nl):
+                off, n = offsets[j], cursor[j] - offsets[j]
+                # (an empty leaf's pointers are never read)
+                deltas[j] = _columns(n, 1, &taken[0, off] if n else NULL,
+                                     &taken[0, off] if n else NULL,
+                                     &taken[1, off] if n else NULL,
+                                     &taken[2, off] if n else NULL)
+            share = (_now_ns() - began) // (nl if nl else 1)
+            for j in range(nl):
+                counts = stats[self.leaf_vertices[j]]
+                counts.inputs += inputs[j]
+                counts.outputs += deltas[j].n
+                counts.ns += share
+            for k in range(nj):
+                v = self.join_vertices[k]
+                ring = rings[v]
+                ring.head = ring.size = 0
+                deltas[nl + k] = _ring_rows(ring)
+                if v in dead:  # its queries were stopped in this slice
+                    continue
+                spec = self.specs[k]
+                left, right = left_queues.get(v), right_queues.get(v)
+                _check_join(spec, st, left, right)
+                began = _now_ns()
+                try:
+                    with nogil:
+                        evicted = _join_core(spec, st, left, right, &deltas[self.left_in[k]],
+                                             &deltas[self.right_in[k]], ring, None, scratch)
+                except StateBudgetExceeded as err:
+                    ring.head = ring.size = 0
+                    evicted = 0
+                    dead = on_stop(v, err)
+                deltas[nl + k] = _ring_rows(ring)
+                counts = stats[v]
+                counts.inputs += deltas[self.left_in[k]].n + deltas[self.right_in[k]].n
+                counts.outputs += ring.size
+                counts.evictions += evicted
+                counts.ns += _now_ns() - began
+        finally:
+            free(offsets)
+            free(deltas)
+            free(scratch)
 
 
 cdef class Guard:

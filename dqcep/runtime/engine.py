@@ -117,6 +117,9 @@ class Engine(EventTimeEngine):
         self._steps = [(v, self._keep_inputs if self.plan.on_demand[v] and k in (
             Kind.SEQ, Kind.AND) else steps[k]) for v, k in (
                 (v, program.kind[v]) for v in program.topo) if k in steps]
+        if program.pipeline is not None:  # its joins' scratch rings, for its calls
+            for v in program.pipeline.join_vertices:
+                self._scratch(v, program.n_slots[v])
         self._budget_state()
 
     stats = property(lambda self: self.state.stats, doc="``self.state.stats``")
@@ -178,6 +181,32 @@ class Engine(EventTimeEngine):
         delta: dict[int, Records | RingBuffer] = {}
         prog, state = self.program, self.state
         stats = state.stats
+        if prog.pipeline is not None and only is None and not self._dead:
+            self._pipeline(delta, seqs, ts, types)
+        else:
+            self._vertices(delta, seqs, ts, types, only)
+        if only is None and self._waiting_runs:
+            state.run_pending = wait_for_stream_order(state.run_pending, state.store,
+                                                      seqs, ts, types)
+        if emit:
+            for q in prog.queries:
+                if q.spec.root in delta and (only is None or q.spec.output in only):
+                    began = perf_counter_ns()
+                    self._output(out, q, delta[q.spec.root])
+                    stats[q.spec.output].ns += perf_counter_ns() - began
+        if self._chains:
+            made = self._step_chains(seqs, ts, types, only)
+            if emit:
+                out += made
+        if only is None:
+            self._measure_state()
+        return out
+
+    def _vertices(self, delta: dict[int, Records | RingBuffer], seqs, ts, types,
+                  only: frozenset[int] | None) -> None:
+        """Vertex by vertex (of ``only``), in topological order: each one's new records
+        of the slice to ``delta``, its time to its ``VertexStats.ns``."""
+        prog, stats = self.program, self.state.stats
         if prog.leaf_index:
             self._route(delta, seqs, ts, types, only)
         for v, step in (self._steps if only is None else
@@ -195,22 +224,19 @@ class Engine(EventTimeEngine):
             stats[v].ns += perf_counter_ns() - began
             delta[v] = recs
             stats[v].outputs += len(recs)
-        if only is None and self._waiting_runs:
-            state.run_pending = wait_for_stream_order(state.run_pending, state.store,
-                                                      seqs, ts, types)
-        if emit:
-            for q in prog.queries:
-                if q.spec.root in delta and (only is None or q.spec.output in only):
-                    began = perf_counter_ns()
-                    self._output(out, q, delta[q.spec.root])
-                    stats[q.spec.output].ns += perf_counter_ns() - began
-        if self._chains:
-            made = self._step_chains(seqs, ts, types, only)
-            if emit:
-                out += made
-        if only is None:
-            self._measure_state()
-        return out
+
+    def _pipeline(self, delta: dict[int, Records | RingBuffer], seqs, ts, types) -> None:
+        """The slice through the plan's EVENT vertices and joins in one call
+        (``Program.pipeline``); the query roots' new records to ``delta`` (a ring for a
+        root of ``Program.ring_roots``)."""
+        prog, state = self.program, self.state
+        prog.pipeline.run(state.store, seqs, ts, types, state.left_q, state.right_q,
+                          self._out_rings, state.stats, self._stop_for_pipeline)
+        for q in prog.queries:
+            root = q.spec.root
+            if prog.kind[root] in (Kind.SEQ, Kind.AND):  # (a RUN's are its own)
+                ring = self._out_rings[root]
+                delta[root] = ring if root in prog.ring_roots else Records.from_ring(ring)
 
     def _route(self, delta: dict[int, Records], seqs, ts, types,
                only: frozenset[int] | None) -> None:
@@ -302,6 +328,11 @@ class Engine(EventTimeEngine):
                 state.runs[u] = run_state(self.plan.run[u])
             self._new_inputs.pop(u, None)
         self._budget_state()
+
+    def _stop_for_pipeline(self, v: int, err: StateBudgetExceeded) -> set[int]:
+        """``_stop``, and the vertices stopped now (``JoinPipeline.run`` passes over them)."""
+        self._stop(v, err)
+        return self._dead
 
     def take_stopped(self) -> list[tuple[str, str]]:
         """The queries stopped by their budget since the last call: (name, why)."""

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dqcep._kernels.operators import (GUARD_MODES, Guard, JoinSpec, LeafRouter, PredicateSet,
-                                      leaf_keys)
+from dqcep._kernels.operators import (GUARD_MODES, Guard, JoinPipeline, JoinSpec, LeafRouter,
+                                      PredicateSet, leaf_keys)
 from dqcep._kernels.store import EventStore
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.joins import equality_joins
@@ -186,6 +186,7 @@ class Program:
         self.ring_roots = frozenset(
             q.root for q in plan.queries if self.kind[q.root] in (Kind.SEQ, Kind.AND)
             and not plan.on_demand[q.root] and g.parents(q.root) == (q.output,))
+        self.pipeline = self._pipeline(leaves)
         self.queries = [self._query(i, spec, hosts[spec.output], constants)
                         for i, spec in enumerate(plan.queries)]
         self.match_queries = tuple((q.name, tuple(q.spec.variables)) for q in self.queries)
@@ -232,6 +233,31 @@ class Program:
                     all(tuple(plan.key_attrs[u]) == tuple(q.spec.partition) for u in keyed):
                 out.append(v)
         return tuple(sorted(out))
+
+    def _pipeline(self, leaves: list[int]) -> JoinPipeline | None:
+        """The plan's EVENT vertices and joins as one ``JoinPipeline`` (the engine runs
+        a slice of events through them in one call), when every vertex that makes
+        records as events come is one of those: no OR, NOT, KLEENE, join built on
+        demand, join with a NOT to check or whose inputs are keyed for it (an equality
+        join, or [attr] keys it does not share), no EVENT vertex a query's root or a
+        RUN's child. None otherwise (the engine goes vertex by vertex)."""
+        plan, g = self.plan, self.plan.graph
+        joins = [v for v in self.topo if self.kind[v] in (Kind.SEQ, Kind.AND)]
+        if not joins or any(k not in (Kind.EVENT, Kind.SEQ, Kind.AND, Kind.RUN, Kind.OUTPUT)
+                            for k in self.kind):
+            return None
+        for v in joins:
+            if plan.on_demand[v] or self.host_guards[v] or v in self.eq_index or \
+                    not (self.keyless or plan.key_attrs[v]):
+                return None
+        if any(self.kind[p] not in (Kind.SEQ, Kind.AND) for v in leaves for p in g.parents(v)):
+            return None
+        index = {v: j for j, v in enumerate(leaves + joins)}
+        if any(c not in index for v in joins for c in self.children[v][:2]):
+            return None
+        return JoinPipeline(self.leaves, leaves, joins, [self.joins[v] for v in joins],
+                            [index[self.children[v][0]] for v in joins],
+                            [index[self.children[v][1]] for v in joins])
 
     def _query(self, index: int, spec, guards: list[int], constants) -> QueryProgram:
         plan = self.plan
