@@ -182,7 +182,7 @@ class Engine(EventTimeEngine):
         prog, state = self.program, self.state
         stats = state.stats
         if prog.pipeline is not None and only is None and not self._dead:
-            self._pipeline(delta, seqs, ts, types)
+            self._run_pipeline(delta, seqs, ts, types)
         else:
             self._vertices(delta, seqs, ts, types, only)
         if only is None and self._waiting_runs:
@@ -225,7 +225,7 @@ class Engine(EventTimeEngine):
             delta[v] = recs
             stats[v].outputs += len(recs)
 
-    def _pipeline(self, delta: dict[int, Records | RingBuffer], seqs, ts, types) -> None:
+    def _run_pipeline(self, delta: dict[int, Records | RingBuffer], seqs, ts, types) -> None:
         """The slice through the plan's EVENT vertices and joins in one call
         (``Program.pipeline``); the query roots' new records to ``delta`` (a ring for a
         root of ``Program.ring_roots``)."""
