@@ -321,7 +321,10 @@ class EventTimeEngine:
                 present = col >= 0
                 val[:, a] = np.where(present, col, 0)
                 kind[:, a] = np.where(present, KIND_BOOL, KIND_MISSING)
-        good = np.ones(n, bool) if batch.malformed is None else batch.malformed == 0
+        if batch.malformed is None:  # (the batch's own columns: _release keeps none of them)
+            return (np.ascontiguousarray(batch.ts, np.int64),
+                    np.ascontiguousarray(batch.id, np.int64), types, val, kind)
+        good = batch.malformed == 0
         return (batch.ts[good], batch.id[good], types[good], val[good], kind[good])
 
     def _columns_from_events(self, events: Sequence[Event]):
@@ -476,11 +479,21 @@ class EventTimeEngine:
         out = MatchBatch(self.match_queries)
         if not self.state.buffer:
             return out
-        cols = tuple(np.concatenate([b[i] for b in self.state.buffer]) for i in range(5))
-        order = np.lexsort((np.arange(len(cols[0])), cols[0]))
-        cols = tuple(c[order] for c in cols)
-        cut = len(cols[0]) if upto is None else int(np.searchsorted(cols[0], upto, "right"))
-        self.state.buffer = [tuple(c[cut:] for c in cols)] if cut < len(cols[0]) else []
+        buffer = self.state.buffer
+        # in ts order, arrival order among equal ts; most batches come in order: then
+        # one batch is taken as it is (its rest copied below, not kept as the caller's)
+        if len(buffer) == 1:
+            cols, copied = buffer[0], False
+        else:
+            cols, copied = tuple(np.concatenate([b[i] for b in buffer]) for i in range(5)), True
+        arrived = cols[0]
+        if len(arrived) > 1 and (arrived[1:] < arrived[:-1]).any():
+            order = np.argsort(arrived, kind="stable")
+            cols, copied = tuple(c[order] for c in cols), True
+        n = len(arrived)
+        cut = n if upto is None else int(np.searchsorted(cols[0], upto, "right"))
+        self.state.buffer = [tuple(c[cut:] if copied else c[cut:].copy() for c in cols)] \
+            if cut < n else []
         if cut == 0:
             return out
         # in slices of RELEASE_SLICE events, the watermark moved after each: what one
@@ -490,14 +503,17 @@ class EventTimeEngine:
             ts, ids, types, val, kind = (c[a:min(a + RELEASE_SLICE, cut)] for c in cols)
             # events of types no query uses only move event time (unless a contiguity
             # strategy needs to see every event)
-            used = types >= 0 if not self.every_event else np.ones(len(types), bool)
-            if used.any():
-                used_types = np.ascontiguousarray(types[used], np.int32)
-                first = self.store.append(ts[used], ids[used],
-                                          np.ascontiguousarray(val[used]),
-                                          np.ascontiguousarray(kind[used]), used_types)
-                seqs = np.arange(first, first + int(used.sum()), dtype=np.int64)
-                out += self._match(seqs, ts[used], used_types)
+            used = None if self.every_event else types >= 0
+            if used is not None and not used.all():
+                ts_u, ids, val, kind, types = (c[used] for c in (ts, ids, val, kind, types))
+            else:
+                ts_u = ts
+            if len(ts_u):
+                types = np.ascontiguousarray(types, np.int32)
+                first = self.store.append(ts_u, ids, np.ascontiguousarray(val),
+                                          np.ascontiguousarray(kind), types)
+                seqs = np.arange(first, first + len(ts_u), dtype=np.int64)
+                out += self._match(seqs, ts_u, types)
             last = int(ts[-1])
             if self.wm is None or last > self.wm:
                 self.wm = last
