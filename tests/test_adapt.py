@@ -202,6 +202,26 @@ def test_cheap_queries_and_adapt_false_are_never_tried(no_clock):
     assert cheap.constructions == off.constructions == {"k": "joins"}
 
 
+def test_the_model_s_doubt_raises_the_time_before_a_trial(no_clock):
+    """A query is tried once it took LOOK_MIN_NS since its last look, times the cost
+    model's estimate of the other construction's work over its own when more: at
+    2,000 ns a stored event (~8 ms a look) it is tried when the model put the chain at
+    4x the joins, not at 10x (the time it could save is small, the trial may cost 10x)."""
+    qs = parse(KLEENE).queries
+    tried = {}
+    for ratio in (4.0, 10.0):
+        engine = Measured(qs, {"joins": 2000.0, "chain": 1000.0})
+        assert engine.estimated["k"] == {}  # --materialize always: nothing estimated
+        engine.estimated["k"] = {"joins": 1.0, "chain": ratio}
+        run(engine, stream(20_000, seed=8))
+        tried[ratio] = engine.tried
+    assert tried == {4.0: [("chain", True)], 10.0: []}
+    assert adapt.LOOK_MIN_NS * 4 < 2000 * adapt.LOOK_EVENTS < adapt.LOOK_MIN_NS * 10
+    auto = AdaptiveEngine(qs, materialize="auto")  # what the planner estimated
+    assert set(auto.estimated["k"]) == {"joins", "chain"}
+    assert all(w > 0 for w in auto.estimated["k"].values())
+
+
 def test_a_replay_over_its_cap_or_the_budget_keeps_the_query_as_it_runs(no_clock):
     qs = parse(KLEENE).queries
     for cost in (None, 4001.0):  # the budget; over CAP x 2000

@@ -125,9 +125,10 @@ class QuerySpec:
     after_match_at: tuple[int, int] = (0, 0)  # its line and column (plain data: no ast)
     partition: tuple[str, ...] = ()  # its top-level [attr]s: the policy's partition
     # joins (the DAG) or one chain (a RUN vertex under skip-till-any-match), why, and
-    # the work per window the cost model estimated for each (0: not estimated)
+    # the work per window the cost model estimated for each (empty: not estimated)
     construction: str = "joins"
     construction_why: str = ""
+    construction_work: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -800,7 +801,7 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
     sharing, intake = _sharing(queries, cost, types) if materialize == AUTO else ({}, {})
     stream = _stream_rate(queries, cost)
     for q in queries:
-        qp, root_tree, output_guards, construction, why = _choose(
+        qp, root_tree, output_guards, construction, why, work = _choose(
             q, cost, materialize, sharing.get(q.name), (constructions or {}).get(q.name),
             intake.get(q.name), stream)
         interner.kleene, interner.strategy = qp.kleene, q.strategy
@@ -821,7 +822,8 @@ def build_plan(queries: Sequence[ast.Query], rates: dict[str, float] | None = No
             strategy=q.strategy, lists=tuple(sorted(qp.kleene)),
             after_match=q.after_match,
             after_match_at=(q.after_match_pos.line, q.after_match_pos.col),
-            partition=qp.key_attrs, construction=construction, construction_why=why))
+            partition=qp.key_attrs, construction=construction, construction_why=why,
+            construction_work=work))
     g = interner.graph
     g.freeze()
     plan = Plan(
@@ -886,7 +888,8 @@ def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] |
     ``shares``, or ``measured`` by a running engine). ``leaf_rate``: events per second
     its joins' leaves take in, split among their sharers (default: its items' types'
     rates, as a chain's); ``stream_rate``: the whole stream's (default: its types').
-    Returns its planner, tree, OUTPUT guards, the choice and why."""
+    Returns its planner, tree, OUTPUT guards, the choice, why and the work per window
+    estimated for each construction (empty where it was not estimated)."""
     eligible = chain_eligible(q)
     if measured is not None:
         if measured not in CONSTRUCTIONS:
@@ -895,12 +898,12 @@ def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] |
             raise ValueError(f"query {q.name} cannot run as a chain: it runs as it is planned")
         qp = _QueryPlanner(q, cost, chain=measured == "chain")
         root, guards = qp.plan()
-        return qp, root, guards, measured, f"{measured} (measured faster while running)"
+        return qp, root, guards, measured, f"{measured} (measured faster while running)", ()
     if not eligible or materialize not in (AUTO, CHAIN):
         qp = _QueryPlanner(q, cost)
         root, guards = qp.plan()
         why = "" if not eligible else f"joins (--materialize {materialize})"
-        return qp, root, guards, "joins" if q.strategy == ast.ANY_MATCH else "runs", why
+        return qp, root, guards, "joins" if q.strategy == ast.ANY_MATCH else "runs", why, ()
     chain = _QueryPlanner(q, cost, chain=True)
     slots = chain.chain_slots()
     negations = sum(1 for i in q.pattern.items if isinstance(i, ast.Negation)) \
@@ -916,16 +919,17 @@ def _choose(q: ast.Query, cost: CostModel, materialize: str, shares: list[str] |
     _, joins_est = dag_work(root, bool(joins.key_attrs))
     joins_est += intake_work((own_rate if leaf_rate is None else leaf_rate) * seconds)
     figures = f"est. work per window: chain {chain_est:.4g}, joins {joins_est:.4g}"
+    work = (("chain", chain_est), ("joins", joins_est))
     if materialize == CHAIN:
         root, guards = chain.plan()
-        return chain, root, guards, "chain", f"chain (forced; {figures})"
+        return chain, root, guards, "chain", f"chain (forced; {figures})", work
     if shares:
         return joins, root, guards, "joins", \
-            f"joins (shared with {', '.join(shares)}; {figures})"
+            f"joins (shared with {', '.join(shares)}; {figures})", work
     if chain_est < joins_est:
         root, guards = chain.plan()
-        return chain, root, guards, "chain", f"chain ({figures})"
-    return joins, root, guards, "joins", f"joins ({figures})"
+        return chain, root, guards, "chain", f"chain ({figures})", work
+    return joins, root, guards, "joins", f"joins ({figures})", work
 
 
 def switchable(queries: Sequence[ast.Query], tables: Sequence[ast.LookupTable] = (),

@@ -21,7 +21,10 @@ until it holds none (those records are written in the old root's slots).
 How it decides (``AdaptiveEngine.adapt``, after each slice): each vertex counts its
 time (``VertexStats.ns``). Once ``LOOK_EVENTS`` events (and ``STORE_SHARE`` times
 what the store holds) have been stored since a switchable query's last look and its
-vertices took ``LOOK_MIN_NS`` or more in them, the other construction is tried: the
+vertices took ``LOOK_MIN_NS`` or more in them (times the cost model's estimate of the
+other construction's work over its own, when that is more: a trial runs the other
+for a while, and a query is not made to pay 10x for a guess the model was sure of
+while the time it could save is small), the other construction is tried: the
 replay above, dropped (the query left as it is) once it has cost ``CAP`` times what
 the current construction took for as many events, or by the state budget. A replay
 starts cold and runs in other slices than the stream does, so its time only bounds;
@@ -189,6 +192,9 @@ class AdaptiveEngine(Engine):
         self._over_budget: dict[str, object] = {}  # stopped in this slice: held matches
         self._rescued: set[str] = set()  # moved over the budget in this slice already
         self.moves: list[Move] = []  # the engine's own moves (adapt, over the budget)
+        # per query: the work per window the cost model estimated for each construction
+        self.estimated = {q.name: dict(q.spec.construction_work)
+                          for q in self.program.queries if q.name in self.looks}
 
     @property
     def constructions(self) -> dict[str, str]:
@@ -364,7 +370,7 @@ class AdaptiveEngine(Engine):
                     moved.append(name)
                 continue
             look.due = self._due(look.wait)
-            if took < LOOK_MIN_NS:
+            if took < LOOK_MIN_NS * self._doubt(name, now):
                 continue
             look.trials += 1
             trial = self.try_construction(name, OTHER[now])
@@ -379,6 +385,13 @@ class AdaptiveEngine(Engine):
             look.due = self._due(PROBATION_EVENTS)
             moved.append(name)
         return moved
+
+    def _doubt(self, name: str, now: str) -> float:
+        """How many times the work the cost model estimated for the query's other
+        construction is of the one it runs now, at least 1 (1: not estimated)."""
+        work = self.estimated[name]
+        mine, other = work.get(now, 0.0), work.get(OTHER[now], 0.0)
+        return max(1.0, other / mine) if mine > 0 and other > 0 else 1.0
 
     def _clearly_slower(self, name: str, look, store_next: int) -> bool:
         """On probation, EARLY_EVENTS stored events in: over EARLY_FACTOR times slower
