@@ -200,10 +200,12 @@ def test_cheap_queries_and_adapt_false_are_never_tried(no_clock):
     run(off, events)
     assert cheap.tried == off.tried == []
     assert cheap.constructions == off.constructions == {"k": "joins"}
+    # far under it: its looks come BACKOFF times later than a look's wait
+    assert cheap.looks["k"].stretch == adapt.BACKOFF
 
 
 def test_the_model_s_doubt_raises_the_time_before_a_trial(no_clock):
-    """A query is tried once it took LOOK_MIN_NS since its last look, times the cost
+    """A query is tried once it took LOOK_MIN_NS in a look, times the cost
     model's estimate of the other construction's work over its own when more: at
     2,000 ns a stored event (~8 ms a look) it is tried when the model put the chain at
     4x the joins, not at 10x (the time it could save is small, the trial may cost 10x)."""
@@ -215,7 +217,7 @@ def test_the_model_s_doubt_raises_the_time_before_a_trial(no_clock):
         engine.estimated["k"] = {"joins": 1.0, "chain": ratio}
         run(engine, stream(20_000, seed=8))
         tried[ratio] = engine.tried
-    assert tried == {4.0: [("chain", True)], 10.0: []}
+    assert tried == {4.0: [("chain", True)], 10.0: []}  # 10x: looks ~1.2x apart, never
     assert adapt.LOOK_MIN_NS * 4 < 2000 * adapt.LOOK_EVENTS < adapt.LOOK_MIN_NS * 10
     auto = AdaptiveEngine(qs, materialize="auto")  # what the planner estimated
     assert set(auto.estimated["k"]) == {"joins", "chain"}

@@ -24,7 +24,9 @@ what the store holds) have been stored since a switchable query's last look and 
 vertices took ``LOOK_MIN_NS`` or more in them (times the cost model's estimate of the
 other construction's work over its own, when that is more: a trial runs the other
 for a while, and a query is not made to pay 10x for a guess the model was sure of
-while the time it could save is small), the other construction is tried: the
+while the time it could save is small; a query under it is looked at again as many
+times later, at most ``BACKOFF``, and needs as many times the time), the other
+construction is tried: the
 replay above, dropped (the query left as it is) once it has cost ``CAP`` times what
 the current construction took for as many events, or by the state budget. A replay
 starts cold and runs in other slices than the stream does, so its time only bounds;
@@ -80,6 +82,8 @@ class Look:
     wait: int = LOOK_EVENTS  # stored events from a look to the next (not on probation)
     due: int = LOOK_EVENTS   # the store's next seq at which it is looked at
     before: float | None = None  # on probation: ns per event as it ran before its move
+    stretch: float = 1.0     # a query too cheap to try: its look comes this many times
+    #                          later than ``wait`` says, and must find as many times the time
     trials: int = 0
     switches: int = 0
 
@@ -369,9 +373,17 @@ class AdaptiveEngine(Engine):
                                f"{current:,.0f} ns/event as {now}, {before:,.0f} before")
                     moved.append(name)
                 continue
-            look.due = self._due(look.wait)
-            if took < LOOK_MIN_NS * self._doubt(name, now):
+            need = LOOK_MIN_NS * self._doubt(name, now)
+            per_look = took / look.stretch  # what it took per look of the usual length
+            if per_look < need:  # too cheap to try: the next look comes later, when it
+                # may have taken that long at its rate (at most BACKOFF times later: a
+                # query that grows costly is not left for long), and needs as many times
+                # the time (many cheap queries then cost no look every slice)
+                look.stretch = min(float(BACKOFF), need / max(per_look, 1.0))
+                look.due = self._due(int(look.wait * look.stretch))
                 continue
+            look.stretch = 1.0
+            look.due = self._due(look.wait)
             look.trials += 1
             trial = self.try_construction(name, OTHER[now])
             if trial is None:  # over its cap or the budget (or it cannot move now)

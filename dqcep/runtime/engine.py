@@ -723,11 +723,13 @@ class Engine(EventTimeEngine):
         """Release held matches that are due, then evict what the watermark made useless."""
         prog, state, wm = self.program, self.state, self.wm
         out = self._step_runs(wm)
-        for q in prog.queries:
+        held = [(q, p) for q, p in zip(prog.queries, state.pending) if len(p)]
+        for q, _ in held:
             out += self._release_held(q, wm)
         self._evict_vertices(wm)
         out += self._decide(wm)
-        held_start = min((int(p.start.min()) for p in state.pending if len(p)), default=wm)
+        held_start = min((int(p.start.min()) for p in state.pending if len(p)),
+                         default=wm) if held else wm
         for table in (state.fresh_since, state.excluded):
             for x, (boundary, ids, last) in list(table.items()):
                 # every event held at the query's addition is gone: nothing to filter
@@ -751,7 +753,7 @@ class Engine(EventTimeEngine):
         for queues in (state.left_q, state.right_q):
             for v, queue in queues.items():
                 state.stats[v].evictions += queue.py_evict_end_before(
-                    wm - int(prog.queue_window[v]))
+                    wm - prog.queue_window[v])
         for v, store in state.not_store.items():
             state.stats[v].evictions += store.evict_before(
                 wm - 2 * self.plan.guard[v].window_ms - 1)

@@ -161,7 +161,7 @@ class Program:
         self.right_vertices = self.and_vertices + self.on_demand
         # how long a vertex's queues keep a record: its window, and for a vertex built
         # on demand the window of whatever builds it
-        self.queue_window = self.eff_window.copy()
+        self.queue_window = self.eff_window.tolist()  # (ints: read every slice)
         for v in reversed(self.topo):
             if plan.on_demand[v]:
                 parent = int(g.head[next(iter(g.out_arcs(v)))])
