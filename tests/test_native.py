@@ -217,6 +217,21 @@ def test_a_stop_inside_the_join_pipeline_passes_over_the_joins_it_stops():
     assert runs[0][2][root] == (0, 0, 0)
 
 
+def test_without_stopping_a_stop_inside_the_join_pipeline_fails_the_batch():
+    """A Spark task's engine (stop_over_budget=False): the join over the budget inside
+    the pipeline's call fails the batch with the budget line, as vertex by vertex."""
+    from dqcep.errors import UserError
+    q = parse("QUERY a PATTERN SEQ(A a, B b, C c) WITHIN 1 min").queries
+    events = [Event(i + 1, "A", i, {}) for i in range(300)] + \
+        [Event(1000, "B", 400, {}), Event(1001, "C", 500, {})]
+    plan = build_plan(q)
+    for engine in (Engine(plan, budget=128, stop_over_budget=False),
+                   vertex_by_vertex(plan, budget=128, stop_over_budget=False)):
+        with pytest.raises(UserError, match="query a stopped: SEQ"):
+            engine.process(events)
+    assert Program(plan).pipeline is not None
+
+
 def test_the_join_pipeline_runs_plans_of_joins_alone():
     """Which plans run a slice in one call: EVENT vertices and joins, with other
     queries' chains beside them; not with a NOT, an OR, a Kleene item, a join built
