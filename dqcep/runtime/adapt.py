@@ -53,7 +53,7 @@ from dqcep.runtime.engine import Engine
 from dqcep.runtime.eventtime import MatchBatch, TimeState
 from dqcep.runtime.live import list_store_for
 from dqcep.runtime.program import Program, Universe
-from dqcep.runtime.state import EngineState
+from dqcep.runtime.state import VERTEX_TABLES, EngineState
 
 # stored events between two looks at a query, and a move's probation: these many, and
 # at least STORE_SHARE times what the store holds (a replay takes that many events)
@@ -263,7 +263,7 @@ class AdaptiveEngine(Engine):
         for v in query_vertices(program, index):
             if program.plan.keys[v] in old_keys:
                 continue  # shared with the old program: its state is the real one
-            for table in ("left_q", "right_q", "not_store", "growing", "runs"):
+            for table in VERTEX_TABLES:
                 theirs = getattr(side_state, table)
                 if v in theirs:
                     getattr(state, table)[v] = theirs[v]

@@ -728,6 +728,7 @@ class Engine(EventTimeEngine):
             out += self._release_held(q, wm)
         self._evict_vertices(wm)
         out += self._decide(wm)
+        # (after the release: what is still held; nothing when nothing was)
         held_start = min((int(p.start.min()) for p in state.pending if len(p)),
                          default=wm) if held else wm
         for table in (state.fresh_since, state.excluded):

@@ -27,6 +27,8 @@ from dqcep.runtime.eventtime import NOTHING_WAITING, TimeState
 from dqcep.runtime.policy import PolicyState
 
 SNAPSHOT_MAGIC = b"DQCEPSNP"
+# the tables of per-vertex state (vertex -> its queue, NOT store, growing lists, runs)
+VERTEX_TABLES = ("left_q", "right_q", "not_store", "growing", "runs")
 SNAPSHOT_VERSION = 1
 _EMPTY_I64 = np.empty(0, dtype=np.int64)
 
@@ -149,7 +151,7 @@ class EngineState(TimeState):
             u = old_of.get(key)
             if u is None:
                 continue
-            for name in ("left_q", "right_q", "not_store", "growing", "runs"):
+            for name in VERTEX_TABLES:
                 mine, theirs = getattr(self, name), getattr(old, name)
                 if u in theirs and v in mine:
                     mine[v] = theirs[u]
@@ -176,17 +178,16 @@ class EngineState(TimeState):
         """Bytes held per vertex: its queues, NOT store, growing lists and runs (the
         event store, the list nodes and held matches belong to no one vertex)."""
         out: dict[int, int] = {}
-        for table in (self.left_q, self.right_q, self.not_store, self.growing, self.runs):
-            for v, x in table.items():
+        for name in VERTEX_TABLES:
+            for v, x in getattr(self, name).items():
                 out[v] = out.get(v, 0) + x.nbytes
         return out
 
     def nbytes(self) -> int:
         """Bytes held by queues, NOT stores, the event store and held matches."""
-        # measured after every slice: plain loops, no generator per collection
         total = self.store.nbytes
-        for held in (self.left_q, self.right_q, self.not_store, self.growing, self.runs):
-            for x in held.values():
+        for name in VERTEX_TABLES:
+            for x in getattr(self, name).values():
                 total += x.nbytes
         for p in self.pending:
             total += p.slots.nbytes + 24 * len(p)
