@@ -314,7 +314,7 @@ def test_operations_commands_against_a_broker(mosquitto, tmp_path):
     shown = shown_commands(ROOT / "docs" / "operations.md")
     services = [s for s in shown if s.command.startswith("dqcep run")]
     status = [s for s in shown if s.command.startswith("dqcep status")]
-    token = [s for s in shown if s.command.startswith("python3 -c")]
+    token = [s for s in shown if "secrets.token_urlsafe" in s.command]
     changes = [s for s in shown if s.command.startswith("dqcep queries")]
     assert len(services) == 2 and len(status) == 2 and len(token) == 1
     assert [c.command.split()[2] for c in changes] == ["add", "list", "remove"]

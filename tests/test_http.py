@@ -51,16 +51,53 @@ def test_bind_addresses_are_read_and_checked():
 def test_a_non_loopback_bind_needs_a_token(tmp_path):
     with pytest.raises(UserError, match="non-loopback address needs --http-token-file"):
         http_access("0.0.0.0:9100", None)
-    short = tmp_path / "short"
-    short.write_text("abc\n")
+    short = private_file(tmp_path / "short", "abc\n")
     with pytest.raises(UserError, match="at least 16 characters"):
         http_access("0.0.0.0:9100", str(short))
     with pytest.raises(UserError, match="cannot read --http-token-file"):
         http_access("127.0.0.1:9100", str(tmp_path / "missing"))
-    good = tmp_path / "token"
-    good.write_text(TOKEN + "\n")
+    good = private_file(tmp_path / "token", TOKEN + "\n")
     assert http_access("0.0.0.0:9100", str(good)) == HttpAccess("0.0.0.0", 9100, TOKEN)
     assert http_access("127.0.0.1:0", None).token is None
+
+
+def private_file(path, text):
+    """A token file as the docs' recipe makes it: only its owner may read it."""
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    path.chmod(0o600)
+    return path
+
+
+def test_a_token_file_is_private_and_one_line_of_token_characters(tmp_path):
+    """Issue 49 items 10 and 16: a world-readable file, one that is not UTF-8, holds a
+    line break or non-ASCII inside the token: each refused with what to do, never a
+    traceback or a token no client can send."""
+    shared = tmp_path / "shared"
+    shared.write_text(TOKEN + "\n")
+    shared.chmod(0o644)
+    with pytest.raises(UserError, match=r"may be read by others \(mode 644\); chmod 600"):
+        http_access("0.0.0.0:9100", str(shared))
+    for name, content, what in (("latin", b"\xff\xfe" + TOKEN.encode(), "must be ASCII"),
+                                ("two", (TOKEN + "\n" + TOKEN).encode(), "one line"),
+                                ("accent", ("é" + TOKEN).encode(), "must be ASCII"),
+                                ("space", (TOKEN + " x").encode(), "one line")):
+        with pytest.raises(UserError, match=what):
+            http_access("0.0.0.0:9100", str(private_file(tmp_path / name, content)))
+    # the docs' recipe makes a file the service takes
+    made = subprocess.run(["sh", "-c", "python3 -c 'import secrets; "
+                           "print(secrets.token_urlsafe())' > token && chmod 600 token"],
+                          cwd=tmp_path)
+    assert made.returncode == 0
+    assert len(http_access("0.0.0.0:9100", str(tmp_path / "token")).token) >= 16
+
+
+def test_the_bearer_scheme_is_case_insensitive():
+    from dqcep.service.http import authorized
+    access = HttpAccess("127.0.0.1", 0, TOKEN)
+    for header in (f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER  {TOKEN} "):
+        assert authorized(access, header), header
+    for header in (None, "", TOKEN, f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer é"):
+        assert not authorized(access, header), header
 
 
 def test_the_cli_refuses_a_non_loopback_bind_without_a_token_before_it_starts(tmp_path):
@@ -74,13 +111,13 @@ def test_the_cli_refuses_a_non_loopback_bind_without_a_token_before_it_starts(tm
     assert r.returncode == 2 and "--http is for the streaming service" in r.stderr, r.stderr
 
 
-def call(app, method, path, token=None):
+def call(app, method, path, token=None, host="127.0.0.1:8080"):
     """One request straight into the WSGI application (no socket: any address)."""
     seen = {}
 
     def start_response(status, headers):
         seen["status"], seen["headers"] = status, dict(headers)
-    environ = {"REQUEST_METHOD": method, "PATH_INFO": path}
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "HTTP_HOST": host}
     if token:
         environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
     body = b"".join(app(environ, start_response))
@@ -107,6 +144,25 @@ def test_who_may_read_and_who_may_change():
     assert code == 401 and b"needs the service's token" in body
     assert call(app, "GET", "/", token=TOKEN)[0] == 200
     assert call(app, "GET", "/nothing", token=TOKEN)[0] == 404
+
+
+def test_a_request_must_name_the_service_in_its_host():
+    """Issue 49 item 8: a page of another origin whose DNS name was rebound to the
+    service's address sends its own name: refused (421), token or not; the service's
+    addresses, localhost, this machine's name and --http-host names are its own."""
+    import socket
+    board = Board("digraph {}")
+    board.publish({"events_in": 3, "queries": [{"name": "fire", "text": "secret"}]})
+    app = _App(board, HttpAccess("127.0.0.1", 0, None, ("cep.example.org",)))
+    for host in ("attacker.example:8080", "attacker.example", "localhost.attacker.example",
+                 None, ""):
+        code, body = call(app, "GET", "/status", host=host)
+        assert code == 421 and b"secret" not in body, (host, body)
+    for host in ("127.0.0.1:8080", "localhost:8080", "LOCALHOST", "[::1]:8080", "10.1.2.3",
+                 "cep.example.org:8080", socket.gethostname()):
+        assert call(app, "GET", "/status", host=host)[0] == 200, host
+    with pytest.raises(UserError, match="--http-host"):
+        http_access("127.0.0.1:0", None, ["bad name/"])
 
 
 # ------------------------------------------------------------------ a running service
@@ -385,8 +441,7 @@ class LiveRun:
         a, b = sorted(random.Random(self.seed).sample(range(1500, 7500, 100), 2))
         self.phases = [self.events[:a], self.events[a:b], self.events[b:]]
         print(f"DQCEP_LIVE_SEED={self.seed}: changes after events {a} and {b}")
-        self.token = tmp_path / "token"
-        self.token.write_text(TOKEN + "\n")
+        self.token = private_file(tmp_path / "token", TOKEN + "\n")
         self.added = tmp_path / "added.cep"
         self.added.write_text(ADDED)
         http = free_port()
@@ -543,3 +598,132 @@ def test_with_targets_a_query_added_live_is_placed_by_its_calibration(mosquitto,
     lines = (tmp_path / "out.intrusion2.jsonl").read_text().splitlines()
     assert set(lines) == by_query(reference_lines(
         one, run.phases[1] + run.phases[2]))["intrusion2"] and len(lines) == len(set(lines))
+
+
+# ------------------------------------------------------------------ the server's door
+
+@pytest.fixture
+def bare_server(monkeypatch):
+    """The HTTP side over a board alone (no service behind it), on a free port."""
+    import dqcep.service.http as http
+    monkeypatch.setattr(http, "REQUEST_SECONDS", 1)
+    board = Board("digraph { a -> b }")
+    board.publish({"events_in": 1})
+    seen = []
+
+    def changes(method, path, body):
+        seen.append(len(body))
+        return 200, {"ok": True}
+    server = http.HttpServer(board, HttpAccess("127.0.0.1", 0, TOKEN), changes).start()
+    server.seen = seen
+    yield server
+    server.close()
+
+
+def raw(server, data: bytes, timeout=10.0):
+    import socket
+    s = socket.create_connection((server.host, server.port), timeout=timeout)
+    s.sendall(data)
+    return s
+
+
+def answer(sock) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_a_body_without_the_token_is_refused_before_it_is_read(bare_server, tmp_path):
+    """Issue 49 item 9: waitress stored tokenless bodies (up to 1 GiB each, spooled to
+    disk) before the app answered 401. Now the headers decide: no token, another host
+    or too large a body is answered at once, with the body never sent."""
+    from dqcep.service.http import MAX_BODY
+    head = b"POST /queries HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n"
+    s = raw(bare_server, head)  # the body never follows: an answer comes all the same
+    reply = answer(s)
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+    assert b"needs the service's token" in reply
+    s = raw(bare_server, head.replace(b"127.0.0.1", b"rebound.example")
+            .replace(b"\r\n\r\n", f"\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()))
+    assert answer(s).startswith(b"HTTP/1.1 421")
+    big = f"POST /queries HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n" \
+        f"Content-Length: {MAX_BODY + 1}\r\n\r\n".encode()
+    assert answer(raw(bare_server, big)).startswith(b"HTTP/1.1 413")
+    chunked = f"POST /queries HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked" \
+        "\r\n\r\n100000\r\n".encode()
+    assert answer(raw(bare_server, chunked)).startswith(b"HTTP/1.1 401")
+    assert bare_server.seen == []  # nothing reached the change handler
+    # with the token, a body is read whole and handed on
+    ok = f"POST /queries HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: bearer {TOKEN}\r\n" \
+        "Content-Length: 5\r\nConnection: close\r\n\r\nhello".encode()
+    assert answer(raw(bare_server, ok)).startswith(b"HTTP/1.1 200")
+    assert bare_server.seen == [5]
+
+
+def test_slow_connections_neither_hold_the_server_nor_stay(bare_server):
+    """Issue 49 item 12: 100 connections that send their request a byte at a time took
+    /status down (waitress's limit of 100 connections, kept for 120 s of activity).
+    Now 150 of them leave /status answering, and each is cut off once its request has
+    taken REQUEST_SECONDS (1 s here)."""
+    slow = [raw(bare_server, b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-a: ")
+            for _ in range(150)]
+    code, body, _ = get(f"http://127.0.0.1:{bare_server.port}/status")
+    assert code == 200 and json.loads(body)["events_in"] == 1
+    deadline = time.monotonic() + 60
+    open_ = list(slow)
+    while open_ and time.monotonic() < deadline:
+        for s in list(open_):
+            try:
+                s.send(b"a")  # still trickling: the server cuts it off regardless
+                s.settimeout(0.01)
+                if s.recv(1) == b"":
+                    open_.remove(s)
+            except TimeoutError:
+                pass
+            except OSError:
+                open_.remove(s)
+        time.sleep(0.2)
+    assert not open_, f"{len(open_)} slow connections still open"
+    for s in slow:
+        s.close()
+
+
+def test_a_plan_too_large_to_draw_holds_no_request(monkeypatch, tmp_path):
+    """Issue 49 item 12: two /plan.svg requests over 2,000 queries held both HTTP
+    threads for 20 s, and a drawing that timed out was tried again by the next request.
+    Now one drawing at a time runs beside the server, a request waits PLAN_WAIT s at
+    most (503, try again), and a drawing that timed out is not tried again."""
+    import threading
+    import dqcep.service.http as http
+    monkeypatch.setattr(http, "PLAN_WAIT", 0.2)
+    monkeypatch.setattr(http, "PLAN_DRAW_SECONDS", 1)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "dot").write_text(f"#!/bin/sh\necho run >> {tmp_path / 'runs'}\nsleep 30\n")
+    (bin_ / "dot").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    board = Board("digraph { a -> b }")
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(board.plan_svg()))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert [a[0] for a in answers] == [None, None]
+    assert all("try again" in why for _, why in answers)
+    deadline = time.monotonic() + 30
+    while "too large" not in (board.plan_svg()[1] or "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    svg, why = board.plan_svg()
+    assert svg is None and "too large to draw" in why
+    assert (tmp_path / "runs").read_text().count("run") == 1  # never drawn again
+    app = _App(board, HttpAccess("127.0.0.1", 0, None))
+    code, body = call(app, "GET", "/plan.svg")
+    assert code == 404 and b"/plan.dot" in body

@@ -137,7 +137,13 @@ def add_parser(sub) -> None:
     service.add_argument("--http-token-file", metavar="FILE",
                          help="a file holding the token every change (and, off loopback, "
                          "every request) must carry as Authorization: Bearer TOKEN; "
-                         "required to bind --http to a non-loopback address")
+                         "required to bind --http to a non-loopback address; only its "
+                         "owner may read it (chmod 600)")
+    service.add_argument("--http-host", action="append", metavar="NAME",
+                         help="a host name the service is reached by (the Host header of "
+                         "a request); besides its IP addresses, localhost and this "
+                         "machine's name, which are always its own; repeat for more. A "
+                         "request that names another host is refused (421)")
     service.add_argument("--stats-file", metavar="FILE", help="stats as JSON, rewritten with each stats line")
     service.add_argument("--stats-every", type=POSITIVE.option, default=10.0, metavar="S",
                          help="seconds between stats lines on stderr (default 10)")
@@ -159,8 +165,10 @@ def command(args) -> int:
         return start_service(args)
     if len(args.input) != 1:
         raise UserError("give one event file (--input), or MQTT URLs")
-    if args.http or args.http_token_file:
-        raise UserError(f"{'--http' if args.http else '--http-token-file'} is for the "
+    if args.http or args.http_token_file or args.http_host:
+        given = "--http" if args.http else \
+            "--http-token-file" if args.http_token_file else "--http-host"
+        raise UserError(f"{given} is for the "
                         "streaming service (an MQTT --input)")
     if args.topic_map or args.max_future is not None:
         raise UserError(f"{'--map' if args.topic_map else '--max-future'} is for MQTT input "

@@ -50,11 +50,12 @@ def start_service(args) -> int:
         raise UserError("MQTT payloads are msgpack or json (--format; omitted: each "
                         "payload's own)")
     http = None
-    if args.http_token_file and not args.http:
-        raise UserError("--http-token-file goes with --http HOST:PORT")
+    if (args.http_token_file or args.http_host) and not args.http:
+        raise UserError(f"{'--http-token-file' if args.http_token_file else '--http-host'} "
+                        "goes with --http HOST:PORT")
     if args.http:
         from dqcep.service.http import http_access
-        http = http_access(args.http, args.http_token_file)
+        http = http_access(args.http, args.http_token_file, args.http_host or ())
     query_file = load_queries(args.queries)  # positioned errors before anything starts
     warn_plan(query_file, load_rates(args.rates))
     cfg = ServiceConfig(

@@ -20,12 +20,8 @@ class ServiceClient:
         self.url = url.rstrip("/") + "/"
         self.token = None
         if token_file is not None:
-            try:
-                with open(token_file, encoding="utf-8") as f:
-                    self.token = f.read().strip()
-            except OSError as err:
-                raise UserError(f"cannot read --token-file {token_file}: "
-                                f"{err.strerror}") from None
+            from dqcep.service.http import read_token
+            self.token = read_token(token_file, "--token-file", private=False)
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 content_type: str = "text/plain; charset=utf-8") -> tuple[int, bytes]:
