@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 Value = int | float | str | bool
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+UINT64_MAX = 2**64 - 1  # the largest integer attribute (msgpack's uint 64)
 # Event times lie within +-TS_LIMIT ms (+-146 million years around 1970): with windows
 # of at most 2**60 ms (dqcep.lang.parser.MAX_WINDOW_MS), every ts difference and every
 # ts +- window the engines compute fits in 64 bits. msgpack_decode.pyx holds the same.
@@ -149,6 +150,12 @@ def event_from_mapping(obj: Any) -> Event:
         if not isinstance(v, (int, float, str, bool)):
             raise EventError(f"attribute {_short(k)} must be a number, string or boolean, "
                              f"got {type(v).__name__}")
+        if _is_int(v) and not INT64_MIN <= v <= UINT64_MAX:
+            # the engines compare numbers as binary64 and msgpack (the journal, the
+            # checkpoint) holds integers of 64 bits: a longer one crash-looped a service
+            raise EventError(f"attribute {_short(k)} {_short(v)} does not fit in 64 bits "
+                             "(an integer from -2**63 to 2**64 - 1; send a longer one as "
+                             "a float or a string)")
         if isinstance(v, str) and _not_unicode(v):
             raise EventError(f"attribute {_short(k)} is not valid Unicode (a lone surrogate): "
                              f"{_short(v)}")

@@ -51,6 +51,8 @@ BAD_JSONL = [
     ('{"type": "T", "ts": 5}', "1:1", "event has no 'id'"),
     ('{"id": 1, "type": "T", "ts": 99999999999999999999}', "1:1", "does not fit in 64 bits"),
     ('{"id": 1, "type": "T", "ts": 5, "v": [1]}', "1:1", "attribute 'v' must be a number"),
+    ('{"id": 1, "type": "T", "ts": 5, "v": 18446744073709551616}', "1:1",
+     "attribute 'v' 18446744073709551616 does not fit in 64 bits"),
     ('{"id": 1, "type": "T", "ts": 5, "v": NaN}', "1:1", "NaN is not a valid number"),
     ('[1, 2]', "1:1", "an event must be a map/object, got list"),
 ]

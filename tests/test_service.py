@@ -310,6 +310,36 @@ def publish_all(host, port, topic, payloads, client_id="hostile"):
     pub.loop_stop()
 
 
+def test_an_integer_past_64_bits_is_a_dead_letter_not_a_crash_loop(mosquitto, tmp_path):
+    """Issue 49 item 11: one device message with an integer past 64 bits made every
+    checkpoint of a --returns service raise OverflowError (msgpack), at every start.
+    Now the event is malformed (dead letter, with the reason) and the service checkpoints,
+    stops and starts again, matching the events around it."""
+    host, port = mosquitto
+    topic = "dqcep/big"
+    svc = Service(tmp_path, f"mqtt://{host}:{port}/{topic}",
+                  queries=ROOT / "examples" / "fire.cep")
+    svc.args.append("--returns")
+    svc.start()
+    events = [{"id": 1, "type": "Temperature", "ts": 1000, "room": 1, "value": 60},
+              {"id": 2, "type": "Temperature", "ts": 1500, "room": 1, "value": 10 ** 30},
+              {"id": 3, "type": "Smoke", "ts": 2000, "room": 1, "density": 9,
+               "serial": 2 ** 64 - 1},
+              {"id": 4, "type": "Alarm", "ts": 2500, "room": 1}]
+    publish_all(host, port, topic, [json.dumps(e).encode() for e in events], "big-ints")
+    svc.wait_for(3)
+    for _ in range(3):  # a checkpoint was written each time: the restarts all start
+        svc.stop()
+        svc.start()
+    svc.finish()
+    dead = [json.loads(x) for x in (tmp_path / "out.state" / "dead-letter.jsonl")
+            .read_text().splitlines()]
+    assert len(dead) == 1 and "does not fit in 64 bits" in dead[0]["reason"], dead
+    fire = [m for m in map(json.loads, svc.output()) if m["query"] == "fire"]
+    assert [(m["events"], m["return"]) for m in fire] == \
+        [({"t": 1, "s": 3, "a": 4}, {"t": 1, "s.density": 9})], fire
+
+
 def test_hostile_payloads_never_stop_the_service(mosquitto, tmp_path):
     import random
 

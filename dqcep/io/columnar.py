@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from typing import IO, Callable, Iterator, NamedTuple
 
@@ -353,6 +354,10 @@ def _small(path: str) -> bool:
 # Bytes are tested with translate (deleting all others), not a regex: 50x faster.
 _CONTROL = bytes(range(0x0a)) + b"\x0b\x0c" + bytes(range(0x0e, 0x20))
 _NOT_CONTROL = bytes(sorted(set(range(256)) - set(_CONTROL)))
+# A run of digits that may be an integer outside -2**63 .. 2**64 - 1, which the
+# validator refuses (events.UINT64_MAX) and Arrow would read as a double: such a block
+# goes to the validator, which knows an integer from a decimal.
+_LONG_INTEGER = re.compile(rb"-[0-9]{19}|[0-9]{20}")
 # CSV: a tab is an ordinary character for both readers; CR and LF are line ends.
 _NOT_CSV_CONTROL = bytes(sorted(set(range(256)) - (set(_CONTROL) - {0x09}) | {0x0a, 0x0d}))
 
@@ -426,7 +431,7 @@ def _json_block_columns(block: bytes, engine):
     if not block.startswith(b"{") or block.count(b"\n{") != lines - 1 \
             or block.translate(None, _NOT_CONTROL) or b"\xef\xbb\xbf" in block \
             or b"\r" in block and block.count(b"\r") != block.count(b"\r\n") \
-            or not is_utf8(block):
+            or not is_utf8(block) or _LONG_INTEGER.search(block):
         return None
     try:
         table = pj.read_json(pa.BufferReader(block))
@@ -510,7 +515,7 @@ def _csv_block_columns(block: bytes, header: list[str], engine, texts=None):
 
     if block.translate(None, _NOT_CSV_CONTROL) \
             or b"\r" in block and block.count(b"\r") != block.count(b"\r\n") \
-            or not is_utf8(block):
+            or not is_utf8(block) or _LONG_INTEGER.search(block):
         return None
     try:
         table = pcsv.read_csv(
