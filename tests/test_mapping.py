@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -88,11 +91,33 @@ def test_arrays_epoch_seconds_and_device_ids():
     payload = json.dumps([{"t": 1764151200.5, "seq": 10, "v": 1},
                           {"t": "1764151201", "seq": 11, "v": 2},
                           {"t": True, "seq": 12}]).encode()
+    from dqcep.io.mapping import device_id
     events, bad = read("lab/a/b", payload)
     assert [(e.id, e.ts, e.attrs) for e in events] == [
-        (10, 1_764_151_200_500, {"v": 1}), (11, 1_764_151_201_000, {"v": 2})]
+        (device_id("lab/a/b", 10), 1_764_151_200_500, {"v": 1}),
+        (device_id("lab/a/b", 11), 1_764_151_201_000, {"v": 2})]
     assert [(r.index, r.reason) for r in bad] == [
         (2, "rule 4 (lab/#): the time field 't' holds True, no time")]
+
+
+def test_two_devices_that_both_count_from_one_keep_all_their_readings():
+    """Issue 49 item 5: with `id = "seq"` two devices each counting 1..50 lost 50 of 100
+    readings as repeats. A device's number is unique on its topic: the same number on
+    another topic is a reading of its own, on the same topic (a redelivery) a repeat."""
+    from dqcep._kernels.recent_ids import RecentIds
+    from dqcep.io.mapping import device_id
+    ids = [read(f"lab/dev{d}", json.dumps({"t": n, "seq": n, "v": d}).encode())[0][0].id
+           for d in (1, 2) for n in range(1, 51)]
+    recent = RecentIds(4096)
+    kept = recent.admit(np.array(ids, np.int64))
+    assert int(np.count_nonzero(kept)) == 100 and len(set(ids)) == 100
+    again = read("lab/dev1", json.dumps({"t": 7, "seq": 7}).encode())[0][0].id
+    assert again == ids[6] and not recent.admit(np.array([again], np.int64)).any()
+    # the same in every process (no salted hash), within int64, above derived ids
+    out = subprocess.run([sys.executable, "-c", "from dqcep.io.mapping import device_id; "
+                          "print(device_id('lab/dev1', 1))"], capture_output=True, text=True)
+    assert int(out.stdout) == device_id("lab/dev1", 1)
+    assert all(2 ** 62 <= i < 2 ** 63 for i in ids)
 
 
 def test_what_no_rule_can_read_is_rejected_with_the_rule_and_the_reason():

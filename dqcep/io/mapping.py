@@ -13,14 +13,19 @@ filter matches a record's topic reads it::
     type = "Temperature"     # a fixed event type (the topic's `type` level and a payload
                              # field `type` come after it, in that order)
     rename = { temp = "value" }  # payload field (dotted path) -> attribute
-    id = "seq"               # a payload field holding the event's integer id; omitted: derived
+    id = "seq"               # a payload field: the device's own number of the reading
+                             # (unique per topic); omitted: derived from the journal
 
 A payload is one event (an object / map, or a bare value: the attribute
 ``value``) or several (an array of them). Nested objects flatten to
 ``parent_child`` attributes, nested arrays to ``parent_0``, ``parent_1``...; a
 ``null`` is an absent attribute. An event's id, unless the rule names a field
 for it, is derived from its place in the journal: ``offset * 2**24 + index in
-the payload``, so a replay after a crash gives the same ids. Its time, unless
+the payload``, so a replay after a crash gives the same ids. A device's own number
+(``id = "seq"``) is unique on its topic only (two devices both count from 1): the
+event's id is derived from the topic and that number (``device_id``), so the same
+number on the same topic is a repeat and on another topic a reading of its own. Its
+time, unless
 the rule names a field for it, is the record's arrival time, journaled once at
 ingest. Payload fields called ``id``, ``ts`` or ``type`` that the rule does not
 read as such are not attributes (spec section 1: they are the event's own
@@ -32,6 +37,7 @@ Everything wrong with the file itself is a ``UserError`` naming the rule.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -61,6 +67,16 @@ TOPIC_CACHE = 1 << 16  # topics whose rule and level attributes are kept
 def derived_id(offset: int, index: int) -> int:
     """The id of the ``index``-th event of the payload at journal offset ``offset``."""
     return (offset << ID_SHIFT) | index
+
+
+def device_id(topic: str, number: int) -> int:
+    """The id of the reading a device numbered ``number`` on ``topic``: 64 bits of
+    BLAKE2b over both (the same in every process and run; two readings collide with
+    probability 2**-62) in 2**62 .. 2**63 - 1, above ``derived_id``'s (below 2**62 up
+    to journal offset 2**38)."""
+    digest = hashlib.blake2b(f"{topic}\0{number}".encode("utf-8", "surrogatepass"),
+                             digest_size=8).digest()
+    return (1 << 62) | (int.from_bytes(digest, "little") >> 2)
 
 
 def filter_matches(levels: list[str], topic: list[str]) -> bool:
@@ -246,14 +262,15 @@ class TopicMap:
         single = not isinstance(obj, list)
         for i, item in enumerate(items):
             try:
-                events.append(self._event(rule, item, record.offset, i, arrival,
+                events.append(self._event(rule, item, record.topic, record.offset, i, arrival,
                                           level_attrs, level_type))
             except (EventError, RecursionError) as err:
                 why = "nested too deeply" if isinstance(err, RecursionError) else str(err)
                 rejected.append(Rejected(f"{rule.name}: {why}", None if single else i))
         return events, rejected
 
-    def _event(self, rule: TopicRule, item, offset: int, index: int, arrival: int | None,
+    def _event(self, rule: TopicRule, item, topic: str, offset: int, index: int,
+               arrival: int | None,
                level_attrs: dict, level_type: str | None) -> Event:
         if isinstance(item, dict):
             flat: dict = {}
@@ -276,6 +293,7 @@ class TopicMap:
             if not isinstance(event_id, int) or isinstance(event_id, bool):
                 raise EventError(f"the id field {'.'.join(rule.id)!r} must hold an integer, "
                                  f"got {event_id!r}"[:200])
+            event_id = device_id(topic, event_id)
         else:
             event_id = derived_id(offset, index)
         for src, dst in rule.rename.items():
