@@ -128,15 +128,26 @@ def query_home(cfg: ServiceConfig, query: str) -> Path:
     return Path(cfg.checkpoint).parent / "queries" / query
 
 
+def removed_home(cfg: ServiceConfig, query: str, offset: int) -> Path:
+    """Where a query removed at journal ``offset`` keeps what its consumer left."""
+    return query_home(cfg, query).with_name(f"{query}.removed-{offset}")
+
+
+def query_output(cfg: ServiceConfig, query: str) -> str:
+    """A query's own output beside a file output (``out.jsonl`` -> ``out.NAME.jsonl``);
+    a topic output is shared."""
+    if is_mqtt(cfg.output):
+        return cfg.output
+    out = Path(cfg.output)
+    return str(out.with_name(f"{out.stem}.{query}{out.suffix}"))
+
+
 def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
     """The consumer of one query: its own state under STATE/queries/NAME/, its own
     output beside a file output (``out.jsonl`` -> ``out.NAME.jsonl``)."""
     home = query_home(cfg, query)
     home.mkdir(parents=True, exist_ok=True)
-    output = cfg.output
-    if not is_mqtt(output):
-        out = Path(output)
-        output = str(out.with_name(f"{out.stem}.{query}{out.suffix}"))
+    output = query_output(cfg, query)
     if (home / LIVE_QUERY).exists():  # added live: its own text, from its control record on
         cfg = replace(cfg, queries=str(home / LIVE_QUERY),
                       start_offset=int((home / LIVE_START).read_text()))
@@ -304,12 +315,16 @@ class Coordinator:
             if state is not None:
                 low = max(low, state["offset"], state["journal_end"])
         self.journal = Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
-        # changes journaled after the set was last written (a crash between the two)
+        self.reports: dict[str, dict] = {}
+        # changes journaled after the set was last written (a crash between the two): a
+        # removed query's consumer first takes the records up to its removal
         for record in self.journal.read(through + 1):
             if record.topic == CONTROL_TOPIC:
-                _, names = self._change_set(record.offset, read_control(record.payload))
-                if read_control(record.payload)["op"] == "remove":
-                    self._let_go(names[0], record.offset)
+                change = read_control(record.payload)
+                if change["op"] == "remove":
+                    self._drain(change["name"], record.offset)
+                    self._let_go(change["name"], record.offset)
+                self._change_set(record.offset, change)
         self._use_set(self.query_set)
         if scaling is not None:  # the queries added live are placed by their calibration
             self._calibrated(scaling.calibration, self.names)
@@ -325,7 +340,6 @@ class Coordinator:
                                                  size=ArrivalTimes.nbytes(ARRIVALS))
         self.arrivals = ArrivalTimes(ARRIVALS, self.memory.buf)
         self.workers: list[_Worker] = []
-        self.reports: dict[str, dict] = {}
         self.plans: list[dict] = []
         self._responses: dict[str, tuple[int, float]] = {}  # (matches, mean ms) at the last plan
         self.failure: str | None = None
@@ -372,6 +386,7 @@ class Coordinator:
             added = old.parse_added(change["text"])
             new = old.with_added(added, offset + 1, change["text"])
             for q in added:
+                self._set_output_aside(q.name, offset)
                 home = query_home(self.cfg, q.name)
                 home.mkdir(parents=True, exist_ok=True)
                 (home / LIVE_QUERY).write_text(change["text"].rstrip().rstrip(";") + ";\n" +
@@ -445,14 +460,63 @@ class Coordinator:
                      model=cal.consumer_model(self.names))
         self._apply([[c.name for c in w.queries] for w in plan.workers if w.queries], why)
 
+    def _drain(self, q: str, offset: int) -> None:
+        """At a restart, a query removed at ``offset`` whose consumer had not reached its
+        removal (the coordinator was killed meanwhile): its consumer, here, takes the
+        records up to it and checkpoints, so its matches before the removal are out."""
+        if removed_home(self.cfg, q, offset).exists() or not query_home(self.cfg, q).exists():
+            return  # let go already / never had a consumer
+        svc = StreamingService(query_config(self.cfg, q), journal=JournalView(
+            self.cfg.journal, lambda: self.journal.durable_offset))
+        try:
+            while svc.offset < offset and svc.step(until=offset):
+                pass
+            svc.checkpoint()
+        finally:
+            svc.close()
+
+    def _remove(self, q: str, offset: int) -> None:
+        """A query removed at journal ``offset``: its consumer takes the records up to
+        the removal, checkpoints and is let go. A worker that dies meanwhile is started
+        again (it hosts the query from its checkpoint) and asked again: a change in the
+        journal is always applied (else the restarted worker ran it past its removal)."""
+        while True:
+            w = next((w for w in self.workers if q in w.queries), None)
+            if w is None:
+                break
+            try:
+                w.conn.send(("release_at", q, offset))
+                self._expect(w, "released")
+                w.queries.remove(q)
+                break
+            except (_WorkerDied, OSError):
+                w.process.join(10)
+                self._restart_dead()  # too many deaths: _WorkerDied, the service ends
+        self._let_go(q, offset)
+
     def _let_go(self, q: str, offset: int) -> None:
         """A removed query's consumer is gone: retention no longer waits for it, its
-        files are kept aside (a later query of that name starts anew)."""
+        files are kept aside (``NAME.removed-OFFSET``), its output stays where it is
+        until a query of that name is added again (``_set_output_aside``)."""
         forget_consumer(self.cfg.journal, f"query-{q}")
         home = query_home(self.cfg, q)
         if home.exists():
-            home.rename(home.with_name(f"{q}.removed-{offset}"))
+            home.rename(removed_home(self.cfg, q, offset))
         self.reports.pop(q, None)
+
+    def _set_output_aside(self, q: str, offset: int) -> None:
+        """A query added at ``offset`` under the name of one removed before: the removed
+        one's output file is moved to ``OUT.NAME.removed-OFFSET.jsonl`` (the offset of
+        its removal, as its home's), for the new one writes its own from nothing (it
+        was cut to 0 lines). Run before the new consumer exists: at a replay of the
+        change the file is still the removed query's."""
+        out = Path(query_output(self.cfg, q))
+        if is_mqtt(self.cfg.output) or not out.exists():
+            return
+        removals = [int(p.name.rsplit("-", 1)[1]) for p in
+                    query_home(self.cfg, q).parent.glob(f"{q}.removed-*")
+                    if p.name.rsplit("-", 1)[1].isdigit()]
+        out.rename(query_output(self.cfg, f"{q}.removed-{max(removals, default=offset)}"))
 
     def _apply_changes(self) -> None:
         """In the coordinator's loop: the changes journaled from the HTTP side."""
@@ -462,6 +526,8 @@ class Coordinator:
             except queue.Empty:
                 return
             try:
+                if change["op"] == "remove":  # the set says removed once it is
+                    self._remove(change["name"], offset)
                 new, names = self._change_set(offset, change)
                 self._use_set(new)
                 if change["op"] == "add":
@@ -475,13 +541,6 @@ class Coordinator:
                         for q in names:
                             self.scaling.targets.setdefault(q, float("inf"))
                         self._place_by_model(f"{', '.join(names)} added")
-                else:
-                    q = names[0]
-                    w = next(w for w in self.workers if q in w.queries)
-                    w.conn.send(("release_at", q, offset))
-                    self._expect(w, "released")
-                    w.queries.remove(q)
-                    self._let_go(q, offset)
                 print(f"dqcep: queries {'added' if change['op'] == 'add' else 'removed'} "
                       f"{', '.join(names)} at journal record {offset}; running "
                       f"{', '.join(self.names)}", file=sys.stderr, flush=True)
@@ -744,11 +803,13 @@ class Coordinator:
                               if r.get("watermark") is not None), default=None),
             "inputs": list(self.cfg.inputs), "state": self.cfg.state,
             "worker_status": [{"worker": i + 1, "up": int(w.process.is_alive()),
-                               "queries": list(w.queries)}
+                               "pid": w.process.pid, "queries": list(w.queries)}
                               for i, w in enumerate(self.workers)],
             "workers_up": {str(i + 1): int(w.process.is_alive())
                            for i, w in enumerate(self.workers)},
-            "queries": [{"name": q, "text": self.query_texts[q]} for q in self.names],
+            "queries": [{"name": q, "text": self.query_texts[q],
+                         "added_at": self.query_set.epochs[q] - 1
+                         if self.query_set.epochs.get(q) else None} for q in self.names],
             "queries_by_name": s["queries"],
             "last_matches": last,
             "redelivered": source.redelivered if source is not None else 0,
