@@ -217,3 +217,17 @@ def test_a_removed_query_says_nothing_more_and_its_vertices_are_freed():
     assert engine.program.plan.n_vertices == 4 and "q1" not in engine.query_state_bytes()
     out += [engine.process([ev(3, "B", 3), ev(30, "A", 30)]), engine.flush()]
     assert matches_of(out) == {("q0", (1, 3))}
+
+
+def test_a_change_text_that_ends_in_a_comment_is_read_as_written():
+    """Issue 49 item 19: a live text ending with a ``--`` comment took the ";" the
+    service adds into the comment, and was refused with an error about the service's
+    own EVENT line."""
+    from dqcep.service.changes import QuerySet, requested_change
+    base = parse("EVENT Door(open BOOL);\nQUERY d PATTERN Door x WITHIN 1 s;")
+    qs = QuerySet(list(base.queries), {}, base.schemas, base.tables)
+    for text in ("QUERY a PATTERN SEQ(Door x, Door y) WITHIN 1 s -- the last line",
+                 "QUERY a PATTERN SEQ(Door x, Door y) WITHIN 1 s; -- note\n-- more\n",
+                 "QUERY a PATTERN SEQ(Door x, Door y)\nWITHIN 1 s\n"):
+        op, _, names, new = requested_change("POST", "/queries", text.encode(), qs)
+        assert (op, names, new.names) == ("add", ["a"], ["d", "a"]), text

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -246,3 +247,17 @@ def test_random_maps_and_payloads_map_or_say_why(rules, topic, body, shape, arri
     assert all(isinstance(e, Event) for e in events)
     assert all(r.reason for r in bad)
     assert events or bad or body == []  # mapped (an empty array: no event) or rejected
+
+
+def test_a_map_nested_too_deeply_is_refused_with_a_line_not_a_traceback(tmp_path):
+    """Issue 49 item 17: a deeply nested TOML map raised RecursionError (exit 1)."""
+    deep = tmp_path / "deep.toml"
+    deep.write_text('[[topic]]\nfilter = "a/#"\nrename = ' + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(UserError, match="nested too deeply"):
+        TopicMap.load(deep)
+    r = subprocess.run([sys.executable, "-m", "dqcep", "run", "examples/fire.cep", "--input",
+                        "mqtt://127.0.0.1:9/a/#", "-o", str(tmp_path / "o.jsonl"), "--map",
+                        str(deep)], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 2 and "nested too deeply" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -200,6 +200,9 @@ class TopicMap:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"{source}: not valid TOML: {err}") from None
+        except RecursionError:  # tomllib reads nested arrays and tables recursively
+            raise UserError(f"{source}: nested too deeply to be a map (a rule's values "
+                            "are strings and tables of strings)") from None
         extra = [k for k in doc if k != "topic"]
         if extra:
             raise UserError(f"{source}: unknown key {extra[0]!r} (a map holds [[topic]] rules)")

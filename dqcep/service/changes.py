@@ -15,6 +15,7 @@ starts with ``$``, and an ``--input`` that names one is refused.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from dqcep.errors import UserError
@@ -22,6 +23,7 @@ from dqcep.lang import ast, parse
 from dqcep.lang.printer import schema_to_source, table_to_source
 
 CONTROL_TOPIC = "$dqcep/control"
+_TRAILING_COMMENTS = re.compile(r"(?:\s*--[^\n]*)+\s*\Z")  # comments that end a text
 
 
 def control_record(op: str, **fields) -> bytes:
@@ -120,7 +122,10 @@ class QuerySet:
         """A change's text with the service's declarations after it (its lines keep
         their numbers)."""
         body = text.rstrip()
-        return parse(body + ("" if body.endswith(";") else ";") + "\n" +
+        # the last query's ";" on a line of its own: a text that ends in a comment
+        # (``-- ...``) would take it into the comment and the declarations into its query
+        code = _TRAILING_COMMENTS.sub("", body)
+        return parse(body + ("\n" if code.endswith(";") else "\n;\n") +
                      self.declarations(), source)
 
     def with_added(self, queries: list[ast.Query], epoch: int, text: str) -> "QuerySet":
