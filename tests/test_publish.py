@@ -1,5 +1,6 @@
 """Events -> MQTT messages as devices send them (dqcep/io/publish.py)."""
 import json
+import time
 
 import msgpack
 import pytest
@@ -59,3 +60,38 @@ def test_payload_shapes():
         PayloadShape("value", value_attr="level").payload(EVENT, "e")
     with pytest.raises(UserError, match="--time puts the event's time into an object"):
         PayloadShape("value", time_field="t")
+
+
+def test_publish_refuses_what_no_broker_takes_before_it_sends_anything(mosquitto, tmp_path):
+    """Issue 49 item 18: a topic over 65,535 bytes was a traceback; a $SYS/... topic was
+    sent with exit 0 (no # subscriber receives it); the lines before a bad line were
+    sent already. Each is refused with its place, exit 2, nothing published."""
+    import subprocess
+    import sys
+    from tests.conftest import subscribed
+    host, port = mosquitto
+    lines = [{"id": i, "type": "T", "ts": i, "room": f"r{i}"} for i in range(1, 4)]
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    long_ = tmp_path / "long.jsonl"
+    long_.write_text("".join(json.dumps(e) + "\n" for e in
+                             lines[:2] + [{**lines[2], "room": "x" * 70_000}]))
+    bad_line = tmp_path / "bad.jsonl"
+    bad_line.write_text("".join(json.dumps(e) + "\n" for e in lines[:2]) + "{\n")
+    cases = [(long_, "t/{room}", "long.jsonl:3:1: the event's topic", "at most 65,535 bytes"),
+             (good, "$SYS/{room}", "MQTT URL", "the broker's"),
+             (good, "{room}", None, None),
+             (bad_line, "t/{room}", "bad.jsonl:3", "invalid JSON")]
+    with subscribed(host, port, "#", "publish-watch") as received:
+        for path, template, where, what in cases:
+            if where is None:  # a value at the start that makes it a $ topic
+                path = tmp_path / "dollar.jsonl"
+                path.write_text(json.dumps({**lines[0], "room": "$SYS"}) + "\n")
+                where, what = "dollar.jsonl:1:1", "the broker's"
+            r = subprocess.run([sys.executable, "-m", "dqcep", "publish", str(path),
+                                f"mqtt://{host}:{port}/{template}", "--quiet"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2 and where in r.stderr and what in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr
+        time.sleep(1)
+    assert received == [], received

@@ -40,7 +40,18 @@ def command(args) -> int:
     template = TopicTemplate(url.topic)
     shape = shape_from_args(args, template)
     pacer = Pacer(args.rate)
-    events = read_events(args.input, args.format)  # a bad record stops it, with its place
+    # every event read and its message made before the first is sent: a bad record
+    # stops it with its place, and nothing is published (a file is read twice, stdin
+    # is held)
+    source = "<stdin>" if args.input == "-" else args.input
+
+    def placed():  # (FILE:LINE:COL, event)
+        return ((f"{source}:{where}", e) for where, e in read_events(args.input, args.format))
+    events = list(placed()) if args.input == "-" else placed()
+    for _ in messages(events, template, shape):
+        pass
+    if args.input != "-":
+        events = placed()
     progress = None
     if not args.quiet:
         from tqdm import tqdm

@@ -41,6 +41,9 @@ def topic_problem(topic: str, subscribe: bool) -> str | None:
     if not subscribe:
         if "+" in topic or "#" in topic:
             return "a topic to publish to cannot hold the wildcards + or #"
+        if topic.startswith("$"):  # MQTT 4.7.2
+            return ("a topic starting with $ is the broker's ($SYS/...): clients do not "
+                    "publish there, and no wildcard subscription (#) receives it")
         return None
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != len(levels) - 1):

@@ -69,7 +69,13 @@ class TopicTemplate:
                 raise UserError(f"{where}: {name} = {text!r} cannot be in a topic "
                                 f"({self.text!r}): empty, or holds + # or NUL")
             values[name] = text
-        return self.text.format(**values)
+        topic = self.text.format(**values)
+        problem = topic_problem(topic, subscribe=False) if len(topic) > 1000 or \
+            topic.startswith("$") else None  # the rest is the template's, checked
+        if problem:
+            raise UserError(f"{where}: the event's topic {topic[:60]!r}...: {problem}"
+                            if len(topic) > 60 else f"{where}: topic {topic!r}: {problem}")
+        return topic
 
 
 @dataclass(frozen=True)
