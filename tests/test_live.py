@@ -231,3 +231,56 @@ def test_a_change_text_that_ends_in_a_comment_is_read_as_written():
                  "QUERY a PATTERN SEQ(Door x, Door y)\nWITHIN 1 s\n"):
         op, _, names, new = requested_change("POST", "/queries", text.encode(), qs)
         assert (op, names, new.names) == ("add", ["a"], ["d", "a"]), text
+
+
+def test_a_change_over_http_is_checked_against_the_set_the_journal_leads_to(tmp_path,
+                                                                            monkeypatch):
+    """Issue 49 item 15: while a restart replayed the journal, a change was checked
+    against the checkpoint's set (a duplicate add answered 200 applied, then dead-
+    lettered), and "applied" was answered once the control record was read, before the
+    new set ran (``running`` listed the old one)."""
+    import threading
+    import time as clock
+    from pathlib import Path
+    import dqcep.service.streaming as streaming
+    from dqcep.io.journal import Journal
+    from dqcep.service.changes import CONTROL_TOPIC, control_record
+    from dqcep.service.streaming import ServiceConfig, StreamingService
+    queries = Path(__file__).resolve().parent.parent / "dqcep" / "data" / "iot.cep"
+    added = "QUERY later\nPATTERN SEQ(Door x, Motion y)\nWHERE [room]\nWITHIN 10 s\n"
+    journal = Journal(tmp_path / "journal")
+    journal.append(CONTROL_TOPIC, control_record("add", text=added), 1)
+    journal.commit()
+    journal.close()
+    cfg = ServiceConfig(queries=str(queries), inputs=["mqtt://127.0.0.1:9/x"],
+                        journal=str(tmp_path / "journal"),
+                        checkpoint=str(tmp_path / "ck.bin"), output=str(tmp_path / "o.jsonl"),
+                        dead_letter=str(tmp_path / "dead.jsonl"),
+                        late=str(tmp_path / "late.jsonl"))
+    svc = StreamingService(cfg)
+
+    class Source:  # the MQTT source's journal_record, into the service's own journal
+        def journal_record(self, topic, payload):
+            offset = svc.journal.append(topic, payload, 2)
+            svc.journal.commit()
+            return offset
+    svc.source = Source()
+    # the add is journaled, not yet replayed: a second one is refused, no record written
+    code, answer = svc.http_change("POST", "/queries", added.encode())
+    assert code == 400 and "runs a query 'later' already" in answer["error"], answer
+    assert svc.journal.durable_offset == 1
+    # a removal of it is taken; "applied" only once the set without it runs
+    slow = streaming.change_queries
+
+    def slow_change(*args, **kwargs):
+        clock.sleep(0.5)
+        return slow(*args, **kwargs)
+    monkeypatch.setattr(streaming, "change_queries", slow_change)
+    stepping = threading.Thread(target=lambda: [svc.step() or clock.sleep(0.05)
+                                                for _ in range(60)])
+    stepping.start()
+    code, answer = svc.http_change("DELETE", "/queries/later", b"")
+    stepping.join()
+    assert code == 200 and answer["applied"] and "later" not in answer["running"], answer
+    assert svc.query_set.names == answer["running"]
+    svc.close()

@@ -252,6 +252,7 @@ class StreamingService:
         self.last_matches: deque = deque(maxlen=LAST_MATCHES)  # for the HTTP side
         self._recent: dict = {}  # the last stats line's figures of its period
         self._load(state)
+        self._next_set = self._set_after_journal()
         if self.database and (state is None or "stream" not in state):
             self.checkpoint()  # the stream named durably before any row is written
         self.started = time.monotonic()
@@ -372,6 +373,31 @@ class StreamingService:
             except BaseException:
                 self._unload()
                 raise
+
+    def _set_after_journal(self) -> QuerySet | None:
+        """The query set as it will be once the changes the journal holds beyond the
+        checkpoint are applied (None: there are none): what a change over HTTP is
+        checked against while a restart replays them (it was checked against the
+        checkpoint's set: a duplicate add answered 200, a DELETE of a query added
+        there 404). A change the replay will refuse leaves the set as it was."""
+        if self.cfg.consumer != CONSUMER:
+            return None
+        query_set, changed = self.query_set, False
+        for record in self.journal.read(self.offset):
+            if record.topic != CONTROL_TOPIC or not isinstance(record.payload, bytes):
+                continue
+            try:
+                change = read_control(record.payload)
+                if change["op"] == "add":
+                    added = query_set.parse_added(change["text"])
+                    query_set = query_set.with_added(added, record.offset + 1,
+                                                     change["text"])
+                else:
+                    query_set = query_set.without(change["name"])
+                changed = True
+            except (UserError, ValueError, KeyError):
+                continue  # refused again where the replay reaches it
+        return query_set if changed else None
 
     def _check_table(self, written: Progress | None, checkpointed: int | None) -> None:
         """A database output must still hold what the checkpoint says was written to
@@ -656,7 +682,12 @@ class StreamingService:
         """A control record: the query set changes here, every record before it
         processed under the old set, every one after it under the new. A worker's
         consumer (one query of the file) leaves changes to its coordinator."""
-        self.offset = record.offset + 1
+        try:
+            self._apply_change(record)
+        finally:  # only now: the HTTP side answers "applied" once the offset is past it
+            self.offset = record.offset + 1
+
+    def _apply_change(self, record: Record) -> None:
         if self.cfg.consumer != CONSUMER:  # a worker's query consumer
             return
         try:
