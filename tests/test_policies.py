@@ -160,3 +160,36 @@ def test_the_policy_keeps_a_rising_runs_lists_bounded():
     queries = list(parse(text + " AFTER MATCH SKIP PAST LAST EVENT").queries)
     want = as_set(ReferenceMatcher(queries).run([e for b in rising_batches(12) for e in b]))
     assert len(want) == 2 * 3 and native(queries, rising_batches(12)) == want
+
+
+def test_a_query_sharing_a_policy_querys_list_leaves_its_pruning_on():
+    """Issue 49 item 4: a query with the same Kleene item as a policy query (in the file
+    or added live) shared its vertex, and the policy pruned nothing there (25x slower,
+    19x the state, then the budget stopped both). A policy query owns its KLEENE, SEQ
+    and AND vertices: its lists stay bounded beside the other query, whose matches
+    and the policy's are the reference's."""
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+    from dqcep.runtime.live import change_queries
+    text = ("QUERY alert PATTERN SEQ(T+ t[], S s) WHERE [room] AND t[i].v > t[i-1].v AND "
+            "count(t) >= 3 WITHIN 1000000 AFTER MATCH SKIP PAST LAST EVENT;\n"
+            "QUERY watch PATTERN SEQ(T+ t[], S s) WHERE [room] AND t[i].v > t[i-1].v AND "
+            "count(t) >= 3 WITHIN 1000000")
+    both = list(parse(text).queries)
+    engine = Engine(build_plan(both))
+    alert = next(q for q in engine.program.queries if q.spec.name == "alert")
+    assert engine.program.prunable[alert.index]  # its list vertex among them
+    lists = []
+    for batch in rising_batches(400):
+        engine.process(batch)
+        lists.append(sum(len(engine.state.growing[v].records)
+                         for v in engine.program.prunable[alert.index]
+                         if v in engine.state.growing))
+    assert max(lists) <= 2 * 16, max(lists)
+    want = as_set(ReferenceMatcher(both).run([e for b in rising_batches(12) for e in b]))
+    assert native(both, rising_batches(12)) == want
+    # the same when the other query is added live beside the policy's
+    alone = Engine(build_plan(both[:1]))
+    live = change_queries(alone, both, {"watch": 1})
+    kept = next(q for q in live.program.queries if q.spec.name == "alert")
+    assert live.program.prunable[kept.index]
