@@ -28,6 +28,7 @@ never spooled to disk), and a request whose headers and body are not in within
 """
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import json
@@ -94,11 +95,13 @@ class HttpAccess:
         return host.rstrip(".") in self._own_names()
 
     def _own_names(self) -> set[str]:
-        names = {"localhost", *(n.lower() for n in self.names)}
-        for name in (socket.gethostname(), socket.getfqdn()):
-            if name:
-                names.add(name.lower())
-        return names
+        return {"localhost", *_machine_names(), *(n.lower() for n in self.names)}
+
+
+@functools.lru_cache(maxsize=1)
+def _machine_names() -> frozenset[str]:
+    """This machine's names, looked up once (getfqdn may ask DNS: not per request)."""
+    return frozenset(n.lower() for n in (socket.gethostname(), socket.getfqdn()) if n)
 
 
 def is_loopback(host: str) -> bool:
