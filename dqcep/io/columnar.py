@@ -358,6 +358,14 @@ _NOT_CONTROL = bytes(sorted(set(range(256)) - set(_CONTROL)))
 # validator refuses (events.UINT64_MAX) and Arrow would read as a double: such a block
 # goes to the validator, which knows an integer from a decimal.
 _LONG_INTEGER = re.compile(rb"-[0-9]{19}|[0-9]{20}")
+# digits -> "0", the rest -> " ": a run of 19 zeros is looked for first (5 ms a 4 MiB
+# block; the regex alone took 105 ms, 6x pyarrow's read_json of it)
+_DIGIT_RUNS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
+
+
+def _long_integer(block: bytes) -> bool:
+    return b"0" * 19 in block.translate(_DIGIT_RUNS) and \
+        _LONG_INTEGER.search(block) is not None
 # CSV: a tab is an ordinary character for both readers; CR and LF are line ends.
 _NOT_CSV_CONTROL = bytes(sorted(set(range(256)) - (set(_CONTROL) - {0x09}) | {0x0a, 0x0d}))
 
@@ -431,7 +439,7 @@ def _json_block_columns(block: bytes, engine):
     if not block.startswith(b"{") or block.count(b"\n{") != lines - 1 \
             or block.translate(None, _NOT_CONTROL) or b"\xef\xbb\xbf" in block \
             or b"\r" in block and block.count(b"\r") != block.count(b"\r\n") \
-            or not is_utf8(block) or _LONG_INTEGER.search(block):
+            or not is_utf8(block) or _long_integer(block):
         return None
     try:
         table = pj.read_json(pa.BufferReader(block))
@@ -515,7 +523,7 @@ def _csv_block_columns(block: bytes, header: list[str], engine, texts=None):
 
     if block.translate(None, _NOT_CSV_CONTROL) \
             or b"\r" in block and block.count(b"\r") != block.count(b"\r\n") \
-            or not is_utf8(block) or _LONG_INTEGER.search(block):
+            or not is_utf8(block) or _long_integer(block):
         return None
     try:
         table = pcsv.read_csv(

@@ -118,15 +118,17 @@ class QuerySet:
                             "(remove it first)")
         return list(added.queries)
 
-    def _parse(self, text: str, source: str):
+    def with_declarations(self, text: str) -> str:
         """A change's text with the service's declarations after it (its lines keep
-        their numbers)."""
+        their numbers): what is parsed, and a worker's query file."""
         body = text.rstrip()
         # the last query's ";" on a line of its own: a text that ends in a comment
         # (``-- ...``) would take it into the comment and the declarations into its query
         code = _TRAILING_COMMENTS.sub("", body)
-        return parse(body + ("\n" if code.endswith(";") else "\n;\n") +
-                     self.declarations(), source)
+        return body + ("\n" if code.endswith(";") else "\n;\n") + self.declarations()
+
+    def _parse(self, text: str, source: str):
+        return parse(self.with_declarations(text), source)
 
     def with_added(self, queries: list[ast.Query], epoch: int, text: str) -> "QuerySet":
         return QuerySet(self.queries + queries,
@@ -145,6 +147,16 @@ class QuerySet:
                         {n: e for n, e in self.epochs.items() if n != name},
                         self.schemas, self.tables,
                         {n: t for n, t in self.texts.items() if n != name})
+
+    def after(self, change: dict, offset: int) -> tuple["QuerySet", list[str]]:
+        """The set after the control record ``change`` at journal ``offset`` (the one
+        rule of every path that applies one), and the queries it names; UserError
+        when it cannot be applied to this set."""
+        if change["op"] == "add":
+            added = self.parse_added(change["text"])
+            return self.with_added(added, offset + 1, change["text"]), \
+                [q.name for q in added]
+        return self.without(change["name"]), [change["name"]]
 
     # ----------------------------------------------------------- checkpoint
     def to_obj(self) -> list:

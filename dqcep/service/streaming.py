@@ -387,13 +387,7 @@ class StreamingService:
             if record.topic != CONTROL_TOPIC or not isinstance(record.payload, bytes):
                 continue
             try:
-                change = read_control(record.payload)
-                if change["op"] == "add":
-                    added = query_set.parse_added(change["text"])
-                    query_set = query_set.with_added(added, record.offset + 1,
-                                                     change["text"])
-                else:
-                    query_set = query_set.without(change["name"])
+                query_set, _ = query_set.after(read_control(record.payload), record.offset)
                 changed = True
             except (UserError, ValueError, KeyError):
                 continue  # refused again where the replay reaches it
@@ -692,13 +686,8 @@ class StreamingService:
             return
         try:
             change = read_control(record.payload)
-            if change["op"] == "add":
-                added = self.query_set.parse_added(change["text"])
-                new = self.query_set.with_added(added, record.offset + 1, change["text"])
-                what = f"added {', '.join(q.name for q in added)}"
-            else:
-                new = self.query_set.without(change["name"])
-                what = f"removed {change['name']}"
+            new, names = self.query_set.after(change, record.offset)
+            what = f"{'added' if change['op'] == 'add' else 'removed'} {', '.join(names)}"
             engine = change_queries(
                 self.engine, new.queries, new.live_epochs, schemas=new.schemas,
                 tables=new.tables, rates=self.cfg.rates, materialize=self.cfg.materialize,

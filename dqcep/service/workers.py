@@ -382,20 +382,14 @@ class Coordinator:
         consumer of an added query starts from (its text, its first offset), or with a
         removed query's state put aside. Returns (the new set, the queries changed)."""
         old = self.query_set
+        new, names = old.after(change, offset)
         if change["op"] == "add":
-            added = old.parse_added(change["text"])
-            new = old.with_added(added, offset + 1, change["text"])
-            for q in added:
-                self._set_output_aside(q.name, offset)
-                home = query_home(self.cfg, q.name)
+            for q in names:
+                self._set_output_aside(q, offset)
+                home = query_home(self.cfg, q)
                 home.mkdir(parents=True, exist_ok=True)
-                (home / LIVE_QUERY).write_text(change["text"].rstrip().rstrip(";") + ";\n" +
-                                               old.declarations())
+                (home / LIVE_QUERY).write_text(old.with_declarations(change["text"]))
                 (home / LIVE_START).write_text(f"{offset + 1}\n")
-            names = [q.name for q in added]
-        else:
-            new = old.without(change["name"])
-            names = [change["name"]]
         tmp = self.set_path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"set": new.to_obj(), "through": offset}))
         os.replace(tmp, self.set_path)
