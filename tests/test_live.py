@@ -233,6 +233,36 @@ def test_a_change_text_that_ends_in_a_comment_is_read_as_written():
         assert (op, names, new.names) == ("add", ["a"], ["d", "a"]), text
 
 
+def test_an_unnamed_query_of_a_change_is_named_once_and_kept_by_every_reader():
+    """Issue 49 item 19: an unnamed query of a change was named ``q1`` by its place in
+    the text, a clash with the service's own unnamed ``q1``. It is named ``qK``, the
+    first K from its place that nothing runs, in the journaled text: a replay, a
+    checkpoint (also after the queries before it went) and a worker's query file read
+    the same name."""
+    from dqcep.service.changes import QuerySet, read_control, requested_change
+    base = parse("EVENT Door(open BOOL);\nPATTERN Door x WITHIN 1 s;\n"
+                 "QUERY q2 PATTERN Door x WITHIN 1 s;")
+    qs = QuerySet(list(base.queries), {}, base.schemas, base.tables)
+    text = "PATTERN SEQ(Door x, Door y) WITHIN 1 s;\n  pattern Door z WITHIN 1 s -- two"
+    op, record, names, new = requested_change("POST", "/queries", text.encode(), qs)
+    assert (names, new.names) == (["q3", "q4"], ["q1", "q2", "q3", "q4"])
+    replayed, replayed_names = qs.after(read_control(record), 7)
+    assert (replayed.names, replayed_names) == (new.names, names)
+    # the queries before them removed: a checkpoint's set parses the same two names
+    later = replayed.without("q1").without("q2")
+    restored = QuerySet.from_obj(later.to_obj(), qs, "ck")
+    assert restored.names == ["q3", "q4"]
+    assert [q.pattern for q in restored.queries] == [q.pattern for q in later.queries]
+    # a worker hosting q4 parses its query file (the text and the declarations) alone
+    worker_file = parse(qs.with_declarations(read_control(record)["text"]))
+    assert [q.name for q in worker_file.queries] == ["q3", "q4"]
+    # a second such change goes on from there; a name the text gives is its own
+    _, _, names, _ = requested_change("POST", "/queries",
+                                      b"QUERY q9 PATTERN Door a WITHIN 1 s;\n"
+                                      b"PATTERN Door b WITHIN 1 s", new)
+    assert names == ["q9", "q5"]
+
+
 def test_a_change_over_http_is_checked_against_the_set_the_journal_leads_to(tmp_path,
                                                                             monkeypatch):
     """Issue 49 item 15: while a restart replayed the journal, a change was checked

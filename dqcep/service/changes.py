@@ -24,6 +24,7 @@ from dqcep.lang.printer import schema_to_source, table_to_source
 
 CONTROL_TOPIC = "$dqcep/control"
 _TRAILING_COMMENTS = re.compile(r"(?:\s*--[^\n]*)+\s*\Z")  # comments that end a text
+_QUERY_KEYWORD = re.compile(r"QUERY\b", re.IGNORECASE)
 
 
 def control_record(op: str, **fields) -> bytes:
@@ -54,7 +55,7 @@ def requested_change(method: str, path: str, body: bytes, query_set: "QuerySet")
                                  "DELETE /queries/NAME")
     try:
         if op == "add":
-            text = body.decode("utf-8")
+            text = query_set.named(body.decode("utf-8"))
             added = query_set.parse_added(text)
             new = query_set.with_added(added, 1, text)
             build_plan(new.queries, schemas=new.schemas, tables=new.tables)
@@ -117,6 +118,29 @@ class QuerySet:
             raise UserError(f"{source}: the service runs a query {clash[0]!r} already "
                             "(remove it first)")
         return list(added.queries)
+
+    def named(self, text: str, source: str = "<request>") -> str:
+        """A change's text with ``QUERY qK`` put before each query it leaves unnamed,
+        K the first from the query's position in the text that neither the set nor the
+        text names (a file's unnamed query ``k`` is ``qk``: a second unnamed query
+        would clash with the service's ``q1``). The journal holds this text, so a
+        replay, a checkpoint and a worker read the names given here, whatever the set
+        is then. Line numbers stay; parse errors are of ``text`` as sent."""
+        if not text.strip():
+            return text  # refused by parse_added, with its own message
+        queries = self._parse(text, source).queries
+        lines = text.split("\n")
+        unnamed = [(k, q.pos) for k, q in enumerate(queries, start=1)
+                   if not _QUERY_KEYWORD.match(lines[q.pos.line - 1], q.pos.col - 1)]
+        auto = {queries[k - 1].name for k, _ in unnamed}
+        taken = set(self.names) | {q.name for q in queries if q.name not in auto}
+        for k, pos in unnamed:
+            while f"q{k}" in taken:
+                k += 1
+            taken.add(f"q{k}")
+            line = lines[pos.line - 1]
+            lines[pos.line - 1] = f"{line[:pos.col - 1]}QUERY q{k} {line[pos.col - 1:]}"
+        return "\n".join(lines)
 
     def with_declarations(self, text: str) -> str:
         """A change's text with the service's declarations after it (its lines keep
