@@ -303,3 +303,64 @@ def test_worker_options_are_checked(tmp_path, extra, message):
                         str(tmp_path / "o.jsonl"), *extra], capture_output=True, text=True,
                        cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_a_query_added_to_workers_admits_what_the_single_service_does(tmp_path):
+    """Issue 49 item 6: an event late by the records before a live add (and a repeat of
+    an event id from before it) was left out by the single service and matched by the
+    added query's worker consumer, which started at its control record knowing nothing
+    of the stream before it: the same journal gave 1 match and 2. A running consumer
+    writes the admission down at the record; the new one waits for it and starts from
+    it."""
+    from dqcep.io.journal import Journal, JournalView
+    from dqcep.service.changes import CONTROL_TOPIC, control_record
+    from dqcep.service.streaming import ServiceConfig, StreamingService
+    from dqcep.service.workers import query_config, set_up_added
+    (tmp_path / "q.cep").write_text("QUERY d PATTERN Door x WITHIN 1 s;\n")
+    added = "QUERY later PATTERN SEQ(Door x, Motion y) WITHIN 10 s\n"
+
+    def ev(i, etype, ts):
+        return msgpack.packb({"events": [{"type": etype, "ts": ts, "id": i}]})
+    journal = Journal(tmp_path / "journal")
+    journal.append("s", ev(1, "Door", 50_000), 1)
+    control = journal.append(CONTROL_TOPIC, control_record("add", text=added), 2)
+    for i, etype, ts in [(2, "Door", 1_000), (3, "Motion", 2_000),  # late by id 1
+                         (1, "Door", 50_000),                       # id 1 again
+                         (4, "Door", 55_000), (5, "Motion", 56_000), (6, "Door", 90_000)]:
+        journal.append("s", ev(i, etype, ts), 3)
+    journal.commit()
+    end = journal.durable_offset
+    journal.close()
+    base = ServiceConfig(queries=str(tmp_path / "q.cep"), inputs=["mqtt://127.0.0.1:9/s"],
+                         journal=str(tmp_path / "journal"), checkpoint=str(tmp_path / "ck"),
+                         output=str(tmp_path / "single.jsonl"),
+                         dead_letter=str(tmp_path / "dead.jsonl"),
+                         late=str(tmp_path / "late.jsonl"), state=str(tmp_path / "state"))
+
+    def later_matches(path):
+        return sorted(tuple(json.loads(x)["events"].values()) for x in Path(path).read_text()
+                      .splitlines() if json.loads(x)["query"] == "later")
+    single = StreamingService(base)
+    single.step()
+    single.close()
+    assert later_matches(base.output) == [(4, 5)]
+    # the same journal under workers: the added query's consumer as the coordinator
+    # sets it up at the record (its text, its first offset), the file's query's consumer
+    workers = ServiceConfig(**{**base.__dict__, "output": str(tmp_path / "out.jsonl")})
+    set_up_added(workers, "later", control, added + ";\n")
+    durable = lambda: end  # noqa: E731
+    new = StreamingService(query_config(workers, "later"),
+                           journal=JournalView(workers.journal, durable))
+    running = StreamingService(query_config(workers, "d"),
+                               journal=JournalView(workers.journal, durable))
+    assert new.step() == 0 and new.offset == control + 1  # waits: nothing written yet
+    new.checkpoint()  # (a checkpoint while it waits: it waits again after a restart)
+    new.close()
+    new = StreamingService(query_config(workers, "later"),
+                           journal=JournalView(workers.journal, durable))
+    assert new.step() == 0 and new.waiting_for_admission
+    running.step()
+    new.step()
+    for svc in (new, running):
+        svc.close()
+    assert later_matches(tmp_path / "out.later.jsonl") == later_matches(base.output)

@@ -15,8 +15,12 @@ starts with ``$``, and an ``--input`` that names one is refused.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
 
 from dqcep.errors import UserError
 from dqcep.lang import ast, parse
@@ -25,6 +29,57 @@ from dqcep.lang.printer import schema_to_source, table_to_source
 CONTROL_TOPIC = "$dqcep/control"
 _TRAILING_COMMENTS = re.compile(r"(?:\s*--[^\n]*)+\s*\Z")  # comments that end a text
 _QUERY_KEYWORD = re.compile(r"QUERY\b", re.IGNORECASE)
+
+
+# In the journal's folder: what the stream had admitted by each add's control record
+ADMISSION = "admission"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What decides whether a record's events are admitted, as the records before a
+    control record left it: the largest ts that arrived, the explicit watermark and
+    the recent event ids (repeats). The service's own engine goes on with it across
+    a change; under ``--workers`` an added query's consumer starts at its control
+    record, so a running consumer writes it down there and the new one starts from
+    it: the same journal admits the same events on every path (spec section 7,
+    "Admission": in arrival order, over the whole stream)."""
+
+    max_seen: int | None
+    wm: int | None
+    recent: bytes  # int64 little-endian ids, oldest first
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb({"max_seen": self.max_seen, "wm": self.wm,
+                              "recent": self.recent})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Admission":
+        obj = msgpack.unpackb(data)
+        return cls(obj["max_seen"], obj["wm"], obj["recent"])
+
+
+def admission_path(journal_dir: str | Path, offset: int) -> Path:
+    return Path(journal_dir) / ADMISSION / f"{offset:020d}"
+
+
+def write_admission(journal_dir: str | Path, offset: int, admission: Admission) -> None:
+    """Written once per control record (every consumer that reaches it finds the same:
+    the first one's stays)."""
+    path = admission_path(journal_dir, offset)
+    if path.exists():
+        return
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(admission.to_bytes())
+    os.replace(tmp, path)
+
+
+def read_admission(journal_dir: str | Path, offset: int) -> Admission | None:
+    try:
+        return Admission.from_bytes(admission_path(journal_dir, offset).read_bytes())
+    except FileNotFoundError:
+        return None
 
 
 def control_record(op: str, **fields) -> bytes:

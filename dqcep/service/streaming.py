@@ -60,8 +60,9 @@ from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
 from dqcep.runtime.live import change_queries
 from dqcep.runtime.program import Program, Universe
-from dqcep.service.changes import (CONTROL_TOPIC, ChangeRefused, QuerySet, read_control,
-                                   requested_change)
+from dqcep.service.changes import (CONTROL_TOPIC, Admission, ChangeRefused, QuerySet,
+                                   read_admission, read_control, requested_change,
+                                   write_admission)
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, HttpServer
 from dqcep.service.response import ResponseTimes, ServiceTimes
 from dqcep.runtime import STATE_BUDGET, Engine, EventColumns, MatchBatch
@@ -111,6 +112,8 @@ class ServiceConfig:
     last_matches: bool = False        # keep the newest matches (a worker's, for the page)
     start_offset: int = 0             # where a consumer with no checkpoint starts (a
                                       # query added live to workers: its control record)
+    admission_at: int | None = None   # ... and the control record whose admission it
+                                      # takes (``changes.Admission``) before it starts
 
 
 class ServiceError(Exception):
@@ -319,6 +322,10 @@ class StreamingService:
                         budget=cfg.budget)
         sizes = dict.fromkeys(SINKS, 0)
         self.offset, self.counts = cfg.start_offset, {}
+        # a query added live to workers starts after its control record, with the
+        # admission the records before it left (``_take_admission``)
+        self._admission_at = cfg.admission_at if state is None else \
+            state.get("admission_at")
         self.ended_at: int | None = None  # the journal offset of the last end of stream
         self.recent = RecentIds(cfg.recent_ids)
         if state is not None:
@@ -463,6 +470,8 @@ class StreamingService:
         arrival order, and the engine's results do not depend on how the events
         are batched.
         """
+        if self._admission_at is not None and not self._take_admission():
+            return 0
         n = 0
         upto = self.journal.durable_offset if until is None else \
             min(until, self.journal.durable_offset)
@@ -683,6 +692,7 @@ class StreamingService:
 
     def _apply_change(self, record: Record) -> None:
         if self.cfg.consumer != CONSUMER:  # a worker's query consumer
+            self._hand_over_admission(record)
             return
         try:
             change = read_control(record.payload)
@@ -707,6 +717,34 @@ class StreamingService:
         if not self._replaying:
             print(f"dqcep: queries {what} at journal record {record.offset}; running "
                   f"{', '.join(self.query_set.names)}", file=sys.stderr, flush=True)
+
+    def _hand_over_admission(self, record: Record) -> None:
+        """A worker's consumer at an add: what its engine admits by, for the added
+        query's consumer, which starts after the record (``_take_admission``)."""
+        try:
+            if read_control(record.payload)["op"] != "add":
+                return
+        except (ValueError, KeyError):
+            return  # dead-lettered by the coordinator
+        write_admission(self.cfg.journal, record.offset, Admission(
+            self.engine.max_seen, self.engine.wm,
+            self.recent.ids().astype("<i8").tobytes()))
+
+    def _take_admission(self) -> bool:
+        """A query added live to workers, before its first record: the admission its
+        control record left (written by a running consumer that reached it), so that it
+        admits what the single service does. False: not written yet."""
+        found = read_admission(self.cfg.journal, self._admission_at)
+        if found is None:
+            return False
+        self.engine.max_seen, self.engine.wm = found.max_seen, found.wm
+        self.recent.admit(np.frombuffer(found.recent, "<i8").astype(np.int64))
+        self._admission_at = None
+        return True
+
+    @property
+    def waiting_for_admission(self) -> bool:
+        return self._admission_at is not None
 
     # ------------------------------------------------------- changes over HTTP
     def http_change(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
@@ -770,6 +808,7 @@ class StreamingService:
             "offset": self.offset, "journal_end": self.journal.durable_offset,
             "engine": self.engine.snapshot(),
             "recent": self.recent.ids().astype("<i8").tobytes(),
+            "admission_at": self._admission_at,
             "counts": self.counts, "sinks": sinks, "stream": self.stream,
             "ended_at": self.ended_at, "db_written": self.db_written,
             "returns": None if self.returns is None else self.returns.snapshot(),

@@ -63,6 +63,7 @@ ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
 LIVE_SET = "live-queries.json"  # beside the checkpoints: the query set after live changes
 LIVE_QUERY = "query.cep"        # in a live-added query's home: its text and declarations
 LIVE_START = "start-offset"     # ... and the journal offset its consumer starts at
+LIVE_ADMISSION = "admission-at"  # ... after taking the admission of this control record
 RESTARTS = 3        # a worker that dies more often than this ...
 RESTART_WINDOW = 60.0  # ... within this many seconds ends the service (exit 1)
 
@@ -142,6 +143,17 @@ def query_output(cfg: ServiceConfig, query: str) -> str:
     return str(out.with_name(f"{out.stem}.{query}{out.suffix}"))
 
 
+def set_up_added(cfg: ServiceConfig, query: str, offset: int, text: str) -> None:
+    """The home of a query added by the control record at ``offset``: its query file
+    (``text``: the change's, with the service's declarations), the offset its consumer
+    starts at and the record whose admission it takes first."""
+    home = query_home(cfg, query)
+    home.mkdir(parents=True, exist_ok=True)
+    (home / LIVE_QUERY).write_text(text)
+    (home / LIVE_START).write_text(f"{offset + 1}\n")
+    (home / LIVE_ADMISSION).write_text(f"{offset}\n")
+
+
 def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
     """The consumer of one query: its own state under STATE/queries/NAME/, its own
     output beside a file output (``out.jsonl`` -> ``out.NAME.jsonl``)."""
@@ -149,8 +161,10 @@ def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
     home.mkdir(parents=True, exist_ok=True)
     output = query_output(cfg, query)
     if (home / LIVE_QUERY).exists():  # added live: its own text, from its control record on
+        admission = home / LIVE_ADMISSION  # (added before dqcep wrote admissions: none)
         cfg = replace(cfg, queries=str(home / LIVE_QUERY),
-                      start_offset=int((home / LIVE_START).read_text()))
+                      start_offset=int((home / LIVE_START).read_text()),
+                      admission_at=int(admission.read_text()) if admission.exists() else None)
     return replace(cfg, checkpoint=str(home / "checkpoint.bin"), output=output,
                    dead_letter=str(home / "dead-letter.jsonl"),
                    late=str(home / "late.jsonl"), hosted=[query], consumer=f"query-{query}",
@@ -191,8 +205,7 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                     q = message[1]
                     svc = hosted.pop(q)
                     if kind == "release_at":  # removed: its matches up to the change out
-                        while svc.offset < message[2] and svc.step(until=message[2]):
-                            pass
+                        _step_through(svc, hosted.values(), until=message[2])
                     svc.checkpoint()
                     svc.close()
                     conn.send(("released", q, svc.offset))
@@ -205,8 +218,7 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                     end_of_stream = message[1]
                     report = {}
                     for q, svc in hosted.items():
-                        while svc.step():
-                            pass
+                        _step_through(svc, hosted.values())
                         if end_of_stream:
                             svc.end_stream()
                         svc.checkpoint()
@@ -246,6 +258,22 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
         raise
     finally:
         memory.close()
+
+
+def _step_through(svc: StreamingService, others, until: int | None = None) -> None:
+    """A consumer stepped through the durable records (up to ``until``). One that
+    waits for its admission (a query added live) lets this worker's other consumers
+    step meanwhile: the one that reaches its control record first writes it, and that
+    may be one of them (consumers on other workers go on by themselves)."""
+    while until is None or svc.offset < until:
+        if svc.step(until=until):
+            continue
+        if not svc.waiting_for_admission:
+            return
+        for other in others:
+            if other is not svc:
+                other.step()
+        time.sleep(0.01)
 
 
 class _Interrupted:
@@ -386,10 +414,7 @@ class Coordinator:
         if change["op"] == "add":
             for q in names:
                 self._set_output_aside(q, offset)
-                home = query_home(self.cfg, q)
-                home.mkdir(parents=True, exist_ok=True)
-                (home / LIVE_QUERY).write_text(old.with_declarations(change["text"]))
-                (home / LIVE_START).write_text(f"{offset + 1}\n")
+                set_up_added(self.cfg, q, offset, old.with_declarations(change["text"]))
         tmp = self.set_path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"set": new.to_obj(), "through": offset}))
         os.replace(tmp, self.set_path)
