@@ -88,6 +88,36 @@ def test_tasmota_nested_object_and_local_time():
     assert events[0].attrs == {"DS18B20_Temperature": 21.3, "device": "probe1"}
 
 
+def test_local_times_across_the_end_of_summer_time_keep_their_order():
+    """Issue 49 item 7: the hour Berlin's clocks pass twice (2026-10-25, 02:00-03:00)
+    was read as its first pass: of 15 readings every 10 minutes, 5 went an hour back
+    (late). A repeated local time is the pass nearer its arrival; without an arrival,
+    the first pass; the hour skipped in spring has the offset from before it."""
+    from datetime import datetime, timedelta, timezone
+    from zoneinfo import ZoneInfo
+    berlin = ZoneInfo("Europe/Berlin")
+    start = datetime(2026, 10, 25, 0, 10, tzinfo=timezone.utc)  # 02:10 CEST
+    taken = [start + timedelta(minutes=10 * i) for i in range(15)]
+    got = []
+    for t in taken:
+        local = t.astimezone(berlin).replace(tzinfo=None).isoformat()
+        arrival = int(t.timestamp() * 1_000_000) + 400_000  # sent as taken
+        events, bad = read("tele/p1/SENSOR", json.dumps({"Time": local}).encode(),
+                           arrival=arrival)
+        assert bad == []
+        got.append(events[0].ts)
+    assert got == [int(t.timestamp() * 1000) for t in taken]
+    assert len({t.astimezone(berlin).replace(tzinfo=None) for t in taken}) < 15  # repeated
+    # no arrival (a journal before format 2): the first pass
+    events, _ = read("tele/p1/SENSOR", b'{"Time": "2026-10-25T02:30:00"}', arrival=None)
+    assert events[0].ts == int(datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)
+                               .timestamp() * 1000)
+    # 02:30 on 2026-03-29 is no Berlin time: read at UTC+1, as 01:30 UTC
+    events, _ = read("tele/p1/SENSOR", b'{"Time": "2026-03-29T02:30:00"}')
+    assert events[0].ts == int(datetime(2026, 3, 29, 1, 30, tzinfo=timezone.utc)
+                               .timestamp() * 1000)
+
+
 def test_arrays_epoch_seconds_and_device_ids():
     payload = json.dumps([{"t": 1764151200.5, "seq": 10, "v": 1},
                           {"t": "1764151201", "seq": 11, "v": 2},

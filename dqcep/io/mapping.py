@@ -283,7 +283,7 @@ class TopicMap:
         else:
             flat = {"value": item}
         if rule.ts is not None:
-            ts = _time(_lookup(item, rule.ts), rule)
+            ts = _time(_lookup(item, rule.ts), rule, arrival)
             flat.pop("_".join(rule.ts), None)
         elif arrival is None:
             raise EventError("the journal record has no arrival time (written before journal "
@@ -355,8 +355,23 @@ def _lookup(obj, path: tuple[str, ...]):
     return obj
 
 
-def _time(value, rule: TopicRule) -> int:
-    """A payload's time in ms since the epoch, as the rule's ts_unit reads it."""
+def _local_time(dt: datetime, zone, arrival_us: int | None) -> int:
+    """A local time without an offset in ``zone``, in ms since the epoch. A time the
+    zone's clocks pass twice (the hour repeated when summer time ends) is the pass
+    nearer the record's arrival (a device sends its readings as it takes them; without
+    an arrival, the first pass); a time they skip (the hour summer time leaves out)
+    has the offset from before the change, as a clock not yet put forward shows it."""
+    first = (dt.replace(tzinfo=zone, fold=0) - EPOCH) // timedelta(milliseconds=1)
+    second = (dt.replace(tzinfo=zone, fold=1) - EPOCH) // timedelta(milliseconds=1)
+    if second <= first or arrival_us is None:  # (the skipped hour: second < first)
+        return first
+    arrival = arrival_us // 1000
+    return second if abs(second - arrival) < abs(first - arrival) else first
+
+
+def _time(value, rule: TopicRule, arrival_us: int | None = None) -> int:
+    """A payload's time in ms since the epoch, as the rule's ts_unit reads it
+    (``arrival_us``: the record's arrival, which places a repeated local time)."""
     unit = rule.ts_unit
     name = ".".join(rule.ts)
     if isinstance(value, bool) or value is None:
@@ -370,7 +385,7 @@ def _time(value, rule: TopicRule) -> int:
             raise EventError(f"the time field {name!r} holds {value[:60]!r}, no ISO 8601 "
                              "time") from None
         if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=rule.ts_zone)
+            return _local_time(dt, rule.ts_zone, arrival_us)
         return (dt - EPOCH) // timedelta(milliseconds=1)
     if isinstance(value, str):
         try:
