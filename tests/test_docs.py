@@ -31,7 +31,8 @@ PROGRAMS = ("dqcep", "python3", "pip", "sh", "spark-submit", "psql")
 
 # (pattern, why it is not run here)
 NOT_RUN = [
-    (r"^python3 -m pytest -q$", "the test suite itself (what runs this test)"),
+    (r"^python3 -m pytest -q -n auto --dist loadgroup$",
+     "the test suite itself (what runs this test)"),
     (r"^dqcep experiment all --out", "the full sizes take 3-4 min; the --quick form runs "
      "the same code"),
     (r"^dqcep experiment all --quick --out results/$", "tests/test_experiments.py runs "
@@ -198,7 +199,7 @@ def test_the_commands_found_and_those_not_run():
     readme = shown_commands(ROOT / "README.md")
     assert readme[0].command == "python3 -m pip install -e . && python3 -m dqcep demo"
     assert without_installs(readme[0].command) == "python3 -m dqcep demo"
-    assert without_installs(readme[1].command) == "python3 -m pytest -q"
+    assert without_installs(readme[1].command) == "python3 -m pytest -q -n auto --dist loadgroup"
     assert [s.output for s in readme if s.command.startswith("dqcep run bad.cep")] == [[
         "bad.cep:3:7: unknown variable 'z'; the pattern binds t, s",
         "    WHERE z.value > 50", "          ^"]]

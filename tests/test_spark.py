@@ -17,6 +17,8 @@ from dqcep.lang import parse
 from dqcep.reference import ReferenceMatcher
 
 ROOT = Path(__file__).resolve().parent.parent
+# one test process runs these (-n auto --dist loadgroup): one JVM for them all
+pytestmark = pytest.mark.xdist_group("spark")
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
 IMPERFECT = ("--out-of-order", "0.1", "--slack", "400", "--late", "0.01", "--late-max", "5000",
              "--duplicates", "0.01", "--malformed", "0.005")
@@ -464,6 +466,7 @@ def test_cluster_start_waits_through_a_master_ui_still_starting():
         server.shutdown()
 
 
+@pytest.mark.xdist_group("wheel")  # with test_packaging's: built once
 def test_scripted_standalone_cluster(tmp_path, wheel):
     """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on its
     spark:// master with the executors on a packed environment (dqcep spark pack, shipped
