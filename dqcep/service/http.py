@@ -267,16 +267,16 @@ class Board:
 
 # ------------------------------------------------------------------- metrics
 
-class _Collector:
-    """``prometheus_client`` collector over the board's snapshot (``dqcep.service.
-    metrics`` says which figure is which metric)."""
+class _Snapshot:
+    """One status snapshot as ``prometheus_client``'s encoders read a registry
+    (``dqcep.service.metrics`` says which figure is which metric)."""
 
-    def __init__(self, board: Board):
-        self.board = board
+    def __init__(self, status: dict):
+        self.status = status
 
     def collect(self):
         from dqcep.service.metrics import families
-        return families(self.board.status())
+        return families(self.status)
 
 
 # ------------------------------------------------------------------- the app
@@ -289,11 +289,9 @@ class _App:
     """The WSGI application: a handful of routes, no framework needed."""
 
     def __init__(self, board: Board, access: HttpAccess, changes=None):
-        from prometheus_client import CollectorRegistry
         self.board, self.access, self.changes = board, access, changes
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(board))
         self.page = _page()
+        self._metrics: tuple = (None, None, b"")  # (snapshot, content type, its text)
 
     def __call__(self, environ, start_response):
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
@@ -304,6 +302,18 @@ class _App:
                                                f"{err}")
         start_response(status, headers + [("Content-Length", str(len(body)))])
         return [body]
+
+    def _metrics_text(self, accept: str) -> tuple[str, bytes]:
+        """The newest snapshot in the format the scraper asks for (``Accept``),
+        encoded once per snapshot and format, whoever scrapes how often."""
+        from prometheus_client.exposition import choose_encoder
+        encode, content_type = choose_encoder(accept)
+        status = self.board.status()
+        done_for, done_type, body = self._metrics
+        if done_for is not status or done_type != content_type:
+            body = encode(_Snapshot(status))
+            self._metrics = (status, content_type, body)
+        return content_type, body
 
     def _authorized(self, environ) -> bool:
         return authorized(self.access, environ.get("HTTP_AUTHORIZATION"))
@@ -329,10 +339,9 @@ class _App:
                 return _json(200, self.board.status())
             if path == "/queries":
                 return _json(200, {"queries": self.board.status().get("queries", [])})
-            if path == "/metrics":  # the format the scraper asks for (Accept)
-                from prometheus_client.exposition import choose_encoder
-                encode, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-                return "200 OK", [("Content-Type", content_type)], encode(self.registry)
+            if path == "/metrics":
+                content_type, body = self._metrics_text(environ.get("HTTP_ACCEPT", ""))
+                return "200 OK", [("Content-Type", content_type)], body
             if path == "/plan.svg":
                 svg, why = self.board.plan_svg()
                 if svg is None:

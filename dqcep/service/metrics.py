@@ -59,6 +59,15 @@ LABELS = {"matches_by_query": "query", "dead_letters": "reason", "state_bytes": 
 HISTOGRAM = ("dqcep_response_time_seconds",
              "From the arrival of the event that completed a match to its output, per "
              "query (matches measured this run)")
+# The series labelled by query are those of at most METRIC_QUERIES queries: a scrape's
+# size and cost, and the series a Prometheus keeps, do not grow with the query set (a
+# service of 1,000 queries served 1.1 MB a scrape). Those shown are the ones to look at:
+# the queries their budget stopped, then those holding the most state, then by name.
+# /status has every query's figures.
+METRIC_QUERIES = 20
+SHOWN = ("dqcep_metric_queries", "gauge",
+         f"Queries with series of their own here (those stopped by their budget, then "
+         f"those holding the most state; at most {METRIC_QUERIES}; /status has all)")
 
 
 def _family(name: str, kind: str, doc: str, labels=()):
@@ -67,19 +76,34 @@ def _family(name: str, kind: str, doc: str, labels=()):
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
+def shown_queries(status: dict) -> set[str]:
+    """The queries whose series /metrics serves (``METRIC_QUERIES``)."""
+    state = status.get("state_bytes") or {}
+    stopped = status.get("stopped_by_query") or {}
+    names = set(state) | set(status.get("matches_by_query") or {}) | set(stopped) | \
+        set(status.get("response") or {})
+    if len(names) <= METRIC_QUERIES:
+        return names
+    return set(sorted(names, key=lambda q: (not stopped.get(q), -state.get(q, 0), q))
+               [:METRIC_QUERIES])
+
+
 def families(status: dict) -> list:
     """The metric families of one status snapshot (empty before the first)."""
     if not status:
         return []
     out = []
+    shown = shown_queries(status)
     for name, kind, doc, field in METRICS:
         value = status.get(field)
         if value is None:
             continue
         if isinstance(value, dict):
             fam = _family(name, kind, doc, [LABELS[field]])
+            per_query = LABELS[field] == "query"
             for key, v in sorted(value.items()):
-                fam.add_metric([str(key)], float(v))
+                if not per_query or key in shown:
+                    fam.add_metric([str(key)], float(v))
         else:
             fam = _family(name, kind, doc)
             fam.add_metric([], float(value))
@@ -87,11 +111,14 @@ def families(status: dict) -> list:
     hist = HistogramMetricFamily(HISTOGRAM[0], HISTOGRAM[1], labels=["query"])
     for query, r in sorted((status.get("response") or {}).items()):
         h = r.get("histogram")
-        if h is None:
+        if h is None or query not in shown:
             continue
         buckets = [(_le(le), float(n)) for le, n in zip(h["le"], h["cumulative"])]
         hist.add_metric([query], buckets, h["sum_s"])
     out.append(hist)
+    fam = _family(*SHOWN[:3])
+    fam.add_metric([], float(len(shown)))
+    out.append(fam)
     return out
 
 
