@@ -944,10 +944,15 @@ def switchable(queries: Sequence[ast.Query], tables: Sequence[ast.LookupTable] =
                types: Sequence[str] = ()) -> list[str]:
     """The queries a running engine may move between joins and a chain: those that
     can run as a chain whose joins share no operator vertex with another query (a
-    chain is a vertex of its own query; a shared vertex stays one vertex)."""
+    chain is a vertex of its own query; a shared vertex stays one vertex), and have
+    no after-match policy: its pruning drops partial matches from the joins' vertices
+    (``Engine._prune``), not from a chain's, so a trial of the chain kept every list
+    of a rising run (the fire alert of 10^6 events: 90 MB, 124 K events/s where the
+    joins alone run at 211 K in 3.4 MB)."""
     resolved, _ = resolve_all(queries, {t.name: t for t in tables})
     shared, _ = _sharing(resolved, CostModel({}), types)
-    return [q.name for q in resolved if chain_eligible(q) and q.name not in shared]
+    return [q.name for q in resolved
+            if chain_eligible(q) and q.name not in shared and q.after_match is None]
 
 
 def _canonical_keys(sigs: list[tuple], types: list[str]) -> tuple:

@@ -48,8 +48,9 @@ from dqcep._kernels.runs import run_step
 from dqcep.errors import UserError
 from dqcep.events import STATE_BUDGET
 from dqcep.plan import Kind, Plan
-from dqcep.runtime.eventtime import (LIST_ID, EventColumns, EventTimeEngine, MatchBatch,
-                                     MatchLists, ready_in_stream_order, wait_for_stream_order)
+from dqcep.runtime.eventtime import (LIST_ID, RELEASE_SLICE, EventColumns, EventTimeEngine,
+                                     MatchBatch, MatchLists, ready_in_stream_order,
+                                     wait_for_stream_order)
 from dqcep.runtime.policy import accepted_part, partition_of, positions
 from dqcep.runtime.program import Program, QueryProgram
 from dqcep.runtime.state import EngineState, Records, VertexStats, run_state
@@ -64,6 +65,10 @@ __all__ = ["Engine", "Records", "VertexStats", "run_events", "STATE_BUDGET"]
 # A RUN vertex (runs, chains) takes the events of a batch this many at a time: its
 # matches of one slice are one buffer, whatever the batch size.
 RUN_SLICE = 4096
+# The smallest release slice with a pruning policy query (``Engine._release_slice``):
+# below it a slice's fixed cost shows (fire alert, 1000 rooms: 256 -> 190 K events/s,
+# 1000 -> 281 K, 4096 -> 85 K)
+PRUNED_SLICE = 256
 
 
 class Engine(EventTimeEngine):
@@ -668,6 +673,19 @@ class Engine(EventTimeEngine):
             self.state.stats[q.spec.output].outputs += len(accepted)
             self._prune(q, policy.bounds())
         return out
+
+    def _release_slice(self) -> int:
+        """A query whose policy prunes (``_prune``) drops the partial matches an
+        accepted alert rules out only when the watermark moves, after a slice: within
+        one, each of a partition's events extends the lists the last alert doomed
+        (a rising run: 2^k of them for k events of the partition). So with such a
+        query a slice holds about one event per partition with an alert (between
+        PRUNED_SLICE and RELEASE_SLICE): ``dqcep run``'s chunks of 65,536 events ran
+        the fire alert at 0.55x the speed and 12x the state of batches of 1,000."""
+        if not self.program.prunable:
+            return RELEASE_SLICE
+        partitions = max((len(p.accepted) for p in self.state.policies.values()), default=0)
+        return min(RELEASE_SLICE, max(PRUNED_SLICE, partitions))
 
     def _prune(self, q: QueryProgram, bounds: dict[int, int]) -> None:
         """Drop the partial matches the policy can no longer accept (``PolicyState.

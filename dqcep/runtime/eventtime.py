@@ -264,6 +264,10 @@ class EventTimeEngine:
     def _flush_held(self) -> MatchBatch:
         raise NotImplementedError
 
+    def _release_slice(self) -> int:
+        """How many released events are matched before the watermark moves."""
+        return RELEASE_SLICE
+
     def state_bytes(self) -> int:
         raise NotImplementedError
 
@@ -499,8 +503,9 @@ class EventTimeEngine:
         # in slices of RELEASE_SLICE events, the watermark moved after each: what one
         # slice adds to the state is evicted as a slice would be, however many events
         # a batch brings (the budget bounds the window's state, not the batch's)
-        for a in range(0, cut, RELEASE_SLICE):
-            ts, ids, types, val, kind = (c[a:min(a + RELEASE_SLICE, cut)] for c in cols)
+        step = self._release_slice()
+        for a in range(0, cut, step):
+            ts, ids, types, val, kind = (c[a:min(a + step, cut)] for c in cols)
             # events of types no query uses only move event time (unless a contiguity
             # strategy needs to see every event)
             used = None if self.every_event else types >= 0
