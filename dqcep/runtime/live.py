@@ -26,7 +26,7 @@ import numpy as np
 from dqcep._kernels.store import EventStore, ListStore
 from dqcep.plan import Kind, build_plan
 from dqcep.runtime.engine import Engine
-from dqcep.runtime.compile import StringDictionary
+from dqcep.runtime.compile import StringDictionary, plan_attributes
 from dqcep.runtime.program import Program, Universe
 from dqcep.runtime.state import EngineState
 
@@ -46,7 +46,10 @@ def change_queries(engine: Engine, queries, epochs: dict[str, int], *, schemas=(
     missing = [n for n in added if n not in epochs]
     if missing:
         raise ValueError(f"queries added without an epoch: {missing}")
-    universe = Universe(tuple(old.types), tuple(old.attrs),
+    # the attribute columns a running query reads, in the old order: a removed query's
+    # own columns go (every stored event held them, every checkpoint wrote them)
+    needed = set(plan_attributes(plan))
+    universe = Universe(tuple(old.types), tuple(a for a in old.attrs if a in needed),
                         tuple(engine.state.dictionary.values))
     program = Program(plan, universe)
     state = carry_over(engine.state, old, program, added)
@@ -55,12 +58,16 @@ def change_queries(engine: Engine, queries, epochs: dict[str, int], *, schemas=(
                   stop_over_budget=engine.stop_over_budget)
 
 
-def _widen(a: np.ndarray, width: int, fill) -> np.ndarray:
-    """Rows of ``a`` [n, k] with columns up to ``width`` (new ones ``fill``)."""
-    if a.shape[1] == width:
+def _columns(a: np.ndarray, old_attrs, new_attrs, fill) -> np.ndarray:
+    """Rows of ``a`` [n, len(old_attrs)] in the columns ``new_attrs`` (one the old
+    columns lack: ``fill``; one the new lack: dropped)."""
+    if list(old_attrs) == list(new_attrs):
         return a
-    out = np.full((a.shape[0], width), fill, a.dtype)
-    out[:, :a.shape[1]] = a
+    where = {x: i for i, x in enumerate(old_attrs)}
+    out = np.full((a.shape[0], len(new_attrs)), fill, a.dtype)
+    for j, x in enumerate(new_attrs):
+        if x in where:
+            out[:, j] = a[:, where[x]]
     return out
 
 
@@ -69,25 +76,28 @@ def carry_over(old: EngineState, old_prog: Program, new_prog: Program,
     """The state ``new_prog`` goes on with: ``old``'s, written in ``old_prog``'s
     universe (a prefix of ``new_prog``'s), handed over vertex by vertex."""
     state = EngineState.fresh(new_prog, old.lateness)
-    width = len(new_prog.attrs)
+    was, now = old_prog.attrs, new_prog.attrs
     # what every engine over event time holds: the events, their strings, the buffer
     # every code the engine has given stays; the new constants have the program's
     state.dictionary = StringDictionary(new_prog.constants, len(new_prog.constants))
     seqs, ts, ids, val, kind, types = old.store.dump()
-    state.store = EventStore(width)
-    state.store.load(old.store.base, ts, ids, _widen(val, width, 0.0),
-                     _widen(kind, width, 0), types)
-    state.buffer = [(b_ts, b_ids, b_types, _widen(b_val, width, 0.0), _widen(b_kind, width, 0))
+    state.store = EventStore(len(now))
+    state.store.load(old.store.base, ts, ids, _columns(val, was, now, 0.0),
+                     _columns(kind, was, now, 0), types)
+    state.buffer = [(b_ts, b_ids, b_types, _columns(b_val, was, now, 0.0),
+                     _columns(b_kind, was, now, 0))
                     for b_ts, b_ids, b_types, b_val, b_kind in old.buffer]
     state.type_counts[:len(old.type_counts)] = old.type_counts
-    state.attr_seen[:len(old.attr_seen)] = old.attr_seen
+    state.attr_seen[:] = _columns(old.attr_seen[None, :], was, now, False)[0]
     state.wm, state.max_seen = old.wm, old.max_seen
     state.events_in, state.late, state.late_ids = old.events_in, old.late, old.late_ids
     state.peak_state_bytes, state.sweep_at = old.peak_state_bytes, old.sweep_at
     state.run_pending = old.run_pending
     old_of = state.take_vertices(old, old_prog, new_prog)  # by what they compute
     if old.lists is not None and state.lists is not None:
-        state.lists = list_store_for(old.lists, old_prog.list_aggs, new_prog.list_aggs)
+        state.lists = list_store_for(old.lists, [was[c] for c in old_prog.list_aggs],
+                                     [now[c] for c in new_prog.list_aggs],
+                                     new_prog.list_aggs)
     state.take_queries(old, old_prog, new_prog)  # by name
     boundary = old.store.base + len(seqs)  # the seq the next stored event gets
     buffered = np.unique(np.concatenate([b[1] for b in old.buffer] + [np.zeros(0, np.int64)]))
@@ -104,11 +114,13 @@ def carry_over(old: EngineState, old_prog: Program, new_prog: Program,
     return state
 
 
-def list_store_for(old: ListStore, old_aggs, new_aggs) -> ListStore:
-    """The list nodes under the new program's aggregated columns: a column both keep
-    is carried, a new one is unknown in the old nodes (a list built on them holds an
-    event from before the change, which no added query may match)."""
-    if list(old_aggs) == list(new_aggs):
+def list_store_for(old: ListStore, old_aggs, new_aggs, columns=None) -> ListStore:
+    """The list nodes under the new program's aggregated attributes (``old_aggs``,
+    ``new_aggs``: by name, or by column where the columns stay; ``columns``: the new
+    program's column of each, when named): one both keep is carried, a new one is
+    unknown in the old nodes (a list built on them holds an event from before the
+    change, which no added query may match)."""
+    if list(old_aggs) == list(new_aggs) and columns is None:
         return old
     evicted, seq, parent, count, first, start, end, agg, ok = old.dump()
     n = len(seq)
@@ -120,6 +132,6 @@ def list_store_for(old: ListStore, old_aggs, new_aggs) -> ListStore:
         if k is not None:
             new_agg[:, 3 * j:3 * j + 3] = agg[:, 3 * k:3 * k + 3]
             new_ok[:, j] = ok[:, k]
-    store = ListStore(np.asarray(new_aggs, np.int32))
+    store = ListStore(np.asarray(new_aggs if columns is None else columns, np.int32))
     store.load(evicted, seq, parent, count, first, start, end, new_agg, new_ok)
     return store
