@@ -385,9 +385,13 @@ def test_processed_segments_are_deleted_but_the_retention(tmp_path):
     assert output(tmp_path) <= reference_lines(payloads)  # no end of stream: some held
 
 
-def test_checkpoints_keep_their_interval_while_a_backlog_drains(mosquitto, tmp_path):
-    """A backlog once held checkpoints back for its whole length (11-16 s apart)."""
+def test_checkpoints_keep_their_interval_while_a_backlog_drains(mosquitto, tmp_path,
+                                                                monkeypatch):
+    """A backlog once held checkpoints back for its whole length (11-16 s apart). (The
+    pace of a slow checkpoint off: the test below has it.)"""
     import threading
+    import dqcep.service.streaming as streaming
+    monkeypatch.setattr(streaming, "CHECKPOINT_SHARE", 1.0)
     host, port = mosquitto
     journal_payloads(tmp_path, iot_payloads(300_000))
     cfg = config(tmp_path, checkpoint_every=0.001)
@@ -409,6 +413,28 @@ def test_checkpoints_keep_their_interval_while_a_backlog_drains(mosquitto, tmp_p
     stop.set()
     worker.join(30)
     assert len([lag for lag in lags if lag > 0]) >= 4, lags
+
+
+def test_an_idle_service_writes_no_checkpoint_and_a_slow_one_is_paced(tmp_path):
+    """Issue 49 item 13: an 857 MB state was rewritten every second, idle or not. No
+    checkpoint is due while nothing was consumed since the last; after one that took
+    2 s, the next is due 18 s later (checkpoints take at most a tenth of the time)."""
+    journal_payloads(tmp_path, iot_payloads(2_000))
+    svc = StreamingService(config(tmp_path, checkpoint_every=1.0))
+    now = svc._loaded_at
+    assert not svc.checkpoint_due(now + 100)  # nothing consumed yet
+    svc.step()
+    assert not svc.checkpoint_due(now + 0.5) and svc.checkpoint_due(now + 1.0)
+    svc.checkpoint()
+    at = svc.checkpointed_at
+    assert not svc.checkpoint_due(at + 3600)  # idle: the state is the one written
+    journal = svc.journal
+    journal.append("sensors", iot_payloads(10)[0], 1)
+    journal.commit()
+    svc.step()
+    svc._checkpoint_seconds = 2.0
+    assert not svc.checkpoint_due(at + 17.9) and svc.checkpoint_due(at + 18.0)
+    svc.close()
 
 
 MESSAGES = st.tuples(

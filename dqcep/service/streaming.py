@@ -74,6 +74,7 @@ CHANGE_WAIT = 30.0    # s an HTTP change waits to be applied before it answers 2
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
 CONSUMER = "service"  # a service's name among the journal's consumers (retention), default
 RETRY_SECONDS = 1.0   # pause before going back to the checkpoint after a failed write
+CHECKPOINT_SHARE = 0.1  # at most this share of the time goes to periodic checkpoints
 SINKS = ("output", "dead_letter", "late")
 DEAD = "dead."        # counters of dead letters by reason: dead.payload, dead.event, ...
 MATCHES = "matches."  # counters of each query's matches (dqcep.runtime.pipeline)
@@ -252,6 +253,7 @@ class StreamingService:
         self.response = ResponseTimes([q.name for q in queries])
         self.service_times = ServiceTimes(time.monotonic())
         self.checkpointed_at: float | None = None  # time.monotonic() of the last one
+        self._checkpoint_seconds = 0.0                 # ... and the time it took
         self.last_matches: deque = deque(maxlen=LAST_MATCHES)  # for the HTTP side
         self._recent: dict = {}  # the last stats line's figures of its period
         self._load(state)
@@ -347,6 +349,8 @@ class StreamingService:
         self.counts = {"payloads": 0, "events_in": 0, "matches_out": 0, "malformed": 0,
                        "duplicates": 0, "late": 0, "journal_lost": 0, **self.counts}
         self.decoder = engine.column_decoder()  # after restore, which replaces it
+        # what the checkpoint holds (``checkpoint_due``: nothing consumed, none due)
+        self._checkpointed_offset, self._loaded_at = self.offset, time.monotonic()
         # records the kernel decoded (its rows wait in the decoder): (record, rows)
         self._pending: list[tuple[Record, int]] = []
         self._pending_rows = 0
@@ -520,11 +524,25 @@ class StreamingService:
             self.service_times.add(time.monotonic() - started, n, delay)
         return n
 
+    def checkpoint_due(self, now: float) -> bool:
+        """Whether a periodic checkpoint is due at ``now`` (time.monotonic): records were
+        consumed since the last (an idle service's state does not change: it is not
+        written again), ``checkpoint_every`` s have passed, and, where the last one took
+        long, long enough that checkpoints take at most CHECKPOINT_SHARE of the time (a
+        large state is written less often; a crash replays more of the journal, and the
+        output stays exactly once). Issue 49 item 13: an 857 MB state was rewritten
+        every second, idle or not."""
+        if self._checkpointed_offset == self.offset:
+            return False
+        last = self.checkpointed_at if self.checkpointed_at is not None else self._loaded_at
+        wait = max(self.cfg.checkpoint_every,
+                   self._checkpoint_seconds * (1 - CHECKPOINT_SHARE) / CHECKPOINT_SHARE)
+        return now - last >= wait
+
     def timed_checkpoint(self) -> None:
         """``checkpoint``, its time counted in ``service_times``."""
-        started = time.monotonic()
         self.checkpoint()
-        self.service_times.add_checkpoint(time.monotonic() - started)
+        self.service_times.add_checkpoint(self._checkpoint_seconds)
 
     def _process_pending(self) -> None:
         """The records the kernel decoded: events ahead of their arrival out, repeated
@@ -802,6 +820,7 @@ class StreamingService:
         self.ended_at = self.offset
 
     def checkpoint(self) -> None:
+        started = time.monotonic()
         sinks = {"output": self.out.sync(), "dead_letter": self.dead.sync(),
                  "late": self.late.sync()}
         write_checkpoint(self.cfg.checkpoint, CHECKPOINT_VERSION, {
@@ -819,6 +838,8 @@ class StreamingService:
         self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
         self.checkpointed_at = time.monotonic()
+        self._checkpointed_offset = self.offset
+        self._checkpoint_seconds = self.checkpointed_at - started
 
     def recover(self, err: OSError, stop: threading.Event) -> None:
         """After a failed write: back to the last checkpoint (sinks cut back, engine
@@ -938,7 +959,7 @@ class StreamingService:
               flush=True)
         if http is not None:
             http.start()
-        last_ck = last_stats = last_input = last_publish = time.monotonic()
+        last_stats = last_input = last_publish = time.monotonic()
         failure = None
         try:
             while not stop.is_set() and not end_of_stream.is_set():
@@ -950,9 +971,8 @@ class StreamingService:
                 try:
                     n = self.timed_step(deadline=now + self.cfg.checkpoint_every)
                     now = time.monotonic()
-                    if now - last_ck >= self.cfg.checkpoint_every:
+                    if self.checkpoint_due(now):
                         self.timed_checkpoint()
-                        last_ck = time.monotonic()
                     self.error = None
                 except OSError as err:
                     self.recover(err, stop)

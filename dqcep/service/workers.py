@@ -177,8 +177,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                 conn) -> None:
     """A worker: hosts and lets go of query consumers as the coordinator says, steps
     each after every commit, one after the other in the order the coordinator gives
-    (``order``: the first answers first), checkpoints each every
-    ``cfg.checkpoint_every`` s, and reports their stats every ``cfg.stats_every`` s."""
+    (``order``: the first answers first), checkpoints each when due
+    (``StreamingService.checkpoint_due``), and reports their stats every ``cfg.stats_every`` s."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the coordinator decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = os.getppid()
@@ -186,7 +186,6 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
     arrivals = ArrivalTimes(ARRIVALS, memory.buf, fresh=False)
     view = JournalView(cfg.journal, lambda: durable.value)
     hosted: dict[str, StreamingService] = {}
-    last_ck: dict[str, float] = {}
     last_stats = time.monotonic()
     # with the HTTP side on, the coordinator's page wants fresh figures
     report_every = min(cfg.stats_every, 1.0) if cfg.http is not None else cfg.stats_every
@@ -199,7 +198,7 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                     q = message[1]
                     svc = StreamingService(query_config(cfg, q), journal=view)
                     svc.arrivals = arrivals
-                    hosted[q], last_ck[q] = svc, time.monotonic()
+                    hosted[q] = svc
                     conn.send(("hosted", q, svc.offset))
                 elif kind in ("release", "release_at"):
                     q = message[1]
@@ -234,9 +233,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
             for q, svc in hosted.items():
                 try:
                     svc.timed_step(deadline=time.monotonic() + cfg.checkpoint_every)
-                    if time.monotonic() - last_ck[q] >= cfg.checkpoint_every:
+                    if svc.checkpoint_due(time.monotonic()):
                         svc.timed_checkpoint()
-                        last_ck[q] = time.monotonic()
                         for other in hosted.values():  # it held their next steps too
                             other.service_times.checkpointed()
                     svc.error = None
