@@ -36,15 +36,19 @@ class StringDictionary:
     Codes of values no live state refers to any more are freed and given to new
     values (``sweep``), so the dictionary grows with the strings the engine holds,
     not with every string it has seen. ``values[code]`` is None for a free code.
-    The first ``pinned`` codes (the queries' string constants, coded when they are
-    compiled) are never freed.
+    The ``pinned`` codes (the queries' string constants, coded when they are
+    compiled: the first ``pinned`` ones, or those given) are never freed.
     """
 
-    def __init__(self, values: Sequence[str | None] = (), pinned: int = 0):
+    def __init__(self, values: Sequence[str | None] = (), pinned: int | Sequence[int] = 0):
         self.values: list[str | None] = list(values)
         self.codes: dict[str, int] = {v: i for i, v in enumerate(self.values) if v is not None}
         self.free: list[int] = [i for i, v in enumerate(self.values) if v is None][::-1]
-        self.pinned = pinned
+        self.pin(pinned)
+
+    def pin(self, pinned: int | Sequence[int]) -> None:
+        self.pinned = np.arange(pinned, dtype=np.int64) if isinstance(pinned, int) else \
+            np.asarray(sorted(pinned), np.int64)
 
     def __len__(self) -> int:
         """Values with a code."""
@@ -68,7 +72,7 @@ class StringDictionary:
     def sweep(self, live: np.ndarray) -> int:
         """Free every unpinned code not in ``live``; returns how many were freed."""
         keep = np.zeros(len(self.values), bool)
-        keep[:self.pinned] = True
+        keep[self.pinned] = True
         live = live[(live >= 0) & (live < len(self.values))]
         keep[live] = True
         freed = 0
@@ -80,6 +84,20 @@ class StringDictionary:
                 self.free.append(c)
                 freed += 1
         return freed
+
+
+class ConstantCodes(StringDictionary):
+    """The dictionary a program's string constants are compiled with, which records
+    the codes they get (``used``): those a state pins."""
+
+    def __init__(self, values: Sequence[str | None] = ()):
+        super().__init__(values)
+        self.used: set[int] = set()
+
+    def code(self, value: str) -> int:
+        c = super().code(value)
+        self.used.add(c)
+        return c
 
 
 def attributes_read(preds: Sequence[Predicate], keys: Sequence[str] = ()) -> list[str]:

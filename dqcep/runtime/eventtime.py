@@ -192,11 +192,14 @@ class TimeState:
 
     @classmethod
     def fresh(cls, n_types: int, n_attrs: int, lateness: int,
-              constants: Sequence[str] = ()) -> "TimeState":
-        """An empty state; ``constants``: compiled string constants, pinned first."""
+              constants: Sequence[str] = (), pinned: Sequence[int] | None = None
+              ) -> "TimeState":
+        """An empty state; ``constants``: the dictionary's first values (compiled
+        string constants), ``pinned`` the codes of those never freed (default all)."""
         if lateness < 0:
             raise UserError(f"lateness must be >= 0 ms, got {lateness}")
-        return cls(lateness, StringDictionary(constants, len(constants)), EventStore(n_attrs),
+        return cls(lateness, StringDictionary(
+            constants, len(constants) if pinned is None else pinned), EventStore(n_attrs),
                    np.zeros(n_types, np.int64), np.zeros(n_attrs, bool))
 
 
@@ -282,7 +285,7 @@ class EventTimeEngine:
     def _constants_coded(self) -> None:
         """Called once the queries' predicates are compiled: the string constants,
         the only values coded so far, keep their codes for good."""
-        self.dictionary.pinned = len(self.dictionary.values)
+        self.dictionary.pin(len(self.dictionary.values))
 
     def _sweep_strings(self) -> None:
         """Free the codes of string values no stored or buffered event holds (the

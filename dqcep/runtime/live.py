@@ -79,7 +79,7 @@ def carry_over(old: EngineState, old_prog: Program, new_prog: Program,
     was, now = old_prog.attrs, new_prog.attrs
     # what every engine over event time holds: the events, their strings, the buffer
     # every code the engine has given stays; the new constants have the program's
-    state.dictionary = StringDictionary(new_prog.constants, len(new_prog.constants))
+    state.dictionary = StringDictionary(new_prog.constants, new_prog.pinned)
     seqs, ts, ids, val, kind, types = old.store.dump()
     state.store = EventStore(len(now))
     state.store.load(old.store.base, ts, ids, _columns(val, was, now, 0.0),

@@ -21,7 +21,7 @@ from dqcep._kernels.operators import (GUARD_MODES, Guard, JoinPipeline, JoinSpec
 from dqcep._kernels.store import EventStore
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.joins import equality_joins
-from dqcep.runtime.compile import (StringDictionary, aggregated_columns, effective_windows,
+from dqcep.runtime.compile import (ConstantCodes, aggregated_columns, effective_windows,
                                    guard_hosts, kleene_sets, plan_attributes, predicate_set,
                                    run_spec)
 
@@ -92,14 +92,17 @@ class Program:
         # The queries' string constants get the first codes of every state's
         # dictionary (pinned there): a compiled constant means the same string
         # in every state this program runs.
-        constants = StringDictionary()
+        constants = ConstantCodes()
         if universe is not None:  # its columns and codes first, the plan's new ones after
             if tuple(self.types[:len(universe.types)]) != tuple(universe.types):
                 raise ValueError("the plan's event types do not start with the universe's "
                                  "(build_plan(types=...))")
             self.attrs = list(universe.attrs) + [a for a in self.attrs
                                                  if a not in universe.attrs]
-            constants = StringDictionary(universe.constants, len(universe.constants))
+            # the universe's strings keep their codes (events in a state hold them);
+            # only this program's constants are pinned (a change pinned every string the
+            # engine held then: 300 changes, 72,000 strings never freed)
+            constants = ConstantCodes(universe.constants)
         self.based_on = universe
         self.attr_index = {a: i for i, a in enumerate(self.attrs)}
         g = plan.graph
@@ -194,6 +197,9 @@ class Program:
         windows = [int(w) for w in self.eff_window] + [0]
         self.store_retention = 2 * max(windows) + 2
         self.constants = tuple(constants.values)
+        # the codes a state of this program never frees: its string constants'
+        self.pinned = tuple(range(len(self.constants))) if universe is None else \
+            tuple(sorted(constants.used))
         self._fingerprint: str | None = None
         # per vertex, the queries whose matches it takes part in (its root's descendants,
         # and their negations'): a query stopped by its budget takes its vertices' state

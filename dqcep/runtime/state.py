@@ -123,7 +123,7 @@ class EngineState(TimeState):
     def fresh(cls, program, lateness: int = 0) -> "EngineState":
         """An empty state for ``program`` (a ``dqcep.runtime.program.Program``)."""
         state = super().fresh(len(program.types), len(program.attrs), lateness,
-                              program.constants)
+                              program.constants, program.pinned)
         n_slots, children = program.n_slots, program.children
         for v in program.left_vertices:
             state.left_q[v] = KeyedQueue(n_slots[children[v][0]])
@@ -265,7 +265,7 @@ class EngineState(TimeState):
 
         state = cls.fresh(program, body["lateness"])
         state.wm, state.max_seen = body["wm"], body["max_seen"]
-        state.dictionary = StringDictionary(body["dictionary"], len(program.constants))
+        state.dictionary = StringDictionary(body["dictionary"], program.pinned)
         base, ts, ids, val, kind, *types = body["store"]  # no types: a snapshot before them
         state.store.load(base, view(ts), view(ids), view(val), view(kind),
                          view(types[0]) if types else None)
