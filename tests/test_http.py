@@ -5,6 +5,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -827,9 +828,10 @@ def test_workers_a_worker_killed_during_a_removal_still_removes_it(mosquitto, tm
     answered 500, the set said removed, and the restarted worker ran the query again
     past its removal. Now a removal whose worker dies is applied all the same (the
     worker is started again from its checkpoints and asked again; ``_remove``): 200,
-    and the query's output is the reference's on the events before the removal. This
-    kills the worker just before the DELETE, which the coordinator's loop may notice
-    first: it does not always reach the retry. Item 20: /queries has added_at."""
+    and the query's output is the reference's on the events before the removal. The
+    worker is stopped (SIGSTOP) before the DELETE, so that the coordinator sends it the
+    removal and waits for its answer, and killed while it waits: the retry path.
+    Item 20: /queries has added_at."""
     run = LiveRun(mosquitto, tmp_path, "dqcep/live-kill", "--workers", "2", "--state",
                   str(tmp_path / "state"))
     svc = run.svc
@@ -845,8 +847,16 @@ def test_workers_a_worker_killed_during_a_removal_still_removes_it(mosquitto, tm
     assert added["overheating"] is None and isinstance(added["intrusion2"], int)
     status = quiet_status(run.base, len(run.phases[0]))
     pid = next(w["pid"] for w in status["worker_status"] if "intrusion" in w["queries"])
-    os.kill(pid, 9)
-    assert "removed intrusion at journal record" in run.queries("remove", "intrusion")
+    import threading
+    answers = []
+    os.kill(pid, signal.SIGSTOP)
+    removing = threading.Thread(target=lambda: answers.append(
+        run.queries("remove", "intrusion")))
+    removing.start()
+    time.sleep(2)  # the coordinator has sent the removal to the stopped worker
+    os.kill(pid, signal.SIGKILL)
+    removing.join(120)
+    assert answers and "removed intrusion at journal record" in answers[0], answers
     assert "intrusion" not in run.listed()
     run.publish(1)
     run.publish(2)
