@@ -293,7 +293,15 @@ def test_the_device_feed_of_streaming_md_against_a_broker(mosquitto, tmp_path):
         r = subprocess.run(args(publish[0]), cwd=cwd, env=env, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 0, r.stderr
-        time.sleep(1)  # what was sent reaches the journal
+        # every reading sent is journaled before the end of the stream (a second's
+        # sleep was too short on a loaded machine: no alert)
+        from dqcep.io.journal import read_journal
+        sent = len((ROOT / "examples" / "sensor-readings.jsonl").read_text().splitlines())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(
+                1 for _ in read_journal(cwd / "alerts.state" / "journal",
+                                        include_open=True)) < sent:
+            time.sleep(0.05)
     finally:
         svc.send_signal(signal.SIGUSR1)  # the end of the stream
         err = svc.communicate(timeout=60)[1]
