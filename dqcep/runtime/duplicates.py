@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dqcep.events import RECENT_IDS
 
-__all__ = ["RECENT_IDS", "recent_ids"]
+__all__ = ["RECENT_IDS", "recent_ids", "recent_to_bytes", "admit_bytes"]
 
 
 def recent_ids():
@@ -23,3 +23,15 @@ def recent_ids():
     ``admit(ids)`` is True for a first copy, False for a repeat."""
     from dqcep._kernels.recent_ids import RecentIds
     return RecentIds(RECENT_IDS)
+
+
+def recent_to_bytes(recent) -> bytes:
+    """The ids a ``RecentIds`` remembers, oldest first, as little-endian int64s: how a
+    checkpoint or a worker's admission record stores them (``admit_bytes`` reads them)."""
+    return recent.ids().astype("<i8").tobytes()
+
+
+def admit_bytes(recent, data: bytes) -> None:
+    """Remember again the ids ``recent_to_bytes`` wrote, in their order."""
+    import numpy as np
+    recent.admit(np.frombuffer(data, dtype="<i8").astype(np.int64))

@@ -97,7 +97,7 @@ def carry_over(old: EngineState, old_prog: Program, new_prog: Program,
     if old.lists is not None and state.lists is not None:
         state.lists = list_store_for(old.lists, [was[c] for c in old_prog.list_aggs],
                                      [now[c] for c in new_prog.list_aggs],
-                                     new_prog.list_aggs)
+                                     new_prog.list_aggs, old_prog.list_aggs)
     state.take_queries(old, old_prog, new_prog)  # by name
     boundary = old.store.base + len(seqs)  # the seq the next stored event gets
     buffered = np.unique(np.concatenate([b[1] for b in old.buffer] + [np.zeros(0, np.int64)]))
@@ -114,13 +114,16 @@ def carry_over(old: EngineState, old_prog: Program, new_prog: Program,
     return state
 
 
-def list_store_for(old: ListStore, old_aggs, new_aggs, columns=None) -> ListStore:
+def list_store_for(old: ListStore, old_aggs, new_aggs, columns=None,
+                   old_columns=None) -> ListStore:
     """The list nodes under the new program's aggregated attributes (``old_aggs``,
-    ``new_aggs``: by name, or by column where the columns stay; ``columns``: the new
-    program's column of each, when named): one both keep is carried, a new one is
-    unknown in the old nodes (a list built on them holds an event from before the
-    change, which no added query may match)."""
-    if list(old_aggs) == list(new_aggs) and columns is None:
+    ``new_aggs``: by name, or by column where the columns stay; ``columns``,
+    ``old_columns``: the new and old programs' column of each, when named): one both
+    keep is carried, a new one is unknown in the old nodes (a list built on them holds
+    an event from before the change, which no added query may match). The same
+    attributes in the same columns: the old store itself."""
+    if list(old_aggs) == list(new_aggs) and (
+            columns is None or list(columns) == list(old_columns)):
         return old
     evicted, seq, parent, count, first, start, end, agg, ok = old.dump()
     n = len(seq)

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from dqcep._kernels.recent_ids import RecentIds
-from dqcep.runtime.duplicates import RECENT_IDS
+from dqcep.runtime.duplicates import RECENT_IDS, admit_bytes, recent_to_bytes
 from dqcep.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
@@ -339,7 +339,7 @@ class StreamingService:
                                       f"{recovery_hint(cfg.checkpoint)}") from None
             self.offset, sizes, self.counts = state["offset"], state["sinks"], state["counts"]
             self.ended_at = state.get("ended_at")
-            self.recent.admit(np.frombuffer(state["recent"], dtype="<i8").astype(np.int64))
+            admit_bytes(self.recent, state["recent"])
         self.engine = engine
         # RETURN values: from the events kept since the engine's store reaches back
         self.returns = ReturnValues(self.queries, engine, self.query_tables, self.tables) \
@@ -743,7 +743,7 @@ class StreamingService:
             return  # dead-lettered by the coordinator
         write_admission(self.cfg.journal, record.offset, Admission(
             self.engine.max_seen, self.engine.wm,
-            self.recent.ids().astype("<i8").tobytes()))
+            recent_to_bytes(self.recent)))
 
     def _take_admission(self) -> bool:
         """A query added live to workers, before its first record: the admission its
@@ -753,7 +753,7 @@ class StreamingService:
         if found is None:
             return False
         self.engine.max_seen, self.engine.wm = found.max_seen, found.wm
-        self.recent.admit(np.frombuffer(found.recent, "<i8").astype(np.int64))
+        admit_bytes(self.recent, found.recent)
         self._admission_at = None
         return True
 
@@ -823,7 +823,7 @@ class StreamingService:
         write_checkpoint(self.cfg.checkpoint, CHECKPOINT_VERSION, {
             "offset": self.offset, "journal_end": self.journal.durable_offset,
             "engine": self.engine.snapshot(),
-            "recent": self.recent.ids().astype("<i8").tobytes(),
+            "recent": recent_to_bytes(self.recent),
             "admission_at": self._admission_at,
             "counts": self.counts, "sinks": sinks, "stream": self.stream,
             "ended_at": self.ended_at, "db_written": self.db_written,
