@@ -506,6 +506,13 @@ class LiveRun:
         assert r.returncode == 0, r.stderr
         return r.stdout
 
+    def add_after_first_part(self) -> None:
+        """Start the service, publish the first part, add ``ADDED`` (answered added)."""
+        self.svc.start(before=1)
+        self.publish(0)
+        assert "added intrusion2, smokeless at journal record" in self.queries(
+            "add", str(self.added))
+
     def listed(self) -> list[str]:
         return [x.split()[0] for x in self.queries("list").splitlines()
                 if not x.startswith(" ")]
@@ -581,10 +588,7 @@ def test_workers_add_and_remove_queries_live(mosquitto, tmp_path):
     run = LiveRun(mosquitto, tmp_path, "dqcep/live-workers", "--workers", "2", "--state",
                   str(tmp_path / "state"))
     svc = run.svc
-    svc.start(before=1)
-    run.publish(0)
-    assert "added intrusion2, smokeless at journal record" in run.queries(
-        "add", str(run.added))
+    run.add_after_first_part()
     run.publish(1)
     svc.proc.kill()  # the coordinator; its workers follow it
     svc.proc.wait()
@@ -835,10 +839,7 @@ def test_workers_a_worker_killed_during_a_removal_still_removes_it(mosquitto, tm
     run = LiveRun(mosquitto, tmp_path, "dqcep/live-kill", "--workers", "2", "--state",
                   str(tmp_path / "state"))
     svc = run.svc
-    svc.start(before=1)
-    run.publish(0)
-    assert "added intrusion2, smokeless at journal record" in run.queries(
-        "add", str(run.added))
+    run.add_after_first_part()
     deadline, added = time.monotonic() + 30, {}
     while "intrusion2" not in added and time.monotonic() < deadline:  # the next snapshot
         time.sleep(0.1)
