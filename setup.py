@@ -1,7 +1,7 @@
 """Build the Cython kernels; all metadata lives in pyproject.toml.
 
 The .pyx sources are cythonized at build time (generated C is never committed).
-Set DQCEP_DEBUG_CYTHON=1 to build with bounds and wraparound checks on.
+Set DQCEP_DEBUG_CYTHON=1 to build with bounds and wraparound checks on (and debug info).
 """
 import os
 
@@ -29,6 +29,10 @@ extensions = [
         [f"dqcep/_kernels/{name}.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        # No debug info (Python's CFLAGS have -g) unless DQCEP_DEBUG_CYTHON: a quarter of
+        # the compile time and 7x smaller objects (operators: 18.4 s, 6.6 MB -> 13.4 s,
+        # 0.9 MB); every install and the tests' wheel build compile all kernels.
+        extra_compile_args=[] if DEBUG else ["-g0"],
     )
     for name in KERNELS
 ]
