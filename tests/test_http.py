@@ -329,6 +329,17 @@ def chromium():
     return webdriver.Chrome(options=options, service=DriverService(executable_path=driver))
 
 
+def table_rows(browser, rows_css: str, attr: str) -> list:
+    """(the row's ``attr``, its cells' texts) of each row, read in one script: the page
+    redraws its tables as it polls, and rows found one by one went stale between two
+    reads (StaleElementReferenceException in CI)."""
+    return [tuple(r) for r in browser.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(r => "
+        "[r.getAttribute(arguments[1]), "
+        "Array.from(r.querySelectorAll('td')).map(c => c.innerText.trim())]);",
+        rows_css, attr)]
+
+
 def test_the_live_page_shows_what_status_says(http_service):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -347,23 +358,20 @@ def test_the_live_page_shows_what_status_says(http_service):
         assert text("late") == f"{s['late']:,}" and text("repeats") == f"{s['duplicates']:,}"
         assert text("lag") == "0"
         assert text("dead") == f"{sum(s['dead_letters'].values()):,}"
-        rows = browser.find_elements(By.CSS_SELECTOR, "#queries tbody tr")
-        shown = {r.get_attribute("data-query"): [c.text for c in
-                                                  r.find_elements(By.TAG_NAME, "td")]
-                 for r in rows}
+        shown = dict(table_rows(browser, "#queries tbody tr", "data-query"))
         assert list(shown) == [q["name"] for q in s["queries"]]
         for q, cells in shown.items():
             assert cells[1] == f"{s['matches_by_query'][q]:,}"
             mean = s["response"][q]["mean_ms"]
             assert cells[2] == ("–" if mean is None else f"{mean:.1f}")
             assert cells[5] == "running"
-        reasons = {r.get_attribute("data-reason"): r.find_elements(By.TAG_NAME, "td")[1].text
-                   for r in browser.find_elements(By.CSS_SELECTOR, "#reasons tbody tr")}
+        reasons = {r: cells[1] for r, cells in table_rows(browser, "#reasons tbody tr",
+                                                          "data-reason")}
         assert reasons == {**{k: f"{v:,}" for k, v in s["dead_letters"].items()},
                            "late": f"{s['late']:,}", "repeated": f"{s['duplicates']:,}"}
-        last = browser.find_elements(By.CSS_SELECTOR, "#last-matches tbody tr")
+        last = table_rows(browser, "#last-matches tbody tr", "data-query")
         assert len(last) == len(s["last_matches"]) > 0
-        assert last[0].find_elements(By.TAG_NAME, "td")[0].text == s["last_matches"][-1]["query"]
+        assert last[0][1][0] == s["last_matches"][-1]["query"]
         # the charts have points, the plan is drawn (an SVG the browser could load)
         assert browser.find_elements(By.CSS_SELECTOR, "#chart-rate polyline")
         WebDriverWait(browser, 30).until(lambda b: b.execute_script(

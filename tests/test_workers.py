@@ -153,7 +153,17 @@ def worker_pids(coordinator: int) -> list[int]:
     """The worker processes of a coordinator (not multiprocessing's resource tracker)."""
     pids = [int(p) for p in subprocess.run(["pgrep", "-P", str(coordinator)],
                                            capture_output=True, text=True).stdout.split()]
-    return [p for p in pids if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return [p for p in pids if is_worker(p)]
+
+
+def is_worker(pid: int) -> bool:
+    """False for multiprocessing's resource tracker and for a process that has just
+    ended (a worker killed between pgrep and the read: FileNotFoundError failed a
+    .ci/run)."""
+    try:
+        return b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_a_killed_worker_is_restarted_from_its_checkpoints(mosquitto, tmp_path):
