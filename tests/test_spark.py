@@ -1,4 +1,4 @@
-"""The Spark jobs on a real Spark (local[2], and a multi-process local-cluster):
+"""The Spark jobs on a real Spark (local[2], and a multi-process standalone cluster):
 exactly the reference's matches, whatever the partitioning, input format and
 imperfections of the stream. Spark missing is a failure, never a skip."""
 import json
@@ -378,26 +378,6 @@ def test_source_rows_keep_positions_and_running_maxima(tmp_path):
     assert [r["seq"] for r in rows] == list(range(6)) and {r["file_index"] for r in rows} == {3}
 
 
-def test_batch_job_on_a_multi_process_cluster(tmp_path):
-    """dqcep spark run with local-cluster[2,1,1024]: two executor JVMs, their own Python
-    workers; the same matches. Without --partitions, one partition per core of the
-    cluster (2; the default was 4, which on one 2-core executor took 31 s for 2x10^6
-    events where 2 took 18 s)."""
-    events = generate(tmp_path / "events.jsonl", 4000, *IMPERFECT)
-    want, _, _ = expected([events])
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "dqcep", "spark", "run", str(QUERIES), "-i", str(events),
-         "-o", str(out), "--master", "local-cluster[2,1,1024]",
-         "--lateness", str(LATENESS)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert set(job_lines(out)) == want and want
-    assert json.loads((out / "_stats.json").read_text())["partitions"] == 2
-    # its steps as they start (it was Spark's warnings only for a minute)
-    assert "dqcep spark run [" in proc.stderr and "stage 2 of 2: routing" in proc.stderr
-    assert "matches ->" in proc.stderr
-
-
 # Which Python, and which dqcep, the executors' DataFrame work runs: a Python data source
 # read (as the job's source) and mapInPandas (as its stages), on the packed environment.
 PROBE = """
@@ -470,9 +450,10 @@ def test_cluster_start_waits_through_a_master_ui_still_starting():
 def test_scripted_standalone_cluster(tmp_path, wheel):
     """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on its
     spark:// master with the executors on a packed environment (dqcep spark pack, shipped
-    with --archive), stop: the processes are gone. The executors' Python is the
-    archive's, an isolated venv, so their dqcep is the archive's and not this machine's."""
-    events = generate(tmp_path / "events.jsonl", 3000)
+    with --archive), stop: the processes are gone. Two executor JVMs with their own
+    Python workers give the same matches. The executors' Python is the archive's, an
+    isolated venv, so their dqcep is the archive's and not this machine's."""
+    events = generate(tmp_path / "events.jsonl", 4000, *IMPERFECT)
     want, _, _ = expected([events])
     archive = tmp_path / "env.tar.gz"
     pack = subprocess.run([sys.executable, "-m", "dqcep", "spark", "pack", "-o", str(archive),
@@ -493,6 +474,12 @@ def test_scripted_standalone_cluster(tmp_path, wheel):
              "--archive", str(archive)], capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
         assert set(job_lines(tmp_path / "out")) == want and want
+        # without --partitions, one partition per core of the cluster (2; the default
+        # was 4, which on one 2-core executor took 31 s for 2x10^6 events where 2 took 18)
+        assert json.loads((tmp_path / "out" / "_stats.json").read_text())["partitions"] == 2
+        # its steps as they start (it was Spark's warnings only for a minute)
+        assert "dqcep spark run [" in run.stderr and "stage 2 of 2: routing" in run.stderr
+        assert "matches ->" in run.stderr
         probe = subprocess.run([sys.executable, "-c", PROBE, master, str(archive)],
                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert probe.returncode == 0, probe.stderr[-3000:]
