@@ -13,12 +13,23 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def wheel(tmp_path_factory):
-    """dqcep built as a wheel from this checkout (once per session: the kernels compile)."""
-    out = tmp_path_factory.mktemp("wheel")
-    root = Path(__file__).resolve().parent.parent
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(root)], check=True, cwd=out)
+def wheel(tmp_path_factory, worker_id):
+    """dqcep built as a wheel from this checkout, once per run: the kernels compile for
+    a minute or more, and under pytest-xdist each test process has its own session (two
+    processes built it side by side in .ci/run). The first to need it builds it under a
+    lock in the run's shared temporary directory; the others wait and take it."""
+    import fcntl
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # the run's directory, above each process's own
+    out = shared / "wheel"
+    with open(shared / "wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(out.glob("dqcep-*.whl")):
+            out.mkdir(exist_ok=True)
+            root = Path(__file__).resolve().parent.parent
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                            str(out), str(root)], check=True, cwd=out)
     (built,) = out.glob("dqcep-*.whl")
     return built
 

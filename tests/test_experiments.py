@@ -23,6 +23,11 @@ def fixed(rows_):
     return [{k: v for k, v in r.items() if k not in MEASURED} for r in rows_]
 
 
+# The tests of the quick run share one process: its fixture (a minute of experiments)
+# runs once per test process under pytest-xdist.
+pytestmark = pytest.mark.xdist_group("experiments")
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("experiments")

@@ -135,7 +135,6 @@ def test_the_scan_sees_the_applications_edges():
     assert "dqcep.spark" in edges["dqcep.cli"] and "dqcep.cli" not in edges["dqcep.spark"]
 
 
-@pytest.mark.xdist_group("wheel")  # built once (conftest.wheel)
 def test_the_wheel_holds_only_the_dqcep_package_and_no_generated_c(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"dqcep", f"{wheel.name.split('-')[0]}-"
@@ -151,7 +150,6 @@ def test_the_wheel_holds_only_the_dqcep_package_and_no_generated_c(wheel):
         == len(list((ROOT / "dqcep/_kernels").glob("*.pyx")))
 
 
-@pytest.mark.xdist_group("wheel")  # built once (conftest.wheel)
 def test_a_fresh_venv_install_runs_the_commands_and_has_no_top_level_generator(wheel, tmp_path):
     # The venv sees the packages of the interpreter running the tests (numpy, lark,
     # pyarrow, pyspark), but its own dqcep first. Those are the base interpreter's

@@ -446,7 +446,6 @@ def test_cluster_start_waits_through_a_master_ui_still_starting():
         server.shutdown()
 
 
-@pytest.mark.xdist_group("wheel")  # with test_packaging's: built once
 def test_scripted_standalone_cluster(tmp_path, wheel):
     """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on its
     spark:// master with the executors on a packed environment (dqcep spark pack, shipped
