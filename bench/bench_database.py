@@ -12,7 +12,7 @@ as ``dqcep run`` writes them; only the writing is timed.
     python3 bench/bench_database.py --postgresql postgresql://USER@HOST:PORT/DB
 
 Without --postgresql a server of its own is started in a temporary directory
-(tests/postgres.py: initdb + pg_ctl on a free loopback port, as the tests do).
+(tests/support/postgres.py: initdb + pg_ctl on a free loopback port, as the tests do).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def postgresql(url: str | None):
         yield url
         return
     sys.path.insert(0, str(ROOT))
-    from tests.postgres import PostgresServer
+    from tests.support.postgres import PostgresServer
     with PostgresServer() as server:
         yield server.new_database()
 

@@ -1,15 +1,15 @@
-"""Shared fixtures: a real Mosquitto broker started for the tests (never one left running),
-and dqcep built as a wheel."""
-import shutil
-import socket
+"""Shared fixtures (a real Mosquitto broker per test, one Spark session, a PostgreSQL
+server, dqcep built as a wheel), the Hypothesis profiles, the ``integration`` marker and
+the tracking of every process a test starts. The harnesses are in tests/support/."""
 import subprocess
 import sys
-import threading
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+from tests.support import examples, processes
+from tests.support.broker import free_port, start_mosquitto, stop_mosquitto
 
 
 @pytest.fixture(scope="session")
@@ -34,47 +34,6 @@ def wheel(tmp_path_factory, worker_id):
     return built
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def mosquitto_binary() -> str:
-    binary = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
-                                           if shutil.which("/usr/sbin/mosquitto") else None)
-    assert binary, "Mosquitto is not installed (apt-get install -y mosquitto)"
-    return binary
-
-
-def start_mosquitto(conf, port: int) -> subprocess.Popen:
-    """Start Mosquitto with a config file and wait until it accepts connections on port.
-
-    Fails (never skips) when Mosquitto is not installed or does not come up.
-    """
-    proc = subprocess.Popen([mosquitto_binary(), "-c", str(conf)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                raise AssertionError(f"Mosquitto did not start on port {port}: {out}")
-            time.sleep(0.05)
-
-
-def stop_mosquitto(proc: subprocess.Popen) -> None:
-    proc.terminate()  # Mosquitto saves its persistence database on SIGTERM
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 @pytest.fixture
 def mosquitto(tmp_path_factory):
     """(host, port) of a Mosquitto broker on a free loopback port; stopped afterwards.
@@ -92,28 +51,6 @@ def mosquitto(tmp_path_factory):
     stop_mosquitto(proc)
 
 
-@contextmanager
-def subscribed(host: str, port: int, topic: str, client_id: str, with_topics: bool = False):
-    """A QoS 1 subscriber; yields the list its payloads (``with_topics``: (topic,
-    payload) pairs) are appended to, once subscribed."""
-    import paho.mqtt.client as mqtt
-
-    received, ready = [], threading.Event()
-    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
-    sub.on_connect = lambda c, u, f, rc, p: c.subscribe(topic, qos=1)
-    sub.on_subscribe = lambda c, u, mid, rcs, p: ready.set()
-    sub.on_message = lambda c, u, msg: received.append(
-        (msg.topic, msg.payload) if with_topics else msg.payload)
-    sub.connect(host, port)
-    sub.loop_start()
-    try:
-        assert ready.wait(10), f"no subscription to {topic}"
-        yield received
-    finally:
-        sub.loop_stop()
-        sub.disconnect()
-
-
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] Spark session for every test that needs one (a JVM start each is
@@ -126,8 +63,8 @@ def spark():
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """A PostgreSQL server on a free loopback port for the session (tests/postgres.py)."""
-    from tests.postgres import PostgresServer
+    """A PostgreSQL server on a free loopback port for the session (tests/support/postgres.py)."""
+    from tests.support.postgres import PostgresServer
     with PostgresServer() as server:
         yield server
 
@@ -138,16 +75,57 @@ def postgres(postgres_server):
     return postgres_server.new_database()
 
 
-# Processes a test starts that must not outlive it (a failing assertion between start
-# and stop once left a streaming service running for hours): killed after each test.
-LIVE_PROCESSES: list[subprocess.Popen] = []
+# Hypothesis: the full run's counts under its default and ci profiles; ``dev`` a tenth
+# (tests/support/examples.py; the README's quick command).
+settings.register_profile("dev", max_examples=examples.DEV)
+
+# Every process a test starts is tracked (a failing assertion between start and stop
+# once left a streaming service running for hours; an interrupted run left a `dqcep
+# spark stream` and its JVM): tests/support/processes.py.
+processes.install()
+
+# A test is an integration test when it needs a component or starts a process: these
+# fixtures mark it; a module or a test that starts processes itself says so with
+# ``pytest.mark.integration`` (a test that starts one unmarked fails: below).
+INTEGRATION_FIXTURES = {"mosquitto", "spark", "wheel", "postgres", "postgres_server"}
 
 
-@pytest.fixture(autouse=True)
-def _no_process_outlives_its_test():
-    yield
-    while LIVE_PROCESSES:
-        proc = LIVE_PROCESSES.pop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if INTEGRATION_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.integration)
+
+
+def _unmarked_processes(item, started: list) -> None:
+    if started and item.get_closest_marker("integration") is None:
+        raise AssertionError(
+            f"{item.nodeid} started {len(started)} process(es) ({started[0].args!r:.120}) "
+            "and is not marked integration: mark it (pytest.mark.integration), so that "
+            "the quick run (-m 'not integration') leaves it out")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    first = len(processes.STARTED)
+    result = yield  # processes its fixtures start are theirs to stop
+    _unmarked_processes(item, processes.STARTED[first:])
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    first = len(processes.STARTED)
+    try:
+        result = yield
+    finally:
+        started = processes.STARTED[first:]
+        processes.kill(started)  # what the test's body started never outlives it
+        del processes.STARTED[first:]
+    _unmarked_processes(item, started)
+    return result
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """After the fixtures' own teardown: whatever is still running (an interrupted run)."""
+    processes.kill(processes.STARTED)

@@ -17,7 +17,7 @@ from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import MatchBatch
 from dqcep.runtime import adapt
 from dqcep.runtime.adapt import OTHER, AdaptiveEngine, Trial
-from tests.test_native import as_set
+from tests.support.engines import as_set
 
 KLEENE = "QUERY k PATTERN SEQ(A a, B+ b[], C c) WHERE b[i].p > a.p AND c.p < a.p WITHIN 30 ms"
 

@@ -17,27 +17,9 @@ from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine
 from dqcep.runtime.program import Program
+from tests.support.workloads import RUNAWAY_QUERIES, runaway_events
 
 # the issue's: any-match Kleene over 10 min; 27 rising temperatures make 2^27 lists
-QUERIES = """
-QUERY rising PATTERN SEQ(Temperature+ t[], Smoke s) WHERE [room] WITHIN 10 min;
-QUERY hot PATTERN SEQ(Temperature t, Smoke s) WHERE [room] AND t.value > 50 WITHIN 10 min;
-QUERY dry PATTERN SEQ(Temperature t, NOT Humidity h) WHERE [room] WITHIN 5 s;
-"""
-
-
-def events(rooms=("r1", "r2"), n=27) -> list[dict]:
-    out, i = [], 0
-    for k, room in enumerate(rooms):
-        for j in range(n):
-            i += 1
-            out.append({"id": i, "type": "Temperature", "ts": 1000 * j + k, "room": room,
-                        "value": 40.0 + j})
-        i += 1
-        out.append({"id": i, "type": "Smoke", "ts": 1000 * n + k, "room": room,
-                    "density": 5.0})
-    out.sort(key=lambda e: (e["ts"], e["id"]))
-    return out
 
 
 def reference(text: str, evs: list[dict], names: set[str]) -> set[str]:
@@ -56,8 +38,8 @@ def test_a_query_over_its_budget_stops_and_the_others_go_on():
     """Budget 4096: 'rising' (2^13 lists after 13 events of a room) stops with its
     line; 'hot' and 'dry' give exactly the reference's matches. Stopped queries stay
     stopped across a snapshot and restore, and nothing of theirs comes out after."""
-    evs = events()
-    plan = build_plan(parse(QUERIES).queries)
+    evs = runaway_events()
+    plan = build_plan(parse(RUNAWAY_QUERIES).queries)
     engine = Engine(plan, budget=4096)
     got = set()
     for half in (evs[:20], evs[20:]):
@@ -69,18 +51,18 @@ def test_a_query_over_its_budget_stops_and_the_others_go_on():
     again.restore(engine.snapshot())
     assert again.stopped == {"rising": why} and again.take_stopped() == []
     got |= lines(again.flush())
-    assert got == reference(QUERIES, evs, {"hot", "dry"}) and got
+    assert got == reference(RUNAWAY_QUERIES, evs, {"hot", "dry"}) and got
     assert not any('"rising"' in m for m in got)
 
 
 def test_under_its_budget_nothing_changes():
     """A budget the state never reaches: every query's matches, 'rising' included (a
     run of 12 events a room: 4095 lists), are the reference's."""
-    evs = events(n=12)
-    engine = Engine(build_plan(parse(QUERIES).queries), budget=1 << 14)
+    evs = runaway_events(n=12)
+    engine = Engine(build_plan(parse(RUNAWAY_QUERIES).queries), budget=1 << 14)
     got = lines(engine.process([event_from_mapping(e) for e in evs])) | lines(engine.flush())
     assert engine.take_stopped() == [] and engine.stopped == {}
-    assert got == reference(QUERIES, evs, {"rising", "hot", "dry"})
+    assert got == reference(RUNAWAY_QUERIES, evs, {"rising", "hot", "dry"})
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
@@ -108,19 +90,20 @@ def test_without_stopping_the_batch_fails_with_the_line():
     so the task fails with the line (a UserError, which the driver says)."""
     from dqcep.spark.executor import JobSpec
     from dqcep.spark.partitioning import plan_partitioning
-    parsed = parse(QUERIES)
-    spec = JobSpec(QUERIES, plan_partitioning(parsed.queries), 1, budget=4096)
+    parsed = parse(RUNAWAY_QUERIES)
+    spec = JobSpec(RUNAWAY_QUERIES, plan_partitioning(parsed.queries), 1, budget=4096)
     engine = spec.engine()
     with pytest.raises(UserError, match="query rising stopped: KLEENE Temperature"):
-        engine.process([event_from_mapping(e) for e in events()])
+        engine.process([event_from_mapping(e) for e in runaway_events()])
 
 
+@pytest.mark.integration
 def test_dqcep_run_survives_the_issues_stream_in_4_gb(tmp_path):
     """The issue's query on 27 events of one room took a 4 GB address space down
     (MemoryError). With the default budget: one line, exit 1, and the other queries'
     matches, exactly the reference's."""
-    (tmp_path / "q.cep").write_text(QUERIES)
-    evs = events(rooms=("r1",))
+    (tmp_path / "q.cep").write_text(RUNAWAY_QUERIES)
+    evs = runaway_events(rooms=("r1",))
     (tmp_path / "e.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
 
     def limit():
@@ -132,7 +115,7 @@ def test_dqcep_run_survives_the_issues_stream_in_4_gb(tmp_path):
     assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr
     stops = [x for x in r.stderr.splitlines() if "stopped:" in x]
     assert len(stops) == 1 and stops[0].startswith("dqcep run: query rising stopped"), r.stderr
-    assert set(r.stdout.splitlines()) == reference(QUERIES, evs, {"hot", "dry"})
+    assert set(r.stdout.splitlines()) == reference(RUNAWAY_QUERIES, evs, {"hot", "dry"})
 
 
 def test_the_service_stops_the_query_the_same_way_after_a_replay(tmp_path):
@@ -140,10 +123,10 @@ def test_the_service_stops_the_query_the_same_way_after_a_replay(tmp_path):
     service goes on; a restart from a checkpoint taken before the stop replays the
     journal and stops it at the same journal offset, with the same dead letter and the
     same output (it used to die at every restart)."""
-    from tests.test_service_faults import config, journal_payloads, lines as jsonl
+    from tests.support.journal_service import config, journal_payloads, lines as jsonl
     from dqcep.service import StreamingService
-    (tmp_path / "q.cep").write_text(QUERIES)
-    evs = events(rooms=("r1", "r2", "r3"))
+    (tmp_path / "q.cep").write_text(RUNAWAY_QUERIES)
+    evs = runaway_events(rooms=("r1", "r2", "r3"))
     payloads = [msgpack.packb({"events": evs[i:i + 8]}) for i in range(0, len(evs), 8)]
     journal_payloads(tmp_path, payloads[:2])
     cfg = config(tmp_path, queries=tmp_path / "q.cep", budget=4096)
@@ -170,16 +153,17 @@ def test_the_service_stops_the_query_the_same_way_after_a_replay(tmp_path):
     assert list(stats["stopped"]) == ["rising"]
     [letter] = dead
     assert letter["query"] == "rising" and letter["reason"].startswith("query rising stopped")
-    assert set(out.decode().splitlines()) == reference(QUERIES, evs, {"hot", "dry"})
+    assert set(out.decode().splitlines()) == reference(RUNAWAY_QUERIES, evs, {"hot", "dry"})
 
 
+@pytest.mark.integration
 def test_explain_and_run_warn_about_a_kleene_item_under_any_match(tmp_path):
     """At plan time: a Kleene item under skip-till-any-match whose window holds more
     than 20 of its events at the cost model's rates (1 event/s unless --rates says)
     gets a positioned warning naming the strategies that bound it; none under another
     strategy or over a short window."""
     from dqcep.plan.warnings import kleene_warnings
-    (tmp_path / "q.cep").write_text(QUERIES)
+    (tmp_path / "q.cep").write_text(RUNAWAY_QUERIES)
     r = subprocess.run([sys.executable, "-m", "dqcep", "explain", "q.cep"], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout

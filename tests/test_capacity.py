@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from dqcep.capacity import (Calibration, QueryCost, WorkerModel, deviation, from_moments,
                             in_turn_order, load, place, response_times)
+from tests.support.examples import examples
 
 
 def test_one_query_is_the_m_g_1_formula():
@@ -215,7 +216,7 @@ def test_a_tight_target_keeps_a_query_apart():
     assert not one.met and len(one.workers) == 1
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0005, 0.005), st.floats(1, 3), st.floats(10, 300),
                           st.floats(0.002, 0.05)), min_size=1, max_size=6))
 def test_placement_is_viable_and_near_the_optimum(specs):
@@ -260,6 +261,7 @@ def check_calibration(cal, names, payloads):
         pytest.approx(cal.shared_b)
 
 
+@pytest.mark.integration
 def test_calibrate_then_capacity(tmp_path):
     """dqcep calibrate (in this process, no broker) writes every query's b and m2 per
     payload, alone and charged from the shared plan (three queries sharing
@@ -379,6 +381,7 @@ def test_live_calibration_against_a_broker(mosquitto, tmp_path):
     (("--rate", "10", "--rate", "a=5", "--consumers"), "with --consumers every query "
                                                        "reads the one journal"),
 ])
+@pytest.mark.integration
 def test_capacity_options_are_checked(tmp_path, extra, message):
     queries = tmp_path / "q.cep"
     queries.write_text("QUERY a PATTERN A x WITHIN 1 s; QUERY b PATTERN B y WITHIN 1 s")
@@ -393,6 +396,7 @@ def test_capacity_options_are_checked(tmp_path, extra, message):
     assert r.returncode == 2 and "not a calibration written by dqcep calibrate" in r.stderr
 
 
+@pytest.mark.integration
 def test_capacity_says_which_target_is_missed_and_why(tmp_path):
     """Hand-made calibration: a query costs 1 ms per payload of 200 events, the delay is
     2 ms, no own work or checkpoints. A 2.5 ms target is missed whatever the placement
@@ -422,6 +426,7 @@ def test_capacity_says_which_target_is_missed_and_why(tmp_path):
     assert r.returncode == 0 and "every target met" in r.stdout and "NOT" not in r.stdout
 
 
+@pytest.mark.integration
 def test_spark_dynamic_allocation_bounds(tmp_path):
     """--spark: the shared plan costs 1.5 ms per payload of 200 events (deterministic:
     m2 = b^2), no own work, delay or checkpoints. At 10^6 events/s (5000 payloads/s)

@@ -8,6 +8,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
+# Each test here runs dqcep as a command (a process): the quick run leaves them out.
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 

@@ -13,7 +13,8 @@ from dqcep.io.columnar import read_columns
 from dqcep.io.readers import EventInputError
 from dqcep.runtime import EventColumns
 from dqcep.runtime.compile import KIND_STR
-from tests.test_ingest_kernels import engine, payloads
+from tests.support.msgpack_payloads import engine, payloads
+from tests.support.examples import examples
 
 
 def rows_of(piece, e) -> list:
@@ -50,7 +51,7 @@ def outcome(path: Path, fast: bool, chunk_rows: int, skip: bool = True):
     return rows if stopped is None else None, [str(x) for x in errors], stopped
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(records=st.lists(st.one_of(payloads(good=True), payloads()), max_size=8),
        chunk_rows=st.integers(1, 6), skip=st.booleans())
 def test_msgpack_files_fast_path_equals_the_validator(tmp_path_factory, records, chunk_rows,
@@ -88,6 +89,7 @@ def test_a_broken_stream_stops_where_the_validator_stops(tmp_path, cut):
         list(read_columns(str(path), None, e))
 
 
+@pytest.mark.integration
 def test_dqcep_run_gives_the_same_matches_from_every_format(tmp_path):
     """The columnar msgpack, Parquet, JSON Lines and CSV paths of ``dqcep run``, on a
     stream with every imperfection of the generator."""
@@ -161,7 +163,7 @@ def parquet_tables(draw):
 
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(tables=st.lists(parquet_tables(), min_size=1, max_size=3))
 def test_parquet_files_fast_path_equals_the_validator(tmp_path_factory, tables):
     import pyarrow.parquet as pq
@@ -220,7 +222,7 @@ def json_lines(draw):
 
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(lines=st.lists(json_lines(), max_size=12), block=st.sampled_from([32, 200, 1 << 22]),
        last_newline=st.booleans())
 def test_json_lines_fast_path_equals_the_validator(tmp_path_factory, lines, block,
@@ -250,6 +252,7 @@ def test_a_line_that_opens_no_object_goes_to_the_validator(tmp_path):
     assert ids == [1]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_a_small_text_file_is_read_without_pyarrow(tmp_path, fmt):
     """Below FAST_PATH_MIN_BYTES the validator reads the file: `dqcep run` on a small
@@ -265,7 +268,7 @@ def test_a_small_text_file_is_read_without_pyarrow(tmp_path, fmt):
     small.write_text("\n".join(rows[:50]) + "\n")
     large.write_text("\n".join(rows) + "\n")
     assert small.stat().st_size < FAST_PATH_MIN_BYTES <= large.stat().st_size
-    probe = ("import sys; from tests.test_columnar import engine; "
+    probe = ("import sys; from tests.support.msgpack_payloads import engine; "
              "from dqcep.io.columnar import read_columns; "
              "p = list(read_columns(sys.argv[1], None, engine())); "
              "print(sum(isinstance(x, tuple) for x in p), 'pyarrow' in sys.modules)")
@@ -325,7 +328,7 @@ def csv_files(draw):
     return text.encode("utf-8") + (b"\xff\n" if draw(st.integers(0, 30)) == 1 else b"")
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=csv_files(), block=st.sampled_from([16, 64, 1 << 22]))
 def test_csv_fast_path_equals_the_validator(tmp_path_factory, data, block):
     import dqcep.io.columnar as columnar

@@ -12,8 +12,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from tests.conftest import free_port
-from tests.test_service import Service, expected_matches, gen_args
+from tests.support.broker import free_port
+from tests.support.service import Service, expected_matches, gen_args
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -38,6 +38,7 @@ def as_rows(json_lines: str, with_returns: bool = False):
     return sorted(out)
 
 
+@pytest.mark.integration
 def test_matches_land_in_a_sqlite_table_as_the_json_output_has_them(tmp_path):
     args = ("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl")
     expected = as_rows((EXAMPLES / "fire-expected.jsonl").read_text())
@@ -94,6 +95,7 @@ def test_the_postgresql_password_comes_from_the_environment(postgres_server):
     assert len(table_rows(url.replace("alice@", "dqcep@"))) == 9
 
 
+@pytest.mark.integration
 def test_kleene_lists_are_json_arrays_in_the_events_column(tmp_path, database_url):
     events = tmp_path / "iot.jsonl"
     assert dqcep("generate", "-n", 3000, "--seed", 3, "--quiet", "-o", events).returncode == 0
@@ -106,6 +108,7 @@ def test_kleene_lists_are_json_arrays_in_the_events_column(tmp_path, database_ur
     assert any(isinstance(v, list) for _, _, ev in got for v in json.loads(ev).values())
 
 
+@pytest.mark.integration
 def test_bad_database_outputs_are_one_line_errors(tmp_path):
     args = ("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl",
             "--output")
@@ -178,7 +181,7 @@ def table_rows(url: str, table: str = "matches") -> list[tuple]:
         return conn.execute(f'SELECT * FROM "{table}"').fetchall()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def database_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'alerts.db'}"
@@ -242,7 +245,7 @@ def test_a_crash_after_the_end_of_stream_was_written_repeats_no_held_match(tmp_p
     """In-process: the matches held for a trailing NOT are written at the end of the
     stream, then the service dies before its checkpoint. The restart replays the
     journal and the end of the stream without writing: each match once."""
-    from tests.test_service_faults import config, iot_payloads, journal_payloads
+    from tests.support.journal_service import config, iot_payloads, journal_payloads
     from dqcep.events import event_from_mapping
     from dqcep.lang import parse_file
     from dqcep.reference import ReferenceMatcher
@@ -282,7 +285,7 @@ def test_the_service_waits_out_a_postgresql_outage(mosquitto, tmp_path):
     """The server goes away mid-stream: the service says so, goes back to its
     checkpoint and retries; when the server is back the table ends with exactly the
     reference matcher's matches, each once."""
-    from tests.postgres import PostgresServer
+    from tests.support.postgres import PostgresServer
     host, port = mosquitto
     url = f"mqtt://{host}:{port}/dqcep/outage"
     want, n_events = expected_matches(30_000, tmp_path)
@@ -316,7 +319,7 @@ def test_a_match_held_at_a_pause_after_an_end_of_stream_is_written(tmp_path, dat
     NOT, no row written since. The restart used to end the stream again while
     catching up, without writing: the held match was counted and lost. It is the
     checkpoint's own state (past the recorded end of stream), nothing to catch up."""
-    from tests.test_service_faults import config, finish, journal_payloads, run_once
+    from tests.support.journal_service import config, finish, journal_payloads, run_once
     queries = tmp_path / "held.cep"
     queries.write_text("QUERY dry PATTERN SEQ(Temperature t, NOT Humidity h) WHERE [room] "
                        "WITHIN 5 s")
@@ -378,7 +381,7 @@ def test_a_deleted_or_older_output_database_is_refused_with_how_to_recover(tmp_p
     journal: exactly the reference's rows."""
     import re
     import shutil
-    from tests.test_service_faults import (config, finish, iot_payloads, journal_payloads,
+    from tests.support.journal_service import (config, finish, iot_payloads, journal_payloads,
                                            run_once)
     from dqcep.io.checkpoint import CheckpointError
     from dqcep.events import event_from_mapping

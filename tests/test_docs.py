@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+# Each test here starts processes or a broker: the quick run leaves them out.
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("dqcep", "python3", "pip", "sh", "spark-submit", "psql")
@@ -33,6 +36,8 @@ PROGRAMS = ("dqcep", "python3", "pip", "sh", "spark-submit", "psql")
 NOT_RUN = [
     (r"^python3 -m pytest -q -n auto --dist loadgroup$",
      "the test suite itself (what runs this test)"),
+    (r"^python3 -m pytest .*-m \"not integration\"", "the suite's quick subset (this "
+     "test is left out of it; the full suite holds every test it runs)"),
     (r"^dqcep experiment all --out", "the full sizes take 3-4 min; the --quick form runs "
      "the same code"),
     (r"^dqcep experiment all --quick --out results/$", "tests/test_experiments.py runs "
@@ -317,7 +322,7 @@ def test_operations_commands_against_a_broker(mosquitto, tmp_path):
     ports: the service with --http, `dqcep status` printing the summary it shows (line
     by line, its figures this run's), and the same with a token on 0.0.0.0, where
     reading without the token is refused."""
-    from tests.conftest import free_port
+    from tests.support.broker import free_port
     host, port = mosquitto
     http = free_port()
     shown = shown_commands(ROOT / "docs" / "operations.md")
@@ -381,7 +386,7 @@ def test_worker_commands_against_a_broker(tmp_path):
     another test's service left on the shared broker (client id dqcep-engine,
     sensors/#), and a later service of that id would take those events first and drop
     its own of the same ids as repeats."""
-    from tests.conftest import free_port, start_mosquitto, stop_mosquitto
+    from tests.support.broker import free_port, start_mosquitto, stop_mosquitto
     host, port = "127.0.0.1", free_port()
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(f"listener {port} {host}\nallow_anonymous true\npersistence false\n"

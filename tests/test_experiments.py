@@ -10,6 +10,11 @@ import pytest
 
 from dqcep.experiments import point
 
+# Each test here starts processes: the quick run leaves them out. The tests of the
+# quick run share one process: its fixture (a minute of experiments) runs once per test
+# process under pytest-xdist.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("experiments")]
+
 MEASURED = {"seconds_median", "seconds_min", "seconds_max", "events_per_s", "p50_ms",
             "p99_ms", "rss_base_bytes", "rss_peak_bytes", "rss_growth_bytes"}
 
@@ -21,11 +26,6 @@ def rows(path):
 
 def fixed(rows_):
     return [{k: v for k, v in r.items() if k not in MEASURED} for r in rows_]
-
-
-# The tests of the quick run share one process: its fixture (a minute of experiments)
-# runs once per test process under pytest-xdist.
-pytestmark = pytest.mark.xdist_group("experiments")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,10 @@ from dqcep.io.mapping import TopicMap, derived_id
 from dqcep.io.mqtt import MqttSource, MqttUrl
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
-from tests.test_workers import Workers
+from tests.support.service import Workers
+
+# Each test here starts processes or a broker: the quick run leaves them out.
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "examples" / "sensors.cep"
@@ -207,7 +210,7 @@ def test_publish_and_generate_send_device_shapes_the_service_maps_back(mosquitto
     import subprocess
     import sys
 
-    from tests.conftest import subscribed
+    from tests.support.broker import subscribed
     host, port = mosquitto
     iot = ROOT / "dqcep" / "data" / "iot.cep"
     gen = [sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n", "3000",

@@ -21,7 +21,7 @@ from dqcep.generator import (GeneratorConfig, Imperfections, IotConfig, Planting
                        UniformConfig, generate)
 from dqcep.generator.config import load_scenario
 from dqcep.generator.profiles import SENSORS, StockConfig, StockProfile
-from tests.conftest import subscribed
+from tests.support.broker import subscribed
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPERFECT = Imperfections(out_of_order=0.1, slack=300, late=0.02, late_max=2000,
@@ -64,6 +64,7 @@ def test_chunk_size_does_not_change_the_events(profile):
     assert len(np.unique(ref.id)) == 150_000
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fmt", ["jsonl", "msgpack", "csv", "parquet"])
 def test_same_arguments_same_bytes(tmp_path, fmt):
     args = ["--profile", "iot", "-n", 30_000, "--seed", 5, "--format", fmt, "--quiet",
@@ -77,6 +78,7 @@ def test_same_arguments_same_bytes(tmp_path, fmt):
     assert c.read_bytes() != a.read_bytes()  # another seed, another stream
 
 
+@pytest.mark.integration
 def test_stdout_equals_file(tmp_path):
     out = tmp_path / "e.jsonl"
     cli("--profile", "stock", "-n", 2000, "--quiet", "-o", out)
@@ -186,6 +188,7 @@ def test_planted_occurrences_are_found_by_the_reference_matcher(tmp_path):
     assert g.summary.planted_events >= len(planted_ids)
 
 
+@pytest.mark.integration
 def test_planting_cli_writes_ground_truth(tmp_path):
     out = tmp_path / "s.jsonl"
     r = cli("--profile", "iot", "-n", 10_000, "--plant", ROOT / "dqcep" / "data" / "iot.cep",
@@ -195,6 +198,7 @@ def test_planting_cli_writes_ground_truth(tmp_path):
     assert f"{len(truth)} occurrences" in r.stderr.decode()
 
 
+@pytest.mark.integration
 def test_planting_errors_are_user_errors(tmp_path):
     r = cli("--profile", "uniform", "-n", 10, "--plant", ROOT / "dqcep" / "data" / "iot.cep",
             "-o", tmp_path / "x.jsonl", check=False)
@@ -213,6 +217,7 @@ def test_planting_errors_are_user_errors(tmp_path):
 # ----------------------------------------------------------------- imperfections
 
 
+@pytest.mark.integration
 def test_imperfection_fractions_as_set(tmp_path):
     out = tmp_path / "s.msgpack"
     n = 100_000
@@ -249,6 +254,7 @@ def _summary_counts(stderr: str) -> dict[str, int]:
 # ---------------------------------------------------------------------- formats
 
 
+@pytest.mark.integration
 def test_every_format_decodes_to_the_same_events(tmp_path):
     cfg = GeneratorConfig(profile="iot", events=3_000, seed=12)
     expect = whole(generate(cfg)).to_events()
@@ -265,6 +271,7 @@ def test_every_format_decodes_to_the_same_events(tmp_path):
     assert table[0]["room"] == expect[0].attrs["room"]
 
 
+@pytest.mark.integration
 def test_msgpack_payloads_are_batches_of_batch_size(tmp_path):
     out = tmp_path / "e.msgpack"
     cli("--profile", "uniform", "-n", 2500, "--batch-size", 1000, "--quiet", "-o", out)
@@ -320,8 +327,9 @@ def test_publish_to_mosquitto_every_event_arrives(mosquitto, tmp_path):
         assert undecodable == broken        # those arrive as payloads that do not decode
 
 
+@pytest.mark.integration
 def test_mqtt_errors(tmp_path):
-    from tests.conftest import free_port
+    from tests.support.broker import free_port
     r = cli("-n", 10, "-o", f"mqtt://127.0.0.1:{free_port()}/t", "--quiet", check=False)
     assert r.returncode == 2 and b"cannot connect to the MQTT broker" in r.stderr
     r = cli("-n", 10, "-o", "mqtt://127.0.0.1:1883/", check=False)
@@ -330,6 +338,7 @@ def test_mqtt_errors(tmp_path):
     assert r.returncode == 2 and b"MQTT output is msgpack" in r.stderr
 
 
+@pytest.mark.integration
 def test_scenario_file_and_its_errors(tmp_path):
     sc = tmp_path / "s.toml"
     sc.write_text('profile = "uniform"\nevents = 500\nseed = 3\n[uniform]\ntypes = 2\n'
@@ -352,6 +361,7 @@ def test_scenario_file_and_its_errors(tmp_path):
     assert r.returncode == 2 and b"invalid JSON" in r.stderr
 
 
+@pytest.mark.integration
 def test_planting_the_bundled_queries_needs_no_plant_every(tmp_path):
     """The default spacing follows the queries' windows (it was a fixed 10 s, which
     iot.cep's 1-minute negation refused; issue 15, item 5)."""

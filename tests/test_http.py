@@ -18,8 +18,11 @@ import pytest
 from dqcep.errors import UserError
 from dqcep.lang import parse_file
 from dqcep.service.http import Board, HttpAccess, _App, http_access, parse_bind
-from tests.conftest import free_port
-from tests.test_service import QUERIES, Service, gen_args
+from tests.support.broker import free_port
+from tests.support.service import QUERIES, Service, gen_args
+
+# Each test here starts processes or a broker: the quick run leaves them out.
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "t0ken-for-the-tests-0123456789"
@@ -251,7 +254,7 @@ def http_service(mosquitto, tmp_path):
                                            "--duplicates", "0.01", "--malformed", "0.005"]),
                          capture_output=True)
     assert pub.returncode == 0, pub.stderr
-    from tests.test_service import publish_all
+    from tests.support.service import publish_all
     publish_all(host, port, "dqcep/http", [b"\xc1 not msgpack", b'{"id": 1}'])
     base = f"http://127.0.0.1:{http}/"
     yield svc, base, n
@@ -503,7 +506,7 @@ class LiveRun:
                           str(self.token), *extra]
 
     def publish(self, part: int) -> None:
-        from tests.test_service import publish_all
+        from tests.support.service import publish_all
         publish_all(*self.broker, self.topic, batches_of(self.phases[part]), "live-pub")
         self.svc.wait_for(sum(len(p) for p in self.phases[:part + 1]))
 

@@ -1,6 +1,5 @@
 """The ingest kernels through their Python API: ColumnDecoder against the
 validator (one set of rules), strict UTF-8, BytesTable and RecentIds."""
-import struct
 from collections import deque
 
 import msgpack
@@ -11,85 +10,10 @@ from hypothesis import strategies as st
 
 from dqcep._kernels.msgpack_decode import BytesTable, ColumnDecoder, is_utf8
 from dqcep._kernels.recent_ids import RecentIds
-from dqcep.events import TS_LIMIT
 from dqcep.io.payloads import decode_payload
-from dqcep.lang import parse
-from dqcep.plan import build_plan
 from dqcep.runtime import Engine
-
-QUERY = "PATTERN SEQ(A a, B b) WHERE a.p = b.q AND a.s = 'x' AND b.ok = true WITHIN 10"
-
-
-def engine() -> Engine:
-    return Engine(build_plan(parse(QUERY).queries))
-
-
-# ------------------------------------------------------------------ payloads
-
-KEYS = st.sampled_from(["type", "ts", "id", "events", "p", "q", "s", "ok", "other", "é"])
-GOOD_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6),
-    st.sampled_from(["x", "A", "B", "", "ü"]))
-ANY_VALUES = st.one_of(
-    GOOD_VALUES, st.floats(), st.binary(max_size=3), st.lists(st.integers(-9, 9), max_size=2),
-    st.dictionaries(st.text(max_size=2), st.integers(-9, 9), max_size=2),
-    st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=2)))
-
-
-def raw_str(data: bytes) -> bytes:
-    """A msgpack str whose bytes may not be UTF-8 (msgpack.packb cannot write that)."""
-    return (bytes([0xA0 | len(data)]) if len(data) < 32 else b"\xd9" + bytes([len(data)])) + data
-
-
-@st.composite
-def event_pairs(draw, good: bool):
-    """Packed key/value pairs of one event map (repeated and odd keys allowed)."""
-    pairs = []
-    if good or draw(st.integers(0, 5)) > 0:
-        pairs = [("type", draw(st.sampled_from(["A", "B", "C", "Ünknown"]))),
-                 ("ts", draw(st.integers(-TS_LIMIT, TS_LIMIT) if good else
-                             st.integers(-2**63, 2**63 - 1))),
-                 ("id", draw(st.integers(-2**63, 2**63 - 1)))]
-        if not good and draw(st.integers(0, 3)) == 0:  # one required field left out
-            del pairs[draw(st.integers(0, 2))]
-        pairs += draw(st.lists(st.tuples(st.sampled_from(["p", "q", "s", "ok", "other"]),
-                                         GOOD_VALUES), max_size=5))
-    packed = [msgpack.packb(k) + msgpack.packb(v) for k, v in pairs]
-    if not good:  # odd pairs; where a key repeats, the last one counts
-        odd_keys = st.one_of(KEYS, KEYS, KEYS, st.integers(0, 3), st.binary(max_size=2))
-        packed += [msgpack.packb(k) + msgpack.packb(v) for k, v in draw(st.lists(st.tuples(
-            odd_keys, st.one_of(GOOD_VALUES, GOOD_VALUES, ANY_VALUES)), max_size=2))]
-        if draw(st.integers(0, 3)) == 0:  # a float32 value
-            packed.append(msgpack.packb(draw(KEYS)) + b"\xca"
-                          + struct.pack(">f", draw(st.floats(width=32))))
-        if draw(st.integers(0, 5)) == 0:  # a string that is not UTF-8
-            packed.append(msgpack.packb(draw(KEYS))
-                          + raw_str(draw(st.binary(min_size=1, max_size=4))))
-    draw(st.randoms()).shuffle(packed)
-    return msgpack.Packer().pack_map_header(len(packed)) + b"".join(packed)
-
-
-@st.composite
-def payloads(draw, good: bool = False):
-    events = draw(st.lists(event_pairs(good), max_size=5 if good else 3))
-    shape = draw(st.sampled_from(["batch", "single"] if good else
-                                 ["batch", "batch", "batch", "single", "extra", "trailing", "cut", "bytes"]))
-    if shape == "bytes":
-        return draw(st.binary(max_size=40))
-    if shape == "single" and events:
-        body = events[0]
-    else:
-        body = (b"\x81" + msgpack.packb("events")
-                + msgpack.Packer().pack_array_header(len(events)) + b"".join(events))
-    if shape == "extra":  # a batch with one more key
-        body = b"\x82" + body[1:] + msgpack.packb("type") + msgpack.packb("A")
-    if shape == "trailing":
-        body += b"\xc0"
-    if shape == "cut":
-        body = body[:draw(st.integers(0, max(0, len(body) - 1)))]
-    return body
-
+from tests.support.examples import examples
+from tests.support.msgpack_payloads import engine, payloads
 
 def slow_columns(e: Engine, payload: bytes):
     events, rejected = decode_payload(payload)
@@ -102,7 +26,7 @@ def assert_same(fast, slow):
         assert np.array_equal(a, b), name
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(payloads(good=True), min_size=1, max_size=4))
 def test_well_formed_payloads_take_the_fast_path_with_the_validators_result(batch):
     e = engine()
@@ -115,7 +39,7 @@ def test_well_formed_payloads_take_the_fast_path_with_the_validators_result(batc
     assert dec.rows == 0
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=list(HealthCheck))
 @given(payloads())
 def test_the_fast_path_accepts_only_what_the_validator_accepts(payload):
     e = engine()
@@ -201,7 +125,7 @@ def test_bytes_table_grows_and_overwrites(hash_bits):
 
 # ---------------------------------------------------------------- RecentIds
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 9), st.lists(st.lists(st.integers(-5, 30), max_size=12), max_size=8))
 def test_recent_ids_agrees_with_a_deque_and_a_set(capacity, batches):
     r, order, seen = RecentIds(capacity), deque(), set()
@@ -246,6 +170,7 @@ def test_the_decoder_and_the_validator_share_the_range_of_event_times():
         assert bool(got) == ok and (ok or "range of event times" in rejected[0].reason)
 
 
+@pytest.mark.integration
 def test_a_failed_growth_is_a_memory_error_and_the_decoder_lives_on():
     """The one checked allocator (_alloc.pxd grow): under an address-space limit a
     decoder that cannot grow raises MemoryError, keeps its blocks, and decodes the
@@ -254,8 +179,6 @@ def test_a_failed_growth_is_a_memory_error_and_the_decoder_lives_on():
     import sys
     code = """
 import resource, msgpack
-from dqcep.lang import parse
-from dqcep.plan import build_plan
 from dqcep.runtime import Engine
 e = Engine(build_plan(parse("PATTERN SEQ(A a, B b) WHERE a.p = b.q WITHIN 10").queries))
 dec = e.column_decoder()

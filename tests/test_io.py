@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from dqcep.events import Event
 from dqcep.io.readers import EventInputError, read_events
 from dqcep.errors import UserError
+from tests.support.examples import examples
 
 
 def events(path, fmt=None):
@@ -125,7 +126,7 @@ def test_format_selection(tmp_path):
         events(p2)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.lists(st.tuples(
     st.integers(-2**63, 2**63 - 1), st.lists(st.integers(-1, 2**63 - 1), min_size=3,
                                              max_size=3)), max_size=6)), max_size=4))
@@ -143,6 +144,7 @@ def test_match_lines_writes_what_match_line_writes(parts):
                                                   for m in batch.to_matches())
 
 
+@pytest.mark.integration
 def test_parquet_reads_what_the_generator_wrote(tmp_path):
     import subprocess
     import sys
@@ -235,7 +237,7 @@ def test_background_sink_keeps_the_order_and_raises_a_failed_write():
     assert inner.got == [[0], [1], [2]] and inner.closed and not sink.thread.is_alive()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(st.tuples(
     st.integers(-2**63, 2**63 - 1), st.lists(st.integers(-1, 2**63 - 1), min_size=2, max_size=2),
     st.lists(st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=5), min_size=2,
@@ -261,6 +263,7 @@ def test_match_lines_writes_kleene_lists_as_match_line_does(parts):
                                                   for m in batch.to_matches())
 
 
+@pytest.mark.integration
 def test_a_walked_directory_leaves_out_the_generators_ground_truth(tmp_path):
     """docs/spark.md's quick start generates events/iot.msgpack with its ground truth
     beside it (events/iot.msgpack.truth.jsonl); `dqcep spark run --input events/` read

@@ -98,6 +98,7 @@ while True:
 """
 
 
+@pytest.mark.integration
 def test_sigkill_loses_nothing_committed(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)],
                             stdout=subprocess.PIPE, text=True)

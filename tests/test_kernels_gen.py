@@ -9,6 +9,7 @@ from hypothesis.extra import numpy as hnp
 from dqcep._kernels.walk import reflected_walk
 from dqcep.batch import MISSING_INT, EventBatch, Malformed, Schema
 from dqcep.io.event_writers import BAD_TS, BatchEncoder
+from tests.support.examples import examples
 
 SCHEMA = Schema(("A", "Bee", "x" * 40), (("f", "float"), ("n", "int"), ("room", "str"),
                                          ("ok", "bool")),
@@ -51,7 +52,7 @@ def reference_payloads(batch, size):
     return [msgpack.packb({"events": events[i:i + size]}) for i in range(0, len(events), size)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(batches(), st.sampled_from([1, 7, 15, 16, 17, 1000]))
 def test_msgpack_kernel_writes_exactly_what_msgpack_writes(batch, size):
     buf, ends = BatchEncoder(SCHEMA, "msgpack", size).msgpack_payloads(batch)

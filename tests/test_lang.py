@@ -10,7 +10,8 @@ from dqcep.lang import QueryError, ast, file_to_source, parse, parse_file, to_so
 from dqcep.lang.ast import (Aggregate, AttrRef, Binary, Boolean, EventPattern, Equivalence,
                             Kleene, Negation, Number, Operator, String, Unary, conjuncts,
                             kleene_vars, positive_vars, walk_expr)
-from tests.strategies import IDENT, kleene_queries, queries, query_files
+from tests.support.strategies import IDENT, kleene_queries, queries, query_files
+from tests.support.examples import examples
 
 FIRE = """QUERY fire
 PATTERN SEQ(Temperature t, NOT Rain r, AND(Smoke s, OR(Alarm a, Door d)))
@@ -237,7 +238,7 @@ def test_printer_never_writes_a_comment_marker():
     assert one(text) == q
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 @given(queries(), st.sampled_from([None, *ast.POLICIES]))
 def test_round_trip_query(q, policy):
     q = dataclasses.replace(q, after_match=policy)
@@ -245,7 +246,7 @@ def test_round_trip_query(q, policy):
     assert one(text) == q, text
 
 
-@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), suppress_health_check=[HealthCheck.too_slow])
 @given(query_files())
 def test_round_trip_file(f):
     again = parse(file_to_source(f))
@@ -297,13 +298,13 @@ def parse_or_positioned_error(text):
         assert str(err).startswith(f"fuzz.cep:{err.line}:{err.col}: ")
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(st.text(max_size=120))
 def test_fuzz_random_text(text):
     parse_or_positioned_error(text)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(st.lists(st.sampled_from(VOCAB), max_size=40), st.sampled_from([" ", ""]))
 def test_fuzz_token_soup(tokens, sep):
     parse_or_positioned_error(sep.join(tokens))
@@ -327,7 +328,7 @@ def mutated_queries(draw):
     return text
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_queries())
 def test_fuzz_mutated_valid_queries(text):
     parse_or_positioned_error(text)
@@ -439,13 +440,13 @@ def hostile_texts(draw):
     return f"QUERY q\nPATTERN {pattern}\nWHERE {where}\nWITHIN {within}{unit}\n"
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(hostile_texts())
 def test_fuzz_wide_and_deep_queries_run_or_are_refused(text):
     planned_and_run_or_positioned_error(text)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kleene_queries())
 def test_round_trip_kleene_queries(q):
     text = to_source(q)
@@ -528,14 +529,14 @@ def schemas_beside(draw, f: ast.QueryFile):
     return ast.QueryFile(f.source, f.queries, tuple(out))
 
 
-@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_round_trip_file_with_schemas(data):
     f = data.draw(schemas_beside(data.draw(query_files())))
     assert parse(file_to_source(f), "<test>") == f
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(query_files(), st.data())
 def test_a_schema_that_omits_a_read_attribute_is_an_error_there(f, data):
     """Declare a type of a valid file with every attribute the file reads of it but one

@@ -12,6 +12,7 @@ from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.store import EventStore, ListStore
 from dqcep.lang import parse
 from dqcep.runtime.compile import StringDictionary, kleene_sets
+from tests.support.examples import examples
 
 NUM, MISSING = 1, 0
 
@@ -114,7 +115,7 @@ def model(rows, keys, window, pair_ok, first_ok, whole_ok):
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from([1, 0, 1, 2]), st.sampled_from([0, 1]),
                           st.one_of(st.none(), st.integers(0, 4))), min_size=1, max_size=11),
        st.integers(1, 6), st.integers(1, 4), st.sampled_from(["none", "rising", "first", "sum", "each"]))

@@ -33,9 +33,10 @@ from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine, MatchBatch
 from dqcep.runtime.live import change_queries
 from dqcep.runtime.program import Program
-from tests.strategies import (kleene_event_streams, kleene_queries, negation_queries,
+from tests.support.strategies import (kleene_event_streams, kleene_queries, negation_queries,
                               small_event_streams, small_query_files, strategy_queries)
-from tests.test_native import as_set
+from tests.support.engines import as_set
+from tests.support.examples import examples
 
 
 def renamed(q: ast.Query, name: str) -> ast.Query:
@@ -158,7 +159,7 @@ def expected(qs, events, bounds, history):
     return out
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(live_cases(), st.none() | st.integers(0, 5))
 def test_queries_added_and_removed_live_match_their_slices(case, restart):
     qs, events, bounds, history = case

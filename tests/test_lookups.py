@@ -26,9 +26,10 @@ from dqcep.events import Event
 from dqcep.lang import QueryError, ast, file_to_source, parse
 from dqcep.reference import ReferenceMatcher
 from dqcep.tables import StaticTables, snapshot_of
-from tests.conftest import free_port
-from tests.strategies import ATTR_VALUES, outside_sase, small_event_streams, small_query_files
-from tests.test_native import CUTS, MATERIALIZE, as_set, engine_for, split
+from tests.support.broker import free_port
+from tests.support.strategies import ATTR_VALUES, outside_sase, small_event_streams, small_query_files
+from tests.support.engines import CUTS, MATERIALIZE, as_set, engine_for, split
+from tests.support.examples import examples
 
 LITERALS = (ast.Number, ast.String, ast.Boolean)
 TYPE_OF = {ast.Number: ast.DOUBLE, ast.String: ast.STRING, ast.Boolean: ast.BOOL}
@@ -98,7 +99,7 @@ def engines_agree(parsed, events, source, cuts):
     return expected
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data(), small_query_files(), small_event_streams(), CUTS)
 def test_constants_read_from_a_table_match_as_the_constants_do(data, f, events, cuts):
     with_table, table, values = read_from_table(data.draw, f, "id", ast.INT)
@@ -112,7 +113,7 @@ def test_constants_read_from_a_table_match_as_the_constants_do(data, f, events, 
     assert engines_agree(parsed, events, source, cuts) == with_constants
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data(), small_query_files(), small_event_streams(), CUTS,
        st.sampled_from(ast.ATTRIBUTE_TYPES))
 def test_tables_with_missing_rows_and_odd_keys_are_read_alike(data, f, events, cuts,
@@ -134,7 +135,7 @@ ODD_CELLS = [b"x", memoryview(b"x"), {"a": 1}, [1], __import__("datetime").datet
     2026, 11, 27, 10, 0), "\ud800", 2**70, -2**70, math.nan, math.inf]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data(), small_query_files(), small_event_streams(), CUTS,
        st.sampled_from(ast.ATTRIBUTE_TYPES))
 def test_cells_of_unexpected_kinds_read_as_missing_on_every_engine(data, f, events, cuts,
@@ -204,6 +205,7 @@ def rooms_url(request, tmp_path):
     return url
 
 
+@pytest.mark.integration
 def test_dqcep_run_reads_a_lookup_table_alike_on_every_engine(tmp_path, rooms_url):
     """examples/iot-thresholds.cep over a generated stream, the table in SQLite or
     PostgreSQL: the native engine, SASE and the reference give the same matches and
@@ -230,6 +232,7 @@ def test_dqcep_run_reads_a_lookup_table_alike_on_every_engine(tmp_path, rooms_ur
     assert "Temperature: has room AND t.value > rooms(t.room).threshold" in r.stdout, r.stdout
 
 
+@pytest.mark.integration
 def test_a_lookup_table_that_is_not_there_is_one_line(tmp_path):
     queries = tmp_path / "q.cep"
     events = tmp_path / "e.jsonl"
@@ -302,6 +305,7 @@ def test_tables_are_read_again_on_change_or_when_their_refresh_is_due(tmp_path, 
     tables.close()
 
 
+@pytest.mark.integration  # a PostgreSQL server
 def test_lookup_tables_do_not_go_stale(tmp_path):
     """A SQLite lookup file replaced by an atomic rename is read again (its
     data_version watched the old file for ever); a PostgreSQL server restarted under
@@ -312,7 +316,7 @@ def test_lookup_tables_do_not_go_stale(tmp_path):
     import os
     import psycopg
     from dqcep.io.database import CHANGE_READS_S, postgres_target
-    from tests.postgres import PostgresServer
+    from tests.support.postgres import PostgresServer
     load_rooms("sqlite:///rooms.db", tmp_path)
     with PostgresServer() as server:
         pg = server.new_database()
@@ -361,7 +365,7 @@ def test_the_streaming_service_reads_lookup_tables(mosquitto, tmp_path, postgres
     mid-stream: exactly the reference matcher's matches over the same table."""
     from dqcep.events import event_from_mapping
     from dqcep.io.database import DatabaseTables
-    from tests.test_service import Service, gen_args
+    from tests.support.service import Service, gen_args
     load_rooms(postgres, tmp_path)
     queries = tmp_path / "thresholds.cep"
     queries.write_text((EXAMPLES / "iot-thresholds.cep").read_text().replace(

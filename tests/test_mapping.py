@@ -18,6 +18,8 @@ from dqcep.io.ingest import PayloadReader
 from dqcep.io.journal import Record, Refused
 from dqcep.io.mapping import TopicMap, derived_id, filter_matches
 from dqcep.io.payloads import decode_payload, detect_format
+from tests.support.examples import examples
+from tests.support.maps import json_values, rule_values, toml_of
 
 ARRIVAL_US = 1_795_687_200_123_456  # 2026-11-26T10:00:00.123456Z
 ARRIVAL_MS = ARRIVAL_US // 1000
@@ -131,6 +133,7 @@ def test_arrays_epoch_seconds_and_device_ids():
         (2, "rule 4 (lab/#): the time field 't' holds True, no time")]
 
 
+@pytest.mark.integration
 def test_two_devices_that_both_count_from_one_keep_all_their_readings():
     """Issue 49 item 5: with `id = "seq"` two devices each counting 1..50 lost 50 of 100
     readings as repeats. A device's number is unique on its topic: the same number on
@@ -230,38 +233,14 @@ def test_events_ahead_of_their_arrival_are_rejected():
     assert reader.read(rec("t", json.dumps(ahead).encode(), arrival=None))[0]  # unknown
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["value", "t", "id", "ts", "type", "a", "a_b", "seq"]) | st.text(
-            max_size=3), inner, max_size=4), max_leaves=12)
-rule_values = st.fixed_dictionaries({"filter": st.sampled_from(["s/+/+", "s/#", "#", "x"])}, optional={
-    "levels": st.sampled_from(["_/room/type", "a", "_/type", "type/a/b"]),
-    "format": st.sampled_from(["json", "msgpack", "value"]),
-    "ts": st.sampled_from(["t", "a.b", "value"]),
-    "ts_unit": st.sampled_from(["s", "ms", "us", "ns", "iso8601"]),
-    "type": st.sampled_from(["T", "U"]),
-    "rename": st.dictionaries(st.sampled_from(["a", "value", "a.b"]), st.sampled_from(
-        ["x", "y", "value"]), max_size=2),
-    "id": st.sampled_from(["seq", "id"])})
-
-
-def _toml(rules) -> str:
-    def lit(v):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {lit(x)}" for k, x in v.items()) + " }" \
-            if isinstance(v, dict) else json.dumps(v)
-    return "\n".join("[[topic]]\n" + "\n".join(f"{k} = {lit(v)}" for k, v in r.items())
-                     for r in rules)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rules=st.lists(rule_values, min_size=1, max_size=3),
        topic=st.sampled_from(["s/r1/T", "s/r1", "x", "y/z", "s/r2/U/extra"]),
        body=json_values, shape=st.sampled_from(["json", "msgpack", "raw"]),
        arrival=st.none() | st.just(ARRIVAL_US))
 def test_random_maps_and_payloads_map_or_say_why(rules, topic, body, shape, arrival):
     try:
-        topic_map = TopicMap.parse(_toml(rules))
+        topic_map = TopicMap.parse(toml_of(rules))
     except UserError:
         return  # a map refused with its reason (levels that do not fit the filter)
     if shape == "json":
@@ -279,6 +258,7 @@ def test_random_maps_and_payloads_map_or_say_why(rules, topic, body, shape, arri
     assert events or bad or body == []  # mapped (an empty array: no event) or rejected
 
 
+@pytest.mark.integration
 def test_a_map_nested_too_deeply_is_refused_with_a_line_not_a_traceback(tmp_path):
     """Issue 49 item 17: a deeply nested TOML map raised RecursionError (exit 1)."""
     deep = tmp_path / "deep.toml"

@@ -10,7 +10,6 @@ included. On section 5
 its subset.
 """
 import json
-import random
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,127 +23,31 @@ from dqcep.lang import QueryError, ast, file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine, run_events
-from dqcep.runtime.adapt import OTHER, AdaptiveEngine
 from dqcep.runtime.program import Program
-from tests.strategies import (ATTR_VALUES, SMALL_TYPES, chain_queries, kleene_event_streams,
+from tests.support.strategies import (ATTR_VALUES, SMALL_TYPES, chain_queries, kleene_event_streams,
                               kleene_queries, negation_queries, neighbour_queries,
                               outside_sase, small_event_streams, small_query_files,
                               strategy_event_streams, strategy_queries)
+from tests.support.examples import examples
+from tests.support.engines import (CUTS, MATERIALIZE, as_set, bursty_streams, check, engine_for,
+                                   native, snapshot_at, split)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def as_set(matches):
-    out = [(m.query, m.events, m.detected_at) for m in matches]
-    assert len(out) == len(set(out)), "a match was emitted twice"
-    return set(out)
-
-
-# joins kept / built on demand / chains / an adaptive engine moving its queries between
-# joins and a chain after random batches (RandomSwitches)
-SWITCHING = "switching"
-MATERIALIZE = ("always", "on-demand", "chain", SWITCHING)
-
-
-class RandomSwitches(AdaptiveEngine):
-    """An adaptive engine that, instead of measuring, moves each switchable query to
-    its other construction with probability 1/2 after every batch (``seed``)."""
-
-    def __init__(self, queries, seed: int = 0, **kwargs):
-        super().__init__(queries, adapt=False, **kwargs)
-        self.rnd = random.Random(seed)
-        self.moves = 0
-
-    def process(self, events):
-        out = super().process(events)
-        for name, now in self.constructions.items():
-            if self.rnd.random() < 0.5:
-                self.moves += self.switch(name, OTHER[now])
-        return out
-
-
-def engine_for(queries, lateness=0, materialize="always", seed=0, **kwargs) -> Engine:
-    """An engine of ``queries`` under a ``MATERIALIZE`` mode (``kwargs``: schemas,
-    tables, lookup_source, budget)."""
-    if materialize == SWITCHING:
-        return RandomSwitches(queries, seed, lateness=lateness, **kwargs)
-    plan = build_plan(queries, materialize=materialize, schemas=kwargs.pop("schemas", ()),
-                      tables=kwargs.pop("tables", ()))
-    return Engine(plan, lateness, **kwargs)
-
-
-def native(queries, batches, lateness=0, materialize="always"):
-    engine = engine_for(queries, lateness, materialize,
-                        seed=sum(e.id * (i + 1) for i, b in enumerate(batches) for e in b))
-    out = engine.process([])
-    for b in batches:
-        out += engine.process(b)
-    out += engine.flush()
-    return as_set(out.to_matches())
-
-
-def split(events, cuts, shuffle_seed=None):
-    """Events in ts order, cut into batches; each batch optionally shuffled."""
-    events = sorted(events, key=lambda e: (e.ts, e.id))
-    bounds = sorted({0, len(events), *[c % (len(events) + 1) for c in cuts]})
-    batches = [events[a:b] for a, b in zip(bounds, bounds[1:])]
-    if shuffle_seed is not None:
-        rnd = random.Random(shuffle_seed)
-        for b in batches:
-            rnd.shuffle(b)
-    return batches
-
-
-def sase(queries, batches, lateness=0):
-    engine = SaseEngine(queries, lateness)
-    out = engine.process([])
-    for b in batches:
-        out += engine.process(b)
-    out += engine.flush()
-    return as_set(out.to_matches())
-
-
-def check(queries, events, cuts=(), shuffle_seed=None, baseline=False):
-    """Native (and with ``baseline`` the SASE baseline, for queries in its subset) ==
-    reference, on the stream cut at ``cuts``, each batch shuffled by ``shuffle_seed``."""
-    expected = as_set(ReferenceMatcher(queries).run(events))
-    batches = split(events, cuts, shuffle_seed)
-    # a shuffled batch is out of order by up to its ts span: a lateness covering it
-    lateness = max((max(e.ts for e in b) - min(e.ts for e in b) for b in batches if b),
-                   default=0) if shuffle_seed is not None else 0
-    for materialize in MATERIALIZE:
-        assert native(queries, batches, lateness, materialize) == expected, materialize
-    if baseline and not any(map(outside_sase, queries)):
-        assert sase(queries, batches, lateness) == expected
-
-
-@st.composite
-def bursty_streams(draw, max_events=14):
-    """Bursts of equal timestamps and long gaps between them."""
-    out, t = [], 0
-    for i in range(draw(st.integers(0, max_events))):
-        t += draw(st.sampled_from([0, 0, 0, 1, 2, 7, 40]))
-        attrs = {a: draw(ATTR_VALUES) for a in ("p", "q") if draw(st.booleans())}
-        out.append(Event(i + 1, draw(SMALL_TYPES), t, attrs))
-    return out
-
-
-CUTS = st.lists(st.integers(0, 40), max_size=4)
-
-
-@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), small_event_streams(), CUTS, st.none() | st.integers(0, 9))
 def test_native_matches_reference(f, events, cuts, shuffle):
     check(parse(file_to_source(f)).queries, events, cuts, shuffle)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(negation_queries(), small_event_streams(), CUTS)
 def test_native_matches_reference_on_negations(q, events, cuts):
     check(parse(file_to_source(ast.QueryFile("<t>", (q,)))).queries, events, cuts)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(chain_queries(), min_size=1, max_size=3), strategy_event_streams(), CUTS,
        st.none() | st.integers(0, 9))
 def test_seq_chains_built_on_demand_match_reference(qs, events, cuts, shuffle):
@@ -175,7 +78,7 @@ def chain_files():
         small_query_files()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(chain_files(), strategy_event_streams(), CUTS, st.sampled_from([0, 2, 8]))
 def test_the_join_pipeline_agrees_with_the_vertices_one_by_one(f, events, cuts, budget):
     """A plan of EVENT vertices and joins runs each slice in one call (JoinPipeline):
@@ -254,7 +157,7 @@ def test_the_join_pipeline_runs_plans_of_joins_alone():
     assert pipeline("QUERY a PATTERN SEQ(A a, B b, C c) WITHIN 5 s", "on-demand") is None
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=list(HealthCheck))
 @given(chain_queries(), strategy_event_streams(), st.integers(0, 20), st.integers(0, 3))
 def test_snapshot_with_joins_built_on_demand(q, events, cut, lateness):
     """Snapshot mid-stream with the inputs of on-demand joins in their queues, restore
@@ -264,13 +167,13 @@ def test_snapshot_with_joins_built_on_demand(q, events, cut, lateness):
         as_set(ReferenceMatcher(queries).run(events))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), bursty_streams(), CUTS)
 def test_native_matches_reference_on_bursts_and_gaps(f, events, cuts):
     check(parse(file_to_source(f)).queries, events, cuts)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), small_event_streams(), st.randoms(use_true_random=False))
 def test_reorder_buffer_restores_event_time_order(f, events, rnd):
     """Fed in any order with a lateness covering the disorder, nothing is lost."""
@@ -283,7 +186,7 @@ def test_reorder_buffer_restores_event_time_order(f, events, rnd):
         assert native(queries, batches, 100, materialize) == expected, materialize
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), small_event_streams(), st.randoms(use_true_random=False),
        st.integers(0, 6), CUTS)
 def test_late_events_and_matches_do_not_depend_on_batching(f, events, rnd, lateness, cuts):
@@ -326,7 +229,7 @@ REGRESSIONS = [
 ]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
 @given(kleene_queries(), kleene_event_streams(), CUTS, st.none() | st.integers(0, 9))
 def test_native_matches_reference_on_kleene_items(q, events, cuts, shuffle):
     """Kleene items under every strategy (spec 5.1): every list, with iteration,
@@ -335,7 +238,7 @@ def test_native_matches_reference_on_kleene_items(q, events, cuts, shuffle):
     check([q], events, cuts, shuffle, baseline=True)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=list(HealthCheck))
 @given(kleene_queries(), kleene_event_streams(), st.integers(0, 20))
 def test_snapshot_inside_kleene_runs_restores_every_list(q, events, cut):
     """Snapshot after a cut (lists open inside the Kleene item), restore into a fresh
@@ -358,7 +261,7 @@ def dense_streams(draw, max_events=13):
     return out
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(neighbour_queries() | kleene_queries(strategies=(ast.ANY_MATCH,)), dense_streams(),
        CUTS, st.none() | st.integers(0, 9))
 def test_chains_match_reference_on_kleene_items(q, events, cuts, shuffle):
@@ -369,7 +272,7 @@ def test_chains_match_reference_on_kleene_items(q, events, cuts, shuffle):
     check([q], events, cuts, shuffle)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=list(HealthCheck))
 @given(neighbour_queries() | chain_queries(), dense_streams(), st.integers(0, 20),
        st.integers(0, 3))
 def test_snapshot_inside_chains_restores_their_stacks(q, events, cut, lateness):
@@ -380,7 +283,7 @@ def test_snapshot_inside_chains_restores_their_stacks(q, events, cut, lateness):
         as_set(ReferenceMatcher([q]).run(events))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=list(HealthCheck))
 @given(neighbour_queries() | kleene_queries(), dense_streams(), CUTS)
 def test_run_vertices_take_a_batch_in_slices(q, events, cuts):
     """A RUN vertex (runs, chains) steps through a batch RUN_SLICE events at a time,
@@ -433,24 +336,7 @@ def test_a_restored_chain_binds_only_events_before_its_anchor():
     assert snapshot_at(q, events, 3, 0, "chain") == {("q", (("a", 1), ("b", 2), ("c", 4)), 4)}
 
 
-def snapshot_at(q, events, cut, lateness=0, materialize="always"):
-    """The matches of an engine snapshotted after ``cut`` events (in stream order) and
-    restored into a fresh engine of the same program, which goes on to the end.
-    ``q``: a query or a list of them."""
-    from dqcep.runtime import Engine, MatchBatch
-    ordered = sorted(events, key=lambda e: (e.ts, e.id))
-    first = Engine(build_plan(q if isinstance(q, list) else [q], materialize=materialize),
-                   lateness)
-    got = MatchBatch(first.match_queries)
-    got += first.process(ordered[:cut])
-    second = Engine(first.program)
-    second.restore(first.snapshot())
-    got += second.process(ordered[cut:])
-    got += second.flush()
-    return as_set(got.to_matches())
-
-
-@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(250), deadline=None, suppress_health_check=list(HealthCheck))
 @given(strategy_queries(), strategy_event_streams(), CUTS, st.none() | st.integers(0, 9))
 def test_native_runs_match_reference_under_every_strategy(q, events, cuts, shuffle):
     """Spec 5.2 on the RUN vertex: skip-till-next-match, strict- and partition-
@@ -460,7 +346,7 @@ def test_native_runs_match_reference_under_every_strategy(q, events, cuts, shuff
     check([q], events, cuts, shuffle, baseline=True)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=list(HealthCheck))
 @given(strategy_queries(), strategy_event_streams(), st.integers(0, 20), st.integers(0, 2))
 def test_snapshot_inside_runs_restores_them(q, events, cut, lateness):
     """Snapshot with runs open and events of the newest ts still waiting, restore into a
@@ -536,7 +422,7 @@ def test_generated_iot_stream_agrees():
     assert as_set(mb.to_matches()) == expected
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), small_event_streams())
 def test_dropping_unneeded_events_changes_no_match(f, events):
     """Engine.needed is the filter preprocessing pushes down: the events it drops
@@ -598,7 +484,7 @@ def sweeping_after_every_batch():
         eventtime.SWEEP_MIN_STRINGS, eventtime.EventTimeEngine._sweep_strings = saved, sweep
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), string_churn_streams())
 def test_freed_string_codes_change_no_match(f, events):
     """With a sweep after every batch, codes of strings that left the state are
@@ -675,7 +561,7 @@ def declared_files(draw):
     return ast.QueryFile(f.source, f.queries, tuple(schemas))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
 @given(declared_files(), small_event_streams(), CUTS)
 def test_engines_drop_the_events_a_schema_refuses_alike(f, events, cuts):
     """Native (both materializations), SASE and the reference drop the same events for a

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from dqcep.capacity import Calibration, QueryCost
 from dqcep.cli import main
+from tests.support.examples import examples
 
 HOSTILE = st.sampled_from(["nan", "-nan", "inf", "-inf", "1e309", "-1", "-5", "0", "0.5",
                            "1", "3", "99999999999999999999", "abc", "", "1e-300", "2.5e3"])
@@ -47,7 +48,7 @@ def capacity_files(tmp_path_factory):
     return tmp
 
 
-@settings(max_examples=80, deadline=None,
+@settings(max_examples=examples(80), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rate=HOSTILE, target=HOSTILE, lw=HOSTILE, hw=HOSTILE, rho=HOSTILE, workers=HOSTILE,
        spark=st.booleans(), low=HOSTILE)
@@ -65,7 +66,7 @@ FIELDS = ["batch_events", "payloads", "shared_b", "delay", "consumer_delay",
           "overhead.b", "checkpoint.every", "alone.a.b", "shared.b.m2"]
 
 
-@settings(max_examples=80, deadline=None,
+@settings(max_examples=examples(80), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(FIELDS), value=st.sampled_from(
     [0, -200, 0.0, -1.5, math.nan, math.inf, -math.inf, 1e308, "x", None, True, [1]]))
@@ -83,7 +84,7 @@ def test_calibration_file_fields(capsys, capacity_files, tmp_path_factory, field
     one_line_or_fine(code, out, err, (0, 1, 2))
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lateness=HOSTILE, chunk=HOSTILE, budget=HOSTILE)
 def test_run_options(capsys, tmp_path_factory, lateness, chunk, budget):
@@ -97,7 +98,7 @@ def test_run_options(capsys, tmp_path_factory, lateness, chunk, budget):
     one_line_or_fine(code, out, err)
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(partitions=HOSTILE, lateness=HOSTILE, slice_ms=HOSTILE, trigger=HOSTILE,
        master=st.sampled_from(["local[2]", "bogus://x", "local[x]", "spark://h:7077", "yarn",
@@ -118,7 +119,7 @@ def test_spark_options_are_checked_before_spark_starts(capsys, tmp_path_factory,
     one_line_or_fine(code, out, err, (2,))
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(events=HOSTILE, batch=HOSTILE, share=HOSTILE, slack=HOSTILE)
 def test_generate_options(capsys, tmp_path_factory, events, batch, share, slack):

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# Each test here starts processes or a broker: the quick run leaves them out.
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Where each installed package lives in the repository (pyproject.toml's package-dir).

@@ -14,7 +14,8 @@ from dqcep.reference import ReferenceMatcher
 from dqcep.spark.executor import (JobSpec, Router, engine_batches, routed_arrow_schema,
                                  slices_of)
 from dqcep.spark.partitioning import BROADCAST, plan_partitioning, query_key
-from tests.strategies import small_event_streams, small_query_files
+from tests.support.strategies import small_event_streams, small_query_files
+from tests.support.examples import examples
 
 
 def source_batch(events, first: int = 0):
@@ -108,14 +109,14 @@ def keyed_streams(draw):
     return out
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(keyed_query_files(), keyed_streams(), st.integers(1, 4))
 def test_keyed_and_sliced_partitions_give_the_reference_matches(f, events, partitions):
     text = file_to_source(f)
     assert run_partitioned(text, events, partitions) == reference(text, events)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), small_event_streams(max_events=14), st.integers(1, 6))
 def test_time_slices_give_the_reference_matches(f, events, slice_ms):
     text = file_to_source(f)
@@ -184,7 +185,7 @@ def test_a_conjunct_with_a_negated_variable_is_no_key_for_the_match():
 
 
 @given(small_query_files(), small_event_streams())
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_part_restored_and_snapshotted_gives_the_same_bytes(f, events):
     """The streaming job writes a key's state back only when its bytes changed: that
     needs a restored state to snapshot to the bytes it was restored from."""

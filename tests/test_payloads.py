@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dqcep.io.payloads import decode_payload, detect_format
+from tests.support.examples import examples
 
 GOOD = {"id": 1, "type": "T", "ts": 5, "v": 1.5}
 
@@ -52,7 +53,7 @@ FIELDS = st.dictionaries(st.sampled_from(["id", "type", "ts", "v", "events"]), V
                          max_size=5)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.one_of(st.binary(max_size=200), FIELDS.map(msgpack.packb),
                  st.lists(FIELDS, max_size=5).map(lambda b: msgpack.packb({"events": b}))),
        st.sampled_from(["msgpack", "json", None]))

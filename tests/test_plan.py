@@ -10,7 +10,8 @@ from dqcep.lang import ast, parse
 from dqcep.plan import Kind, Port, build_plan
 from dqcep.plan.bytecode import compile_predicate, evaluate_on_events
 from dqcep.reference import holds
-from tests.strategies import kleene_queries, queries, query_files
+from tests.support.strategies import kleene_queries, queries, query_files
+from tests.support.examples import examples
 
 
 def plan_of(text, rates=None):
@@ -272,7 +273,7 @@ def test_plan_is_plain_data_that_pickles_small():
     assert (q.graph.tail == p.graph.tail).all() and q.queries == p.queries
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(query_files(max_queries=4))
 def test_invariants_on_random_query_files(f):
     p = build_plan(f.queries)
@@ -300,7 +301,7 @@ VALUES = st.one_of(st.integers(-3, 3), st.floats(-3, 3, allow_nan=False), st.boo
                    st.sampled_from(["a", "b", ""]))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(queries(types=st.just("T"), var_names=st.sampled_from(["x", "y", "z"]),
                attrs=st.sampled_from(["p", "q"]), max_depth=2), st.data())
 def test_bytecode_agrees_with_the_reference_evaluator(q, data):
@@ -316,7 +317,7 @@ def test_bytecode_agrees_with_the_reference_evaluator(q, data):
             holds(c, events, vars_), pred.text
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kleene_queries(), st.data())
 def test_bytecode_over_kleene_lists_agrees_with_the_reference_evaluator(q, data):
     """Lists, v[i-1] / v[1] / v[last] extra slots and aggregates, compiled as the planner
@@ -489,7 +490,7 @@ def test_native_engine_runs_all_of_section5():
                        f"AND b.x > max(t.x) WITHIN 5 USING {strategy}"))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kleene_queries())
 def test_invariants_on_random_kleene_queries(q):
     p = build_plan([q])

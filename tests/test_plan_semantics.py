@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from dqcep.lang import file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
-from tests.plan_executor import execute
+from tests.support.plan_executor import execute
 from dqcep.lang import ast
-from tests.strategies import negation_queries, small_event_streams, small_query_files
+from tests.support.strategies import negation_queries, small_event_streams, small_query_files
+from tests.support.examples import examples
 
 
 def as_set(matches):
@@ -26,7 +27,7 @@ def check(queries, events):
     assert got == expected
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), small_event_streams())
 def test_plan_matches_reference(f, events):
     # the file goes through text, as a user's would
@@ -45,7 +46,7 @@ def test_examples_agree():
     check(queries, events)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=list(HealthCheck))
 @given(negation_queries(), small_event_streams())
 def test_plan_matches_reference_on_negations(q, events):
     check(parse(file_to_source(ast.QueryFile("<t>", (q,)))).queries, events)

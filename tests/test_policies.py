@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from dqcep.events import Event
 from dqcep.lang import ast, parse
 from dqcep.reference import ReferenceMatcher
-from tests.strategies import (kleene_event_streams, kleene_queries, negation_queries,
+from tests.support.strategies import (kleene_event_streams, kleene_queries, negation_queries,
                               small_event_streams, small_query_files, strategy_event_streams,
                               outside_sase, strategy_queries)
-from tests.test_native import CUTS, MATERIALIZE, as_set, native, sase, snapshot_at
+from tests.support.engines import CUTS, MATERIALIZE, as_set, native, sase, snapshot_at
+from tests.support.examples import examples
 
 POLICIES = st.sampled_from(ast.POLICIES)
 
@@ -74,7 +75,7 @@ def arrival(events, cuts, shuffle_seed=None, ties_reversed=False):
                         default=0)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(policy_cases(), CUTS, st.none() | st.integers(0, 9), st.booleans())
 def test_every_engine_accepts_the_references_matches(case, cuts, shuffle, ties_reversed):
     queries, events = case
@@ -118,7 +119,7 @@ def test_a_match_ending_at_the_newest_ts_waits_for_that_ts_to_pass():
     assert engine_ids(text, [stream[:2], stream[2:3], stream[3:]]) == (want, want)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
 @given(policy_cases(), st.integers(0, 20), st.integers(0, 2),
        st.sampled_from(["always", "on-demand"]))
 def test_a_restored_policy_decides_as_an_uninterrupted_run(case, cut, lateness, materialize):

@@ -68,7 +68,7 @@ def test_publish_refuses_what_no_broker_takes_before_it_sends_anything(mosquitto
     sent already. Each is refused with its place, exit 2, nothing published."""
     import subprocess
     import sys
-    from tests.conftest import subscribed
+    from tests.support.broker import subscribed
     host, port = mosquitto
     lines = [{"id": i, "type": "T", "ts": i, "room": f"r{i}"} for i in range(1, 4)]
     good = tmp_path / "good.jsonl"

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from dqcep.events import Event
 from dqcep.lang import parse
 from dqcep.reference import ReferenceMatcher
-from tests.strategies import kleene_event_streams, kleene_queries
+from tests.support.strategies import kleene_event_streams, kleene_queries
+from tests.support.examples import examples
 
 
 def ev(id, type, ts, **attrs):
@@ -536,7 +537,7 @@ def test_every_strategy_is_a_subset_of_any_match():
         assert got and got <= every, strategy
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kleene_queries(), kleene_event_streams())
 def test_every_strategy_filters_the_any_match_result(q, events):
     """A strategy keeps a subset of the skip-till-any-match matches of the same query,

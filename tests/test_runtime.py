@@ -411,6 +411,7 @@ def test_restore_replaces_the_column_decoder_with_the_dictionary():
     assert new.dictionary.values[int(val[0, new.attr_index["s"]])] == "y"
 
 
+@pytest.mark.integration
 def test_the_embedding_example_in_the_docs_runs_as_written():
     """docs/runtime.md's first code block is a complete program: run it, and its lines
     are the reference's matches with their RETURN values (issue 15, item 7)."""
@@ -444,6 +445,7 @@ def test_the_embedding_example_in_the_docs_runs_as_written():
     assert sorted(r.stdout.splitlines()) == want and any("s.density" in x for x in want)
 
 
+@pytest.mark.integration
 def test_the_program_and_state_example_in_the_docs_runs_as_written():
     """docs/runtime.md's Program / EngineState block runs as written."""
     import re

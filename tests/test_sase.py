@@ -16,9 +16,10 @@ from dqcep.errors import UserError
 from dqcep.events import Event
 from dqcep.lang import ast, file_to_source, parse
 from dqcep.reference import ReferenceMatcher
-from tests.strategies import (outside_sase, sase_queries,
+from tests.support.strategies import (outside_sase, sase_queries,
                               small_event_streams, small_query_files)
-from tests.test_native import CUTS, as_set, bursty_streams, sase, split
+from tests.support.engines import CUTS, as_set, bursty_streams, sase, split
+from tests.support.examples import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,19 +32,19 @@ def check(queries, events, cuts=()):
     assert sase(queries, split(events, cuts)) == as_set(ReferenceMatcher(queries).run(events))
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sase_queries(), small_event_streams(), CUTS)
 def test_sase_matches_reference(q, events, cuts):
     check(one(q), events, cuts)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sase_queries(), bursty_streams(), CUTS)
 def test_sase_matches_reference_on_bursts_and_gaps(q, events, cuts):
     check(one(q), events, cuts)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(sase_queries(), min_size=1, max_size=3), small_event_streams(),
        st.randoms(use_true_random=False))
 def test_sase_reorders_like_the_native_engine(qs, events, rnd):
@@ -56,7 +57,7 @@ def test_sase_reorders_like_the_native_engine(qs, events, rnd):
     assert sase(queries, batches, lateness=100) == as_set(ReferenceMatcher(queries).run(events))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(small_query_files(), small_event_streams())
 def test_sase_runs_what_it_supports_and_rejects_the_rest(f, events):
     queries = parse(file_to_source(f)).queries
@@ -119,6 +120,7 @@ def test_window_pruning_bounds_the_stacks():
     assert peaks[1] < 1.5 * peaks[0]
 
 
+@pytest.mark.integration
 def test_cli_engine_sase_agrees_with_native(tmp_path):
     """dqcep run --engine sase over a generated IoT stream with the SEQ queries of
     iot.cep: the same matches as the native engine; an AND query: exit code 2."""

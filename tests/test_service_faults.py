@@ -10,42 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqcep.io.journal import Journal
-from dqcep.service import ServiceConfig, StreamingService
-from tests.test_mapping import _toml, rule_values
+from dqcep.service import StreamingService
+from tests.support.maps import rule_values, toml_of
+from tests.support.examples import examples
+from tests.support.journal_service import (config, finish, iot_payloads, journal_payloads, lines,
+                                           rejected_events, run_once)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
-
-
-def config(tmp: Path, fmt="msgpack", lateness=0, queries=QUERIES, **kw) -> ServiceConfig:
-    return ServiceConfig(queries=str(queries), inputs=["mqtt://127.0.0.1:1/t"],
-                         journal=str(tmp / "journal"), checkpoint=str(tmp / "ck.bin"),
-                         output=str(tmp / "out.jsonl"), dead_letter=str(tmp / "dead.jsonl"),
-                         late=str(tmp / "late.jsonl"), fmt=fmt, lateness=lateness, **kw)
-
-
-def journal_payloads(tmp: Path, payloads, topic="t", segment_bytes=64 << 20) -> None:
-    j = Journal(tmp / "journal", segment_bytes, fsync="never")
-    for p in payloads:
-        j.append(topic, p)
-        j.commit()
-    j.close()
-
-
-def run_once(cfg: ServiceConfig) -> StreamingService:
-    """What the service does with what the journal holds, then a checkpoint (no flush)."""
-    svc = StreamingService(cfg)
-    while svc.step():
-        pass
-    svc.checkpoint()
-    svc.close()
-    return svc
-
-
-def lines(path: Path) -> list:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_bytes().decode("utf-8").splitlines()]
 
 
 SURROGATE = {"id": 2, "type": "Temperature", "ts": 1, "room": "\ud800"}
@@ -81,7 +53,7 @@ def payload_text(obj, ascii_only: bool) -> bytes:
     return json.dumps(obj, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.one_of(
     st.builds(payload_text, EVENT, st.booleans()),
     st.builds(payload_text, st.lists(EVENT, max_size=4).map(lambda b: {"events": b}),
@@ -99,18 +71,6 @@ def test_fuzzed_json_payloads_never_stop_the_service(tmp_path_factory, payloads)
         for line in lines(tmp / name):          # every line is UTF-8 JSON
             assert isinstance(line, dict)
     assert run_once(cfg).counts == svc.counts   # the checkpoint restores, nothing repeats
-
-
-def rejected_events(record: dict) -> int:
-    """How many events a dead-letter record stands for (a whole payload: 1)."""
-    if "rejected" not in record:
-        return 1
-    n = 0
-    for group in record["rejected"]:
-        for part in group["events"].split(","):
-            first, _, last = part.partition("-")
-            n += int(last or first) - int(first) + 1
-    return n
 
 
 def test_a_batch_of_bad_events_is_dead_lettered_once(tmp_path):
@@ -137,26 +97,6 @@ def test_a_batch_of_bad_events_is_dead_lettered_once(tmp_path):
 
 
 # ------------------------------------------------- damaged journal and checkpoint
-def iot_payloads(n: int, seed: int = 5, first_id: int = 1, batch: int = 200,
-                 ts_shift: int = 0) -> list[bytes]:
-    """A planted IoT stream as msgpack payloads of ``batch`` events, ids from first_id,
-    timestamps moved by ts_shift ms."""
-    from dqcep.io.event_writers import BatchEncoder
-    from dqcep.generator import GeneratorConfig, Planting, StreamGenerator
-    gen = StreamGenerator(GeneratorConfig(profile="iot", events=n, seed=seed,
-                                          plant=Planting(queries=str(QUERIES), every=130_000)))
-    encoder = BatchEncoder(gen.schema, "msgpack", batch)
-    out = []
-    for b in gen.batches(16_384):
-        buf, ends = encoder.msgpack_payloads(b)
-        start = 0
-        for end in ends:
-            out.append(bytes(buf[start:end]))
-            start = int(end)
-    return [msgpack.packb({"events": [dict(e, id=e["id"] + first_id - 1, ts=e["ts"] + ts_shift)
-                                      for e in msgpack.unpackb(p)["events"]]}) for p in out]
-
-
 def reference_lines(payloads) -> set:
     from dqcep.events import event_from_mapping
     from dqcep.lang import parse_file
@@ -164,17 +104,6 @@ def reference_lines(payloads) -> set:
     events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
     return {json.dumps(m.to_json_obj())
             for m in ReferenceMatcher(parse_file(QUERIES).queries).run(events)}
-
-
-def finish(cfg) -> StreamingService:
-    """Run to the end of the stream: everything processed, held matches out."""
-    svc = StreamingService(cfg)
-    while svc.step():
-        pass
-    svc.end_stream()
-    svc.checkpoint()
-    svc.close()
-    return svc
 
 
 def output(tmp) -> set:
@@ -446,7 +375,7 @@ MESSAGES = st.tuples(
     st.none() | st.just(1_795_687_200_000_000))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(messages=st.lists(MESSAGES, min_size=1, max_size=12),
        mapped=st.none() | st.just("example") | st.lists(rule_values, min_size=1, max_size=3))
@@ -463,7 +392,7 @@ def test_random_feeds_never_stop_the_service_and_every_record_is_read_or_dead(
     topic_map = ROOT / "examples" / "sensors.toml"
     if isinstance(mapped, list):
         topic_map = tmp / "random.toml"
-        topic_map.write_text(_toml(mapped))
+        topic_map.write_text(toml_of(mapped))
         try:
             TopicMap.load(topic_map)
         except UserError:

@@ -15,10 +15,12 @@ from dqcep.io.database import DatabaseTables
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
 from dqcep.reference import ReferenceMatcher
+from tests.support.examples import examples
+from tests.support.workloads import SECTION5
 
 ROOT = Path(__file__).resolve().parent.parent
 # one test process runs these (-n auto --dist loadgroup): one JVM for them all
-pytestmark = pytest.mark.xdist_group("spark")
+pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.integration]
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
 IMPERFECT = ("--out-of-order", "0.1", "--slack", "400", "--late", "0.01", "--late-max", "5000",
              "--duplicates", "0.01", "--malformed", "0.005")
@@ -509,7 +511,7 @@ def test_msgpack_fast_path_reads_what_the_readers_read(tmp_path_factory):
     from dqcep.events import event_from_mapping
     from dqcep.spark.source import (IdsAndTs, _Batches, _msgpack_rows, _reader_rows,
                                     file_index_row, read_file)
-    from tests.test_ingest_kernels import payloads
+    from tests.support.msgpack_payloads import payloads
 
     def rows(gen, out):
         batches = list(gen)
@@ -522,7 +524,7 @@ def test_msgpack_fast_path_reads_what_the_readers_read(tmp_path_factory):
                 r["event"] = event_from_mapping(msgpack.unpackb(r["event"], raw=False))
         return out_rows
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.lists(st.one_of(payloads(), payloads(good=True)), max_size=5))
     def check(records):
         path = tmp_path_factory.mktemp("mp") / "f.msgpack"
@@ -757,23 +759,6 @@ def test_event_log_gives_the_jobs_stages_and_the_model_its_figures(tmp_path):
         s["id"]: 2 * s["task_ms"] for s in summary["stages"]}
 
 
-SECTION5 = """
-QUERY rising PATTERN SEQ(Temperature+ t[], Smoke s)
-WHERE [room] AND t[i].value > t[i-1].value AND count(t) >= 2 WITHIN 3 s
-RETURN t, max(t.value);
-QUERY forced_door PATTERN SEQ(Door+ f[], Door o)
-WHERE [room] AND f.open = false AND o.open = true WITHIN 2 min USING skip-till-next-match;
-QUERY smoke_after_door PATTERN SEQ(Door d, NOT Motion m, Smoke s)
-WHERE [room] WITHIN 20 s USING skip-till-next-match;
-QUERY next_unkeyed PATTERN SEQ(Motion m, Door+ d[]) WITHIN 4 s USING skip-till-next-match;
-QUERY strict PATTERN SEQ(Temperature a, Humidity+ b[]) WHERE [room] WITHIN 2 s
-USING strict-contiguity;
-QUERY by_room PATTERN SEQ(Motion m, Light l) WHERE [room] WITHIN 10 s
-USING partition-contiguity;
--- sliced, section 4: the streaming job's parts once dropped an event that came a
--- micro-batch after a later one of its part, within the lateness (motion 1127)
-QUERY unkeyed_any PATTERN SEQ(Motion m, Door d) WITHIN 4 s
-"""
 
 
 POLICIES = """
@@ -887,11 +872,11 @@ def test_a_task_over_the_budget_fails_the_job_with_the_line(spark, tmp_path):
     from dqcep.errors import UserError
     from dqcep.spark.batch import run_batch
     from dqcep.spark.cli import _executor_errors
-    from tests.test_budget import QUERIES as KLEENE, events
+    from tests.support.workloads import RUNAWAY_QUERIES, runaway_events
     path = tmp_path / "e.jsonl"
-    path.write_text("".join(json.dumps(e) + "\n" for e in events(rooms=("r1",), n=14)))
+    path.write_text("".join(json.dumps(e) + "\n" for e in runaway_events(rooms=("r1",), n=14)))
     with pytest.raises(UserError, match="^query rising stopped: KLEENE Temperature"):
         with _executor_errors():  # 2^14 lists: past a budget of 4096
-            run_batch(spark, KLEENE, [str(path)], str(tmp_path / "out"), partitions=2,
+            run_batch(spark, RUNAWAY_QUERIES, [str(path)], str(tmp_path / "out"), partitions=2,
                       budget=4096)
 

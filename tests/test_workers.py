@@ -17,7 +17,10 @@ from dqcep.events import event_from_mapping
 from dqcep.io.mqtt import MqttPublisher, MqttUrl
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
-from tests.conftest import LIVE_PROCESSES
+from tests.support.service import Workers
+
+# Each test here starts processes or a broker: the quick run leaves them out.
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
@@ -48,52 +51,6 @@ def publish(url: str, payloads: list[bytes], per_second: float) -> None:
             time.sleep(wait)
         pub.publish(p)
     pub.close()
-
-
-class Workers:
-    def __init__(self, tmp_path, url, *extra, queries=QUERIES):
-        self.tmp = tmp_path
-        self.names = [q.name for q in parse_file(str(queries)).queries]
-        self.args = [sys.executable, "-m", "dqcep", "run", str(queries), "--input", url,
-                     "--state", str(tmp_path / "state"), "-o", str(tmp_path / "out.jsonl"),
-                     "--stats-file", str(tmp_path / "stats.json"), "--stats-every", "0.2",
-                     *extra]
-
-    def start(self):
-        self.log = open(self.tmp / "stderr.txt", "a")
-        self.proc = subprocess.Popen(self.args, stderr=self.log)
-        LIVE_PROCESSES.append(self.proc)
-        deadline = time.monotonic() + 60
-        while "listening on" not in (self.tmp / "stderr.txt").read_text().split(
-                "--- restart ---")[-1]:
-            assert self.proc.poll() is None and time.monotonic() < deadline, \
-                (self.tmp / "stderr.txt").read_text()
-            time.sleep(0.05)
-
-    def stats(self):
-        try:
-            return json.loads((self.tmp / "stats.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    def wait_for(self, events, timeout=60):
-        deadline = time.monotonic() + timeout
-        while self.stats().get("events_in", 0) < events:
-            assert time.monotonic() < deadline, (self.stats(), self.stderr())
-            time.sleep(0.1)
-
-    def stderr(self):
-        return (self.tmp / "stderr.txt").read_text()
-
-    def finish(self):
-        self.proc.send_signal(signal.SIGUSR1)
-        assert self.proc.wait(60) == 0, self.stderr()
-
-    def output(self):
-        lines = [line for q in self.names
-                 for line in (self.tmp / f"out.{q}.jsonl").read_text().splitlines()]
-        assert len(lines) == len(set(lines)), "a match was written twice"
-        return set(lines)
 
 
 POLICIES = QUERIES.read_text() + """ AFTER MATCH SKIP PAST LAST EVENT;

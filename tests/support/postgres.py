@@ -12,7 +12,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests.support.broker import free_port
 
 USER = "dqcep"  # the server's superuser (trust authentication on loopback only)
 PASSWORD_USER = "alice"  # a role that must give its password (scram-sha-256)

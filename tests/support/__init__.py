@@ -1,0 +1,1 @@
+"""Harnesses the tests share: nothing here is a test, no test module imports another."""
