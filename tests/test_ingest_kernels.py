@@ -179,6 +179,8 @@ def test_a_failed_growth_is_a_memory_error_and_the_decoder_lives_on():
     import sys
     code = """
 import resource, msgpack
+from dqcep.lang import parse
+from dqcep.plan import build_plan
 from dqcep.runtime import Engine
 e = Engine(build_plan(parse("PATTERN SEQ(A a, B b) WHERE a.p = b.q WITHIN 10").queries))
 dec = e.column_decoder()

@@ -11,59 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dqcep.io.database import DatabaseTables
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
-from dqcep.reference import ReferenceMatcher
 from tests.support.examples import examples
 from tests.support.workloads import SECTION5
+from tests.support.spark_jobs import IMPERFECT, LATENESS, QUERIES, expected, generate, job_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 # one test process runs these (-n auto --dist loadgroup): one JVM for them all
 pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.integration]
-QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
-IMPERFECT = ("--out-of-order", "0.1", "--slack", "400", "--late", "0.01", "--late-max", "5000",
-             "--duplicates", "0.01", "--malformed", "0.005")
-LATENESS = 400
-
-
-def generate(path: Path, n: int, *extra, seed: int = 7) -> Path:
-    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n", str(n),
-                    "--seed", str(seed), "--plant", str(QUERIES), "--plant-every", "130000",
-                    "--truth", str(path) + ".truth", "--quiet", *extra, "-o", str(path)],
-                   check=True)
-    return path
-
-
-def expected(paths, lateness=LATENESS, text=None):
-    """What every job must return: the reference's matches on the valid events, first
-    occurrence of each id, minus those more than ``lateness`` behind an earlier one."""
-    events, errors, seen, latest, late = [], 0, set(), None, []
-    for path in paths:
-        bad = []
-        for _, e in read_events(str(path), on_error=bad.append):
-            if e.id in seen:
-                continue
-            seen.add(e.id)
-            if latest is not None and latest - e.ts > lateness:
-                late.append(e.id)
-            else:
-                events.append(e)
-            latest = e.ts if latest is None else max(latest, e.ts)
-        errors += len(bad)
-    parsed = parse(text or QUERIES.read_text())
-    tables = DatabaseTables(parsed.tables) if parsed.tables else None
-    lines = {json.dumps(m.to_json_obj(), ensure_ascii=False) for m in ReferenceMatcher(
-        parsed.queries, (), parsed.tables, tables).run(events)}
-    if tables is not None:
-        tables.close()
-    return lines, errors, late
-
-
-def job_lines(out: Path, what="matches") -> list[str]:
-    return [x for f in sorted((out / what).glob("part-*")) for x in f.read_text().splitlines()]
-
-
 CLEAN = IMPERFECT[:-2]  # late events and repeats, no malformed record: the fast paths read it
 
 
@@ -378,126 +334,6 @@ def test_source_rows_keep_positions_and_running_maxima(tmp_path):
         events + [None, None]
     assert rows[4]["reason"].startswith("event has no 'type'") and "invalid msgpack" in rows[5]["reason"]
     assert [r["seq"] for r in rows] == list(range(6)) and {r["file_index"] for r in rows} == {3}
-
-
-# Which Python, and which dqcep, the executors' DataFrame work runs: a Python data source
-# read (as the job's source) and mapInPandas (as its stages), on the packed environment.
-PROBE = """
-import json, sys
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from dqcep.spark.cli import archive_conf
-from dqcep.spark.session import spark_session
-spark = spark_session(sys.argv[1], "dqcep-probe", conf=archive_conf(sys.argv[2]))
-
-class WhereReader(DataSourceReader):
-    def partitions(self):
-        return [InputPartition(i) for i in range(2)]
-    def read(self, partition):
-        import sys, dqcep
-        yield sys.executable, sys.prefix, dqcep.__file__
-
-class Where(DataSource):
-    @classmethod
-    def name(cls):
-        return "dqcep_where"
-    def schema(self):
-        return "executable string, prefix string, module string"
-    def reader(self, schema):
-        return WhereReader()
-
-def where(batches):
-    import sys, dqcep, pandas as pd
-    for _ in batches:
-        yield pd.DataFrame({"executable": [sys.executable], "prefix": [sys.prefix],
-                            "module": [dqcep.__file__]})
-
-spark.dataSource.register(Where)
-read = spark.read.format("dqcep_where").load()
-mapped = spark.range(4, numPartitions=4).mapInPandas(where, read.schema)
-print(json.dumps(sorted({tuple(r) for r in read.union(mapped).collect()})))
-spark.stop()
-"""
-
-
-def test_cluster_start_waits_through_a_master_ui_still_starting():
-    """The master's status page answers with nothing, then half a page, then JSON:
-    the worker count reads 0 until it is JSON (a start no longer fails on it)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    from dqcep.spark.cluster import _workers_alive
-    pages = [b"", b'{"workers": [', json.dumps({"workers": [
-        {"state": "ALIVE"}, {"state": "DEAD"}, {"state": "ALIVE"}]}).encode(), b"[]"]
-
-    class Page(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = pages.pop(0)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-    server = HTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        port = server.server_address[1]
-        assert [_workers_alive(port) for _ in range(4)] == [0, 0, 2, 0]
-    finally:
-        server.shutdown()
-
-
-def test_scripted_standalone_cluster(tmp_path, wheel):
-    """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on its
-    spark:// master with the executors on a packed environment (dqcep spark pack, shipped
-    with --archive), stop: the processes are gone. Two executor JVMs with their own
-    Python workers give the same matches. The executors' Python is the archive's, an
-    isolated venv, so their dqcep is the archive's and not this machine's."""
-    events = generate(tmp_path / "events.jsonl", 4000, *IMPERFECT)
-    want, _, _ = expected([events])
-    archive = tmp_path / "env.tar.gz"
-    pack = subprocess.run([sys.executable, "-m", "dqcep", "spark", "pack", "-o", str(archive),
-                           "--source", str(wheel), "--compress-level", "1"],
-                          capture_output=True, text=True, timeout=600)
-    assert pack.returncode == 0 and archive.stat().st_size > 0, pack.stderr
-    state = tmp_path / "cluster"
-    start = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "start",
-                            "--workers", "2", "--cores", "1", "--memory", "1g",  # docs/spark.md
-                            "--dir", str(state)], capture_output=True, text=True, timeout=120)
-    assert start.returncode == 0, start.stderr
-    master = start.stdout.strip()
-    try:
-        assert master.startswith("spark://127.0.0.1:")
-        run = subprocess.run(
-            [sys.executable, "-m", "dqcep", "spark", "run", str(QUERIES), "-i", str(events),
-             "-o", str(tmp_path / "out"), "--master", master, "--lateness", str(LATENESS),
-             "--archive", str(archive)], capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert set(job_lines(tmp_path / "out")) == want and want
-        # without --partitions, one partition per core of the cluster (2; the default
-        # was 4, which on one 2-core executor took 31 s for 2x10^6 events where 2 took 18)
-        assert json.loads((tmp_path / "out" / "_stats.json").read_text())["partitions"] == 2
-        # its steps as they start (it was Spark's warnings only for a minute)
-        assert "dqcep spark run [" in run.stderr and "stage 2 of 2: routing" in run.stderr
-        assert "matches ->" in run.stderr
-        probe = subprocess.run([sys.executable, "-c", PROBE, master, str(archive)],
-                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        assert probe.returncode == 0, probe.stderr[-3000:]
-        seen = json.loads(probe.stdout.strip().splitlines()[-1])
-        assert len(seen) >= 2  # both workers' executors
-        for executable, prefix, module in seen:
-            assert executable.endswith("environment/bin/python"), executable
-            assert str(state) in executable  # unpacked into a worker's work directory
-            assert module.startswith(prefix) and str(ROOT) not in module, (prefix, module)
-    finally:
-        pids = [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"]]
-        stop = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "stop",
-                               "--dir", str(state)], capture_output=True, text=True, timeout=60)
-    assert stop.returncode == 0, stop.stderr
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
 
 
 def test_msgpack_fast_path_reads_what_the_readers_read(tmp_path_factory):

@@ -1,0 +1,135 @@
+"""dqcep spark cluster and dqcep spark pack: a standalone cluster of several processes,
+a job on it with the executors on a packed environment. Apart from tests/test_spark.py's
+group: it starts a cluster of its own, not the session's local[2]."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.spark_jobs import IMPERFECT, LATENESS, QUERIES, expected, generate, job_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.integration
+
+# Which Python, and which dqcep, the executors' DataFrame work runs: a Python data source
+# read (as the job's source) and mapInPandas (as its stages), on the packed environment.
+PROBE = """
+import json, sys
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from dqcep.spark.cli import archive_conf
+from dqcep.spark.session import spark_session
+spark = spark_session(sys.argv[1], "dqcep-probe", conf=archive_conf(sys.argv[2]))
+
+class WhereReader(DataSourceReader):
+    def partitions(self):
+        return [InputPartition(i) for i in range(2)]
+    def read(self, partition):
+        import sys, dqcep
+        yield sys.executable, sys.prefix, dqcep.__file__
+
+class Where(DataSource):
+    @classmethod
+    def name(cls):
+        return "dqcep_where"
+    def schema(self):
+        return "executable string, prefix string, module string"
+    def reader(self, schema):
+        return WhereReader()
+
+def where(batches):
+    import sys, dqcep, pandas as pd
+    for _ in batches:
+        yield pd.DataFrame({"executable": [sys.executable], "prefix": [sys.prefix],
+                            "module": [dqcep.__file__]})
+
+spark.dataSource.register(Where)
+read = spark.read.format("dqcep_where").load()
+mapped = spark.range(4, numPartitions=4).mapInPandas(where, read.schema)
+print(json.dumps(sorted({tuple(r) for r in read.union(mapped).collect()})))
+spark.stop()
+"""
+
+
+def test_cluster_start_waits_through_a_master_ui_still_starting():
+    """The master's status page answers with nothing, then half a page, then JSON:
+    the worker count reads 0 until it is JSON (a start no longer fails on it)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from dqcep.spark.cluster import _workers_alive
+    pages = [b"", b'{"workers": [', json.dumps({"workers": [
+        {"state": "ALIVE"}, {"state": "DEAD"}, {"state": "ALIVE"}]}).encode(), b"[]"]
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = pages.pop(0)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert [_workers_alive(port) for _ in range(4)] == [0, 0, 2, 0]
+    finally:
+        server.shutdown()
+
+
+def test_scripted_standalone_cluster(tmp_path, wheel):
+    """dqcep spark cluster start (master + 2 workers from the pip pyspark), a job on its
+    spark:// master with the executors on a packed environment (dqcep spark pack, shipped
+    with --archive), stop: the processes are gone. Two executor JVMs with their own
+    Python workers give the same matches. The executors' Python is the archive's, an
+    isolated venv, so their dqcep is the archive's and not this machine's."""
+    events = generate(tmp_path / "events.jsonl", 4000, *IMPERFECT)
+    want, _, _ = expected([events])
+    archive = tmp_path / "env.tar.gz"
+    pack = subprocess.run([sys.executable, "-m", "dqcep", "spark", "pack", "-o", str(archive),
+                           "--source", str(wheel), "--compress-level", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert pack.returncode == 0 and archive.stat().st_size > 0, pack.stderr
+    state = tmp_path / "cluster"
+    start = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "start",
+                            "--workers", "2", "--cores", "1", "--memory", "1g",  # docs/spark.md
+                            "--dir", str(state)], capture_output=True, text=True, timeout=120)
+    assert start.returncode == 0, start.stderr
+    master = start.stdout.strip()
+    try:
+        assert master.startswith("spark://127.0.0.1:")
+        run = subprocess.run(
+            [sys.executable, "-m", "dqcep", "spark", "run", str(QUERIES), "-i", str(events),
+             "-o", str(tmp_path / "out"), "--master", master, "--lateness", str(LATENESS),
+             "--archive", str(archive)], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert set(job_lines(tmp_path / "out")) == want and want
+        # without --partitions, one partition per core of the cluster (2; the default
+        # was 4, which on one 2-core executor took 31 s for 2x10^6 events where 2 took 18)
+        assert json.loads((tmp_path / "out" / "_stats.json").read_text())["partitions"] == 2
+        # its steps as they start (it was Spark's warnings only for a minute)
+        assert "dqcep spark run [" in run.stderr and "stage 2 of 2: routing" in run.stderr
+        assert "matches ->" in run.stderr
+        probe = subprocess.run([sys.executable, "-c", PROBE, master, str(archive)],
+                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert probe.returncode == 0, probe.stderr[-3000:]
+        seen = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert len(seen) >= 2  # both workers' executors
+        for executable, prefix, module in seen:
+            assert executable.endswith("environment/bin/python"), executable
+            assert str(state) in executable  # unpacked into a worker's work directory
+            assert module.startswith(prefix) and str(ROOT) not in module, (prefix, module)
+    finally:
+        pids = [p["pid"] for p in json.loads((state / "cluster.json").read_text())["processes"]]
+        stop = subprocess.run([sys.executable, "-m", "dqcep", "spark", "cluster", "stop",
+                               "--dir", str(state)], capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0, stop.stderr
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
