@@ -2,12 +2,20 @@
 
 The .pyx sources are cythonized at build time (generated C is never committed).
 Set DQCEP_DEBUG_CYTHON=1 to build with bounds and wraparound checks on (and debug info).
+Set DQCEP_REUSE_INPLACE_KERNELS=1 to put in a wheel the kernels an in-place build
+(`pip install -e .`) left in dqcep/_kernels/, where they are newer than every kernel source,
+instead of compiling them again: the tests build a wheel of the checkout they run from,
+whose kernels the editable install compiled from the same sources minutes before.
 """
 import os
+import shutil
+import sysconfig
+from pathlib import Path
 
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 DEBUG = os.environ.get("DQCEP_DEBUG_CYTHON", "") not in ("", "0")
 
@@ -37,8 +45,44 @@ extensions = [
     for name in KERNELS
 ]
 
+KERNEL_DIR = Path("dqcep/_kernels")
+
+
+def inplace_kernel(name: str) -> Path | None:
+    """The in-place build of kernel ``name`` if it is newer than every kernel source and
+    this file (a .pxd change can change any kernel), else None."""
+    built = KERNEL_DIR / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not built.exists():
+        return None
+    sources = [*KERNEL_DIR.glob("*.pyx"), *KERNEL_DIR.glob("*.pxd"), Path(__file__)]
+    return built if built.stat().st_mtime >= max(p.stat().st_mtime for p in sources) else None
+
+
+REUSED = {}
+if os.environ.get("DQCEP_REUSE_INPLACE_KERNELS", "") not in ("", "0"):
+    REUSED = {f"dqcep._kernels.{name}": path for name in KERNELS
+              if (path := inplace_kernel(name)) is not None}
+
+
+class BuildKernels(build_ext):
+    """Compiles each kernel, or with DQCEP_REUSE_INPLACE_KERNELS copies its fresh in-place
+    build into the build directory."""
+
+    def build_extension(self, ext):
+        if ext.name in REUSED and not self.inplace:
+            target = Path(self.get_ext_fullpath(ext.name))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REUSED[ext.name], target)
+            return
+        super().build_extension(ext)
+
+
 # The kernels compile in parallel, one per core: the install (and the tests' wheel
-# build) took ~80 s on 2 cores one after the other.
-setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES,
-                            nthreads=os.cpu_count() or 1),
+# build) took ~80 s on 2 cores one after the other. Cythonizing a reused kernel would
+# only rewrite its C (the isolated build's numpy headers are newer than any C file).
+to_compile = [ext for ext in extensions if ext.name not in REUSED]
+setup(ext_modules=(cythonize(to_compile, compiler_directives=DIRECTIVES,
+                             nthreads=os.cpu_count() or 1) if to_compile else [])
+      + [ext for ext in extensions if ext.name in REUSED],
+      cmdclass={"build_ext": BuildKernels},
       options={"build_ext": {"parallel": os.cpu_count() or 1}})

@@ -1,6 +1,7 @@
 """Shared fixtures (a real Mosquitto broker per test, one Spark session, a PostgreSQL
 server, dqcep built as a wheel), the Hypothesis profiles, the ``integration`` marker and
 the tracking of every process a test starts. The harnesses are in tests/support/."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,10 @@ def wheel(tmp_path_factory, worker_id):
     """dqcep built as a wheel from this checkout, once per run: the kernels compile for
     a minute or more, and under pytest-xdist each test process has its own session (two
     processes built it side by side in .ci/run). The first to need it builds it under a
-    lock in the run's shared temporary directory; the others wait and take it."""
+    lock in the run's shared temporary directory; the others wait and take it. Its kernels
+    are those the editable install compiled from the same sources, where they are newer
+    than every kernel source (DQCEP_REUSE_INPLACE_KERNELS, setup.py): compiling them again
+    took 100-217 s of a loaded .ci/run; stale ones are compiled."""
     import fcntl
     shared = tmp_path_factory.getbasetemp()
     if worker_id != "master":
@@ -29,7 +33,8 @@ def wheel(tmp_path_factory, worker_id):
             out.mkdir(exist_ok=True)
             root = Path(__file__).resolve().parent.parent
             subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                            str(out), str(root)], check=True, cwd=out)
+                            str(out), str(root)], check=True, cwd=out,
+                           env={**os.environ, "DQCEP_REUSE_INPLACE_KERNELS": "1"})
     (built,) = out.glob("dqcep-*.whl")
     return built
 
