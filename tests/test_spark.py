@@ -503,7 +503,7 @@ def test_stream_job_killed_and_restarted_loses_and_repeats_nothing(tmp_path):
     events = generate(tmp_path / "events.msgpack", 5000, "--batch-size", "200",
                       "--out-of-order", "0.1", "--slack", "400")
     want, _, _ = expected([events])
-    journal = journal_of(events, tmp_path, segment_bytes=40_000)
+    journal = journal_of(events, tmp_path, segment_bytes=80_000)  # 8 micro-batches, 4 before the kill
     args = [sys.executable, "-m", "dqcep", "spark", "stream", str(QUERIES), "-i", str(journal),
             "-o", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ck"), "--master",
             "local[2]", "--partitions", "2", "--lateness", str(LATENESS), "--trigger", "0.5",
