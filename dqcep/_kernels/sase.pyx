@@ -414,10 +414,6 @@ cdef class SaseAutomaton:
     def partitions(self):
         return self.n_parts
 
-    @property
-    def held_count(self):
-        return self.n_held
-
 
 # ------------------------------------------------------------ SASE: stacks
 

@@ -16,7 +16,6 @@ native ``Engine``, the SASE baseline) implement the matching:
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -185,7 +184,6 @@ class TimeState:
     events_in: int = 0
     late: int = 0
     late_ids: list = field(default_factory=list)
-    busy_seconds: float = 0.0
     peak_state_bytes: int = 0         # largest state_bytes() after a batch
     sweep_at: int = SWEEP_MIN_STRINGS  # dictionary size that triggers the next sweep
     decoder: ColumnDecoder | None = None  # caches codes of this dictionary; not state
@@ -254,7 +252,6 @@ class EventTimeEngine:
     events_in = _state_field("events_in")
     late = _state_field("late")
     late_ids = _state_field("late_ids")
-    busy_seconds = _state_field("busy_seconds")
     peak_state_bytes = _state_field("peak_state_bytes")
 
     # ------------------------------------------------------ for subclasses
@@ -368,7 +365,6 @@ class EventTimeEngine:
 
     def process(self, batch: EventBatch | EventColumns | Sequence[Event]) -> MatchBatch:
         """Feed events in arrival order; returns the matches now complete."""
-        started = time.perf_counter()
         if isinstance(batch, EventBatch):
             cols = self._columns_from_batch(batch)
         elif isinstance(batch, EventColumns):
@@ -398,7 +394,6 @@ class EventTimeEngine:
                 out += self._release(self.max_seen - self.lateness)
         if len(self.dictionary) > self.state.sweep_at:
             self._sweep_strings()
-        self.busy_seconds += time.perf_counter() - started
         return out
 
     def _drop_misdeclared(self, cols):
