@@ -8,6 +8,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from tests.support.workloads import FORCED_DOOR_EVENTS, FORCED_DOOR_MATCHES
+
 # Each test here runs dqcep as a command (a process): the quick run leaves them out.
 pytestmark = pytest.mark.integration
 
@@ -240,7 +242,9 @@ def test_auto_measures_the_rates_on_the_input_and_runs_a_chain(tmp_path):
     assert sorted(adapted.stdout.splitlines()) == sorted(joins.stdout.splitlines())
 
 
-def test_kleene_queries_explain_and_run_natively_and_on_spark(tmp_path):
+def test_kleene_queries_explain_and_run_natively(tmp_path):
+    """The example's plan and its one match on the native and reference engines (on
+    the Spark batch job: tests/test_spark.py, in the Spark tests' JVM)."""
     kleene = EXAMPLES / "iot-kleene.cep"
     r = dqcep("explain", kleene)
     assert r.returncode == 0, r.stderr
@@ -248,19 +252,11 @@ def test_kleene_queries_explain_and_run_natively_and_on_spark(tmp_path):
     assert "on each match (whole lists): count(f) >= 3" in r.stdout
     assert "forced_door: OUTPUT" in r.stdout and "USING skip-till-next-match" in r.stdout
     events = tmp_path / "e.jsonl"
-    events.write_text("".join(
-        f'{{"id": {i}, "type": "Door", "ts": {i * 1000}, "room": "r1", "open": {o}}}\n'
-        for i, o in enumerate(["false", "false", "false", "true"], 1)))
-    expected = [
-        '{"query": "forced_door", "detected_at": 4000, "events": {"f": [1, 2, 3], "o": 4}}']
+    events.write_text(FORCED_DOOR_EVENTS)
     for engine in ("native", "reference"):
         r = dqcep("run", kleene, "--input", events, "--engine", engine)
         assert r.returncode == 0, r.stderr
-        assert r.stdout.splitlines() == expected, engine
-    r = dqcep("spark", "run", kleene, "--input", events, "--output", tmp_path / "out")
-    assert r.returncode == 0, r.stderr
-    assert [x for f in sorted((tmp_path / "out" / "matches").glob("part-*"))
-            for x in f.read_text().splitlines()] == expected
+        assert r.stdout.splitlines() == FORCED_DOOR_MATCHES, engine
 
 
 def test_explain_bad_query_exit_2(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
 from tests.support.examples import examples
-from tests.support.workloads import SECTION5
+from tests.support.workloads import FORCED_DOOR_EVENTS, FORCED_DOOR_MATCHES, SECTION5
 from tests.support.spark_jobs import IMPERFECT, LATENESS, QUERIES, expected, generate, job_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -639,6 +639,17 @@ def test_batch_job_runs_kleene_items_and_strategies(spark, tmp_path, strategy, p
     assert "keyed" in how["fire"] and "keyed" in how["entered"]
     assert "not split" in how["pairs"] and "not split" in how["unkeyed"]
     assert "time slices" in how["sliced"]
+
+
+def test_the_kleene_example_runs_on_the_batch_job(spark, tmp_path):
+    """examples/iot-kleene.cep on the batch job: the one match dqcep run's engines give
+    (tests/test_cli.py; a dqcep spark run of its own took 40-75 s of .ci/run for a JVM)."""
+    from dqcep.spark.batch import run_batch
+    events = tmp_path / "e.jsonl"
+    events.write_text(FORCED_DOOR_EVENTS)
+    run_batch(spark, (ROOT / "examples/iot-kleene.cep").read_text(), [str(events)],
+              str(tmp_path / "out"), partitions=2)
+    assert job_lines(tmp_path / "out") == FORCED_DOOR_MATCHES
 
 
 def stream_to_the_end(spark, tmp_path, text: str, n: int) -> tuple[list[str], set[str]]:

@@ -1,5 +1,6 @@
 """Query texts and streams more than one test module runs: section 5 of the spec
-(Kleene items, strategies) and a query that runs away on a rising stream (the budget)."""
+(Kleene items, strategies), a query that runs away on a rising stream (the budget), and
+the door stream of examples/iot-kleene.cep with its one match."""
 
 SECTION5 = """
 QUERY rising PATTERN SEQ(Temperature+ t[], Smoke s)
@@ -41,3 +42,12 @@ def runaway_events(rooms=("r1", "r2"), n=27) -> list[dict]:
                     "density": 5.0})
     out.sort(key=lambda e: (e["ts"], e["id"]))
     return out
+
+
+# examples/iot-kleene.cep's forced_door on three closed readings, then an open one: one
+# match, on every engine (tests/test_cli.py) and on the Spark batch job (tests/test_spark.py)
+FORCED_DOOR_EVENTS = "".join(
+    f'{{"id": {i}, "type": "Door", "ts": {i * 1000}, "room": "r1", "open": {o}}}\n'
+    for i, o in enumerate(["false", "false", "false", "true"], 1))
+FORCED_DOOR_MATCHES = [
+    '{"query": "forced_door", "detected_at": 4000, "events": {"f": [1, 2, 3], "o": 4}}']
