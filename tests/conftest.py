@@ -80,6 +80,13 @@ def postgres(postgres_server):
     return postgres_server.new_database()
 
 
+# The JVMs the tests start (the Spark session, each `dqcep spark` command, the standalone
+# cluster's daemons and executors) live for seconds to minutes: C1 alone compiles what
+# they run with a quarter less CPU than C1 then C2 (a killed-and-restarted stream job:
+# 219 -> 163 CPU seconds), and the suite is CPU-bound on 2 cores. One serial collector:
+# no GC threads contending with the other test process. The JVM says so on stderr.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 # Hypothesis: the full run's counts under its default and ci profiles; ``dev`` a tenth
 # (tests/support/examples.py; the README's quick command).
 settings.register_profile("dev", max_examples=examples.DEV)
