@@ -278,43 +278,74 @@ def test_streaming_commands_against_a_broker(mosquitto, tmp_path):
 def test_the_device_feed_of_streaming_md_against_a_broker(mosquitto, tmp_path):
     """docs/streaming.md's opening: the service with the example map, the readings
     published as a node sends them, the end of the stream (SIGUSR1): the fire alert it
-    shows, with the ids it shows (a fresh journal)."""
+    shows, with the ids it shows (a fresh journal).
+
+    The readings are timed by their arrival and the query's window is 300 ms: a machine
+    that stalls the publisher or the service's network thread that long between the
+    first and the fourth reading puts them out of the window (CI: no alert, 1 of ~800
+    runs). So each run's alerts are the reference's on what was journaled, with its
+    arrival times, and the shown alert is the one of a run whose readings came within
+    the window; up to three runs, a fresh journal each."""
+    from dqcep.events import Event
+    from dqcep.io.journal import read_journal
+    from dqcep.io.mapping import derived_id
+    from dqcep.lang import parse_file
+    from dqcep.reference import ReferenceMatcher
     host, port = mosquitto
     shown = shown_commands(ROOT / "docs" / "streaming.md")
     service = [s.command for s in shown if "--map" in s.command and s.command.startswith(
         "dqcep run")]
     publish = [s.command for s in shown if s.command.startswith("dqcep publish")]
     assert len(service) == 1 and len(publish) == 1
+    doc = (ROOT / "docs" / "streaming.md").read_text()
+    shown_alert = json.loads(re.search(r'^\{"query": "fire".*$', doc, re.M).group(0))
+    readings = [json.loads(x) for x in
+                (ROOT / "examples" / "sensor-readings.jsonl").read_text().splitlines()]
+    queries = parse_file(ROOT / "examples" / "sensors.cep").queries
 
     def args(command):
         return shlex.split(command.replace("localhost:1883", f"{host}:{port}"))
 
-    cwd, env = workdir(tmp_path, Path("streaming.md")), environment()
-    svc = subprocess.Popen(args(service[0]) + ["--client-id", "docs-feed"], cwd=cwd, env=env,
-                           stderr=subprocess.PIPE, text=True)
-    try:
-        line = svc.stderr.readline()
-        assert "listening on" in line, line + svc.stderr.read()
-        r = subprocess.run(args(publish[0]), cwd=cwd, env=env, capture_output=True, text=True,
-                           timeout=60)
-        assert r.returncode == 0, r.stderr
-        # every reading sent is journaled before the end of the stream (a second's
-        # sleep was too short on a loaded machine: no alert)
-        from dqcep.io.journal import read_journal
-        sent = len((ROOT / "examples" / "sensor-readings.jsonl").read_text().splitlines())
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and sum(
-                1 for _ in read_journal(cwd / "alerts.state" / "journal",
-                                        include_open=True)) < sent:
-            time.sleep(0.05)
-    finally:
-        svc.send_signal(signal.SIGUSR1)  # the end of the stream
-        err = svc.communicate(timeout=60)[1]
-    assert svc.returncode == 0, err
-    doc = (ROOT / "docs" / "streaming.md").read_text()
-    shown_alert = json.loads(re.search(r'^\{"query": "fire".*$', doc, re.M).group(0))
-    alerts = [json.loads(x) for x in (cwd / "alerts.jsonl").read_text().splitlines()]
-    assert [(a["query"], a["events"]) for a in alerts] == [("fire", shown_alert["events"])]
+    def run(attempt: int):
+        """The service and the publisher as shown: (its alerts, the reference's)."""
+        (tmp_path / str(attempt)).mkdir()
+        cwd = workdir(tmp_path / str(attempt), Path("streaming.md"))
+        env = environment()
+        svc = subprocess.Popen(args(service[0]) + ["--client-id", f"docs-feed-{attempt}"],
+                               cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+        journal = cwd / "alerts.state" / "journal"
+        try:
+            line = svc.stderr.readline()
+            assert "listening on" in line, line + svc.stderr.read()
+            r = subprocess.run(args(publish[0]), cwd=cwd, env=env, capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            # every reading sent is journaled before the end of the stream (a second's
+            # sleep was too short on a loaded machine: no alert)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and sum(
+                    1 for _ in read_journal(journal, include_open=True)) < len(readings):
+                time.sleep(0.05)
+        finally:
+            svc.send_signal(signal.SIGUSR1)  # the end of the stream
+            err = svc.communicate(timeout=60)[1]
+        assert svc.returncode == 0, err
+        records = list(read_journal(journal, include_open=True))
+        assert len(records) == len(readings), err
+        events = [Event(derived_id(rec.offset, 0), e["type"], rec.arrival_us // 1000,
+                        {"room": e["room"], "value": e["value"]})
+                  for rec, e in zip(records, readings)]
+        reference = [(m.query, m.to_json_obj()["events"])
+                     for m in ReferenceMatcher(queries).run(events)]
+        alerts = [json.loads(x) for x in (cwd / "alerts.jsonl").read_text().splitlines()]
+        return [(a["query"], a["events"]) for a in alerts], reference
+
+    for attempt in range(3):
+        alerts, reference = run(attempt)
+        assert alerts == reference
+        if reference:
+            break
+    assert alerts == [("fire", shown_alert["events"])]
 
 
 def test_operations_commands_against_a_broker(mosquitto, tmp_path):
