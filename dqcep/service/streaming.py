@@ -29,8 +29,6 @@ or ``end_of_stream`` set by an embedding program) releases them.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import signal
 import sys
 import threading
@@ -49,8 +47,7 @@ from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
                                  write_checkpoint)
 from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader, ahead_reason, ahead_rows
-from dqcep.io.journal import (Gap, Journal, JournalTail, JournalView, Record, journal_bytes,
-                               segments)
+from dqcep.io.journal import Gap, Journal, JournalTail, JournalView, Record, segments
 from dqcep.io.mapping import TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
@@ -65,7 +62,9 @@ from dqcep.service.changes import (CONTROL_TOPIC, Admission, ChangeRefused, Quer
                                    write_admission)
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, HttpServer
 from dqcep.service.response import ResponseTimes, ServiceTimes
-from dqcep.runtime import STATE_BUDGET, Engine, EventColumns, MatchBatch
+from dqcep.service.stats import (last_matches, query_entries, source_figures,
+                                 stream_figures, write_stats_file)
+from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
 from dqcep.runtime.pipeline import Pipeline
 from dqcep.runtime.returns import ReturnValues
 
@@ -167,34 +166,6 @@ def _state_problem(state: dict) -> str | None:
                                                               is_int(sinks[k])) for k in SINKS):
         return "no sink lengths"
     return None
-
-
-def write_stats_file(path: str | None, stats: dict) -> None:
-    """The stats as JSON in ``path`` (replaced whole, so a reader never sees half)."""
-    if not path:
-        return
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(stats, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # stats are a view; the line on stderr says the same
-
-
-def last_matches(batch, k: int) -> list:
-    """The last ``k`` matches of a batch, as ``Match`` objects (only those converted)."""
-    parts, left = [], k
-    for q, detected, ids, lists in reversed(batch.parts):
-        if left <= 0:
-            break
-        n = len(detected)
-        start = max(0, n - left)
-        rows = np.arange(start, n)
-        parts.append((q, detected[start:], ids[start:],
-                      None if lists is None else lists.take(rows)))
-        left -= n - start
-    return MatchBatch(batch.queries, parts[::-1]).to_matches()
 
 
 def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
@@ -866,13 +837,11 @@ class StreamingService:
         """The figures of the stats line, the stats file, ``/status`` and ``/metrics``
         (docs/operations.md names each)."""
         now = time.monotonic()
-        elapsed = max(now - self.started, 1e-9)
         names = [q.name for q in self.queries]
         plain = {k: v for k, v in self.counts.items()
                  if not k.startswith((DEAD, MATCHES))}
         stopped = self.engine.stopped
         return {**plain, "lag_records": self.journal.durable_offset - self.offset,
-                "events_per_s": self.counts["events_in"] / elapsed,
                 "watermark": self.engine.wm, "error": self.error,
                 "stopped": stopped,
                 "response": self.response.totals(histogram=True),
@@ -882,42 +851,30 @@ class StreamingService:
                 "matches_by_query": {n: self.counts.get(MATCHES + n, 0) for n in names},
                 "state_bytes": self.engine.query_state_bytes(),
                 "state_total_bytes": self.engine.state_bytes(),
-                "journal_bytes": journal_bytes(self.cfg.journal),
                 "checkpoint_age_s": None if self.checkpointed_at is None
                 else now - self.checkpointed_at,
-                "stopped_by_query": {n: int(n in stopped) for n in names},
-                "budget_stops": len(stopped), "failing": int(self.error is not None),
-                "query_count": len(names), "uptime_s": elapsed,
-                "inputs": list(self.cfg.inputs), "state": self.cfg.state}
+                **stream_figures(names=names, events_in=self.counts["events_in"],
+                                 stopped=stopped, error=self.error, started=self.started,
+                                 now=now, inputs=self.cfg.inputs, state=self.cfg.state,
+                                 journal=self.cfg.journal)}
 
     def status(self, source: MqttSource | None = None) -> dict:
         """``/status``: the stats, the last stats line's recent figures, the query set,
         the newest matches."""
-        s = self.stats()
-        s.update(self._recent)
-        s["redelivered"] = source.redelivered if source is not None else 0
-        if source is not None and source.write_error:
-            s["error"], s["failing"] = source.write_error, 1
-        s["queries"] = [{"name": q.name, "text": self.query_texts.get(q.name),
-                         "added_at": self.query_set.epochs.get(q.name, 0) - 1
-                         if self.query_set.epochs.get(q.name) else None}
-                        for q in self.queries]
+        s = source_figures({**self.stats(), **self._recent}, source)
+        s["queries"] = query_entries(self.query_set, self.query_texts,
+                                     [q.name for q in self.queries])
         s["plan_version"] = self.plan_version
         s["last_matches"] = list(self.last_matches)
         return s
 
     def _write_stats(self, source: MqttSource | None = None) -> None:
-        s = self.stats()
+        s = source_figures(self.stats(), source)
         s["response_recent"] = recent = self.response.take_recent()
         s["service_recent"] = self.service_times.take_recent(time.monotonic())
         self._recent = {k: s[k] for k in ("response_recent", "service_recent")}
         measured = ", ".join(f"{q} {r['mean_ms']:.1f}" for q, r in recent.items()
                              if r["mean_ms"] is not None)
-        if source is not None and source.write_error:
-            s["error"] = source.write_error
-        # messages the broker sent again after a lost acknowledgement, not journaled
-        # twice (this run's; dqcep.io.mqtt)
-        s["redelivered"] = source.redelivered if source is not None else 0
         print(f"dqcep: events in {s['events_in']}, matches out {s['matches_out']}, late "
               f"{s['late']}, malformed {s['malformed']}, duplicates {s['duplicates']}, lag "
               f"{s['lag_records']} records, {s['events_per_s']:,.0f} events/s"

@@ -48,7 +48,7 @@ from pathlib import Path
 from dqcep.capacity import Calibration, in_turn_order
 from dqcep.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
-from dqcep.io.journal import Journal, JournalView, forget_consumer, journal_bytes
+from dqcep.io.journal import Journal, JournalView, forget_consumer
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.sinks import is_mqtt
 from dqcep.lang import parse_file, to_source
@@ -56,8 +56,9 @@ from dqcep.plan import build_plan, explain_dot
 from dqcep.service.changes import (CONTROL_TOPIC, ChangeRefused, QuerySet, read_control,
                                    requested_change)
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpServer
-from dqcep.service.streaming import (CHECKPOINT_VERSION, ServiceConfig, StreamingService,
-                                     write_stats_file)
+from dqcep.service.stats import (query_entries, source_figures, stream_figures,
+                                 write_stats_file)
+from dqcep.service.streaming import CHECKPOINT_VERSION, ServiceConfig, StreamingService
 
 ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
 LIVE_SET = "live-queries.json"  # beside the checkpoints: the query set after live changes
@@ -810,30 +811,23 @@ class Coordinator:
             "state_bytes": {q: r.get("state_total_bytes", 0) for q, r in reports.items()},
             "state_total_bytes": sum(r.get("state_total_bytes", 0)
                                      for r in reports.values()),
-            "journal_bytes": journal_bytes(self.cfg.journal),
             "checkpoint_age_s": max(ages) if ages else None,
-            "stopped_by_query": {q: int(q in s["stopped"]) for q in self.names},
-            "budget_stops": len(s["stopped"]), "failing": int(s["error"] is not None),
-            "query_count": len(self.names), "uptime_s": now - self.started,
-            "events_per_s": s["events_in"] / max(now - self.started, 1e-9),
             "watermark": min((r["watermark"] for r in reports.values()
                               if r.get("watermark") is not None), default=None),
-            "inputs": list(self.cfg.inputs), "state": self.cfg.state,
+            **stream_figures(names=self.names, events_in=s["events_in"],
+                             stopped=s["stopped"], error=s["error"], started=self.started,
+                             now=now, inputs=self.cfg.inputs, state=self.cfg.state,
+                             journal=self.cfg.journal),
             "worker_status": [{"worker": i + 1, "up": int(w.process.is_alive()),
                                "pid": w.process.pid, "queries": list(w.queries)}
                               for i, w in enumerate(self.workers)],
             "workers_up": {str(i + 1): int(w.process.is_alive())
                            for i, w in enumerate(self.workers)},
-            "queries": [{"name": q, "text": self.query_texts[q],
-                         "added_at": self.query_set.epochs[q] - 1
-                         if self.query_set.epochs.get(q) else None} for q in self.names],
+            "queries": query_entries(self.query_set, self.query_texts, self.names),
             "queries_by_name": s["queries"],
             "last_matches": last,
-            "redelivered": source.redelivered if source is not None else 0,
             "plan_version": "workers"})
-        if source is not None and source.write_error:
-            s["error"], s["failing"] = source.write_error, 1
-        return s
+        return source_figures(s, source)
 
     def _write_stats(self) -> None:
         s = self.stats()
