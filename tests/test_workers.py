@@ -1,4 +1,5 @@
-"""The streaming service as worker processes (dqcep.service.workers), against a real Mosquitto:
+"""The streaming service as worker processes (dqcep.service.coordinator and .worker),
+against a real Mosquitto:
 each query a journal consumer of its own, moved between workers with its checkpoint;
 scaled up and down live; every run compared with the reference matcher."""
 import json
@@ -163,7 +164,7 @@ def test_a_killed_worker_is_restarted_from_its_checkpoints(mosquitto, tmp_path):
 def test_a_worker_that_keeps_dying_ends_the_service_with_the_reason(mosquitto, tmp_path):
     """A worker killed again and again is not restarted for ever: after RESTARTS
     deaths within RESTART_WINDOW s the coordinator exits 1 and says why."""
-    from dqcep.service.workers import RESTARTS
+    from dqcep.service.coordinator import RESTARTS
     host, port = mosquitto
     url = f"mqtt://{host}:{port}/workers/crashloop"
     svc = Workers(tmp_path, url, "--workers", "1", "--client-id", "workers-crashloop")
@@ -282,7 +283,7 @@ def test_a_query_added_to_workers_admits_what_the_single_service_does(tmp_path):
     from dqcep.io.journal import Journal, JournalView
     from dqcep.service.changes import CONTROL_TOPIC, control_record
     from dqcep.service.streaming import ServiceConfig, StreamingService
-    from dqcep.service.workers import query_config, set_up_added
+    from dqcep.service.worker import query_config, set_up_added
     (tmp_path / "q.cep").write_text("QUERY d PATTERN Door x WITHIN 1 s;\n")
     added = "QUERY later PATTERN SEQ(Door x, Motion y) WITHIN 10 s\n"
 

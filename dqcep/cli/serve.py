@@ -81,7 +81,7 @@ def start_service(args) -> int:
 def _serve_workers(args, cfg, names: list[str]) -> int:
     """--workers N and/or --target Q=MS --calibration FILE: the service as workers."""
     from dqcep.io.database import is_database
-    from dqcep.service.workers import Scaling, round_robin, serve_workers
+    from dqcep.service.coordinator import Scaling, round_robin, serve_workers
 
     if is_database(cfg.output):
         raise UserError("--workers and --target write a file or a topic (--output); a "

@@ -2,8 +2,11 @@
 
 - ``streaming``: one service: MQTT -> journal -> pipeline -> sinks, checkpoints,
   recovery (``StreamingService``, ``ServiceConfig``, ``serve``)
-- ``workers``: the service as worker processes, a journal consumer per query,
-  placed and re-planned by the capacity model (``serve_workers``)
+- ``coordinator``: the service as worker processes (``--workers``), a journal
+  consumer per query, placed and re-planned by the capacity model (``serve_workers``);
+  ``worker``: a worker process and the messages it and the coordinator exchange
+- ``changes``: the query set and its live changes; ``stats``: the figures both the
+  service and the coordinator show
 - ``response``: the response times it measures
 - ``http``, ``metrics``, ``page.html``: the HTTP side (``--http``): the live page,
   ``/status``, Prometheus's ``/metrics``; ``client``: what ``dqcep status`` uses

@@ -185,7 +185,7 @@ def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
 class StreamingService:
     """Consumes the journal into the engine and the sinks. It writes the journal itself
     (``run`` subscribes) unless given ``journal``: a ``JournalView`` of a journal that
-    another process writes (a worker of ``dqcep.service.workers``, which calls
+    another process writes (a worker of ``dqcep.service.worker``, which calls
     ``timed_step`` and ``timed_checkpoint`` itself)."""
 
     def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None):

@@ -41,7 +41,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -59,47 +59,13 @@ from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpServer
 from dqcep.service.stats import (query_entries, source_figures, stream_figures,
                                  write_stats_file)
 from dqcep.service.streaming import CHECKPOINT_VERSION, ServiceConfig, StreamingService
+from dqcep.service.worker import (ARRIVALS, Failed, Host, Hosted, Order, Release, Released,
+                                  Report, Stop, Stopped, Wake, query_config, query_home,
+                                  query_output, removed_home, set_up_added, worker_main)
 
-ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
 LIVE_SET = "live-queries.json"  # beside the checkpoints: the query set after live changes
-LIVE_QUERY = "query.cep"        # in a live-added query's home: its text and declarations
-LIVE_START = "start-offset"     # ... and the journal offset its consumer starts at
-LIVE_ADMISSION = "admission-at"  # ... after taking the admission of this control record
 RESTARTS = 3        # a worker that dies more often than this ...
 RESTART_WINDOW = 60.0  # ... within this many seconds ends the service (exit 1)
-
-
-class _Wake:
-    """The coordinator's nudge to a worker after a commit: a byte on a pipe of its
-    own. A ``multiprocessing.Event`` cannot be used: its ``set()`` blocks forever once
-    a process that waited on it has died holding its lock (a SIGKILLed worker hung the
-    coordinator, SIGTERM included). A write here never blocks: a full pipe already
-    holds a nudge, a closed one is a dead worker, which the coordinator's loop sees."""
-
-    def __init__(self, ctx):
-        self.reader, self.writer = ctx.Pipe(duplex=False)
-        os.set_blocking(self.writer.fileno(), False)
-
-    def set(self) -> None:
-        try:
-            os.write(self.writer.fileno(), b"\0")
-        except (BlockingIOError, BrokenPipeError, ValueError, OSError):
-            pass  # a nudge is waiting already / the worker is gone (noticed elsewhere)
-
-    def close(self) -> None:
-        self.reader.close()
-        self.writer.close()
-
-
-def _wait_for_wake(reader, timeout: float) -> None:
-    """In a worker: wait for a nudge (or ``timeout``), then take every byte waiting."""
-    if reader.poll(timeout):
-        os.set_blocking(reader.fileno(), False)
-        try:
-            while os.read(reader.fileno(), 4096):
-                pass
-        except BlockingIOError:
-            pass
 
 
 @dataclass
@@ -125,198 +91,11 @@ def read_calibration(path: str) -> Calibration:
         raise UserError(f"cannot read the calibration {path}: {err}") from None
 
 
-def query_home(cfg: ServiceConfig, query: str) -> Path:
-    """Where a query's consumer keeps its checkpoint, dead letters and late events."""
-    return Path(cfg.checkpoint).parent / "queries" / query
-
-
-def removed_home(cfg: ServiceConfig, query: str, offset: int) -> Path:
-    """Where a query removed at journal ``offset`` keeps what its consumer left."""
-    return query_home(cfg, query).with_name(f"{query}.removed-{offset}")
-
-
-def query_output(cfg: ServiceConfig, query: str) -> str:
-    """A query's own output beside a file output (``out.jsonl`` -> ``out.NAME.jsonl``);
-    a topic output is shared."""
-    if is_mqtt(cfg.output):
-        return cfg.output
-    out = Path(cfg.output)
-    return str(out.with_name(f"{out.stem}.{query}{out.suffix}"))
-
-
-def set_up_added(cfg: ServiceConfig, query: str, offset: int, text: str) -> None:
-    """The home of a query added by the control record at ``offset``: its query file
-    (``text``: the change's, with the service's declarations), the offset its consumer
-    starts at and the record whose admission it takes first."""
-    home = query_home(cfg, query)
-    home.mkdir(parents=True, exist_ok=True)
-    (home / LIVE_QUERY).write_text(text)
-    (home / LIVE_START).write_text(f"{offset + 1}\n")
-    (home / LIVE_ADMISSION).write_text(f"{offset}\n")
-
-
-def query_config(cfg: ServiceConfig, query: str) -> ServiceConfig:
-    """The consumer of one query: its own state under STATE/queries/NAME/, its own
-    output beside a file output (``out.jsonl`` -> ``out.NAME.jsonl``)."""
-    home = query_home(cfg, query)
-    home.mkdir(parents=True, exist_ok=True)
-    output = query_output(cfg, query)
-    if (home / LIVE_QUERY).exists():  # added live: its own text, from its control record on
-        admission = home / LIVE_ADMISSION  # (added before dqcep wrote admissions: none)
-        cfg = replace(cfg, queries=str(home / LIVE_QUERY),
-                      start_offset=int((home / LIVE_START).read_text()),
-                      admission_at=int(admission.read_text()) if admission.exists() else None)
-    return replace(cfg, checkpoint=str(home / "checkpoint.bin"), output=output,
-                   dead_letter=str(home / "dead-letter.jsonl"),
-                   late=str(home / "late.jsonl"), hosted=[query], consumer=f"query-{query}",
-                   stats_file=None, http=None, last_matches=cfg.http is not None)
-
-
-# ------------------------------------------------------------------ a worker process
-
-def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: str,
-                conn) -> None:
-    """A worker: hosts and lets go of query consumers as the coordinator says, steps
-    each after every commit, one after the other in the order the coordinator gives
-    (``order``: the first answers first), checkpoints each when due
-    (``StreamingService.checkpoint_due``), and reports their stats every ``cfg.stats_every`` s."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the coordinator decides when to stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    parent = os.getppid()
-    memory = shared_memory.SharedMemory(arrivals_name)
-    arrivals = ArrivalTimes(ARRIVALS, memory.buf, fresh=False)
-    view = JournalView(cfg.journal, lambda: durable.value)
-    hosted: dict[str, StreamingService] = {}
-    last_stats = time.monotonic()
-    # with the HTTP side on, the coordinator's page wants fresh figures
-    report_every = min(cfg.stats_every, 1.0) if cfg.http is not None else cfg.stats_every
-    try:
-        while True:
-            while conn.poll():
-                message = conn.recv()
-                kind = message[0]
-                if kind == "host":
-                    q = message[1]
-                    svc = StreamingService(query_config(cfg, q), journal=view)
-                    svc.arrivals = arrivals
-                    hosted[q] = svc
-                    conn.send(("hosted", q, svc.offset))
-                elif kind in ("release", "release_at"):
-                    q = message[1]
-                    svc = hosted.pop(q)
-                    if kind == "release_at":  # removed: its matches up to the change out
-                        _step_through(svc, hosted.values(), until=message[2])
-                    svc.checkpoint()
-                    svc.close()
-                    conn.send(("released", q, svc.offset))
-                elif kind == "order":
-                    if sorted(message[1]) != sorted(hosted):
-                        raise RuntimeError(f"order {message[1]} is not the queries hosted "
-                                           f"({sorted(hosted)})")
-                    hosted = {q: hosted[q] for q in message[1]}
-                elif kind == "stop":
-                    end_of_stream = message[1]
-                    report = {}
-                    for q, svc in hosted.items():
-                        _step_through(svc, hosted.values())
-                        if end_of_stream:
-                            svc.end_stream()
-                        svc.checkpoint()
-                        svc.error = None  # written: a failure retried before is over
-                        report[q] = _report(svc)
-                        svc.close()
-                    hosted.clear()
-                    conn.send(("stopped", index, report))
-                    return
-            if os.getppid() != parent:
-                return  # the coordinator is gone: its restart takes over from the checkpoints
-            _wait_for_wake(wake, 0.02)
-            for q, svc in hosted.items():
-                try:
-                    svc.timed_step(deadline=time.monotonic() + cfg.checkpoint_every)
-                    if svc.checkpoint_due(time.monotonic()):
-                        svc.timed_checkpoint()
-                        for other in hosted.values():  # it held their next steps too
-                            other.service_times.checkpointed()
-                    svc.error = None
-                except OSError as err:  # as the single service: back to the checkpoint,
-                    # retried until the write goes through (a full disk), unless the
-                    # coordinator speaks or is gone meanwhile: then the worker fails
-                    svc.recover(err, _Interrupted(conn, parent, lambda: conn.send(
-                        ("stats", index, {q: _report(svc)}))))  # the error, while it lasts
-            if time.monotonic() - last_stats >= report_every:
-                conn.send(("stats", index, {q: _report(svc) for q, svc in hosted.items()}))
-                last_stats = time.monotonic()
-    except (EOFError, ConnectionError):
-        return  # the coordinator is gone (SIGKILL): its restart takes over, nothing to say
-    except BaseException as err:  # noqa: BLE001 - the coordinator says it and stops
-        try:
-            conn.send(("failed", index, f"{type(err).__name__}: {err}"))
-        except OSError:
-            pass
-        raise
-    finally:
-        memory.close()
-
-
-def _step_through(svc: StreamingService, others, until: int | None = None) -> None:
-    """A consumer stepped through the durable records (up to ``until``). One that
-    waits for its admission (a query added live) lets this worker's other consumers
-    step meanwhile: the one that reaches its control record first writes it, and that
-    may be one of them (consumers on other workers go on by themselves)."""
-    while until is None or svc.offset < until:
-        if svc.step(until=until):
-            continue
-        if not svc.waiting_for_admission:
-            return
-        for other in others:
-            if other is not svc:
-                other.step()
-        time.sleep(0.01)
-
-
-class _Interrupted:
-    """The ``stop`` a consumer's ``recover`` waits on in a worker: set once the
-    coordinator has sent a message or is gone (the worker cannot answer while it
-    retries). Each wait first reports (``report``: the consumer's stats, its error)."""
-
-    def __init__(self, conn, parent: int, report):
-        self.conn, self.parent, self.report = conn, parent, report
-
-    def is_set(self) -> bool:
-        return os.getppid() != self.parent or self.conn.poll()
-
-    def wait(self, timeout: float) -> bool:
-        self.report()
-        deadline = time.monotonic() + timeout
-        while not self.is_set() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.is_set()
-
-
-def _report(svc: StreamingService) -> dict:
-    """A query consumer's figures for the coordinator (its stats file, its page)."""
-    now = time.monotonic()
-    q = svc.response.names[0]
-    s = svc.stats()
-    return {**{k: s[k] for k in ("events_in", "payloads", "matches_out", "malformed", "late",
-                                 "error", "stopped", "duplicates", "journal_lost",
-                                 "dead_letters", "state_total_bytes", "checkpoint_age_s",
-                                 "watermark")},
-            "offset": svc.offset, "response": s["response"][q],
-            "response_recent": svc.response.take_recent()[q],
-            "service": svc.service_times.totals(now),
-            "service_recent": svc.service_times.take_recent(now),
-            "last_matches": list(svc.last_matches)}
-
-
-# ------------------------------------------------------------------ the coordinator
-
 @dataclass
 class _Worker:
     process: mp.Process
     conn: object
-    wake: _Wake
+    wake: Wake
     queries: list[str] = field(default_factory=list)  # in the order it steps them
     deaths: list[float] = field(default_factory=list)  # when it died (time.monotonic)
 
@@ -503,8 +282,8 @@ class Coordinator:
             if w is None:
                 break
             try:
-                w.conn.send(("release_at", q, offset))
-                self._expect(w, "released")
+                w.conn.send(Release(q, until=offset))
+                self._expect(w, Released)
                 w.queries.remove(q)
                 break
             except (_WorkerDied, OSError):
@@ -551,8 +330,8 @@ class Coordinator:
                 if change["op"] == "add":
                     for q in names:
                         w = min(self.workers, key=lambda w: len(w.queries))
-                        w.conn.send(("host", q))
-                        self._expect(w, "hosted")
+                        w.conn.send(Host(q))
+                        self._expect(w, Hosted)
                         w.queries.append(q)
                     if self.scaling is not None:  # then where the model says
                         self.scaling.calibration = calibration
@@ -570,7 +349,7 @@ class Coordinator:
     # -------------------------------------------------------------- workers
     def _spawn(self, index: int) -> _Worker:
         parent, child = self.ctx.Pipe()
-        wake = _Wake(self.ctx)
+        wake = Wake(self.ctx)
         process = self.ctx.Process(
             target=worker_main, args=(index, self.cfg, self.durable, wake.reader,
                                       self.memory.name, child),
@@ -611,15 +390,15 @@ class Coordinator:
             self.workers[i] = fresh
             try:
                 for q in fresh.queries:
-                    fresh.conn.send(("host", q))
-                    self._expect(fresh, "hosted")
+                    fresh.conn.send(Host(q))
+                    self._expect(fresh, Hosted)
                 if len(fresh.queries) > 1:
-                    fresh.conn.send(("order", fresh.queries))
+                    fresh.conn.send(Order(tuple(fresh.queries)))
             except (_WorkerDied, OSError):
                 continue  # died again while taking its queries: the next pass counts it
             fresh.wake.set()  # what was committed meanwhile
 
-    def _expect(self, worker: _Worker, kind: str, timeout: float = 120.0):
+    def _expect(self, worker: _Worker, kind: type, timeout: float = 120.0):
         """The worker's next answer of ``kind`` (stats that come first are kept); a
         worker that died meanwhile is said at once, not waited for."""
         deadline = time.monotonic() + timeout
@@ -627,27 +406,27 @@ class Coordinator:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise UserError(f"worker {self.workers.index(worker) + 1} did not answer "
-                                f"({kind}) within {timeout:g} s")
+                                f"({kind.__name__}) within {timeout:g} s")
             if not worker.conn.poll(min(left, 0.2)):
                 if not worker.process.is_alive() and not worker.conn.poll():
                     raise _WorkerDied(f"worker {self.workers.index(worker) + 1} died "
                                       f"(exit code {worker.process.exitcode}) before it "
-                                      f"answered ({kind})")
+                                      f"answered ({kind.__name__})")
                 continue
             try:
                 message = worker.conn.recv()
             except (EOFError, ConnectionError):
                 raise _WorkerDied(f"worker {self.workers.index(worker) + 1} died before it "
-                                  f"answered ({kind})") from None
-            if message[0] == kind:
+                                  f"answered ({kind.__name__})") from None
+            if isinstance(message, kind):
                 return message
             self._take(message)
 
     def _take(self, message) -> None:
-        if message[0] == "stats":
-            self.reports.update(message[2])
-        elif message[0] == "failed":
-            self.failure = f"worker {message[1] + 1} failed: {message[2]}"
+        if isinstance(message, Report):
+            self.reports.update(message.reports)
+        elif isinstance(message, Failed):
+            self.failure = f"worker {message.worker + 1} failed: {message.reason}"
 
     def _apply(self, placement: list[list[str]], why: str) -> None:
         """Move queries and start or stop workers so that worker i hosts placement[i]
@@ -670,15 +449,15 @@ class Coordinator:
         for i, part in target.items():  # let go first: a query is hosted once at a time
             w = self.workers[i]
             for q in sorted(set(w.queries) - set(part)):
-                w.conn.send(("release", q))
-                released[q] = self._expect(w, "released")[2]
+                w.conn.send(Release(q))
+                released[q] = self._expect(w, Released).offset
                 w.queries.remove(q)
         moved = {}
         for i, part in target.items():
             w = self.workers[i]
             for q in sorted(set(part) - set(w.queries)):
-                w.conn.send(("host", q))
-                offset = self._expect(w, "hosted")[2]
+                w.conn.send(Host(q))
+                offset = self._expect(w, Hosted).offset
                 if q in released and offset != released[q]:
                     raise UserError(f"query {q} was let go at journal offset {released[q]} "
                                     f"but taken over at {offset}")
@@ -686,7 +465,7 @@ class Coordinator:
                     moved[q] = offset
                 w.queries.append(q)
             if part and w.queries != part:
-                w.conn.send(("order", part))
+                w.conn.send(Order(tuple(part)))
                 w.queries = list(part)
         for i in sorted(free, reverse=True):
             self._stop_worker(self.workers[i], end_of_stream=False)
@@ -700,9 +479,8 @@ class Coordinator:
               file=sys.stderr, flush=True)
 
     def _stop_worker(self, worker: _Worker, end_of_stream: bool) -> None:
-        worker.conn.send(("stop", end_of_stream))
-        _, _, report = self._expect(worker, "stopped")
-        self.reports.update(report)
+        worker.conn.send(Stop(end_of_stream))
+        self.reports.update(self._expect(worker, Stopped).reports)
         worker.process.join(60)
         worker.wake.close()
 
