@@ -6,7 +6,8 @@
   consumer per query, placed and re-planned by the capacity model (``serve_workers``);
   ``worker``: a worker process and the messages it and the coordinator exchange
 - ``changes``: the query set and its live changes; ``stats``: the figures both the
-  service and the coordinator show
+  service and the coordinator show; ``recovery``: what a start checks of a checkpoint,
+  and the files cut back to it
 - ``response``: the response times it measures
 - ``http``, ``metrics``, ``page.html``: the HTTP side (``--http``): the live page,
   ``/status``, Prometheus's ``/metrics``; ``client``: what ``dqcep status`` uses

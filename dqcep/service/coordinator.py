@@ -58,7 +58,8 @@ from dqcep.service.changes import (CONTROL_TOPIC, ChangeRefused, QuerySet, read_
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpServer
 from dqcep.service.stats import (query_entries, source_figures, stream_figures,
                                  write_stats_file)
-from dqcep.service.streaming import CHECKPOINT_VERSION, ServiceConfig, StreamingService
+from dqcep.service.recovery import CHECKPOINT_VERSION
+from dqcep.service.streaming import ServiceConfig, StreamingService
 from dqcep.service.worker import (ARRIVALS, Failed, Host, Hosted, Order, Release, Released,
                                   Report, Stop, Stopped, Wake, query_config, query_home,
                                   query_output, removed_home, set_up_added, worker_main)

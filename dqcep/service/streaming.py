@@ -36,23 +36,19 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 
 from dqcep._kernels.recent_ids import RecentIds
 from dqcep.runtime.duplicates import RECENT_IDS, admit_bytes, recent_to_bytes
 from dqcep.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
-from dqcep.io.checkpoint import (CheckpointError, read_checkpoint, recovery_hint,
-                                 write_checkpoint)
+from dqcep.io.checkpoint import CheckpointError, recovery_hint, write_checkpoint
 from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader, ahead_reason, ahead_rows
-from dqcep.io.journal import Gap, Journal, JournalTail, JournalView, Record, segments
+from dqcep.io.journal import Gap, Journal, JournalTail, JournalView, Record
 from dqcep.io.mapping import TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
-from dqcep.io.sinks import (BackgroundSink, durable, is_mqtt, json_line, naming, open_file,
-                             open_match_sink)
+from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
 from dqcep.runtime.live import change_queries
@@ -61,6 +57,8 @@ from dqcep.service.changes import (CONTROL_TOPIC, Admission, ChangeRefused, Quer
                                    read_admission, read_control, requested_change,
                                    write_admission)
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, HttpServer
+from dqcep.service.recovery import (CHECKPOINT_VERSION, SINKS, Sink, check_fresh_start,
+                                    check_table, read_state)
 from dqcep.service.response import ResponseTimes, ServiceTimes
 from dqcep.service.stats import (last_matches, query_entries, source_figures,
                                  stream_figures, write_stats_file)
@@ -68,13 +66,11 @@ from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
 from dqcep.runtime.pipeline import Pipeline
 from dqcep.runtime.returns import ReturnValues
 
-CHECKPOINT_VERSION = 3
 CHANGE_WAIT = 30.0    # s an HTTP change waits to be applied before it answers 202
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
 CONSUMER = "service"  # a service's name among the journal's consumers (retention), default
 RETRY_SECONDS = 1.0   # pause before going back to the checkpoint after a failed write
 CHECKPOINT_SHARE = 0.1  # at most this share of the time goes to periodic checkpoints
-SINKS = ("output", "dead_letter", "late")
 DEAD = "dead."        # counters of dead letters by reason: dead.payload, dead.event, ...
 MATCHES = "matches."  # counters of each query's matches (dqcep.runtime.pipeline)
 
@@ -120,54 +116,6 @@ class ServiceError(Exception):
     """The service cannot go on; the message says why (exit code 1)."""
 
 
-class _Sink:
-    """An append-only JSON-lines file that can be cut back to a checkpointed length."""
-
-    def __init__(self, path: str, keep: int):
-        self.path = Path(path)
-        self.f = open_file(self.path, keep)
-
-    def write(self, obj: dict) -> None:
-        with naming(self.path):
-            self.f.write(json_line(obj))
-
-    def sync(self) -> int:
-        with naming(self.path):
-            self.f.flush()
-            durable(self.f)
-        return self.f.tell()
-
-    def close(self) -> None:
-        self.sync()
-        self.f.close()
-
-
-def _state_problem(state: dict) -> str | None:
-    """What is wrong with the fields of a checkpoint's state, or None."""
-    def is_int(x):
-        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-    if not is_int(state.get("offset")) or not is_int(state.get("journal_end")):
-        return "no journal offset"
-    for name in ("ended_at", "db_written"):
-        if state.get(name) is not None and not is_int(state[name]):
-            return f"no valid {name}"
-    if not isinstance(state.get("engine"), bytes):
-        return "no engine state"
-    if state.get("returns") is not None and not isinstance(state["returns"], bytes):
-        return "no valid RETURN events"
-    recent = state.get("recent")
-    if not isinstance(recent, bytes) or len(recent) % 8:
-        return "no recent event ids"
-    counts, sinks = state.get("counts"), state.get("sinks")
-    if not isinstance(counts, dict) or not all(isinstance(k, str) and is_int(v)
-                                               for k, v in counts.items()):
-        return "no counters"
-    if not isinstance(sinks, dict) or not all(k in sinks and (sinks[k] is None or
-                                                              is_int(sinks[k])) for k in SINKS):
-        return "no sink lengths"
-    return None
-
-
 def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
     """The queries of a parsed file named in ``hosted`` (all of them for None), in the
     file's order; a name the file does not have is an error."""
@@ -209,12 +157,13 @@ class StreamingService:
         # lookup tables: read at the start, again before a batch when due (one snapshot
         # per batch); kept across a recovery
         self.tables = DatabaseTables(query_file.tables) if query_file.tables else None
-        state = self._read_state()
+        state = read_state(cfg.checkpoint)
         low = 0 if state is None else max(state["offset"], state["journal_end"])
         self.journal = journal if journal is not None else \
             Journal(cfg.journal, cfg.journal_segment_bytes, min_next_offset=low)
         if state is None:
-            self._check_fresh_start()
+            check_fresh_start(cfg.checkpoint, cfg.journal,
+                              (cfg.output, cfg.dead_letter, cfg.late))
         self.error: str | None = None  # a failed write being retried, while it lasts
         # the stream a database output's progress row names (in every checkpoint)
         self.stream = (state or {}).get("stream") or uuid.uuid4().hex
@@ -234,29 +183,6 @@ class StreamingService:
         self.started = time.monotonic()
 
     # ------------------------------------------------------------ state
-    def _read_state(self) -> dict | None:
-        state = read_checkpoint(self.cfg.checkpoint, CHECKPOINT_VERSION)
-        if state is not None:
-            problem = _state_problem(state)
-            if problem:
-                raise CheckpointError(f"checkpoint {self.cfg.checkpoint} is damaged "
-                                      f"({problem}); {recovery_hint(self.cfg.checkpoint)}")
-        return state
-
-    def _check_fresh_start(self) -> None:
-        """Without a checkpoint the journal is replayed from offset 0 and the sinks
-        are written anew: refused when the journal no longer starts there."""
-        names = segments(self.cfg.journal)
-        first = int(names[0].stem) if names else 0
-        written = [p for p in (self.cfg.output, self.cfg.dead_letter, self.cfg.late)
-                   if Path(p).is_file() and Path(p).stat().st_size]
-        if first > 0 and written:
-            raise CheckpointError(
-                f"there is no checkpoint {self.cfg.checkpoint}, and the journal "
-                f"{self.cfg.journal} no longer starts at offset 0 (its first record is "
-                f"{first}): a replay cannot rebuild {', '.join(written)}; restore the "
-                "checkpoint, or move those files away to start from what the journal holds")
-
     def _use_queries(self, query_set: QuerySet, program: Program) -> None:
         """The query set the service runs from now on, and its program."""
         self.query_set, self.queries = query_set, list(query_set.queries)
@@ -333,7 +259,8 @@ class StreamingService:
                                    with_returns=cfg.returns)
         try:
             written = self.out.claim(self.stream) if self.database else None
-            self._check_table(written, (state or {}).get("db_written"))
+            check_table(cfg.output, cfg.checkpoint, written,
+                        (state or {}).get("db_written"))
         except BaseException:
             self.out.close()
             raise
@@ -342,8 +269,8 @@ class StreamingService:
                               written.offset if written else 0) if self.database else None
         if not is_mqtt(cfg.output) and not cfg.returns:
             self.out = BackgroundSink(self.out)  # output overlaps matching; sync waits
-        self.dead = _Sink(cfg.dead_letter, sizes["dead_letter"])
-        self.late = _Sink(cfg.late, sizes["late"])
+        self.dead = Sink(cfg.dead_letter, sizes["dead_letter"])
+        self.late = Sink(cfg.late, sizes["late"])
         self.tail = JournalTail(cfg.journal, self.offset)
         self._replaying = False
         self.pipeline = Pipeline(engine, self.out, recent=self.recent, returns=self.returns,
@@ -373,23 +300,6 @@ class StreamingService:
             except (UserError, ValueError, KeyError):
                 continue  # refused again where the replay reaches it
         return query_set if changed else None
-
-    def _check_table(self, written: Progress | None, checkpointed: int | None) -> None:
-        """A database output must still hold what the checkpoint says was written to
-        it, as a file output its length: a table deleted, replaced or restored from an
-        older copy would lose those rows silently (120 of 186 were left)."""
-        if not checkpointed or (written is not None and written.offset >= checkpointed):
-            return
-        holds = "no matches of this service" if written is None else \
-            f"matches up to journal offset {written.offset}"
-        prev = f" and {self.cfg.checkpoint}.prev" if Path(
-            self.cfg.checkpoint + ".prev").exists() else ""
-        raise CheckpointError(
-            f"{self.cfg.output} holds {holds}, but the checkpoint {self.cfg.checkpoint} says "
-            f"matches up to offset {checkpointed} were written there: the database was "
-            "deleted, replaced or restored from an older copy; put it back, or drop the "
-            f"table and delete {self.cfg.checkpoint}{prev} to write it again from the "
-            "journal (which must still start at offset 0: --journal-retention)")
 
     def _catch_up(self, written: Progress) -> None:
         """The journal from the checkpoint up to what the database output already
@@ -822,7 +732,7 @@ class StreamingService:
         while True:
             stop.wait(RETRY_SECONDS)
             try:
-                self._load(self._read_state())
+                self._load(read_state(self.cfg.checkpoint))
                 return
             except OSError:
                 if stop.is_set():
