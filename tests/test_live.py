@@ -356,8 +356,20 @@ def test_a_change_over_http_is_checked_against_the_set_the_journal_leads_to(tmp_
             svc.journal.commit()
             return offset
     svc.source = Source()
+
+    def stepped(*request):
+        """A change over HTTP, taken by the service's thread (here) at its next step."""
+        answers = []
+        asking = threading.Thread(target=lambda: answers.append(svc.http_change(*request)))
+        asking.start()
+        while svc.mailbox.empty() and asking.is_alive():
+            clock.sleep(0.01)
+        while asking.is_alive():
+            svc.step()
+            clock.sleep(0.05)
+        return answers[0]
     # the add is journaled, not yet replayed: a second one is refused, no record written
-    code, answer = svc.http_change("POST", "/queries", added.encode())
+    code, answer = stepped("POST", "/queries", added.encode())
     assert code == 400 and "runs a query 'later' already" in answer["error"], answer
     assert svc.journal.durable_offset == 1
     # a removal of it is taken; "applied" only once the set without it runs
@@ -367,11 +379,39 @@ def test_a_change_over_http_is_checked_against_the_set_the_journal_leads_to(tmp_
         clock.sleep(0.5)
         return slow(*args, **kwargs)
     monkeypatch.setattr(streaming, "change_queries", slow_change)
-    stepping = threading.Thread(target=lambda: [svc.step() or clock.sleep(0.05)
-                                                for _ in range(60)])
-    stepping.start()
-    code, answer = svc.http_change("DELETE", "/queries/later", b"")
-    stepping.join()
+    code, answer = stepped("DELETE", "/queries/later", b"")
     assert code == 200 and answer["applied"] and "later" not in answer["running"], answer
     assert svc.query_set.names == answer["running"]
     svc.close()
+
+
+def test_the_change_mailbox_answers_what_its_runner_did():
+    """The HTTP side waits on the mailbox; the thread that runs the queries answers:
+    a request it never takes is 503 and can no longer be taken (nothing journaled),
+    one journaled but not applied in time is 202 with the set before it, one applied
+    is its runner's answer."""
+    import threading
+    from dqcep.service.changes import ChangeMailbox
+    box = ChangeMailbox(wait=0.2)
+    code, answer = box.request("POST", "/queries", b"x")
+    assert code == 503 and "nothing was journaled" in answer["error"], answer
+    assert box.take() is None  # given up: the runner never journals it
+
+    def run(then):
+        while (req := box.take()) is None:
+            pass
+        assert (req.method, req.path, req.body) == ("DELETE", "/queries/b", b"")
+        req.journaled_at(7, "remove", ["b"], ["a", "b"])
+        then(req)
+    runner = threading.Thread(target=run, args=(lambda req: None,))
+    runner.start()
+    code, answer = box.request("DELETE", "/queries/b", b"")
+    runner.join()
+    assert (code, answer) == (202, {"op": "remove", "queries": ["b"], "journal_offset": 7,
+                                    "applied": False, "running": ["a", "b"]})
+    runner = threading.Thread(target=run, args=(lambda req: req.applied(["b"], ["a"]),))
+    runner.start()
+    code, answer = box.request("DELETE", "/queries/b", b"")
+    runner.join()
+    assert (code, answer) == (200, {"op": "remove", "queries": ["b"], "journal_offset": 7,
+                                    "applied": True, "running": ["a"]})

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from dqcep.lang import ast, parse
 from dqcep.lang.printer import schema_to_source, table_to_source
 
 CONTROL_TOPIC = "$dqcep/control"
+CHANGE_WAIT = 60.0  # s a change request waits to be applied before it answers 202
 _TRAILING_COMMENTS = re.compile(r"(?:\s*--[^\n]*)+\s*\Z")  # comments that end a text
 _QUERY_KEYWORD = re.compile(r"QUERY\b", re.IGNORECASE)
 
@@ -121,6 +124,96 @@ def requested_change(method: str, path: str, body: bytes, query_set: "QuerySet")
         raise ChangeRefused(400, "the body is not UTF-8 text") from None
     except UserError as err:  # QueryError too: with its line and column
         raise ChangeRefused(404 if "runs no query" in str(err) else 400, str(err)) from None
+
+
+class ChangeRequest:
+    """A change from the HTTP side (``POST /queries``, ``DELETE /queries/NAME``) on its
+    way to the thread that runs the queries, and its answer."""
+
+    def __init__(self, method: str, path: str, body: bytes):
+        self.method, self.path, self.body = method, path, body
+        self.offset: int | None = None   # its control record's, once journaled
+        self.op: str | None = None
+        self.names: list[str] = []
+        self.running: list[str] = []     # the set when it was journaled (for a 202)
+        self.reply: tuple[int, dict] | None = None
+        self.answered = threading.Event()
+        self.journaled = threading.Event()  # journaled, or answered without it
+        self._lock = threading.Lock()
+        self._taken = self._given_up = False
+
+    def take(self) -> bool:
+        """The runner takes it (False: the HTTP side gave up waiting first)."""
+        with self._lock:
+            self._taken = not self._given_up
+            return self._taken
+
+    def journaled_at(self, offset: int, op: str, names: list[str],
+                     running: list[str]) -> None:
+        self.offset, self.op, self.names, self.running = offset, op, names, running
+        self.journaled.set()
+
+    def answer(self, code: int, answer: dict) -> None:
+        self.reply = (code, answer)
+        self.journaled.set()
+        self.answered.set()
+
+    def applied(self, names: list[str], running: list[str]) -> None:
+        """Answered once the set after it runs: ``running`` lists that set."""
+        self.answer(200, {"op": self.op, "queries": names, "journal_offset": self.offset,
+                          "applied": True, "running": running})
+
+    def give_up(self) -> bool:
+        """The HTTP side stops waiting; False: it had been taken (then it is or will
+        be journaled)."""
+        with self._lock:
+            self._given_up = not self._taken
+            return self._given_up
+
+
+class ChangeMailbox:
+    """Change requests from the HTTP side's threads to the one thread that runs the
+    queries (the single service's, the coordinator's), as Flink's ``MailboxProcessor``
+    runs control actions on the task thread: the runner checks each request against
+    the set the changes before it lead to, journals it and applies it in its place in
+    the journal; the HTTP thread waits for the answer, given once the set after the
+    change runs (``running`` lists it). A request not taken in ``wait`` s is answered
+    503 and never journaled; one journaled but not applied by then, 202."""
+
+    def __init__(self, wait: float = CHANGE_WAIT):
+        self.wait = wait
+        self._mails: queue.SimpleQueue = queue.SimpleQueue()
+
+    def request(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
+        """On an HTTP thread: the change, answered as (HTTP status, answer)."""
+        req = ChangeRequest(method, path, body)
+        self._mails.put(req)
+        if req.answered.wait(self.wait):
+            return req.reply
+        if req.give_up():
+            return 503, {"error": f"the service did not take the change within "
+                                  f"{self.wait:g} s (it is retrying a failed write, or "
+                                  "stopping); nothing was journaled"}
+        if not req.journaled.wait(self.wait):
+            return 503, {"error": f"the change was taken but not journaled within "
+                                  f"{self.wait:g} s; GET /queries shows whether it runs"}
+        if req.reply is not None:
+            return req.reply
+        return 202, {"op": req.op, "queries": req.names, "journal_offset": req.offset,
+                     "applied": False, "running": req.running}
+
+    def empty(self) -> bool:
+        return self._mails.empty()
+
+    def take(self) -> ChangeRequest | None:
+        """On the runner's thread: the next request to handle (None: there is none)."""
+        while True:
+            try:
+                req = self._mails.get_nowait()
+            except queue.Empty:
+                return None
+            if req.take():
+                return req
 
 
 def read_control(payload: bytes) -> dict:

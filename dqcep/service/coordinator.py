@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import queue
 import re
 import signal
 import sys
@@ -53,8 +52,8 @@ from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.sinks import is_mqtt
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
-from dqcep.service.changes import (CONTROL_TOPIC, ChangeRefused, QuerySet, read_control,
-                                   requested_change)
+from dqcep.service.changes import (CONTROL_TOPIC, ChangeMailbox, ChangeRefused, QuerySet,
+                                   read_control, requested_change)
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpServer
 from dqcep.service.stats import (query_entries, source_figures, stream_figures,
                                  write_stats_file)
@@ -140,8 +139,7 @@ class Coordinator:
         if self.names != [q.name for q in query_file.queries]:
             placement = round_robin(self.names, max(1, min(len(placement), len(self.names))))
         self.source: MqttSource | None = None
-        self._changing = threading.Lock()
-        self._changes: queue.Queue = queue.Queue()  # (offset, change, done) from HTTP
+        self.mailbox = ChangeMailbox()  # changes from the HTTP side (``_apply_changes``)
         self.durable = self.ctx.Value("q", self.journal.durable_offset, lock=False)
         self.memory = shared_memory.SharedMemory(create=True,
                                                  size=ArrivalTimes.nbytes(ARRIVALS))
@@ -201,38 +199,14 @@ class Coordinator:
         return new, names
 
     def http_change(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
-        """As the single service's (``StreamingService.http_change``): checked,
-        journaled, then applied by the coordinator's loop: an added query gets a
-        consumer on the worker with the fewest queries, from its control record on; a
-        removed one's consumer takes the records up to it, then is let go."""
+        """As the single service's (``StreamingService.http_change``): handed to the
+        coordinator's loop (``_apply_changes``), which checks, journals and applies it:
+        an added query gets a consumer on the worker with the fewest queries, from its
+        control record on; a removed one's consumer takes the records up to it, then
+        is let go."""
         if self.source is None:
             return 503, {"error": "the service is not running"}
-        with self._changing:
-            try:
-                op, payload, names, _ = requested_change(method, path, body,
-                                                         self.query_set)
-                calibration = None
-                if self.scaling is not None and op == "add":  # placed by its calibration
-                    calibration = read_calibration(self.scaling.calibration_path)
-                    self._calibrated(calibration, names)
-            except ChangeRefused as err:
-                return err.code, {"error": err.message}
-            except UserError as err:
-                return 409, {"error": str(err)}
-            try:
-                offset = self.source.journal_record(CONTROL_TOPIC, payload)
-            except (UserError, OSError) as err:
-                return 503, {"error": f"cannot write the journal: {err}"}
-            done: dict = {}
-            event = threading.Event()
-            self._changes.put((offset, read_control(payload), done, event, calibration))
-            if not event.wait(60):
-                return 202, {"op": op, "queries": [], "journal_offset": offset,
-                             "applied": False, "running": self.names}
-        if "error" in done:
-            return 500, {"error": done["error"]}
-        return 200, {"op": op, "queries": done["names"], "journal_offset": offset,
-                     "applied": True, "running": self.names}
+        return self.mailbox.request(method, path, body)
 
     def _calibrated(self, calibration: Calibration, names: list[str]) -> None:
         missing = [q for q in names if q not in calibration.alone]
@@ -317,12 +291,30 @@ class Coordinator:
         out.rename(query_output(self.cfg, f"{q}.removed-{max(removals, default=offset)}"))
 
     def _apply_changes(self) -> None:
-        """In the coordinator's loop: the changes journaled from the HTTP side."""
-        while True:
+        """In the coordinator's loop: the change requests from the HTTP side, each
+        checked against the set, journaled and applied at once, in the order they came
+        (a query added live is placed by its calibration, which is read again here)."""
+        while (req := self.mailbox.take()) is not None:
             try:
-                offset, change, done, event, calibration = self._changes.get_nowait()
-            except queue.Empty:
-                return
+                op, payload, names, _ = requested_change(req.method, req.path, req.body,
+                                                         self.query_set)
+                calibration = None
+                if self.scaling is not None and op == "add":  # placed by its calibration
+                    calibration = read_calibration(self.scaling.calibration_path)
+                    self._calibrated(calibration, names)
+            except ChangeRefused as err:
+                req.answer(err.code, {"error": err.message})
+                continue
+            except UserError as err:
+                req.answer(409, {"error": str(err)})
+                continue
+            try:
+                offset = self.source.journal_record(CONTROL_TOPIC, payload)
+            except (UserError, OSError) as err:
+                req.answer(503, {"error": f"cannot write the journal: {err}"})
+                continue
+            req.journaled_at(offset, op, names, self.names)
+            change = read_control(payload)
             try:
                 if change["op"] == "remove":  # the set says removed once it is
                     self._remove(change["name"], offset)
@@ -342,10 +334,9 @@ class Coordinator:
                 print(f"dqcep: queries {'added' if change['op'] == 'add' else 'removed'} "
                       f"{', '.join(names)} at journal record {offset}; running "
                       f"{', '.join(self.names)}", file=sys.stderr, flush=True)
-                done["names"] = names
+                req.applied(names, self.names)
             except Exception as err:  # noqa: BLE001 - said to the request, the loop goes on
-                done["error"] = f"{type(err).__name__}: {err}"
-            event.set()
+                req.answer(500, {"error": f"{type(err).__name__}: {err}"})
 
     # -------------------------------------------------------------- workers
     def _spawn(self, index: int) -> _Worker:

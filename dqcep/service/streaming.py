@@ -53,7 +53,8 @@ from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
 from dqcep.runtime.live import change_queries
 from dqcep.runtime.program import Program, Universe
-from dqcep.service.changes import (CONTROL_TOPIC, Admission, ChangeRefused, QuerySet,
+from dqcep.service.changes import (CONTROL_TOPIC, Admission, ChangeMailbox, ChangeRefused,
+                                   ChangeRequest, QuerySet,
                                    read_admission, read_control, requested_change,
                                    write_admission)
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, HttpServer
@@ -66,7 +67,6 @@ from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
 from dqcep.runtime.pipeline import Pipeline
 from dqcep.runtime.returns import ReturnValues
 
-CHANGE_WAIT = 30.0    # s an HTTP change waits to be applied before it answers 202
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
 CONSUMER = "service"  # a service's name among the journal's consumers (retention), default
 RETRY_SECONDS = 1.0   # pause before going back to the checkpoint after a failed write
@@ -152,7 +152,9 @@ class StreamingService:
         self.query_tables = query_file.tables
         self.board: Board | None = None
         self.source: MqttSource | None = None  # while run() runs: the HTTP side's changes
-        self._changing = threading.Lock()      # one change at a time from the HTTP side
+        # changes from the HTTP side, taken on this service's thread (``_take_changes``)
+        self.mailbox = ChangeMailbox()
+        self._answering: dict[int, ChangeRequest] = {}  # by control record offset
         self._next_set: QuerySet | None = None  # the set after the changes journaled
         # lookup tables: read at the start, again before a batch when due (one snapshot
         # per batch); kept across a recovery
@@ -356,6 +358,8 @@ class StreamingService:
         """
         if self._admission_at is not None and not self._take_admission():
             return 0
+        if self.source is not None:
+            self._take_changes()
         n = 0
         upto = self.journal.durable_offset if until is None else \
             min(until, self.journal.durable_offset)
@@ -583,7 +587,7 @@ class StreamingService:
         consumer (one query of the file) leaves changes to its coordinator."""
         try:
             self._apply_change(record)
-        finally:  # only now: the HTTP side answers "applied" once the offset is past it
+        finally:
             self.offset = record.offset + 1
 
     def _apply_change(self, record: Record) -> None:
@@ -603,6 +607,9 @@ class StreamingService:
             self.dead.write({"offset": record.offset, "reason": f"change refused: {err}"})
             print(f"dqcep: journal record {record.offset}: change refused: {err}",
                   file=sys.stderr, flush=True)
+            req = self._answering.pop(record.offset, None)
+            if req is not None:
+                req.answer(409, {"error": f"change refused where it was applied: {err}"})
             return
         self._use_queries(new, engine.program)
         self.engine = self.pipeline.engine = engine
@@ -613,6 +620,9 @@ class StreamingService:
         if not self._replaying:
             print(f"dqcep: queries {what} at journal record {record.offset}; running "
                   f"{', '.join(self.query_set.names)}", file=sys.stderr, flush=True)
+        req = self._answering.pop(record.offset, None)
+        if req is not None:  # the set after it runs
+            req.applied(names, self.query_set.names)
 
     def _hand_over_admission(self, record: Record) -> None:
         """A worker's consumer at an add: what its engine admits by, for the added
@@ -645,35 +655,38 @@ class StreamingService:
     # ------------------------------------------------------- changes over HTTP
     def http_change(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
         """``POST /queries`` (body: query text) and ``DELETE /queries/NAME``, from the
-        HTTP side's threads: checked against the query set as it will be once the
-        changes journaled before are applied, journaled as a control record, then
-        waited for (the service applies it when its consumption reaches it).
-        Returns (HTTP status, answer)."""
+        HTTP side's threads: handed to this service's thread (``_take_changes``), which
+        checks, journals and applies it; answered once the set after it runs (202:
+        journaled, not applied within the mailbox's wait). Returns (HTTP status,
+        answer)."""
         if self.source is None:
             return 503, {"error": "the service is not running"}
         if self.cfg.materialize != "always":
             return 409, {"error": f"--materialize {self.cfg.materialize} re-plans shared "
                                   "joins as the query set changes; live changes need "
                                   "--materialize always"}
-        with self._changing:
+        return self.mailbox.request(method, path, body)
+
+    def _take_changes(self) -> None:
+        """The change requests waiting, on this service's thread: each checked against
+        the query set as it will be once the changes journaled before are applied, and
+        journaled as a control record; ``_change`` answers it when it applies it."""
+        while (req := self.mailbox.take()) is not None:
             try:
                 op, payload, names, new = requested_change(
-                    method, path, body, self._next_set or self.query_set)
+                    req.method, req.path, req.body, self._next_set or self.query_set)
             except ChangeRefused as err:
-                return err.code, {"error": err.message}
+                req.answer(err.code, {"error": err.message})
+                continue
             try:
                 offset = self.source.journal_record(CONTROL_TOPIC, payload)
             except (UserError, OSError) as err:
-                return 503, {"error": f"cannot write the journal: {err}; the change is "
-                                      "applied once the journal is written again"}
+                req.answer(503, {"error": f"cannot write the journal: {err}; the change "
+                                          "is applied once the journal is written again"})
+                continue
             self._next_set = new
-        deadline = time.monotonic() + CHANGE_WAIT
-        while self.offset <= offset and time.monotonic() < deadline:
-            time.sleep(0.01)
-        applied = self.offset > offset
-        return (200 if applied else 202), {
-            "op": op, "queries": names, "journal_offset": offset, "applied": applied,
-            "running": self.query_set.names}
+            req.journaled_at(offset, op, names, self.query_set.names)
+            self._answering[offset] = req
 
     def _dead_count(self, reason: str, n: int = 1) -> None:
         """A dead letter's reason counted (``dead_letters`` in the stats, the metrics'
