@@ -8,7 +8,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from tests.support.workloads import FORCED_DOOR_EVENTS, FORCED_DOOR_MATCHES
+from tests.support.workloads import (FORCED_DOOR_EVENTS, FORCED_DOOR_MATCHES, MISDECLARED_EVENTS,
+                                     MISDECLARED_QUERY)
 
 # Each test here runs dqcep as a command (a process): the quick run leaves them out.
 pytestmark = pytest.mark.integration
@@ -478,17 +479,14 @@ def test_a_terminal_sees_a_progress_bar_and_a_summary(tmp_path):
                         last), last
 
 
-def test_events_a_declared_schema_refuses_are_bad_events(tmp_path, spark):
+def test_events_a_declared_schema_refuses_are_bad_events(tmp_path):
     """EVENT A(x INT): an A whose x has a fraction or is a string is a bad event on
-    every engine, named by its id; the Spark batch job dead-letters them, with their
-    places (the streaming paths: tests/test_feeds.py)."""
+    every engine, named by its id (the Spark batch job: tests/test_spark.py; the
+    streaming paths: tests/test_feeds.py)."""
     q = tmp_path / "q.cep"
-    q.write_text("EVENT A(x INT, s STRING);\nPATTERN SEQ(A a, B b) WHERE a.x < b.y WITHIN 10")
+    q.write_text(MISDECLARED_QUERY)
     events = tmp_path / "e.jsonl"
-    events.write_text("".join(json.dumps(e) + "\n" for e in [
-        {"id": 1, "type": "A", "ts": 0, "x": 1}, {"id": 2, "type": "A", "ts": 1, "x": 1.5},
-        {"id": 3, "type": "A", "ts": 2, "x": 2.0, "s": True}, {"id": 4, "type": "A", "ts": 3},
-        {"id": 5, "type": "B", "ts": 5, "y": 3}]))
+    events.write_text(MISDECLARED_EVENTS)
     r = dqcep("run", q, "--input", events)
     assert r.returncode == 2 and r.stderr.strip() == \
         f"{events}: event 2: A.x is declared INT, got a number with a fraction"
@@ -498,16 +496,6 @@ def test_events_a_declared_schema_refuses_are_bad_events(tmp_path, spark):
         assert [json.loads(x)["events"] for x in r.stdout.splitlines()] == [{"a": 1, "b": 5}]
         assert f"skipped: {events}: event 3: A.s is declared STRING, got a boolean" in r.stderr
         assert "skipped 2 bad event record(s)" in r.stderr
-    from dqcep.spark.batch import run_batch
-    stats = run_batch(spark, q.read_text(), [str(events)], str(tmp_path / "out"), partitions=2)
-    out = tmp_path / "out"
-    assert [json.loads(x)["events"] for f in sorted((out / "matches").rglob("part-*"))
-            for x in f.read_text().splitlines()] == [{"a": 1, "b": 5}]
-    dead = sorted(json.loads(x)["reason"] for f in (out / "dead-letter").rglob("part-*")
-                  for x in f.read_text().splitlines())
-    assert dead == ["A.s is declared STRING, got a boolean",
-                    "A.x is declared INT, got a number with a fraction"]
-    assert stats.dead_letter == 2
 
 
 def test_csv_cells_of_declared_strings_stay_text(tmp_path):

@@ -1,114 +1,26 @@
 """Real sensor feeds (--map) through a real Mosquitto: ESPHome values, zigbee2mqtt state
 objects, Tasmota nested objects, with and without payload times, no ids; the service
-and the workers SIGKILLed twice mid-stream give exactly the reference's matches."""
+and the workers SIGKILLed twice mid-stream give exactly the reference's matches (the
+streaming Spark job on such a journal: tests/test_spark.py)."""
 from __future__ import annotations
 
 import json
-import random
-import threading
 import time
-from datetime import datetime
-from pathlib import Path
-from zoneinfo import ZoneInfo
 
-import msgpack
 import pytest
 
 from dqcep.events import Event
 from dqcep.io.journal import Journal, read_journal
 from dqcep.io.mapping import TopicMap, derived_id
 from dqcep.io.mqtt import MqttSource, MqttUrl
-from dqcep.lang import parse_file
-from dqcep.reference import ReferenceMatcher
+from tests.support.feeds import MAP, QUERIES, ROOT, Publisher, expected, feed
 from tests.support.service import Workers
 
 # Each test here starts processes or a broker: the quick run leaves them out.
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
-QUERIES = ROOT / "examples" / "sensors.cep"
-MAP = ROOT / "examples" / "sensors.toml"
-BERLIN = ZoneInfo("Europe/Berlin")
-
-
-def feed(n: int, seed: int = 3):
-    """``n`` messages: (topic, payload, intent) where intent is (type, attrs, ts) with
-    ts None for an event timed by its arrival; payload times are taken when the
-    message is made (a device with a good clock), so this is called while publishing."""
-    rnd = random.Random(seed)
-    for _ in range(n):
-        room = rnd.choice(["r1", "r2", "r3"])
-        kind = rnd.random()
-        if kind < 0.45:      # ESPHome: a value object, no time, no id
-            value = round(rnd.uniform(18, 30), 1)
-            yield (f"sensors/{room}/Temperature", json.dumps({"value": value}).encode(),
-                   ("Temperature", {"value": value, "room": room}, None))
-        elif kind < 0.6:     # ESPHome: a bare value
-            value = rnd.choice([0, 1])
-            yield (f"sensors/{room}/Smoke", str(value).encode(),
-                   ("Smoke", {"value": value, "room": room}, None))
-        elif kind < 0.8:     # zigbee2mqtt: a state object, last_seen in epoch ms
-            now = int(time.time() * 1000)
-            state = {"temperature": round(rnd.uniform(18, 30), 1), "humidity": rnd.randint(30, 60),
-                     "battery": 90, "last_seen": now}
-            yield (f"zigbee2mqtt/{room}", json.dumps(state).encode(),
-                   ("Climate", {"temp": state["temperature"], "humidity": state["humidity"],
-                                "battery": 90, "room": room}, now))
-        else:                # Tasmota: nested, a local time without an offset (whole s)
-            now = datetime.now(BERLIN).replace(microsecond=0, tzinfo=None)
-            temp = round(rnd.uniform(18, 30), 1) if kind < 0.97 else "n/a"  # misdeclared
-            body = {"Time": now.isoformat(), "DS18B20": {"Id": "01", "Temperature": temp}}
-            ts = int(now.replace(tzinfo=BERLIN).timestamp() * 1000)
-            yield (f"tele/{room}/SENSOR", msgpack.packb(body) if rnd.random() < 0.3
-                   else json.dumps(body).encode(),
-                   None if temp == "n/a" else  # EVENT Probe(DS18B20_Temperature DOUBLE)
-                   ("Probe", {"DS18B20_Id": "01", "DS18B20_Temperature": temp, "room": room},
-                    ts))
-
-
-class Publisher(threading.Thread):
-    """Publishes the feed with QoS 1, paced, from one client (the broker keeps order)."""
-
-    def __init__(self, host, port, n, pace=0.002):
-        super().__init__(daemon=True)
-        self.host, self.port, self.n, self.pace = host, port, n, pace
-        self.sent: list[tuple[str, bytes, tuple]] = []
-        self.error = None
-
-    def run(self):
-        import paho.mqtt.client as mqtt
-        try:
-            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="devices")
-            client.connect(self.host, self.port)
-            client.loop_start()
-            infos = []
-            for topic, payload, intent in feed(self.n):
-                infos.append(client.publish(topic, payload, qos=1))
-                self.sent.append((topic, payload, intent))
-                time.sleep(self.pace)
-            for info in infos:
-                info.wait_for_publish(30)
-            client.disconnect()
-            client.loop_stop()
-        except BaseException as err:  # noqa: BLE001 - the test reports it
-            self.error = err
-
-
-def expected(journal_dir: Path, sent, with_returns: bool = False) -> set[str]:
-    """The reference's matches on the events the test meant to send, with the ids and
-    arrival times the journal gave them: every message journaled once, in order."""
-    records = list(read_journal(journal_dir, include_open=True))
-    assert [(r.topic, r.payload) for r in records] == [(t, p) for t, p, _ in sent]
-    events = [Event(derived_id(r.offset, 0), intent[0],
-                    r.arrival_us // 1000 if intent[2] is None else intent[2], intent[1])
-              for r, (_, _, intent) in zip(records, sent) if intent is not None]
-    matches = ReferenceMatcher(parse_file(QUERIES).queries).run(events)
-    return {json.dumps(m.to_json_obj(with_returns)) for m in matches}
-
-
 @pytest.mark.parametrize("workers", [None, 2], ids=["service", "workers"])
-def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, workers,
-                                                           request):
+def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, workers):
     host, port = mosquitto
     url = f"mqtt://{host}:{port}/"
     svc = Workers(tmp_path, url + "sensors/#", "--input", url + "zigbee2mqtt/+",
@@ -142,8 +54,6 @@ def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, 
              for line in path.read_text().splitlines()]
     assert len(lines) == len(set(lines)), "a match was written twice"
     assert set(lines) == want  # RETURN values equal the reference's too
-    want = {json.dumps({k: v for k, v in json.loads(m).items() if k != "return"})
-            for m in want}
     # the misdeclared probes, and nothing else, are dead letters (with --workers: of the
     # query that reads Probe)
     misdeclared = {i for i, (_, _, intent) in enumerate(pub.sent) if intent is None}
@@ -152,20 +62,6 @@ def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, 
     assert sorted(d["offset"] for d in dead) == sorted(misdeclared) and misdeclared
     assert {d["reason"] for d in dead} == {
         "Probe.DS18B20_Temperature is declared DOUBLE, got a string"}
-    if workers:
-        return
-    # dqcep spark stream over the same journal with the same map: the service's matches
-    from dqcep.spark.stream import run_stream
-    run_stream(request.getfixturevalue("spark"), QUERIES.read_text(), str(journal),
-               str(tmp_path / "spark"), str(tmp_path / "spark-ck"), partitions=2,
-               lateness=30000, topic_map=str(MAP), until_idle=True, trigger_seconds=0.5)
-    spark_lines = [x for f in sorted((tmp_path / "spark" / "matches").rglob("part-*"))
-                   for x in f.read_text().splitlines()]
-    assert len(spark_lines) == len(set(spark_lines)) and set(spark_lines) == want
-    spark_dead = [json.loads(x) for f in (tmp_path / "spark" / "dead-letter").rglob("part-*")
-                  for x in f.read_text().splitlines()]
-    assert sorted(d["where"] for d in spark_dead) == sorted(
-        f"{journal.resolve()}:offset {i}" for i in misdeclared)
 
 
 def test_a_redelivered_message_is_not_journaled_twice(tmp_path):

@@ -14,7 +14,8 @@ import pytest
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
 from tests.support.examples import examples
-from tests.support.workloads import FORCED_DOOR_EVENTS, FORCED_DOOR_MATCHES, SECTION5
+from tests.support.workloads import (FORCED_DOOR_EVENTS, FORCED_DOOR_MATCHES, MISDECLARED_EVENTS,
+                                     MISDECLARED_QUERY, SECTION5)
 from tests.support.spark_jobs import IMPERFECT, LATENESS, QUERIES, expected, generate, job_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -650,6 +651,58 @@ def test_the_kleene_example_runs_on_the_batch_job(spark, tmp_path):
     run_batch(spark, (ROOT / "examples/iot-kleene.cep").read_text(), [str(events)],
               str(tmp_path / "out"), partitions=2)
     assert job_lines(tmp_path / "out") == FORCED_DOOR_MATCHES
+
+
+def test_events_a_declared_schema_refuses_are_dead_letters_of_the_batch_job(spark, tmp_path):
+    """EVENT A(x INT): the batch job dead-letters the A whose x has a fraction or is a
+    string, with their reasons, and gives the one match dqcep run's engines give
+    (tests/test_cli.py)."""
+    from dqcep.spark.batch import run_batch
+    events = tmp_path / "e.jsonl"
+    events.write_text(MISDECLARED_EVENTS)
+    stats = run_batch(spark, MISDECLARED_QUERY, [str(events)], str(tmp_path / "out"),
+                      partitions=2)
+    out = tmp_path / "out"
+    assert [json.loads(x)["events"] for f in sorted((out / "matches").rglob("part-*"))
+            for x in f.read_text().splitlines()] == [{"a": 1, "b": 5}]
+    dead = sorted(json.loads(x)["reason"] for f in (out / "dead-letter").rglob("part-*")
+                  for x in f.read_text().splitlines())
+    assert dead == ["A.s is declared STRING, got a boolean",
+                    "A.x is declared INT, got a number with a fraction"]
+    assert stats.dead_letter == 2
+
+
+def test_stream_job_reads_device_feeds_through_the_map(spark, tmp_path):
+    """examples/sensors.toml's device feeds (tests/support/feeds.py: the messages
+    tests/test_feeds.py publishes to the service), journaled as the service journals
+    them (2 ms apart): dqcep spark stream over that journal with the same map gives the
+    reference's matches once each, and dead-letters the misdeclared probes, named by
+    their journal places."""
+    import time
+    from dqcep.io.journal import Journal
+    from dqcep.spark.stream import run_stream
+    from tests.support.feeds import MAP, QUERIES, expected, feed
+    journal = tmp_path / "journal"
+    writer = Journal(journal)
+    start_us = int(time.time() * 1e6)
+    sent = list(feed(1500))
+    for i, (topic, payload, _) in enumerate(sent):
+        writer.append(topic, payload, start_us + 2000 * i)
+    writer.commit()
+    writer.close()
+    want = expected(journal, sent)
+    assert len(want) > 20
+    run_stream(spark, QUERIES.read_text(), str(journal), str(tmp_path / "spark"),
+               str(tmp_path / "spark-ck"), partitions=2, lateness=30000, topic_map=str(MAP),
+               until_idle=True, trigger_seconds=0.5)
+    spark_lines = [x for f in sorted((tmp_path / "spark" / "matches").rglob("part-*"))
+                   for x in f.read_text().splitlines()]
+    assert len(spark_lines) == len(set(spark_lines)) and set(spark_lines) == want
+    misdeclared = {i for i, (_, _, intent) in enumerate(sent) if intent is None}
+    spark_dead = [json.loads(x) for f in (tmp_path / "spark" / "dead-letter").rglob("part-*")
+                  for x in f.read_text().splitlines()]
+    assert sorted(d["where"] for d in spark_dead) == sorted(
+        f"{journal.resolve()}:offset {i}" for i in misdeclared) and misdeclared
 
 
 def stream_to_the_end(spark, tmp_path, text: str, n: int) -> tuple[list[str], set[str]]:

@@ -1,6 +1,8 @@
 """Query texts and streams more than one test module runs: section 5 of the spec
 (Kleene items, strategies), a query that runs away on a rising stream (the budget), and
-the door stream of examples/iot-kleene.cep with its one match."""
+the door stream of examples/iot-kleene.cep with its one match, events a declared
+schema refuses."""
+import json
 
 SECTION5 = """
 QUERY rising PATTERN SEQ(Temperature+ t[], Smoke s)
@@ -51,3 +53,13 @@ FORCED_DOOR_EVENTS = "".join(
     for i, o in enumerate(["false", "false", "false", "true"], 1))
 FORCED_DOOR_MATCHES = [
     '{"query": "forced_door", "detected_at": 4000, "events": {"f": [1, 2, 3], "o": 4}}']
+
+
+# EVENT A(x INT): events 2 and 3 are bad events (x with a fraction, s a boolean); the
+# one match is A 1 then B 5 (tests/test_cli.py on dqcep run's engines, tests/test_spark.py
+# on the batch job)
+MISDECLARED_QUERY = "EVENT A(x INT, s STRING);\nPATTERN SEQ(A a, B b) WHERE a.x < b.y WITHIN 10"
+MISDECLARED_EVENTS = "".join(json.dumps(e) + "\n" for e in [
+    {"id": 1, "type": "A", "ts": 0, "x": 1}, {"id": 2, "type": "A", "ts": 1, "x": 1.5},
+    {"id": 3, "type": "A", "ts": 2, "x": 2.0, "s": True}, {"id": 4, "type": "A", "ts": 3},
+    {"id": 5, "type": "B", "ts": 5, "y": 3}])
