@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Where each installed package lives in the repository (pyproject.toml's package-dir).
 SOURCES = {"dqcep": ROOT / "dqcep", "dqcep.generator": ROOT / "generator",
-           "dqcep.spark": ROOT / "preprocess"}
+           "dqcep.spark": ROOT / "spark"}
 
 # The library, bottom to top, and what each part may import (besides itself).
 LIBRARY = {
@@ -178,7 +178,7 @@ def test_a_fresh_venv_install_runs_the_commands_and_has_no_top_level_generator(w
     where = run(py, "-c", "import dqcep, dqcep.generator, dqcep.spark; print(dqcep.__file__)")
     assert where.returncode == 0, where.stderr
     assert where.stdout.startswith(str(env_dir)), where.stdout
-    for top in ("generator", "preprocess"):
+    for top in ("generator", "spark"):
         r = run(py, "-c", f"import {top}")
         assert r.returncode != 0 and f"No module named '{top}'" in r.stderr
     demo = run(dqcep, "demo", "--events", "20000")
