@@ -101,7 +101,7 @@ def dqcep_run(n: int, rooms: int, window: int) -> dict:
 
 def agrees(policy: bool, n: int, rooms: int, window: int) -> bool:
     """The native engine's matches equal the reference's on the first n events."""
-    from dqcep.events import Event
+    from dqcep.core.events import Event
     from dqcep.lang import parse
     from dqcep.plan import build_plan
     from dqcep.reference import ReferenceMatcher

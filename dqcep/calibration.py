@@ -54,7 +54,7 @@ import msgpack
 
 from dqcep._kernels.recent_ids import RecentIds
 from dqcep.capacity import Calibration, from_moments, moments
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.io.journal import Journal
 from dqcep.io.mqtt import ArrivalTimes, MqttPublisher, MqttSource, MqttUrl
 from dqcep.lang import parse_file

@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from dqcep.numbers import COUNT, POSITIVE, Number
+from dqcep.core.limits import COUNT, POSITIVE, Number
 
 # a calibrated time: at most a day per payload (a larger one is no measurement, and its
 # predictions would overflow)
@@ -370,14 +370,14 @@ class Calibration:
 
     @classmethod
     def from_json(cls, obj: dict, source: str = "calibration") -> "Calibration":
-        from dqcep.errors import UserError
+        from dqcep.core.errors import UserError
         try:
             if obj["version"] not in (2, CALIBRATION_VERSION):
                 raise UserError(f"{source}: calibration format {obj['version']}; this dqcep "
                                 f"reads 2 and {CALIBRATION_VERSION} (run dqcep calibrate "
                                 "again)")
 
-            # every field by the rule of its kind (dqcep.numbers): a zero batch, a NaN
+            # every field by the rule of its kind (dqcep.core.limits): a zero batch, a NaN
             # or an infinity is one line here, not a ZeroDivisionError or a NaN later
             def seconds(v, what, rule=SECONDS):
                 return rule.field(v, f"{source}: {what}")

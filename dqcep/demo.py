@@ -115,8 +115,8 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
     import threading
     from pathlib import Path
 
-    from dqcep.errors import UserError
-    from dqcep.events import event_from_mapping
+    from dqcep.core.errors import UserError
+    from dqcep.core.events import event_from_mapping
     from dqcep.io.event_writers import BatchEncoder
     from dqcep.io.mapping import ID_SHIFT
     from dqcep.io.mqtt import MqttPublisher, MqttUrl

@@ -45,9 +45,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
-from dqcep.events import Event, Match, Value, declared_type_problem, list_aggregate
+from dqcep.core.events import Event, Match, Value, declared_type_problem, list_aggregate
 from dqcep.lang import ast
-from dqcep.tables import LookupSource, TableSnapshot, lookup_key
+from dqcep.core.tables import LookupSource, TableSnapshot, lookup_key
 
 INF = math.inf
 
@@ -104,7 +104,7 @@ class _TableLookup(ast.Lookup):
 
 
 def _cell(e: ast.Lookup, ev: Event) -> Value | None:
-    """The cell a lookup reads for the event holding its key (``dqcep.tables``: the
+    """The cell a lookup reads for the event holding its key (``dqcep.core.tables``: the
     rule); None: no key attribute, no row or no value there."""
     assert isinstance(e, _TableLookup)
     key = ev.value(e.key.attr) if e.key.attr in ("ts", "id") else ev.attrs.get(e.key.attr)
@@ -136,7 +136,7 @@ def _bind_tables(q: ast.Query, snapshots: dict[str, TableSnapshot],
 
 def aggregate(e: ast.Aggregate, events: Sequence[Event]) -> float:
     """count / sum / avg / min / max over a complete list, in ts order
-    (``dqcep.events.list_aggregate``); an element without the attribute or with a
+    (``dqcep.core.events.list_aggregate``); an element without the attribute or with a
     non-number there fails."""
     value = list_aggregate(e.func, e.attr, events)
     if value is None:
@@ -691,7 +691,7 @@ class ReferenceMatcher:
     """Every match of every query over a finite, closed stream of events.
 
     >>> from dqcep.lang import parse
-    >>> from dqcep.events import Event
+    >>> from dqcep.core.events import Event
     >>> m = ReferenceMatcher(parse("PATTERN SEQ(A a, B b) WITHIN 10").queries)
     >>> [x.events for x in m.run([Event(1, "A", 0), Event(2, "B", 5)])]
     [(('a', 1), ('b', 2))]
@@ -709,7 +709,7 @@ class ReferenceMatcher:
         self.read = sorted({e.table for q in queries for e in _lookups(q)})
         if self.read and lookup_source is None:
             raise ValueError(f"the queries read the tables {', '.join(self.read)}: give "
-                             "the matcher a lookup_source (dqcep.tables.LookupSource)")
+                             "the matcher a lookup_source (dqcep.core.tables.LookupSource)")
         named = {ev.type for q in queries for ev, _ in ast.event_patterns(q.pattern)}
         # the declared types the queries name: their events must fit the declarations
         self._declared = {s.type: s for s in schemas if s.type in named}

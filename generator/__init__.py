@@ -5,7 +5,7 @@
     >>> [len(b) for b in batches]
     [400, 400, 200]
 
-``generate`` yields ``dqcep.batch.EventBatch`` chunks (columnar numpy arrays);
+``generate`` yields ``dqcep.core.batch.EventBatch`` chunks (columnar numpy arrays);
 the command line (``dqcep generate``) writes them as
 JSON Lines, msgpack, CSV or Parquet, or publishes them over MQTT.
 """

@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from dqcep.batch import Malformed
-from dqcep.errors import UserError
+from dqcep.core.batch import Malformed
+from dqcep.core.errors import UserError
 from dqcep.io.event_writers import EVENT_FORMATS, BatchEncoder, ParquetSink
 from dqcep.io.publish import Pacer, add_shape_arguments
 from dqcep.io.readers import TRUTH_SUFFIX
-from dqcep.numbers import COUNT, FRACTION, MILLISECONDS, NON_NEGATIVE_COUNT, POSITIVE
+from dqcep.core.limits import COUNT, FRACTION, MILLISECONDS, NON_NEGATIVE_COUNT, POSITIVE
 from dqcep.io.sinks import create_file
 
 DESCRIPTION = """Generate a synthetic event stream (profiles iot, stock, uniform) with
@@ -105,7 +105,7 @@ def _publish(publisher, encoder: BatchEncoder, batch) -> int:
 
 def _publish_shaped(publisher, encoder: BatchEncoder, batch, template, shape) -> int:
     """One message per event, its topic from the template, its payload of the shape."""
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
     from dqcep.io.publish import messages
     events = ((f"generated event {obj['id']}", event_from_mapping(obj))
               for obj, _ in encoder.rows(batch))

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.generator.profiles import PROFILES
 
 

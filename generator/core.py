@@ -15,8 +15,8 @@ from typing import Iterator
 
 import numpy as np
 
-from dqcep.batch import MISSING, EventBatch, Malformed
-from dqcep.errors import UserError
+from dqcep.core.batch import MISSING, EventBatch, Malformed
+from dqcep.core.errors import UserError
 from dqcep.lang import parse_file
 from dqcep.generator.config import GeneratorConfig
 from dqcep.generator.planting import Planter

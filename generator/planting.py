@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dqcep.batch import EventBatch, missing_column
-from dqcep.errors import UserError
+from dqcep.core.batch import EventBatch, missing_column
+from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.reference import ReferenceMatcher
 

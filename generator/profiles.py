@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dqcep._kernels.walk import reflected_walk
-from dqcep.batch import Schema, missing_column
+from dqcep.core.batch import Schema, missing_column
 
 DAY_MS = 86_400_000
 

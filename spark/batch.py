@@ -35,7 +35,7 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from dqcep.runtime import STATE_BUDGET
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.spark.executor import (OUTPUT_SCHEMA, STATS, JobSpec, Router, broadcast_tables,
                                   engine_batches)
 from dqcep.spark.paths import check_output_dir

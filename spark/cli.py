@@ -6,10 +6,10 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from dqcep.errors import UserError
-from dqcep.events import MAX_FUTURE_MS, STATE_BUDGET
+from dqcep.core.errors import UserError
+from dqcep.core.events import MAX_FUTURE_MS, STATE_BUDGET
 from dqcep.io.readers import FORMATS
-from dqcep.numbers import COUNT, MILLISECONDS, POSITIVE, Number
+from dqcep.core.limits import COUNT, MILLISECONDS, POSITIVE, Number
 
 SLICE_MS = Number(integer=True, low=1, high=2**61)   # a time slice's length, ms
 WORKERS = Number(integer=True, low=1, high=1024)     # a local cluster's workers, cores

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 STATE = "cluster.json"
 

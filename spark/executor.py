@@ -24,7 +24,7 @@ from dqcep.io.match_text import match_lines
 from dqcep.lang import ast, parse
 from dqcep.runtime import STATE_BUDGET, Engine, EventColumns, late_rule
 from dqcep.runtime.program import program_for
-from dqcep.tables import StaticTables
+from dqcep.core.tables import StaticTables
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
 from dqcep.spark.partitioning import BROADCAST, Partitioning
 
@@ -101,7 +101,7 @@ def key_parts(engine: Engine, cols: EventColumns, attr: str, n: int):
 class JobSpec:
     """What every worker needs: the queries' text and how they are partitioned, and
     the snapshots of the lookup tables the queries read (a Spark broadcast, or
-    anything with ``.value``: ``{table name: dqcep.tables.TableSnapshot}``)."""
+    anything with ``.value``: ``{table name: dqcep.core.tables.TableSnapshot}``)."""
 
     queries_text: str
     partitioning: Partitioning

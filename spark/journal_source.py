@@ -115,7 +115,7 @@ def read_segment(n: int, path: str, earlier, reader_options: dict, index: str, a
 def payload_reader(options: dict):
     """The ``PayloadReader`` the source's options describe (``format``, ``map`` (the
     map file's text) and ``map_name``, ``max_future``)."""
-    from dqcep.events import MAX_FUTURE_MS
+    from dqcep.core.events import MAX_FUTURE_MS
     from dqcep.io.ingest import PayloadReader
     from dqcep.io.mapping import TopicMap
     text = options.get("map") or None

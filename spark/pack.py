@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import dqcep
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 ENV_NAME = "environment"   # the directory the archive is unpacked into on each executor
 EXECUTOR_PYTHON = f"./{ENV_NAME}/bin/python"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.io.readers import list_event_files
 
 

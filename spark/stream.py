@@ -29,7 +29,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
-from dqcep.events import MAX_FUTURE_MS
+from dqcep.core.events import MAX_FUTURE_MS
 from dqcep.runtime import STATE_BUDGET
 from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, GROUP_WHOLE, Assigner, JobSpec, PartRunner,
                                   event_columns, late_flags, read_tables, record_lines)

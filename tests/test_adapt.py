@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dqcep._kernels.store import EventStore
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.lang import parse
 from dqcep.plan import switchable
 from dqcep.reference import ReferenceMatcher

@@ -10,8 +10,8 @@ import sys
 import msgpack
 import pytest
 
-from dqcep.errors import UserError
-from dqcep.events import event_from_mapping
+from dqcep.core.errors import UserError
+from dqcep.core.events import event_from_mapping
 from dqcep.lang import parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher

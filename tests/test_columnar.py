@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dqcep.events import TS_LIMIT
+from dqcep.core.events import TS_LIMIT
 from dqcep.io.columnar import read_columns
 from dqcep.io.readers import EventInputError
 from dqcep.runtime import EventColumns

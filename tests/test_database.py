@@ -246,7 +246,7 @@ def test_a_crash_after_the_end_of_stream_was_written_repeats_no_held_match(tmp_p
     stream, then the service dies before its checkpoint. The restart replays the
     journal and the end of the stream without writing: each match once."""
     from tests.support.journal_service import config, iot_payloads, journal_payloads
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
     from dqcep.lang import parse_file
     from dqcep.reference import ReferenceMatcher
     from dqcep.service import StreamingService
@@ -384,7 +384,7 @@ def test_a_deleted_or_older_output_database_is_refused_with_how_to_recover(tmp_p
     from tests.support.journal_service import (config, finish, iot_payloads, journal_payloads,
                                            run_once)
     from dqcep.io.checkpoint import CheckpointError
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
     from dqcep.lang import parse_file
     from dqcep.reference import ReferenceMatcher
     from dqcep.service import StreamingService
@@ -424,7 +424,7 @@ def test_names_of_one_table_are_compared_as_the_database_does(tmp_path, postgres
     first 63 bytes are one table. A second service (a stream of its own) into the other
     spelling is refused as into the same spelling (both used to write: 90 rows for 45
     matches); ?table=DQCEP_PROGRESS is refused as dqcep_progress is (it exited 1)."""
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     from dqcep.io.database import Progress, open_database_sink
     long = "m" * 63
     for first, second in ((f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'a.db'}"

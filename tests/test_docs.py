@@ -286,7 +286,7 @@ def test_the_device_feed_of_streaming_md_against_a_broker(mosquitto, tmp_path):
     runs). So each run's alerts are the reference's on what was journaled, with its
     arrival times, and the shown alert is the one of a run whose readings came within
     the window; up to three runs, a fresh journal each."""
-    from dqcep.events import Event
+    from dqcep.core.events import Event
     from dqcep.io.journal import read_journal
     from dqcep.io.mapping import derived_id
     from dqcep.lang import parse_file

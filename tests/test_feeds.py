@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.io.journal import Journal, read_journal
 from dqcep.io.mapping import TopicMap, derived_id
 from dqcep.io.mqtt import MqttSource, MqttUrl

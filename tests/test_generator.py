@@ -13,7 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from dqcep.batch import EventBatch
+from dqcep.core.batch import EventBatch
 from dqcep.io.readers import read_events
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher

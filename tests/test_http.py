@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.lang import parse_file
 from dqcep.service.http import Board, HttpAccess, _App, http_access, parse_bind
 from tests.support.broker import free_port
@@ -471,7 +471,7 @@ def by_query(lines):
 
 
 def reference_lines(text, events):
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
     from dqcep.lang import parse
     from dqcep.reference import ReferenceMatcher
     found = ReferenceMatcher(parse(text).queries).run([event_from_mapping(e) for e in events])

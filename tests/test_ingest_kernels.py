@@ -158,7 +158,7 @@ def test_recent_ids_restores_from_its_ids():
 def test_the_decoder_and_the_validator_share_the_range_of_event_times():
     import msgpack
 
-    from dqcep import events
+    from dqcep.core import events
     from dqcep._kernels import msgpack_decode
     from dqcep.io.payloads import decode_payload
     assert msgpack_decode.TS_LIMIT == events.TS_LIMIT

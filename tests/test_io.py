@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.io.readers import EventInputError, read_events
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from tests.support.examples import examples
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.io.journal import Journal, read_journal
 
 
@@ -294,7 +294,7 @@ def test_format_2_records_keep_arrival_and_packet_id_and_older_ones_are_read(tmp
 
 
 def test_a_journal_of_a_newer_format_is_refused_with_one_line(tmp_path):
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     from dqcep.io.journal import FORMAT_FILE, JournalTail
     (tmp_path / FORMAT_FILE).write_text("9\n")
     for open_it in (Journal, JournalTail, lambda d: list(read_journal(d))):

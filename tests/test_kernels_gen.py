@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dqcep._kernels.walk import reflected_walk
-from dqcep.batch import MISSING_INT, EventBatch, Malformed, Schema
+from dqcep.core.batch import MISSING_INT, EventBatch, Malformed, Schema
 from dqcep.io.event_writers import BAD_TS, BatchEncoder
 from tests.support.examples import examples
 

@@ -131,7 +131,7 @@ def test_parse_file(tmp_path):
     with pytest.raises(QueryError) as err:
         parse_file(p)
     assert str(err.value).startswith(f"{p}:1:22: missing WITHIN")
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     with pytest.raises(UserError) as err:  # no position: the file is missing, not a query
         parse_file(tmp_path / "missing.cep")
     assert str(err.value) == (f"cannot read query file {tmp_path / 'missing.cep'}: "
@@ -352,7 +352,7 @@ HOSTILE_EVENTS = [{"id": i, "type": t, "ts": ts, "x": x, "y": 2.5, "room": "r"}
 def planned_and_run_or_positioned_error(text):
     """The whole path of a query file: a positioned QueryError, or a plan whose native
     run gives exactly the reference's matches on a small stream."""
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
     from dqcep.plan import build_plan
     from dqcep.reference import ReferenceMatcher
     from dqcep.runtime import Engine

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.lang import ast, parse
 from dqcep.lang.printer import file_to_source
 from dqcep.plan import build_plan

@@ -5,7 +5,7 @@ table (keyed by event id, a row for every id) finds what the same query with the
 constants written out finds, on the native engine (both materializations), the SASE
 baseline and the reference matcher; and with tables that lack rows and keys of
 every kind, the engines agree with the reference's reading of the rule
-(``dqcep.tables``)."""
+(``dqcep.core.tables``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dqcep.baseline import SaseEngine
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.lang import QueryError, ast, file_to_source, parse
 from dqcep.reference import ReferenceMatcher
-from dqcep.tables import StaticTables, snapshot_of
+from dqcep.core.tables import StaticTables, snapshot_of
 from tests.support.broker import free_port
 from tests.support.strategies import ATTR_VALUES, outside_sase, small_event_streams, small_query_files
 from tests.support.engines import CUTS, MATERIALIZE, as_set, engine_for, split
@@ -142,7 +142,7 @@ def test_cells_of_unexpected_kinds_read_as_missing_on_every_engine(data, f, even
                                                                    key_type):
     """A cell that is not of its column's declared kind, whatever object the driver
     gives, reads as missing on every engine (a bytes cell declared STRING crashed the
-    native engine, and the reference matched on it): the rule of dqcep.tables."""
+    native engine, and the reference matched on it): the rule of dqcep.core.tables."""
     with_table, table, values = read_from_table(data.draw, f, "p", key_type)
     parsed = parse(file_to_source(with_table))
     keys = data.draw(st.lists(ATTR_VALUES, unique_by=repr, max_size=6))
@@ -363,7 +363,7 @@ def test_lookup_tables_do_not_go_stale(tmp_path):
 def test_the_streaming_service_reads_lookup_tables(mosquitto, tmp_path, postgres):
     """The service over a real broker, its thresholds in PostgreSQL, killed once
     mid-stream: exactly the reference matcher's matches over the same table."""
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
     from dqcep.io.database import DatabaseTables
     from tests.support.service import Service, gen_args
     load_rooms(postgres, tmp_path)

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dqcep.errors import UserError
-from dqcep.events import Event
+from dqcep.core.errors import UserError
+from dqcep.core.events import Event
 from dqcep.io.ingest import PayloadReader
 from dqcep.io.journal import Record, Refused
 from dqcep.io.mapping import TopicMap, derived_id, filter_matches

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dqcep.baseline import SaseEngine
-from dqcep.events import Event, event_from_mapping
+from dqcep.core.events import Event, event_from_mapping
 from dqcep.lang import QueryError, ast, file_to_source, parse
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
@@ -123,7 +123,7 @@ def test_a_stop_inside_the_join_pipeline_passes_over_the_joins_it_stops():
 def test_without_stopping_a_stop_inside_the_join_pipeline_fails_the_batch():
     """A Spark task's engine (stop_over_budget=False): the join over the budget inside
     the pipeline's call fails the batch with the budget line, as vertex by vertex."""
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     q = parse("QUERY a PATTERN SEQ(A a, B b, C c) WITHIN 1 min").queries
     events = [Event(i + 1, "A", i, {}) for i in range(300)] + \
         [Event(1000, "B", 400, {}), Event(1001, "C", 500, {})]

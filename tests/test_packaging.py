@@ -21,17 +21,17 @@ SOURCES = {"dqcep": ROOT / "dqcep", "dqcep.generator": ROOT / "generator",
 
 # The library, bottom to top, and what each part may import (besides itself).
 LIBRARY = {
-    "dqcep.errors": set(),
-    "dqcep.events": set(),
-    "dqcep.batch": {"dqcep.events"},
-    "dqcep.tables": {"dqcep.events"},  # lookup tables' snapshots: data, like events
+    "dqcep.core.errors": set(),
+    "dqcep.core.events": set(),
+    "dqcep.core.batch": {"dqcep.core.events"},
+    "dqcep.core.tables": {"dqcep.core.events"},  # lookup tables' snapshots: data, like events
     "dqcep._kernels": set(),
-    "dqcep.lang": {"dqcep.errors"},
-    "dqcep.plan": {"dqcep.lang", "dqcep.errors", "dqcep._kernels"},  # the bytecode's opcodes
-    "dqcep.runtime": {"dqcep.plan", "dqcep.lang", "dqcep._kernels", "dqcep.batch",
-                      "dqcep.errors", "dqcep.events", "dqcep.tables"},
-    "dqcep.io": {"dqcep._kernels", "dqcep.batch", "dqcep.errors", "dqcep.events",
-                 "dqcep.tables"},
+    "dqcep.lang": {"dqcep.core.errors"},
+    "dqcep.plan": {"dqcep.lang", "dqcep.core.errors", "dqcep._kernels"},  # the bytecode's opcodes
+    "dqcep.runtime": {"dqcep.plan", "dqcep.lang", "dqcep._kernels", "dqcep.core.batch",
+                      "dqcep.core.errors", "dqcep.core.events", "dqcep.core.tables"},
+    "dqcep.io": {"dqcep._kernels", "dqcep.core.batch", "dqcep.core.errors", "dqcep.core.events",
+                 "dqcep.core.tables"},
 }
 
 

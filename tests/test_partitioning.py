@@ -152,7 +152,7 @@ def test_slices_overlap_by_one_window():
 
 
 def E(i, t, ts, **attrs):
-    from dqcep.events import Event
+    from dqcep.core.events import Event
     return Event(i, t, ts, attrs)
 
 

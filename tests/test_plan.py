@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.lang import ast, parse
 from dqcep.plan import Kind, Port, build_plan
 from dqcep.plan.bytecode import compile_predicate, evaluate_on_events

@@ -37,7 +37,7 @@ def test_plan_matches_reference(f, events):
 def test_examples_agree():
     from pathlib import Path
     import json
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
 
     root = Path(__file__).parent.parent / "examples"
     queries = parse((root / "fire.cep").read_text()).queries

@@ -14,7 +14,7 @@ import random
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.lang import ast, parse
 from dqcep.reference import ReferenceMatcher
 from tests.support.strategies import (kleene_event_streams, kleene_queries, negation_queries,
@@ -171,7 +171,7 @@ def test_the_lists_stay_bounded_in_dqcep_runs_chunks_and_under_adapt():
     about one event per partition with an alert. And the adaptive engine's trial of a
     chain, whose vertex the policy does not prune, kept every list: a policy query is
     not switchable."""
-    from dqcep.events import Event
+    from dqcep.core.events import Event
     from dqcep.plan import build_plan, switchable
     from dqcep.runtime import Engine
     from dqcep.runtime.adapt import AdaptiveEngine

@@ -5,8 +5,8 @@ import time
 import msgpack
 import pytest
 
-from dqcep.errors import UserError
-from dqcep.events import Event
+from dqcep.core.errors import UserError
+from dqcep.core.events import Event
 from dqcep.io import publish
 from dqcep.io.publish import Pacer, PayloadShape, TopicTemplate
 

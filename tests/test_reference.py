@@ -4,7 +4,7 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.lang import parse
 from dqcep.reference import ReferenceMatcher
 from tests.support.strategies import kleene_event_streams, kleene_queries

@@ -8,8 +8,8 @@ from dqcep._kernels.operators import (Guard, JoinSpec, LeafRouter, PredicateSet,
                                       leaf_keys)
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.store import EventStore, py_eval
-from dqcep.errors import UserError
-from dqcep.events import Event
+from dqcep.core.errors import UserError
+from dqcep.core.events import Event
 from dqcep.lang import parse
 from dqcep.plan import build_plan
 from dqcep.plan.bytecode import compile_predicate

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqcep.baseline import SaseEngine
-from dqcep.errors import UserError
-from dqcep.events import Event
+from dqcep.core.errors import UserError
+from dqcep.core.events import Event
 from dqcep.lang import ast, file_to_source, parse
 from dqcep.reference import ReferenceMatcher
 from tests.support.strategies import (outside_sase, sase_queries,

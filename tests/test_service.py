@@ -9,7 +9,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from dqcep.events import event_from_mapping
+from dqcep.core.events import event_from_mapping
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
 from tests.support.broker import (free_port, start_mosquitto, stop_mosquitto,

@@ -98,7 +98,7 @@ def test_a_batch_of_bad_events_is_dead_lettered_once(tmp_path):
 
 # ------------------------------------------------- damaged journal and checkpoint
 def reference_lines(payloads) -> set:
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
     from dqcep.lang import parse_file
     from dqcep.reference import ReferenceMatcher
     events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
@@ -203,7 +203,7 @@ def damaged_checkpoints(good: bytes):
 
 
 def test_a_damaged_checkpoint_is_refused_with_how_to_recover(tmp_path):
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     payloads = iot_payloads(5_000)
     journal_payloads(tmp_path, payloads)
     cfg = config(tmp_path)
@@ -231,7 +231,7 @@ def test_every_recovery_hint_does_what_it_says_when_followed(tmp_path):
     FILE.prev instead (and skip the rebuild)."""
     import re
     import shutil
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     payloads = iot_payloads(5_000)
     journal_payloads(tmp_path, payloads)
     cfg = config(tmp_path, journal_retention=1 << 40)
@@ -287,7 +287,7 @@ def test_losing_the_checkpoint_rebuilds_every_sink_without_repeats(tmp_path):
 
 
 def test_losing_the_checkpoint_of_a_trimmed_journal_is_refused(tmp_path):
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     journal_payloads(tmp_path, iot_payloads(2_000))
     cfg = config(tmp_path)  # retention 0: processed segments are deleted
     finish(cfg)
@@ -384,7 +384,7 @@ def test_random_feeds_never_stop_the_service_and_every_record_is_read_or_dead(
     """Hostile topics, payloads and arrival times, with the example map, a random map
     or none: the service takes every record, and each is events, a dead letter with
     its reason, or both (a part of it)."""
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     from dqcep.io.ingest import PayloadReader
     from dqcep.io.journal import Record
     from dqcep.io.mapping import TopicMap
@@ -415,7 +415,7 @@ def test_random_feeds_never_stop_the_service_and_every_record_is_read_or_dead(
 def test_return_values_of_events_taken_in_before_a_restart(tmp_path):
     """--returns: a match completed after a restart names an event taken in before it;
     its values come from the checkpoint's kept events."""
-    from dqcep.events import Event
+    from dqcep.core.events import Event
     from dqcep.lang import parse_file
     from dqcep.reference import ReferenceMatcher
     queries = tmp_path / "q.cep"

@@ -109,7 +109,7 @@ def test_parquet_split_by_row_groups_gives_the_whole_files_outputs(spark, tmp_pa
 
 
 def test_parquet_output_and_a_non_empty_output_directory(spark, tmp_path):
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     from dqcep.spark.batch import run_batch
     events = generate(tmp_path / "events.jsonl", 3000)
     want, _, _ = expected([events])
@@ -280,7 +280,7 @@ def test_routing_late_rule_is_the_engines_at_the_limits_of_time():
     import msgpack
     import pyarrow as pa
 
-    from dqcep.events import TS_LIMIT
+    from dqcep.core.events import TS_LIMIT
     from dqcep.runtime import late_rule
     from dqcep.spark.executor import JobSpec, Router
     from dqcep.spark.partitioning import plan_partitioning
@@ -345,7 +345,7 @@ def test_msgpack_fast_path_reads_what_the_readers_read(tmp_path_factory):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from dqcep.events import event_from_mapping
+    from dqcep.core.events import event_from_mapping
     from dqcep.spark.source import (IdsAndTs, _Batches, _msgpack_rows, _reader_rows,
                                     file_index_row, read_file)
     from tests.support.msgpack_payloads import payloads
@@ -769,7 +769,7 @@ def test_a_task_over_the_budget_fails_the_job_with_the_line(spark, tmp_path):
     """A batch job whose task engine outgrows the budget (--max-partial-matches) fails
     with the query's line, as the CLI says it (exit 2), not an executor out of memory
     (tests/test_budget.py has the rule on the task's engine)."""
-    from dqcep.errors import UserError
+    from dqcep.core.errors import UserError
     from dqcep.spark.batch import run_batch
     from dqcep.spark.cli import _executor_errors
     from tests.support.workloads import RUNAWAY_QUERIES, runaway_events

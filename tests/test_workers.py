@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from dqcep.capacity import Calibration, QueryCost
-from dqcep.events import event_from_mapping
+from dqcep.core.events import event_from_mapping
 from dqcep.io.mqtt import MqttPublisher, MqttUrl
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher

@@ -9,7 +9,7 @@ int64 ``ts`` and ``id``, and scalar attributes (numbers that are finite,
 strings that are valid UTF-8, booleans, nil). For anything else — a bad event,
 a nested value, bin/ext data, a duplicate batch key, trailing bytes — it
 appends nothing and returns -1, and the caller hands the payload to the full
-validator (``dqcep.events.event_from_mapping``), which says what is wrong. So
+validator (``dqcep.core.events.event_from_mapping``), which says what is wrong. So
 there is one set of rules; this kernel only recognises, quickly, payloads that
 obey all of them (a hypothesis test checks it against the validator).
 
@@ -30,7 +30,7 @@ from dqcep._kernels._table cimport table_free, table_get, table_init, table_set
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.store cimport KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR
 
-# Event times lie within +-TS_LIMIT (dqcep.events.TS_LIMIT; a test keeps them equal).
+# Event times lie within +-TS_LIMIT (dqcep.core.events.TS_LIMIT; a test keeps them equal).
 TS_LIMIT = (1 << 62) - 1
 cdef int64_t _TS_LIMIT = TS_LIMIT
 

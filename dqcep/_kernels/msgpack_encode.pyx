@@ -15,13 +15,13 @@ import numpy as np
 
 from dqcep._kernels._types cimport idx_t
 
-cdef enum:  # attribute kinds, in the order of dqcep.batch.KINDS
+cdef enum:  # attribute kinds, in the order of dqcep.core.batch.KINDS
     K_FLOAT = 0
     K_INT = 1
     K_STR = 2
     K_BOOL = 3
 
-cdef enum:  # malformed markers, as in dqcep.batch.Malformed
+cdef enum:  # malformed markers, as in dqcep.core.batch.Malformed
     M_NO_TYPE = 1
     M_BAD_TS = 2
     M_UNDECODABLE = 3

@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from dqcep._kernels.sase import NEG_MODES, STRATEGIES, SaseNFA, SaseRunNFA
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan.bytecode import Predicate, compile_predicate, evaluate_on_events
 from dqcep.plan.lookups import resolve_all
@@ -170,7 +170,7 @@ class SaseEngine(EventTimeEngine):
     ``flush`` as the native ``Engine`` (no snapshots).
 
     >>> from dqcep.lang import parse
-    >>> from dqcep.events import Event
+    >>> from dqcep.core.events import Event
     >>> e = SaseEngine(parse("PATTERN SEQ(A a, B b) WITHIN 10").queries)
     >>> m = e.process([Event(1, "A", 0), Event(2, "B", 5)]); m += e.flush()
     >>> [x.events for x in m.to_matches()]

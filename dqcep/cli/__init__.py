@@ -17,7 +17,7 @@ from typing import Sequence
 
 from dqcep import __version__
 from dqcep.cli.common import EXIT_USER_ERROR, Parser
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 __all__ = ["EXIT_USER_ERROR", "build_parser", "main"]
 

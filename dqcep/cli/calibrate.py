@@ -4,8 +4,8 @@ from __future__ import annotations
 import sys
 
 from dqcep.cli.common import load_queries
-from dqcep.errors import UserError
-from dqcep.numbers import COUNT, NON_NEGATIVE
+from dqcep.core.errors import UserError
+from dqcep.core.limits import COUNT, NON_NEGATIVE
 
 
 def add_parser(sub) -> None:

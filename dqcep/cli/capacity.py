@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dqcep.cli.common import (MAX_WORKERS, check_water_marks, load_queries, named_values,
                               read_calibration)
-from dqcep.errors import UserError
-from dqcep.numbers import ANY, POSITIVE, SHARE
+from dqcep.core.errors import UserError
+from dqcep.core.limits import ANY, POSITIVE, SHARE
 
 
 def add_parser(sub) -> None:

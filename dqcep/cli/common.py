@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dqcep.errors import UserError
-from dqcep.numbers import POSITIVE
+from dqcep.core.errors import UserError
+from dqcep.core.limits import POSITIVE
 
 
 EXIT_USER_ERROR = 2

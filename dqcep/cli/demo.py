@@ -1,8 +1,8 @@
 """``dqcep demo``: example queries over a generated stream."""
 from __future__ import annotations
 
-from dqcep.errors import UserError
-from dqcep.numbers import COUNT, NON_NEGATIVE_COUNT
+from dqcep.core.errors import UserError
+from dqcep.core.limits import COUNT, NON_NEGATIVE_COUNT
 
 
 def add_parser(sub) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 
 def add_parser(sub) -> None:

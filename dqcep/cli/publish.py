@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from dqcep.numbers import POSITIVE
+from dqcep.core.limits import POSITIVE
 
 
 def add_parser(sub) -> None:

@@ -6,9 +6,9 @@ import sys
 
 from dqcep.cli.common import (FILE_MATERIALIZE, MATERIALIZE, byte_size, load_queries, load_rates,
                               materialize_of, planner_options, warn_plan)
-from dqcep.errors import UserError
-from dqcep.events import MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET
-from dqcep.numbers import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
+from dqcep.core.errors import UserError
+from dqcep.core.events import MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET
+from dqcep.core.limits import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
                            POSITIVE)
 
 # dqcep run on an event file, unless told otherwise: queries moved between joins and a

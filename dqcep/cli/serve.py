@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dqcep.cli.common import (MAX_WORKERS, check_water_marks, load_queries, load_rates,
                               materialize_of, named_values, read_calibration, warn_plan)
-from dqcep.errors import UserError
-from dqcep.events import MAX_FUTURE_MS
+from dqcep.core.errors import UserError
+from dqcep.core.events import MAX_FUTURE_MS
 
 
 def _state_dir(args):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 
 def add_parser(sub) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.experiments.workloads import SHARING, WORKLOADS
 
 EXPERIMENTS = ("fig3", "fig4", "sharing", "latency")

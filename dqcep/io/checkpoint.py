@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgpack
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 MAGIC = b"DQCEPCK\x00"
 HEADER = struct.Struct("<8sII")

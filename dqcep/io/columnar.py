@@ -6,7 +6,7 @@
   layout (``dqcep.runtime.EventColumns``), decoded by a kernel with no Python
   object per event;
 - a list of ``Event`` for a record the fast path does not take: the validator
-  (``dqcep.events.event_from_mapping``, through ``readers.msgpack_record``)
+  (``dqcep.core.events.event_from_mapping``, through ``readers.msgpack_record``)
   reads that record alone, and its bad events go to ``on_error`` (or are
   raised) with the same position and reason ``read_events`` gives.
 
@@ -28,8 +28,8 @@ import numpy as np
 
 from dqcep._kernels.msgpack_decode import is_utf8, record_end
 from dqcep._kernels.store import KINDS
-from dqcep.errors import UserError
-from dqcep.events import INT64_MAX, TS_LIMIT
+from dqcep.core.errors import UserError
+from dqcep.core.events import INT64_MAX, TS_LIMIT
 from dqcep.io.readers import (CSV_BOOL, CSV_DEC, CSV_INT, CSV_TRUE, PARQUET_BATCH_ROWS,
                               EventInputError,
                               csv_header, csv_rows, csv_text_attrs, format_for, jsonl_lines,

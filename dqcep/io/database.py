@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from dqcep.errors import UserError
-from dqcep.events import Match
+from dqcep.core.errors import UserError
+from dqcep.core.events import Match
 from dqcep.io.match_text import formatted_parts
 
 DEFAULT_TABLE = "matches"
@@ -438,7 +438,7 @@ class _TableReader:
             return [r[0] for r in cur.execute(_POSTGRES_COLUMNS, (self.table,)).fetchall()]
 
     def read(self, version: int):
-        from dqcep.tables import snapshot_of
+        from dqcep.core.tables import snapshot_of
         try:
             if self.sqlite:
                 self.data_version = self.db.execute("PRAGMA data_version").fetchone()[0]
@@ -475,7 +475,7 @@ class _TableReader:
 
 class DatabaseTables:
     """The lookup tables of a query file, read from their databases
-    (``dqcep.tables.LookupSource``). Each is read once at the start; ``refresh``
+    (``dqcep.core.tables.LookupSource``). Each is read once at the start; ``refresh``
     (called by the application once per engine batch, before the batch) reads a
     table again when its REFRESH interval (default 10 s) has passed or, for SQLite,
     when the file has changed (committed to, or replaced by a rename), at most every

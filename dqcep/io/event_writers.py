@@ -3,7 +3,7 @@
 ``BatchEncoder(schema, fmt)`` encodes batches of one schema as JSON Lines,
 msgpack payloads (``{"events": [...]}``, the MQTT form), CSV (one header, then
 rows), or Parquet (through ``ParquetSink``). Events marked ``malformed`` are
-corrupted on purpose, per ``dqcep.batch.Malformed``.
+corrupted on purpose, per ``dqcep.core.batch.Malformed``.
 
 The encodings are deterministic: the same batches give the same bytes.
 """
@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 
 from dqcep._kernels.msgpack_encode import encode_payloads
-from dqcep.batch import KINDS, EventBatch, Malformed, Schema
+from dqcep.core.batch import KINDS, EventBatch, Malformed, Schema
 
 EVENT_FORMATS = ("jsonl", "msgpack", "csv", "parquet")
 BAD_TS = "not-a-ts"

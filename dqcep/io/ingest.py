@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dqcep.events import MAX_FUTURE_MS, Event
+from dqcep.core.events import MAX_FUTURE_MS, Event
 from dqcep.io.journal import Record
 from dqcep.io.mapping import TopicMap
 from dqcep.io.payloads import Rejected, decode_payload

@@ -59,7 +59,7 @@ from typing import BinaryIO, Callable, Iterator, NamedTuple, Union
 
 import msgpack
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 HEADER = struct.Struct("<II")
 SEG, OPEN = ".seg", ".open"

@@ -47,8 +47,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 
-from dqcep.errors import UserError
-from dqcep.events import Event, EventError, event_from_mapping
+from dqcep.core.errors import UserError
+from dqcep.core.events import Event, EventError, event_from_mapping
 from dqcep.io.journal import Record, Refused
 from dqcep.io.mqtt import topic_problem
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, decode_as, detect_format

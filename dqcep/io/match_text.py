@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from dqcep._kernels.match_format import format_matches
-from dqcep.events import Match
+from dqcep.core.events import Match
 
 
 def match_line(m: Match, with_returns: bool = False) -> str:

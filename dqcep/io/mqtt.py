@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 DEFAULT_PORT = 1883
 REDELIVERY_WINDOW = 4096  # journal records a redelivered message is looked for among

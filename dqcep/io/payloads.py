@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from dqcep.events import Event, EventError, batch_items, event_from_mapping
+from dqcep.core.events import Event, EventError, batch_items, event_from_mapping
 from dqcep.io.journal import Refused
 
 MAX_PAYLOAD = 16 * 1024 * 1024

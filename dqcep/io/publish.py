@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from dqcep.errors import UserError
-from dqcep.events import Event
+from dqcep.core.errors import UserError
+from dqcep.core.events import Event
 from dqcep.io.mqtt import topic_problem
 
 SHAPES = ("event", "object", "value")

@@ -28,8 +28,8 @@ from typing import IO, Callable, Iterator
 
 import msgpack
 
-from dqcep.errors import UserError
-from dqcep.events import Event, EventError, batch_items, event_from_mapping
+from dqcep.core.errors import UserError
+from dqcep.core.events import Event, EventError, batch_items, event_from_mapping
 
 FORMATS = ("jsonl", "msgpack", "csv", "parquet")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import msgpack
 
-from dqcep.errors import UserError
-from dqcep.events import Match
+from dqcep.core.errors import UserError
+from dqcep.core.events import Match
 from dqcep.io.match_text import match_lines
 
 MATCH_FORMATS = ("json", "msgpack")

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dqcep.errors import UserError, caret_excerpt
+from dqcep.core.errors import UserError, caret_excerpt
 
 
 class QueryError(UserError):

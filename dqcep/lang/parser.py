@@ -17,7 +17,7 @@ from pathlib import Path
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.lang.check import check_query
 from dqcep.lang.errors import QueryError
@@ -47,7 +47,7 @@ TERMINAL_NAMES = {
 }
 
 # Limits that keep every number representable by every engine: with event times
-# within +-(2**62 - 1) ms (dqcep.events.TS_LIMIT), ts +- 2 windows fits in 64 bits.
+# within +-(2**62 - 1) ms (dqcep.core.events.TS_LIMIT), ts +- 2 windows fits in 64 bits.
 MAX_WINDOW_MS = 2**60
 # Deeper queries are refused with a positioned error instead of exhausting the
 # recursion of the tree walkers (no real query comes near it).

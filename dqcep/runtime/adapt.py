@@ -45,7 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dqcep.events import STATE_BUDGET
+from dqcep.core.events import STATE_BUDGET
 from dqcep.lang import ast
 from dqcep.plan import build_plan, switchable
 from dqcep.plan.joins import ALWAYS

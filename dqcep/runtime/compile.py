@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.bytecode import FIRST, LAST, PAIRS, PREVIOUS, Op, Predicate

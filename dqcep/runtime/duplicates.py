@@ -13,7 +13,7 @@ the whole input at once and drops every repeat (docs/runtime.md).
 """
 from __future__ import annotations
 
-from dqcep.events import RECENT_IDS
+from dqcep.core.events import RECENT_IDS
 
 __all__ = ["RECENT_IDS", "recent_ids", "recent_to_bytes", "admit_bytes"]
 

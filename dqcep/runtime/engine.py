@@ -45,8 +45,8 @@ from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
 from dqcep._kernels.ring import KeyedQueue, RingBuffer, StateBudgetExceeded
 from dqcep._kernels.chains import ChainSpec, chain_step, chain_step_ids, match_ids
 from dqcep._kernels.runs import run_step
-from dqcep.errors import UserError
-from dqcep.events import STATE_BUDGET
+from dqcep.core.errors import UserError
+from dqcep.core.events import STATE_BUDGET
 from dqcep.plan import Kind, Plan
 from dqcep.runtime.eventtime import (LIST_ID, RELEASE_SLICE, EventColumns, EventTimeEngine,
                                      MatchBatch, MatchLists, ready_in_stream_order,
@@ -60,7 +60,7 @@ __all__ = ["Engine", "Records", "VertexStats", "run_events", "STATE_BUDGET"]
 # The partial matches (records) one buffer of a query may hold: a join queue, a
 # Kleene vertex's growing lists, a negation's store, one batch's new records. A query
 # whose state would grow past it is stopped; every other query goes on. 2^20 records
-# are 32-80 MB a buffer (4-10 words each). The number lives in dqcep.events, where the
+# are 32-80 MB a buffer (4-10 words each). The number lives in dqcep.core.events, where the
 # command lines read it without loading the runtime.
 # A RUN vertex (runs, chains) takes the events of a batch this many at a time: its
 # matches of one slice are one buffer, whatever the batch size.
@@ -79,7 +79,7 @@ class Engine(EventTimeEngine):
                  budget: int = STATE_BUDGET, stop_over_budget: bool = True):
         """A plan (compiled here) or a compiled ``Program``, and a fresh state with
         ``lateness`` or a given ``state`` (which carries its own lateness).
-        ``lookup_source`` (``dqcep.tables.LookupSource``) gives the snapshots of the
+        ``lookup_source`` (``dqcep.core.tables.LookupSource``) gives the snapshots of the
         tables the plan's lookups read. ``budget``: the partial matches one buffer of a
         query may hold (rounded up to a power of two; 0: no limit); a query whose state
         would grow past it is stopped (``take_stopped``), the others go on; without

@@ -25,9 +25,9 @@ from dqcep.runtime.lookups import LookupFiller
 
 from dqcep._kernels.msgpack_decode import ColumnDecoder
 from dqcep._kernels.store import EventStore
-from dqcep.batch import MISSING_INT, EventBatch
-from dqcep.errors import UserError
-from dqcep.events import DECLARED_VALUES, Event, Match, declared_kind_problem
+from dqcep.core.batch import MISSING_INT, EventBatch
+from dqcep.core.errors import UserError
+from dqcep.core.events import DECLARED_VALUES, Event, Match, declared_kind_problem
 from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
                                    StringDictionary)
 
@@ -240,7 +240,7 @@ class EventTimeEngine:
             if lookup_source is None:
                 raise ValueError("the queries read the tables "
                                  f"{', '.join(sorted({c.table for c in lookups}))}: give "
-                                 "the engine a lookup_source (dqcep.tables.LookupSource)")
+                                 "the engine a lookup_source (dqcep.core.tables.LookupSource)")
             self.lookup_filler = LookupFiller(lookups, tables, self.attr_index, lookup_source)
 
     # Everything an engine holds lives in ``self.state``; these read and write it.
@@ -398,7 +398,7 @@ class EventTimeEngine:
 
     def _drop_misdeclared(self, cols):
         """The events whose declared attributes hold values of another type
-        (``dqcep.events.DECLARED_VALUES``) leave the batch for ``take_rejected``."""
+        (``dqcep.core.events.DECLARED_VALUES``) leave the batch for ``take_rejected``."""
         bad, found = self.misdeclared(cols)
         self.rejected_events += [(i, why) for _, i, why in found]
         return tuple(c[~bad] for c in cols) if bad.any() else cols

@@ -1,6 +1,6 @@
 """Lookup attributes filled at ingest (``dqcep.plan.lookups``): for every event of a
 batch, the lookup table's cell at the key the event's attribute holds, read from
-one snapshot of the table per batch (``dqcep.tables``: the rule for keys, cells
+one snapshot of the table per batch (``dqcep.core.tables``: the rule for keys, cells
 and missing rows). Strings are coded in the engine's dictionary, as decoded
 attributes are."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from dqcep.runtime.compile import KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR, StringDictionary
-from dqcep.tables import LookupSource, lookup_key
+from dqcep.core.tables import LookupSource, lookup_key
 
 _KEY_KIND = {"INT": KIND_NUM, "DOUBLE": KIND_NUM, "STRING": KIND_STR, "BOOL": KIND_BOOL}
 

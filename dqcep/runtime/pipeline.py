@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.runtime.duplicates import RECENT_IDS
 from dqcep.runtime.engine import EventColumns, MatchBatch
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dqcep.events import Match
+from dqcep.core.events import Match
 from dqcep.lang.ast import SKIP_PAST_LAST
 from dqcep.runtime.compile import KIND_BOOL, KIND_STR
 from dqcep.runtime.eventtime import MatchLists

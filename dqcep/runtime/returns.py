@@ -18,8 +18,8 @@ from typing import Sequence
 
 import msgpack
 
-from dqcep.events import Event, Match, list_aggregate
-from dqcep.tables import LookupSource, lookup_key
+from dqcep.core.events import Event, Match, list_aggregate
+from dqcep.core.tables import LookupSource, lookup_key
 
 
 class ReturnValues:

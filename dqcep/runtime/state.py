@@ -20,7 +20,7 @@ from dqcep._kernels.chains import ChainStacks
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.runs import RunTable
 from dqcep._kernels.store import ListStore
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.runtime.compile import StringDictionary
 from dqcep.runtime.eventtime import NOTHING_WAITING, TimeState

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgpack
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.lang import ast, parse
 from dqcep.lang.printer import schema_to_source, table_to_source
 

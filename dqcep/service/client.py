@@ -5,7 +5,7 @@ import json
 import urllib.error
 import urllib.request
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 TIMEOUT = 10.0  # s to wait for the service's answer
 

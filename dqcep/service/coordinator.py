@@ -45,7 +45,7 @@ from multiprocessing import shared_memory
 from pathlib import Path
 
 from dqcep.capacity import Calibration, in_turn_order
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
 from dqcep.io.journal import Journal, JournalView, forget_consumer
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl

@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass
 from importlib import resources
 
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 
 PUBLISH_EVERY = 0.5     # s between the service's snapshots for the HTTP side
 HISTORY_SECONDS = 600   # how far back the page's charts reach

@@ -40,7 +40,7 @@ import numpy as np
 
 from dqcep._kernels.recent_ids import RecentIds
 from dqcep.runtime.duplicates import RECENT_IDS, admit_bytes, recent_to_bytes
-from dqcep.errors import UserError
+from dqcep.core.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import CheckpointError, recovery_hint, write_checkpoint
 from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader, ahead_reason, ahead_rows

@@ -6,7 +6,7 @@ import random
 from hypothesis import strategies as st
 
 from dqcep.baseline import SaseEngine
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.plan import build_plan
 from dqcep.reference import ReferenceMatcher
 from dqcep.runtime import Engine

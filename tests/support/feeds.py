@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 import msgpack
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.io.journal import read_journal
 from dqcep.io.mapping import derived_id
 from dqcep.lang import parse_file

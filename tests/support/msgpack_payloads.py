@@ -6,7 +6,7 @@ import struct
 import msgpack
 from hypothesis import strategies as st
 
-from dqcep.events import TS_LIMIT
+from dqcep.core.events import TS_LIMIT
 from dqcep.lang import parse
 from dqcep.plan import build_plan
 from dqcep.runtime import Engine

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dqcep.events import Event, Match
+from dqcep.core.events import Event, Match
 from dqcep.plan import GuardSpec, Kind, Plan, Port
 from dqcep.plan.bytecode import evaluate_on_events
 from dqcep.plan.planner import UNBOUNDED

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgpack
 
-from dqcep.events import event_from_mapping
+from dqcep.core.events import event_from_mapping
 from dqcep.lang import parse_file
 from dqcep.reference import ReferenceMatcher
 

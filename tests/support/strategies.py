@@ -9,7 +9,7 @@ import math
 
 from hypothesis import strategies as st
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 from dqcep.lang import ast
 from dqcep.lang.parser import KEYWORDS
 

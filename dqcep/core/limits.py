@@ -13,8 +13,8 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from dqcep.errors import UserError
-from dqcep.events import TS_LIMIT
+from dqcep.core.errors import UserError
+from dqcep.core.events import TS_LIMIT
 
 
 @dataclass(frozen=True)

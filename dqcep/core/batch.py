@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from dqcep.events import Event
+from dqcep.core.events import Event
 
 KINDS = ("float", "int", "str", "bool")
 MISSING_INT = np.iinfo(np.int64).min

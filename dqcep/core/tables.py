@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping, Protocol, Sequence
 
-from dqcep.events import DECLARED_VALUES, value_kind
+from dqcep.core.events import DECLARED_VALUES, value_kind
 
 
 def lookup_key(value: Any, key_type: str) -> Hashable | None:
