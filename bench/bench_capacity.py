@@ -1,6 +1,6 @@
 """Predicted against measured response times (issue 21).
 
-Calibrates the IoT queries live (``dqcep.calibration``: each query alone and the
+Calibrates the IoT queries live (``dqcep.service.scaling.calibrate``: each query alone and the
 shared plan as ``dqcep run`` processes, on the first ``--calibrate`` events), then for
 each load from 10% to 90% of one worker's predicted capacity runs the streaming
 service against a Mosquitto of its own - as one service (the shared plan) and as
@@ -8,7 +8,7 @@ service against a Mosquitto of its own - as one service (the shared plan) and as
 200 IoT events with Poisson arrivals (exponential gaps) at that rate. The service measures each query's mean response time (arrival of the
 payload holding a match's completing event to its output; docs/streaming.md); the
 first ``--warmup`` of each run's payloads are left out (the difference of the stats
-totals). The model (``dqcep.capacity``) predicts the same from the calibration. Every
+totals). The model (``dqcep.service.scaling.model``) predicts the same from the calibration. Every
 run is a fresh service (its own client id and state), so one stream of distinct
 events serves every load.
 
@@ -177,8 +177,8 @@ def main(argv=None) -> None:
     args.cal_loads = [float(x) for x in args.cal_loads.split(",") if x]
     if args.step:
         return rate_step(args)
-    from dqcep.calibration import calibrate
-    from dqcep.capacity import response_times
+    from dqcep.service.scaling.calibrate import calibrate
+    from dqcep.service.scaling.model import response_times
     from dqcep.lang import parse_file
 
     loads = [float(x) for x in args.loads.split(",")]
@@ -289,7 +289,7 @@ def rate_step(args) -> None:
     """The service with --target through a rate step (see --step)."""
     import threading
 
-    from dqcep.calibration import calibrate
+    from dqcep.service.scaling.calibrate import calibrate
     from dqcep.lang import parse_file
 
     names = [q.name for q in parse_file(str(QUERIES)).queries]

@@ -72,7 +72,7 @@ def point(workload: str, events: int, mode: str, repeat: int) -> dict:
     types, text = WORKLOADS[workload]
     queries = parse(text).queries
     if mode == "reference":
-        from dqcep.reference import ReferenceMatcher
+        from dqcep.baseline.reference import ReferenceMatcher
         events_list = [e for b in stream(types, events) for e in b.to_events()]
         t0 = time.perf_counter()
         n = len(ReferenceMatcher(queries).run(events_list))

@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     ap.add_argument("--events", type=int, default=20_000)
     args = ap.parse_args(argv)
     from dqcep.lang import parse
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     queries = parse(QUERY).queries
     n = args.events
     with tempfile.TemporaryDirectory() as tmp:

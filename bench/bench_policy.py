@@ -104,7 +104,7 @@ def agrees(policy: bool, n: int, rooms: int, window: int) -> bool:
     from dqcep.core.events import Event
     from dqcep.lang import parse
     from dqcep.plan import build_plan
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     from dqcep.runtime import run_events
     queries = parse(QUERY.format(window=window, policy=POLICY if policy else "")).queries
     events = [Event(i + 1, "Smoke" if (i // rooms) % 4 == 3 else "Temperature", i,

@@ -22,7 +22,7 @@ import numpy as np
 from dqcep.core.batch import EventBatch, missing_column
 from dqcep.core.errors import UserError
 from dqcep.lang import ast
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 
 MAX_TRIES = 2000
 PLANT_STREAM = 3  # RNG stream id: (seed, PLANT_STREAM, occurrence)

@@ -13,7 +13,7 @@ from dqcep._kernels.store import EventStore
 from dqcep.core.events import Event
 from dqcep.lang import parse
 from dqcep.plan import switchable
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.runtime import MatchBatch
 from dqcep.runtime import adapt
 from dqcep.runtime.adapt import OTHER, AdaptiveEngine, Trial

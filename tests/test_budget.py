@@ -14,7 +14,7 @@ from dqcep.core.errors import UserError
 from dqcep.core.events import event_from_mapping
 from dqcep.lang import parse
 from dqcep.plan import build_plan
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.runtime import Engine
 from dqcep.runtime.program import Program
 from tests.support.workloads import RUNAWAY_QUERIES, runaway_events

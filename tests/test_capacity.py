@@ -1,4 +1,4 @@
-"""The response-time model (dqcep.capacity): the Pollaczek-Khinchine formula on cases
+"""The response-time model (dqcep.service.scaling.model): the Pollaczek-Khinchine formula on cases
 computed by hand, and the placement against the optimum found by trying every
 partition of a few queries."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqcep.capacity import (Calibration, QueryCost, WorkerModel, deviation, from_moments,
+from dqcep.service.scaling.model import (Calibration, QueryCost, WorkerModel, deviation, from_moments,
                             in_turn_order, load, place, response_times)
 from tests.support.examples import examples
 

@@ -248,7 +248,7 @@ def test_a_crash_after_the_end_of_stream_was_written_repeats_no_held_match(tmp_p
     from tests.support.journal_service import config, iot_payloads, journal_payloads
     from dqcep.core.events import event_from_mapping
     from dqcep.lang import parse_file
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     from dqcep.service import StreamingService
     queries = tmp_path / "held.cep"
     queries.write_text("QUERY dry PATTERN SEQ(Temperature t, NOT Humidity h) WHERE [room] "
@@ -386,7 +386,7 @@ def test_a_deleted_or_older_output_database_is_refused_with_how_to_recover(tmp_p
     from dqcep.io.checkpoint import CheckpointError
     from dqcep.core.events import event_from_mapping
     from dqcep.lang import parse_file
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     from dqcep.service import StreamingService
     payloads = iot_payloads(20_000)
     journal_payloads(tmp_path, payloads[:50])

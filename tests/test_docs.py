@@ -290,7 +290,7 @@ def test_the_device_feed_of_streaming_md_against_a_broker(mosquitto, tmp_path):
     from dqcep.io.journal import read_journal
     from dqcep.io.mapping import derived_id
     from dqcep.lang import parse_file
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     host, port = mosquitto
     shown = shown_commands(ROOT / "docs" / "streaming.md")
     service = [s.command for s in shown if "--map" in s.command and s.command.startswith(

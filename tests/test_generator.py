@@ -16,7 +16,7 @@ import pytest
 from dqcep.core.batch import EventBatch
 from dqcep.io.readers import read_events
 from dqcep.lang import parse_file
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.generator import (GeneratorConfig, Imperfections, IotConfig, Planting, StreamGenerator,
                        UniformConfig, generate)
 from dqcep.generator.config import load_scenario

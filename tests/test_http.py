@@ -473,7 +473,7 @@ def by_query(lines):
 def reference_lines(text, events):
     from dqcep.core.events import event_from_mapping
     from dqcep.lang import parse
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     found = ReferenceMatcher(parse(text).queries).run([event_from_mapping(e) for e in events])
     return {json.dumps(m.to_json_obj()) for m in found}
 
@@ -630,7 +630,7 @@ def test_with_targets_a_query_added_live_is_placed_by_its_calibration(mosquitto,
     """--target: a query the calibration has no cost of is refused (nothing journaled);
     one it has is hosted, then every query is placed again by the capacity model; its
     output is the reference's on the events after it."""
-    from dqcep.capacity import Calibration, QueryCost
+    from dqcep.service.scaling.model import Calibration, QueryCost
     cost = {q: QueryCost(q, 0.0022, 1e-5) for q in
             ("overheating", "intrusion", "stuffy", "intrusion2")}
     (tmp_path / "cal.json").write_text(json.dumps(Calibration(

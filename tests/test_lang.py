@@ -354,7 +354,7 @@ def planned_and_run_or_positioned_error(text):
     run gives exactly the reference's matches on a small stream."""
     from dqcep.core.events import event_from_mapping
     from dqcep.plan import build_plan
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     from dqcep.runtime import Engine
     try:
         qf = parse(text, "hostile.cep")

@@ -29,7 +29,7 @@ from dqcep.core.events import Event
 from dqcep.lang import ast, parse
 from dqcep.lang.printer import file_to_source
 from dqcep.plan import build_plan
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.runtime import Engine, MatchBatch
 from dqcep.runtime.live import change_queries
 from dqcep.runtime.program import Program

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from dqcep.baseline import SaseEngine
 from dqcep.core.events import Event
 from dqcep.lang import QueryError, ast, file_to_source, parse
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.core.tables import StaticTables, snapshot_of
 from tests.support.broker import free_port
 from tests.support.strategies import ATTR_VALUES, outside_sase, small_event_streams, small_query_files

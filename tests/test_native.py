@@ -21,7 +21,7 @@ from dqcep.baseline import SaseEngine
 from dqcep.core.events import Event, event_from_mapping
 from dqcep.lang import QueryError, ast, file_to_source, parse
 from dqcep.plan import build_plan
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.runtime import Engine, run_events
 from dqcep.runtime.program import Program
 from tests.support.strategies import (ATTR_VALUES, SMALL_TYPES, chain_queries, kleene_event_streams,

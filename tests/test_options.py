@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dqcep.capacity import Calibration, QueryCost
+from dqcep.service.scaling.model import Calibration, QueryCost
 from dqcep.cli import main
 from tests.support.examples import examples
 

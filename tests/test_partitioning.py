@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqcep.lang import ast, file_to_source, parse
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.spark.executor import (JobSpec, Router, engine_batches, routed_arrow_schema,
                                  slices_of)
 from dqcep.spark.partitioning import BROADCAST, plan_partitioning, query_key

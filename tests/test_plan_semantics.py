@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 
 from dqcep.lang import file_to_source, parse
 from dqcep.plan import build_plan
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from tests.support.plan_executor import execute
 from dqcep.lang import ast
 from tests.support.strategies import negation_queries, small_event_streams, small_query_files

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dqcep.core.events import Event
 from dqcep.lang import ast, parse
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from tests.support.strategies import (kleene_event_streams, kleene_queries, negation_queries,
                               small_event_streams, small_query_files, strategy_event_streams,
                               outside_sase, strategy_queries)

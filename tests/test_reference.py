@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 
 from dqcep.core.events import Event
 from dqcep.lang import parse
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from tests.support.strategies import kleene_event_streams, kleene_queries
 from tests.support.examples import examples
 
@@ -643,7 +643,7 @@ def test_output_lines_of_accepted_matches_are_unchanged():
 def test_the_policy_walks_matches_in_detection_order_whatever_order_they_come_in():
     import random
 
-    from dqcep.reference import after_match
+    from dqcep.baseline.reference import after_match
     events = [ev(1, "A", 10), ev(2, "B", 20), ev(3, "A", 30), ev(4, "B", 40), ev(5, "B", 50)]
     by_id = {e.id: e for e in events}
     for name, want in (("SKIP PAST LAST EVENT", {(1, 2), (3, 4)}),

@@ -13,7 +13,7 @@ from dqcep.core.events import Event
 from dqcep.lang import parse
 from dqcep.plan import build_plan
 from dqcep.plan.bytecode import compile_predicate
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.runtime import Engine, MatchBatch, run_events
 from dqcep.runtime.compile import StringDictionary, predicate_set
 from dqcep.generator import GeneratorConfig, UniformConfig, generate
@@ -422,7 +422,7 @@ def test_the_embedding_example_in_the_docs_runs_as_written():
 
     from dqcep.io.readers import read_events
     from dqcep.lang import parse_file
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     root = Path(__file__).resolve().parent.parent
     program = re.search(r"```python\n(.*?)```", (root / "docs" / "runtime.md").read_text(),
                         re.S).group(1)

@@ -15,7 +15,7 @@ from dqcep.baseline import SaseEngine
 from dqcep.core.errors import UserError
 from dqcep.core.events import Event
 from dqcep.lang import ast, file_to_source, parse
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from tests.support.strategies import (outside_sase, sase_queries,
                               small_event_streams, small_query_files)
 from tests.support.engines import CUTS, as_set, bursty_streams, sase, split

@@ -11,7 +11,7 @@ import pytest
 
 from dqcep.core.events import event_from_mapping
 from dqcep.lang import parse_file
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from tests.support.broker import (free_port, start_mosquitto, stop_mosquitto,
                                   subscribed)
 from tests.support.journal_service import rejected_events

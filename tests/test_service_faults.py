@@ -100,7 +100,7 @@ def test_a_batch_of_bad_events_is_dead_lettered_once(tmp_path):
 def reference_lines(payloads) -> set:
     from dqcep.core.events import event_from_mapping
     from dqcep.lang import parse_file
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
     return {json.dumps(m.to_json_obj())
             for m in ReferenceMatcher(parse_file(QUERIES).queries).run(events)}
@@ -417,7 +417,7 @@ def test_return_values_of_events_taken_in_before_a_restart(tmp_path):
     its values come from the checkpoint's kept events."""
     from dqcep.core.events import Event
     from dqcep.lang import parse_file
-    from dqcep.reference import ReferenceMatcher
+    from dqcep.baseline.reference import ReferenceMatcher
     queries = tmp_path / "q.cep"
     queries.write_text("QUERY hot PATTERN SEQ(Temperature t, Smoke s) WHERE [room] AND "
                        "t.value > 50 WITHIN 10 s RETURN t.value, t.room, s.density;")

@@ -13,11 +13,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from dqcep.capacity import Calibration, QueryCost
+from dqcep.service.scaling.model import Calibration, QueryCost
 from dqcep.core.events import event_from_mapping
 from dqcep.io.mqtt import MqttPublisher, MqttUrl
 from dqcep.lang import parse_file
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from tests.support.service import Workers
 
 # Each test here starts processes or a broker: the quick run leaves them out.

@@ -55,7 +55,7 @@ def command(args) -> int:
     import json
     from pathlib import Path
 
-    from dqcep.calibration import calibrate, payloads_of
+    from dqcep.service.scaling.calibrate import calibrate, payloads_of
     from dqcep.io.readers import read_events
     from dqcep.runtime.pipeline import BadEvents
 

@@ -2,10 +2,10 @@
 executor bounds."""
 from __future__ import annotations
 
-from dqcep.cli.common import (MAX_WORKERS, check_water_marks, load_queries, named_values,
-                              read_calibration)
+from dqcep.cli.common import MAX_WORKERS, check_water_marks, load_queries, named_values
 from dqcep.core.errors import UserError
 from dqcep.core.limits import ANY, POSITIVE, SHARE
+from dqcep.service.scaling.model import Calibration
 
 
 def add_parser(sub) -> None:
@@ -52,12 +52,12 @@ def command(args) -> int:
     import json
     import math
 
-    from dqcep.capacity import deviation, place
+    from dqcep.service.scaling.model import deviation, place
 
     check_water_marks(args)
     query_file = load_queries(args.queries)
     names = [q.name for q in query_file.queries]
-    calibration = read_calibration(args.calibration)
+    calibration = Calibration.load(args.calibration)
     if args.consumers and (args.separate or args.spark):
         raise UserError("--consumers is how dqcep run --workers runs the queries; it "
                         "takes neither --separate nor --spark")
@@ -139,7 +139,7 @@ def command(args) -> int:
 def _missed_targets(report: dict, costs: dict, targets: dict, model, args) -> list[str]:
     """Why a placement does not meet every target, one line per worker over --rho-max
     and per query above its target (what its response is made of)."""
-    from dqcep.capacity import deviation, response_times
+    from dqcep.service.scaling.model import deviation, response_times
     out = []
     for i, w in enumerate(report["workers"], 1):
         if w["load"] >= 1:
@@ -173,7 +173,7 @@ def _spark_bounds(args, calibration, stream: dict, own: dict, targets: dict) -> 
     import json
     import math
 
-    from dqcep.capacity import executors
+    from dqcep.service.scaling.model import executors
 
     if own or not stream:
         raise UserError("--spark sizes the one stream the Spark jobs read: give --rate N "

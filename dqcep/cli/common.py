@@ -93,19 +93,6 @@ def warn_plan(query_file, rates: dict[str, float]) -> None:
         print(f"{query_file.source}:{pos.line}:{pos.col}: {message}", file=sys.stderr)
 
 
-def read_calibration(path: str):
-    import json
-
-    from dqcep.capacity import Calibration
-    try:
-        with open(path, encoding="utf-8") as f:
-            return Calibration.from_json(json.load(f), path)
-    except OSError as err:
-        raise UserError(f"cannot read calibration {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
-
-
 def check_water_marks(args) -> None:
     if args.lw > args.hw:
         raise UserError(f"--lw {args.lw:g} must not exceed --hw {args.hw:g} (the low "

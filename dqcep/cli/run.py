@@ -196,7 +196,7 @@ def command(args) -> int:
     pipeline = None
     try:
         if args.engine == "reference":
-            from dqcep.reference import ReferenceMatcher
+            from dqcep.baseline.reference import ReferenceMatcher
 
             pipeline = Pipeline(None)  # its repeated-id rule: the matcher takes the whole input
             events = [e for chunk in _event_chunks(args, bad, 1 << 20, None, view,

@@ -3,9 +3,10 @@ and the service (or its workers) started."""
 from __future__ import annotations
 
 from dqcep.cli.common import (MAX_WORKERS, check_water_marks, load_queries, load_rates,
-                              materialize_of, named_values, read_calibration, warn_plan)
+                              materialize_of, named_values, warn_plan)
 from dqcep.core.errors import UserError
 from dqcep.core.events import MAX_FUTURE_MS
+from dqcep.service.scaling.model import Calibration
 
 
 def _state_dir(args):
@@ -101,7 +102,7 @@ def _serve_workers(args, cfg, names: list[str]) -> int:
         targets = {q: ms / 1000 for q, ms in named_values(args.target, "target",
                                                            names).items()}
         scaling = Scaling({n: targets.get(n, float("inf")) for n in names},
-                          read_calibration(args.calibration), lw=args.lw, hw=args.hw,
+                          Calibration.load(args.calibration), lw=args.lw, hw=args.hw,
                           replan_every=args.replan_every,
                           calibration_path=args.calibration)
     workers = args.workers or 1

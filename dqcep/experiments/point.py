@@ -62,7 +62,7 @@ def _engines(kind: str, queries) -> list:
 def _run_once(kind: str, workload, queries, events: int, seed: int) -> tuple[float, int, int]:
     """(engine seconds, matches, peak state bytes) of one fresh run."""
     if kind == "reference":
-        from dqcep.reference import ReferenceMatcher
+        from dqcep.baseline.reference import ReferenceMatcher
         evs = [e for b in workload.stream(events, seed, CHUNK) for e in b.to_events()]
         t0 = time.perf_counter()
         n = len(ReferenceMatcher(queries).run(evs))

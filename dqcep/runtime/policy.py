@@ -18,7 +18,7 @@ the first and last event of the last accepted match) is a ``PolicyState``: plain
 data, in the engine's snapshot.
 
 The rule is written here once for the native engine and the SASE baseline; the
-reference matcher (``dqcep.reference.after_match``) keeps its own literal copy of
+reference matcher (``dqcep.baseline.reference.after_match``) keeps its own literal copy of
 the section, so that the engines are checked against an independent reading.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ restart. Queries placed on different workers share no vertex; one worker does no
 share vertices between its queries either (each query's state moves alone).
 
 With ``--target`` and ``--calibration`` the coordinator re-plans: every
-``replan_every`` seconds it places the queries by the model (``dqcep.capacity``) for
+``replan_every`` seconds it places the queries by the model (``dqcep.service.scaling.model``) for
 the arrival rate measured over that time (the journal's records, not what the
 workers take in, which includes catching up after a move), one worker more than the
 model says when a query's measured response time is above its high water-mark, and
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from pathlib import Path
 
-from dqcep.capacity import Calibration, in_turn_order
+from dqcep.service.scaling.model import Calibration, in_turn_order
 from dqcep.core.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
 from dqcep.io.journal import Journal, JournalView, forget_consumer
@@ -81,14 +81,6 @@ class Scaling:
     max_workers: int = 8
     down_after: int = 3  # re-plans in a row with every query below lw before fewer workers
     calibration_path: str | None = None  # read again for a query added live
-
-
-def read_calibration(path: str) -> Calibration:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return Calibration.from_json(json.load(f), path)
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot read the calibration {path}: {err}") from None
 
 
 @dataclass
@@ -220,7 +212,7 @@ class Coordinator:
         """Every query placed again by the capacity model on the workers there are, at
         the rate measured since the start (a query added live goes where the model
         says)."""
-        from dqcep.capacity import place
+        from dqcep.service.scaling.model import place
         s = self.scaling
         cal = s.calibration
         rate = self.journal.durable_offset / max(time.monotonic() - self.started, 1e-9) \
@@ -300,7 +292,7 @@ class Coordinator:
                                                          self.query_set)
                 calibration = None
                 if self.scaling is not None and op == "add":  # placed by its calibration
-                    calibration = read_calibration(self.scaling.calibration_path)
+                    calibration = Calibration.load(self.scaling.calibration_path)
                     self._calibrated(calibration, names)
             except ChangeRefused as err:
                 req.answer(err.code, {"error": err.message})
@@ -483,7 +475,7 @@ class Coordinator:
 
     # -------------------------------------------------------------- re-planning
     def _replan(self, rate: float) -> None:
-        from dqcep.capacity import deviation, place
+        from dqcep.service.scaling.model import deviation, place
         s = self.scaling
         cal = s.calibration
         measured = self._responses_since_last_plan()

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from dqcep.baseline import SaseEngine
 from dqcep.core.events import Event
 from dqcep.plan import build_plan
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.runtime import Engine
 from dqcep.runtime.adapt import OTHER, AdaptiveEngine
 from tests.support.strategies import ATTR_VALUES, SMALL_TYPES, outside_sase

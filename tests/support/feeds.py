@@ -19,7 +19,7 @@ from dqcep.core.events import Event
 from dqcep.io.journal import read_journal
 from dqcep.io.mapping import derived_id
 from dqcep.lang import parse_file
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 QUERIES = ROOT / "examples" / "sensors.cep"

@@ -15,7 +15,7 @@ import msgpack
 
 from dqcep.core.events import event_from_mapping
 from dqcep.lang import parse_file
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"

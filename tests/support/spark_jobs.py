@@ -9,7 +9,7 @@ from pathlib import Path
 from dqcep.io.database import DatabaseTables
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
-from dqcep.reference import ReferenceMatcher
+from dqcep.baseline.reference import ReferenceMatcher
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"

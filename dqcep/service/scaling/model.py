@@ -369,6 +369,26 @@ class Calibration:
                             "shared_b": p.shared_b} for p in self.points]}
 
     @classmethod
+    def load(cls, path: str) -> "Calibration":
+        """The calibration file ``path`` (``dqcep calibrate -o``), read: what cannot be
+        read is a UserError that names the file (bad JSON with its line and column).
+        The one loader of ``dqcep capacity``, ``dqcep run --target`` and a query added
+        live to workers under targets."""
+        import json
+
+        from dqcep.core.errors import UserError
+        try:
+            with open(path, encoding="utf-8") as f:
+                return cls.from_json(json.load(f), path)
+        except OSError as err:
+            raise UserError(f"cannot read calibration {path}: {err.strerror}") from None
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") \
+                from None
+        except (ValueError, RecursionError) as err:  # not UTF-8; nested too deeply
+            raise UserError(f"cannot read calibration {path}: {err}") from None
+
+    @classmethod
     def from_json(cls, obj: dict, source: str = "calibration") -> "Calibration":
         from dqcep.core.errors import UserError
         try:

@@ -6,7 +6,7 @@ service hosting each query alone, then one hosting them all (the shared plan), t
 them one at a time, ``gap`` seconds apart (low load, as the model's calibration asks:
 a payload processed after an idle gap takes longer than one in a tight loop - caches,
 the core's clock - measured in docs/capacity.md). Each run gives the mean and second
-moment of the time per payload; ``dqcep.capacity.from_moments`` turns them into the
+moment of the time per payload; ``dqcep.service.scaling.model.from_moments`` turns them into the
 model's costs.
 
 - **Live** (``broker``: an ``mqtt://host:port/topic`` URL): each run is a real
@@ -53,7 +53,7 @@ from typing import Callable, Sequence
 import msgpack
 
 from dqcep._kernels.recent_ids import RecentIds
-from dqcep.capacity import Calibration, from_moments, moments
+from dqcep.service.scaling.model import Calibration, from_moments, moments
 from dqcep.core.errors import UserError
 from dqcep.io.journal import Journal
 from dqcep.io.mqtt import ArrivalTimes, MqttPublisher, MqttSource, MqttUrl
