@@ -9,7 +9,8 @@
 from dqcep.plan.bytecode import Op, Predicate
 from dqcep.plan.explain import explain_dot, explain_text
 from dqcep.plan.orthogonal import Kind, OrthogonalList, Port, VertexView
-from dqcep.plan.planner import GuardSpec, LeafFilter, Plan, QuerySpec, build_plan, switchable
+from dqcep.plan.planner import build_plan, switchable
+from dqcep.plan.records import GuardSpec, LeafFilter, Plan, QuerySpec
 
 __all__ = ["build_plan", "switchable", "Plan", "QuerySpec", "GuardSpec", "LeafFilter", "Kind", "Port",
            "OrthogonalList", "VertexView", "Predicate", "Op", "explain_text", "explain_dot"]

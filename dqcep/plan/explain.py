@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from dqcep.plan.orthogonal import Kind, Port
-from dqcep.plan.planner import UNBOUNDED, Plan, chain_order
+from dqcep.plan.decompose import chain_order
+from dqcep.plan.records import UNBOUNDED, Plan
 
 _UNITS = (("h", 3_600_000), ("min", 60_000), ("s", 1000))
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 from dqcep.plan.bytecode import Op
 from dqcep.plan.cost import SEL_KEY, W_PROBE, W_RECORD
 from dqcep.plan.orthogonal import Kind, Port
-
-# The functions take a dqcep.plan.planner.Plan (not imported: the planner calls them,
-# and an import back, even for annotations, is a circle in the layout).
+from dqcep.plan.records import Plan  # the planner's records, apart from the planner
 
 # choose_materialization's modes; CHAIN: every query that is a flat SEQ is one RUN
 # vertex built when its last event comes (dqcep._kernels.chains), its joins' none

@@ -18,7 +18,8 @@ from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.bytecode import FIRST, LAST, PAIRS, PREVIOUS, Op, Predicate
-from dqcep.plan.planner import UNBOUNDED, RunItems, chain_order
+from dqcep.plan.decompose import chain_order
+from dqcep.plan.records import UNBOUNDED, RunItems
 from dqcep._kernels.operators import BytecodeError, PredicateSet
 from dqcep._kernels.chains import ChainSpec
 from dqcep._kernels.runs import NEXT_MATCH, PARTITION, STRICT, RunSpec

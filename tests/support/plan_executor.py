@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dqcep.core.events import Event, Match
 from dqcep.plan import GuardSpec, Kind, Plan, Port
 from dqcep.plan.bytecode import evaluate_on_events
-from dqcep.plan.planner import UNBOUNDED
+from dqcep.plan.records import UNBOUNDED
 
 
 @dataclass(frozen=True)
