@@ -49,11 +49,15 @@ def _modules():
 
 
 def _unit(module: str) -> str:
-    """The part of the layout a module belongs to: a subpackage or a top-level module.
+    """The part of the layout a module belongs to: a subpackage, or a module of
+    ``dqcep.core`` (its modules are layered among themselves: errors and events below
+    the batch and the tables).
 
     A ``__main__`` is an entry point of its own (nothing imports it)."""
     if module.endswith(".__main__"):
         return module
+    if module.startswith("dqcep.core."):
+        return ".".join(module.split(".")[:3])
     for package in ("dqcep.generator", "dqcep.spark"):
         if module == package or module.startswith(package + "."):
             return package
