@@ -56,7 +56,9 @@ def _executor_errors():
     try:
         yield
     except PySparkException as err:
-        found = re.findall(r"dqcep\.errors\.UserError: (.*)", str(err))
+        # the class's own path, as the worker's traceback prints it (it moved once)
+        name = re.escape(f"{UserError.__module__}.{UserError.__qualname__}")
+        found = re.findall(rf"{name}: (.*)", str(err))
         if found:
             raise UserError(found[-1]) from None
         raise
