@@ -30,14 +30,20 @@ def test_starts_a_process_unmarked():
 '''
 
 
+def default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def inner_pytest(tmp_path, *args) -> subprocess.Popen:
     test = tmp_path / "test_inner.py"
     test.write_text(f"from pathlib import Path\nPIDS = Path({str(tmp_path)!r})\n" + SLEEPER)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # SIGINT as a terminal's foreground job has it: a run started in the background by a
+    # non-interactive shell (`cmd &`) inherits SIGINT ignored, and Ctrl-C would do nothing.
     return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest",
                              "-p", "no:cacheprovider", str(test), *args], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
 
 
 def gone(pid: int) -> bool:
