@@ -300,16 +300,18 @@ class _Context:
                 if not holds(c.expr, env, self.positives_of_base or list(p.bound)):
                     return False
         for attr in self.equivalences:
-            values = set()
-            for ev in (e for value in p.bound.values() for e in members(value)):
-                try:
-                    v = ev.value(attr)
-                except KeyError:
-                    return False
-                values.add((_kind(v), float(v) if _kind(v) == "num" else v))
-            if len(values) > 1:
+            values = {_comparable(e, attr) for value in p.bound.values() for e in members(value)}
+            if len(values) > 1 or None in values:
                 return False
         return True
+
+    def equivalence_key(self, p: _Partial) -> tuple | None:
+        """The top-level [attr] values that every event of ``p`` shares (``accept`` let no
+        other partial match through), read off its first event; None without [attr]s."""
+        if not self.equivalences:
+            return None
+        first = next(e for value in p.bound.values() for e in members(value))
+        return tuple(_comparable(first, attr) for attr in self.equivalences)
 
 
 def _join(ctx: _Context, lefts: list[_Partial], rights: list[_Partial],
@@ -317,16 +319,23 @@ def _join(ctx: _Context, lefts: list[_Partial], rights: list[_Partial],
     """All combinations of a left and a right partial match that satisfy the operator.
 
     SEQ: every left event strictly before every right event. AND: disjoint events.
-    Both: the combined span stays within the window.
+    Both: the combined span stays within the window. Under top-level [attr]s a left meets
+    only the rights with its [attr] values: any other pair ``accept`` refuses.
     """
-    rights = sorted(rights, key=lambda r: r.start)
-    starts = [r.start for r in rights]
+    groups: dict[tuple | None, list[_Partial]] = {}
+    for right in sorted(rights, key=lambda r: r.start):
+        groups.setdefault(ctx.equivalence_key(right), []).append(right)
+    starts = {key: [r.start for r in group] for key, group in groups.items()}
     out = []
     for left in lefts:
+        key = ctx.equivalence_key(left)
+        if key not in groups:
+            continue
+        rights, key_starts = groups[key], starts[key]
         lo = left.end if seq else left.end - ctx.window
-        i = bisect.bisect_right(starts, lo) if seq else bisect.bisect_left(starts, lo)
+        i = bisect.bisect_right(key_starts, lo) if seq else bisect.bisect_left(key_starts, lo)
         hi = left.start + ctx.window
-        j = bisect.bisect_right(starts, hi) if hi < INF else len(starts)
+        j = bisect.bisect_right(key_starts, hi) if hi < INF else len(key_starts)
         left_ids = {e.id for value in left.bound.values() for e in members(value)}
         before = [frozenset(left.bound) | frozenset(ctx.base)]
         for right in rights[i:j]:
