@@ -36,11 +36,13 @@ def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, 
     for share in (0.3, 0.6):  # SIGKILL twice mid-stream, restart at once
         while len(pub.sent) < share * n and pub.is_alive():
             time.sleep(0.01)
+        pub.running.clear()  # what is in flight at the kill, not a burst (Publisher)
         svc.proc.kill()
         svc.proc.wait()
         svc.log.write("--- restart ---\n")
         svc.log.flush()
         svc.start()
+        pub.running.set()
     pub.join(60)
     assert pub.error is None and len(pub.sent) == n
     deadline = time.monotonic() + 60

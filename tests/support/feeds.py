@@ -63,13 +63,20 @@ def feed(n: int, seed: int = 3):
 
 
 class Publisher(threading.Thread):
-    """Publishes the feed with QoS 1, paced, from one client (the broker keeps order)."""
+    """Publishes the feed with QoS 1, paced, from one client (the broker keeps order),
+    while ``running`` is set: a test clears it while its service is down. Messages the
+    broker keeps for a service that is down arrive in one burst, all timed by arrival
+    within milliseconds: the fire query's 300 ms window then holds hundreds of readings,
+    10^5 matches, which the reference enumerates for a minute of CPU (publishing while a
+    service is down is tests/test_workers.py's subject; here it is what was in flight)."""
 
     def __init__(self, host, port, n, pace=0.002):
         super().__init__(daemon=True)
         self.host, self.port, self.n, self.pace = host, port, n, pace
         self.sent: list[tuple[str, bytes, tuple]] = []
         self.error = None
+        self.running = threading.Event()
+        self.running.set()
 
     def run(self):
         import paho.mqtt.client as mqtt
@@ -79,6 +86,8 @@ class Publisher(threading.Thread):
             client.loop_start()
             infos = []
             for topic, payload, intent in feed(self.n):
+                if not self.running.wait(120):
+                    raise TimeoutError("the publisher was held for 2 minutes")
                 infos.append(client.publish(topic, payload, qos=1))
                 self.sent.append((topic, payload, intent))
                 time.sleep(self.pace)
