@@ -388,7 +388,6 @@ def _lists(node: ast.Kleene, ctx: _Context) -> list[_Partial]:
     match: up to 2^n - 1 of them). Lists grow one element at a time; conditions that
     hold on every prefix of a list they hold on prune the growth."""
     events = ctx.events_of(node.type)
-    ts = [e.ts for e in events]
     prune = [c for c in ctx.conjuncts if _prefix_closed(c, node.var)]
 
     def fits(lst: tuple) -> bool:
@@ -396,6 +395,14 @@ def _lists(node: ast.Kleene, ctx: _Context) -> list[_Partial]:
         return all(holds(c.expr, bound, [node.var]) for c in prune) and all(
             len({_comparable(e, attr) for e in lst}) == 1 and _comparable(lst[0], attr)
             is not None for attr in ctx.equivalences)  # top-level [attr]s: every element
+
+    # A list grows only by events of its first event's [attr] values: fits refuses others.
+    groups: dict[tuple, tuple[list[int], list[Event]]] = {}
+    for ev in events:
+        group = groups.setdefault(tuple(_comparable(ev, attr) for attr in ctx.equivalences),
+                                  ([], []))
+        group[0].append(ev.ts)
+        group[1].append(ev)
 
     out = []
     stack = [(ev,) for ev in reversed(events)]
@@ -406,7 +413,8 @@ def _lists(node: ast.Kleene, ctx: _Context) -> list[_Partial]:
         if ctx.accept(p, [frozenset(ctx.base)]):
             out.append(p)
         grown = []
-        for ev in events[bisect.bisect_right(ts, lst[-1].ts):]:
+        same_ts, same = groups[tuple(_comparable(lst[0], attr) for attr in ctx.equivalences)]
+        for ev in same[bisect.bisect_right(same_ts, lst[-1].ts):]:
             if ev.ts - lst[0].ts > ctx.window:
                 break
             if fits(lst + (ev,)):
