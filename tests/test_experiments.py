@@ -1,4 +1,4 @@
-"""dqcep experiment: the quick run end to end (fresh processes per point, CSV, PNG,
+"""dqcep experiment: the quick run end to end (a process per point, CSV, PNG,
 markdown), determinism of the non-measured columns, and bad options."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from dqcep.experiments import point
 
 # Each test here starts processes: the quick run leaves them out. The tests of the
-# quick run share one process: its fixture (a minute of experiments) runs once per test
+# quick run share one process: its fixture (20 s of experiments) runs once per test
 # process under pytest-xdist.
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("experiments")]
 
@@ -35,6 +35,19 @@ def quick(tmp_path_factory):
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
+
+
+def test_a_point_that_fails_says_why():
+    """A point's process sends back the traceback of what stopped it (in a process of its
+    own here: the fork server lives as long as the process that started it)."""
+    failing = ("from dqcep.experiments.run import _point, _points; "
+               "_point(_points(), {'engine': 'nope', 'workload': 'iot', 'events': 10, "
+               "'seed': 1})")
+    proc = subprocess.run([sys.executable, "-c", failing], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert "RuntimeError: experiment point {'engine': 'nope'" in proc.stderr, proc.stderr
+    assert "ValueError: unknown engine 'nope'" in proc.stderr, proc.stderr
 
 
 def test_all_quick_writes_every_result(quick):

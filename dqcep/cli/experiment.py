@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
         description="Run the experiments of docs/experiments.md on generated workloads: "
         "fig3 (memory vs number of basic events), fig4 (execution time vs number of basic "
         "events), sharing (1..100 queries with a common sub-pattern), latency (detection "
-        "latency p50/p99 and throughput), or all. Each point runs in a fresh process; each "
+        "latency p50/p99 and throughput), or all. Each point runs in a process of its own; each "
         "experiment writes NAME.csv, NAME.png and NAME.md under --out.")
     exp.add_argument("name", choices=("fig3", "fig4", "sharing", "latency", "all"))
     exp.add_argument("--out", required=True, metavar="DIR", help="directory for the results")
