@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.support import examples, processes
+from tests.support import examples, jvm, processes
 from tests.support.broker import free_port, start_mosquitto, stop_mosquitto
 
 
@@ -81,11 +81,9 @@ def postgres(postgres_server):
 
 
 # The JVMs the tests start (the Spark session, each `dqcep spark` command, the standalone
-# cluster's daemons and executors) live for seconds to minutes: C1 alone compiles what
-# they run with a quarter less CPU than C1 then C2 (a killed-and-restarted stream job:
-# 219 -> 163 CPU seconds), and the suite is CPU-bound on 2 cores. One serial collector:
-# no GC threads contending with the other test process. The JVM says so on stderr.
-os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# cluster's daemons and executors) live for seconds to minutes: C1 only, one serial
+# collector, and a class-data archive made once per machine (tests/support/jvm.py).
+os.environ.setdefault("JAVA_TOOL_OPTIONS", jvm.java_options())
 
 # Hypothesis: the full run's counts under its default and ci profiles; ``dev`` a tenth
 # (tests/support/examples.py; the README's quick command).
@@ -106,6 +104,14 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if INTEGRATION_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.integration)
+
+
+def pytest_collection_finish(session):
+    """A run that selects a Spark test has the JVMs' class-data archive made meanwhile,
+    unless JAVA_TOOL_OPTIONS are the caller's own (tests/support/jvm.py)."""
+    if os.environ["JAVA_TOOL_OPTIONS"] == jvm.java_options() and any(
+            "spark" in item.nodeid for item in session.items):
+        jvm.start_archive()
 
 
 def _unmarked_processes(item, started: list) -> None:
