@@ -305,13 +305,17 @@ class _Context:
                 return False
         return True
 
+    def equivalence_values(self, ev: Event) -> tuple:
+        """``ev``'s values of the top-level [attr]s, as [attr] compares them."""
+        return tuple(_comparable(ev, attr) for attr in self.equivalences)
+
     def equivalence_key(self, p: _Partial) -> tuple | None:
         """The top-level [attr] values that every event of ``p`` shares (``accept`` let no
         other partial match through), read off its first event; None without [attr]s."""
         if not self.equivalences:
             return None
-        first = next(e for value in p.bound.values() for e in members(value))
-        return tuple(_comparable(first, attr) for attr in self.equivalences)
+        return self.equivalence_values(next(e for value in p.bound.values()
+                                            for e in members(value)))
 
 
 def _join(ctx: _Context, lefts: list[_Partial], rights: list[_Partial],
@@ -331,14 +335,14 @@ def _join(ctx: _Context, lefts: list[_Partial], rights: list[_Partial],
         key = ctx.equivalence_key(left)
         if key not in groups:
             continue
-        rights, key_starts = groups[key], starts[key]
+        same, key_starts = groups[key], starts[key]
         lo = left.end if seq else left.end - ctx.window
         i = bisect.bisect_right(key_starts, lo) if seq else bisect.bisect_left(key_starts, lo)
         hi = left.start + ctx.window
         j = bisect.bisect_right(key_starts, hi) if hi < INF else len(key_starts)
         left_ids = {e.id for value in left.bound.values() for e in members(value)}
         before = [frozenset(left.bound) | frozenset(ctx.base)]
-        for right in rights[i:j]:
+        for right in same[i:j]:
             start, end = min(left.start, right.start), max(left.end, right.end)
             if end - start > ctx.window:
                 continue
@@ -399,8 +403,7 @@ def _lists(node: ast.Kleene, ctx: _Context) -> list[_Partial]:
     # A list grows only by events of its first event's [attr] values: fits refuses others.
     groups: dict[tuple, tuple[list[int], list[Event]]] = {}
     for ev in events:
-        group = groups.setdefault(tuple(_comparable(ev, attr) for attr in ctx.equivalences),
-                                  ([], []))
+        group = groups.setdefault(ctx.equivalence_values(ev), ([], []))
         group[0].append(ev.ts)
         group[1].append(ev)
 
@@ -413,7 +416,7 @@ def _lists(node: ast.Kleene, ctx: _Context) -> list[_Partial]:
         if ctx.accept(p, [frozenset(ctx.base)]):
             out.append(p)
         grown = []
-        same_ts, same = groups[tuple(_comparable(lst[0], attr) for attr in ctx.equivalences)]
+        same_ts, same = groups[ctx.equivalence_values(lst[0])]
         for ev in same[bisect.bisect_right(same_ts, lst[-1].ts):]:
             if ev.ts - lst[0].ts > ctx.window:
                 break

@@ -1,7 +1,7 @@
-"""One measurement point, in a fresh process: ``python -m dqcep.experiments.point JSON``.
+"""One measurement point, ``run_point(spec)``, in a process of its own.
 
-The orchestrator (``dqcep.experiments.run``) starts one process per point so
-that the peak RSS is the point's own. The point prints one JSON line:
+The orchestrator (``dqcep.experiments.run``) forks one process per point so
+that the peak RSS is the point's own. The point's result:
 
 - ``matches``, ``peak_state_bytes`` (the engine's own count of its queues,
   stacks, stores and held matches), ``vertices`` (native: the plan's);
@@ -15,9 +15,7 @@ that the peak RSS is the point's own. The point prints one JSON line:
 """
 from __future__ import annotations
 
-import json
 import resource
-import sys
 import time
 
 import numpy as np
@@ -156,12 +154,3 @@ def run_point(spec: dict) -> dict:
         out["vertices"] = sum(p.n_vertices for p in plans)
     out.update(rss_base=base, rss_peak=_rss())
     return out
-
-
-def main(argv=None) -> None:
-    spec = json.loads((argv or sys.argv[1:])[0])
-    print(json.dumps(run_point(spec)))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,9 @@
 """``dqcep experiment fig3|fig4|sharing|latency|all --out DIR``.
 
 Each experiment runs its points (``dqcep.experiments.point``, one process each,
-forked from a server that imported dqcep once) behind a progress bar and writes, under DIR, ``<name>.csv``,
-``<name>.png`` (matplotlib) and ``<name>.md`` (a table and what it shows).
+forked from a server that imported dqcep once) behind a progress bar and writes,
+under DIR, ``<name>.csv``, ``<name>.png`` (matplotlib) and ``<name>.md`` (a table
+and what it shows).
 The same command with the same seed writes the same CSV values apart from the
 measured columns (seconds, events/s, latency, RSS): the streams, matches,
 engine state bytes and plan vertices are deterministic.

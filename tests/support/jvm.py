@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -49,14 +50,14 @@ sys.exit(jvm.wait())
 def archive_path() -> Path | None:
     """Where the archive of this machine's Java and PySpark is (None without either)."""
     java = shutil.which("java")
-    try:
-        import pyspark
-    except ImportError:
+    try:  # its version only: importing pyspark here would slow every pytest start
+        pyspark = importlib.metadata.version("pyspark")
+    except importlib.metadata.PackageNotFoundError:
         return None
     if java is None:
         return None
     java = os.path.realpath(java)
-    key = hashlib.sha256(f"{java} {os.stat(java).st_mtime_ns} {pyspark.__version__} "
+    key = hashlib.sha256(f"{java} {os.stat(java).st_mtime_ns} {pyspark} "
                          f"{BASE_OPTIONS}".encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"dqcep-tests-{os.getuid()}" / f"spark-{key}.jsa"
 
