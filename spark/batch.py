@@ -20,7 +20,8 @@ Under DIR:
   (``query``, ``detected_at``, ``events`` map) with ``--output-format parquet``;
 - ``dead-letter/``: ``{"where", "reason"}`` per record that is not an event;
 - ``late/``: ``{"where", "event"}`` per event beyond the lateness;
-- ``_stats.json``: counts of each, summed from the tasks' own counts.
+- ``_stats.json``: counts of each, summed from the tasks' own counts, and where the
+  tasks ran (``executors``: each Python, its prefix and the dqcep it imported).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import json
 import shutil
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,8 @@ class BatchStats:
     slice_ms: int
     assigned: int | None = None  # event copies after partition assignment (count_copies)
     partitions: int = 0          # key partitions and shuffle partitions of the run
+    # where the tasks ran (reading the events, matching): [python, prefix, dqcep module]
+    executors: list = field(default_factory=list)
 
 
 @dataclass
@@ -182,7 +185,7 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
         shutil.rmtree(staging)
     with _conf(spark, WRITE_CONF):
         lines.write.partitionBy("output").text(str(staging))
-    counts = _counts(staging / f"output={STATS}")
+    counts, executors = _counts(staging / f"output={STATS}")
     for name in OUTPUTS:
         target = out / name
         if target.exists():  # --overwrite
@@ -200,7 +203,8 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
         duplicates=counts["duplicates"], late=counts["late"],
         after_pushdown=counts["after_pushdown"], matches=counts["matches"],
         partitioning=plan.describe(), slice_ms=spec.slice_ms,
-        assigned=counts["assigned"] if count_copies else None, partitions=partitions)
+        assigned=counts["assigned"] if count_copies else None, partitions=partitions,
+        executors=executors)
     (out / "_stats.json").write_text(json.dumps(asdict(stats), indent=2) + "\n")
     return stats
 
@@ -226,14 +230,16 @@ def _conf(spark, conf: dict):
                 spark.conf.set(k, v)
 
 
-def _counts(directory: Path) -> Counter:
-    """The tasks' counts (one JSON line per routed batch and per engine task), summed;
-    a count no task gave is 0."""
-    total = Counter()
+def _counts(directory: Path) -> tuple[Counter, list[list[str]]]:
+    """The tasks' counts (one JSON line per routed batch and per engine task), summed
+    (a count no task gave is 0), and the distinct environments they ran in, sorted."""
+    total, where = Counter(), set()
     for f in sorted(directory.glob("part-*")):
         for line in f.read_text().splitlines():
-            total.update(json.loads(line))
-    return total
+            counts = json.loads(line)
+            where.add(tuple(counts.pop("environment")))
+            total.update(counts)
+    return total, [list(w) for w in sorted(where)]
 
 
 def _to_parquet(spark, matches: Path) -> None:

@@ -31,6 +31,15 @@ from dqcep.spark.partitioning import BROADCAST, Partitioning
 GROUP_KEYED, GROUP_SLICED, GROUP_WHOLE = 0, 1, 2
 
 
+def task_environment() -> list[str]:
+    """Where this Python worker runs: its interpreter, its prefix and the dqcep it
+    imported (``_stats.json``'s ``executors``: whether ``--archive`` took effect)."""
+    import sys
+
+    import dqcep
+    return [sys.executable, sys.prefix, dqcep.__file__]
+
+
 def batch_payload(events) -> bytes:
     """msgpack event maps -> one ``{"events": [...]}`` payload: a sequence of bytes, or an
     Arrow binary array (its maps lie contiguous in its data buffer: no copy per event)."""
@@ -661,7 +670,8 @@ class Router:
         counts = {"records": n, "dead_letter": int(dead.sum()) + len(misdeclared),
                   "duplicates": int(repeat.sum()), "late": int(late.sum()),
                   "after_pushdown": len(needed),
-                  "assigned": 0 if targets is None else len(targets[0])}
+                  "assigned": 0 if targets is None else len(targets[0]),
+                  "environment": task_environment()}
         at = np.zeros(1, np.int64) + (files[0] if n else 0)
         out.append(_line_rows([json.dumps(counts)], STATS, at, at * 0, GROUP_STATS))
         return _concat(out, routed_arrow_schema())
@@ -731,4 +741,4 @@ def engine_batches(spec: JobSpec, batches):
         yield from close()
         matches += runner.matches
     yield pa.RecordBatch.from_arrays([pa.array([STATS]), pa.array([json.dumps(
-        {"matches": matches})])], names=["output", "line"])
+        {"matches": matches, "environment": task_environment()})])], names=["output", "line"])

@@ -50,6 +50,8 @@ def test_batch_job_gives_the_reference_matches(spark, tmp_path, strategy, partit
         # _stats.json holds the same structure (it was one newline-joined string)
         saved = json.loads((tmp_path / "out" / "_stats.json").read_text())
         assert saved["partitioning"] == stats.partitioning
+        import dqcep  # local[2]'s Python workers import this checkout's dqcep
+        assert saved["executors"] and {m for _, _, m in saved["executors"]} == {dqcep.__file__}
 
 
 def test_formats_and_directories_agree(spark, tmp_path):
