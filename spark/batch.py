@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from dqcep.runtime import STATE_BUDGET
 from dqcep.core.errors import UserError
 from dqcep.spark.executor import (OUTPUT_SCHEMA, STATS, JobSpec, Router, broadcast_tables,
-                                  engine_batches)
+                                  engine_batches, sum_task_counts)
 from dqcep.spark.paths import check_output_dir
 from dqcep.spark.partitioning import plan_partitioning
 from dqcep.spark.source import event_units, load_events
@@ -231,15 +231,10 @@ def _conf(spark, conf: dict):
 
 
 def _counts(directory: Path) -> tuple[Counter, list[list[str]]]:
-    """The tasks' counts (one JSON line per routed batch and per engine task), summed
-    (a count no task gave is 0), and the distinct environments they ran in, sorted."""
-    total, where = Counter(), set()
-    for f in sorted(directory.glob("part-*")):
-        for line in f.read_text().splitlines():
-            counts = json.loads(line)
-            where.add(tuple(counts.pop("environment")))
-            total.update(counts)
-    return total, [list(w) for w in sorted(where)]
+    """The tasks' counts summed (a count no task gave is 0), and where they ran."""
+    total, where = sum_task_counts(line for f in sorted(directory.glob("part-*"))
+                                   for line in f.read_text().splitlines())
+    return Counter(total), where
 
 
 def _to_parquet(spark, matches: Path) -> None:

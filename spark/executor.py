@@ -40,6 +40,19 @@ def task_environment() -> list[str]:
     return [sys.executable, sys.prefix, dqcep.__file__]
 
 
+def sum_task_counts(lines) -> tuple[dict[str, int], list[list[str]]]:
+    """The tasks' count lines (JSON, one per routed batch and per engine task) summed (a
+    count no task gave is absent), and the distinct environments they ran in, sorted."""
+    total: dict[str, int] = {}
+    where = set()
+    for line in lines:
+        counts = json.loads(line)
+        where.add(tuple(counts.pop("environment")))
+        for k, v in counts.items():
+            total[k] = total.get(k, 0) + v
+    return total, [list(w) for w in sorted(where)]
+
+
 def batch_payload(events) -> bytes:
     """msgpack event maps -> one ``{"events": [...]}`` payload: a sequence of bytes, or an
     Arrow binary array (its maps lie contiguous in its data buffer: no copy per event)."""

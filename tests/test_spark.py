@@ -197,7 +197,7 @@ def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
 
     from dqcep.io import columnar
     from dqcep.runtime.compile import KIND_STR
-    from dqcep.spark.executor import JobSpec, Router
+    from dqcep.spark.executor import JobSpec, Router, sum_task_counts
     from dqcep.spark.partitioning import plan_partitioning
     from dqcep.spark.source import ColumnPiece, IdsAndTs, file_index_row, read_file
     monkeypatch.setattr(columnar, "JSON_BLOCK_BYTES", 3000)
@@ -237,10 +237,7 @@ def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
         for r in rows:
             if r["group"] < 0:
                 lines.setdefault(r["output"], []).append(r["line"])
-        stats = {}
-        for x in lines.pop("_stats"):
-            for k, v in json.loads(x).items():
-                stats[k] = stats.get(k, 0) + v
+        stats, _ = sum_task_counts(lines.pop("_stats"))
         del row["first_seq"]
         return row, events, {k: sorted(v) for k, v in lines.items()}, stats, pieces
 
