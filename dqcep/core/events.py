@@ -21,7 +21,10 @@ RECENT_IDS = 100_000
 # streaming paths (--max-future; dqcep.io.ingest holds the rule).
 MAX_FUTURE_MS = 300_000
 # Partial matches one buffer of a query's state may hold (--max-partial-matches default;
-# dqcep.runtime.engine holds the rule).
+# dqcep.runtime.engine holds the rule): a join queue, a Kleene vertex's growing lists, a
+# negation's store, one batch's new records. A query whose state would grow past it is
+# stopped; every other query goes on. 2^20 records are 32-80 MB a buffer (4-10 words
+# each). It is declared here, where the command lines read it without the runtime.
 STATE_BUDGET = 1 << 20
 
 

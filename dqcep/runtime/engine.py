@@ -57,11 +57,6 @@ from dqcep.runtime.state import EngineState, Records, VertexStats, run_state
 
 __all__ = ["Engine", "Records", "VertexStats", "run_events", "STATE_BUDGET"]
 
-# The partial matches (records) one buffer of a query may hold: a join queue, a
-# Kleene vertex's growing lists, a negation's store, one batch's new records. A query
-# whose state would grow past it is stopped; every other query goes on. 2^20 records
-# are 32-80 MB a buffer (4-10 words each). The number lives in dqcep.core.events, where the
-# command lines read it without loading the runtime.
 # A RUN vertex (runs, chains) takes the events of a batch this many at a time: its
 # matches of one slice are one buffer, whatever the batch size.
 RUN_SLICE = 4096
