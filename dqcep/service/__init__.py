@@ -15,7 +15,7 @@
 The names below are imported on first use, so that ``dqcep.service.client`` stays
 light (no numpy, no engine) for the commands that only talk to a service.
 """
-__all__ = ["ServiceConfig", "ServiceError", "StreamingService", "serve"]
+__all__ = ["ServiceConfig", "StreamingService", "serve"]
 
 
 def __getattr__(name: str):

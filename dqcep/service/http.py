@@ -4,8 +4,12 @@
                    the last minutes, matches and response times per query, dead
                    letters and late events by reason, the last matches, the plan)
     GET /status    the stats JSON (what ``--stats-file`` holds) and the query set
+    GET /queries   the query set alone
     GET /metrics   the same figures in Prometheus's exposition format
     GET /plan.svg  the shared DAG as ``dqcep explain --dot`` draws it (Graphviz)
+    GET /plan.dot  the same DAG as DOT text
+    POST /queries, DELETE /queries/NAME
+                   live changes of the query set (``changes``: with the token)
 
 The server is waitress (a maintained, pure-Python WSGI server with a thread pool) in
 a thread of its own. It never reads the engine: the engine belongs to the service's
@@ -351,7 +355,8 @@ class _App:
             if path == "/plan.dot":
                 return "200 OK", [("Content-Type", "text/vnd.graphviz; charset=utf-8")], \
                     self.board.plan_dot.encode()
-            return _text(404, f"no page {path}: /, /status, /metrics, /plan.svg")
+            return _text(404, f"no page {path}: /, /status, /queries, /metrics, /plan.svg, "
+                         "/plan.dot")
         if self.changes is None:
             return _text(405, f"{method} {path}: nothing here can be changed")
         try:

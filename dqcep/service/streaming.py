@@ -112,10 +112,6 @@ class ServiceConfig:
                                       # takes (``changes.Admission``) before it starts
 
 
-class ServiceError(Exception):
-    """The service cannot go on; the message says why (exit code 1)."""
-
-
 def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
     """The queries of a parsed file named in ``hosted`` (all of them for None), in the
     file's order; a name the file does not have is an error."""
