@@ -34,7 +34,7 @@ COMMANDS = {"explain": "dqcep.cli.explain", "calibrate": "dqcep.cli.calibrate",
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``only``: a command's name, whose module alone is
     imported (a command's start-up pays for what it needs, not for every command's
-    imports: `dqcep run` on a small file, issue 40)."""
+    imports: a `dqcep run` on a small file is mostly start-up)."""
     p = Parser(prog="dqcep", description="Complex event processing over IoT streams: "
                "pattern queries (SEQ, AND, OR, NOT, WHERE, WITHIN) over events.")
     p.add_argument("--version", action="version", version=f"dqcep {__version__}")

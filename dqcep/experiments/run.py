@@ -149,7 +149,7 @@ def _plot(path: Path, panels: list[tuple[str, str, str, list[tuple[str, list, li
     plt.close(fig)
 
 
-# the native engine as planned by default, and with joins built on demand (issue 19)
+# the native engine as planned by default, and with joins built on demand
 NATIVE = ("native", "on-demand")
 LABEL = {"native": "dqcep", "on-demand": "dqcep, joins on demand", "sase": "SASE",
          "reference": "reference"}

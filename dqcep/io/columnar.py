@@ -338,7 +338,7 @@ def _arrow_columns(batch, engine):
 JSON_BLOCK_BYTES = 1 << 22  # JSON Lines read at a time, cut after the last whole line
 # Text smaller than this goes to the validator, not to pyarrow: importing pyarrow's
 # readers (and the pandas its conversions load) takes ~0.15 s, which the validator's
-# ~5 us per line only reaches at ~30,000 lines (`dqcep run` on a small file: issue 40)
+# ~5 us per line only reaches at ~30,000 lines (a `dqcep run` on a small file is mostly start-up)
 FAST_PATH_MIN_BYTES = 1 << 16
 
 

@@ -101,7 +101,7 @@ def better(cost: float, best: float) -> bool:
     return cost < best - 1e-9 * max(1.0, abs(best))
 
 
-# ------------------------------------------------ joins or a chain (issue 40)
+# ------------------------------------------------------------- joins or a chain
 #
 # A flat skip-till-any-match SEQ runs either as the DAG of joins (every partial match
 # of the window built as records, a Kleene item's lists built once at its KLEENE

@@ -1,5 +1,5 @@
 """``dqcep run ... --input mqtt://... --workers N``: the streaming service as worker
-processes (issue 21).
+processes.
 
     coordinator: MQTT (QoS 1) -> journal (fsync, then PUBACK); placement; stats
         -> worker 1: a consumer per query it hosts (journal -> engine -> sinks)

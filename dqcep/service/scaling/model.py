@@ -1,4 +1,4 @@
-"""Response-time targets (issue 21): predict each query's mean response time on a
+"""Response-time targets: predict each query's mean response time on a
 worker, and place queries on the fewest workers that meet every target.
 
 The model (after the configuration scheduler of the response-time autoscaling paper,
