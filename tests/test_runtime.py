@@ -16,6 +16,7 @@ from dqcep.plan.bytecode import compile_predicate
 from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.runtime import Engine, MatchBatch, run_events
 from dqcep.runtime.compile import StringDictionary, predicate_set
+from dqcep.runtime.program import Program
 from dqcep.generator import GeneratorConfig, UniformConfig, generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -337,6 +338,40 @@ def test_state_stays_bounded_on_a_long_stream():
     assert max(sizes[1:]) <= 1.2 * min(sizes[1:]), sizes  # flat, not growing with length
     assert len(engine.store) < 2_000                       # a few windows of events
     assert sum(s.evictions for s in engine.stats.values()) > 100_000
+
+
+def test_the_store_keeps_events_as_long_as_a_record_may_read_them():
+    # A's records wait in the join's queue one window; N is under a NOT that names none
+    # of its attributes (its store holds ids, not attributes): one window, not four
+    program = Program(build_plan(parse(
+        "QUERY q PATTERN SEQ(A a, NOT N n, B b) WHERE [k] WITHIN 1 s").queries))
+    assert program.store_retention == 1_000 + 2
+    # a NOT that reads its events' attributes reads them for two of its windows
+    reads = Program(build_plan(parse(
+        "QUERY q PATTERN SEQ(A a, NOT N n, B b) WHERE n.x > a.x WITHIN 1 s").queries))
+    assert reads.store_retention == 2 * 1_000 + 1 + 2
+    # a record of two events (SEQ(A, B) waiting for C) starts up to a window before it ends
+    chain = Program(build_plan(parse("QUERY q PATTERN SEQ(A a, B b, C c) WITHIN 1 s").queries))
+    assert chain.store_retention == 2 * 1_000 + 2
+    engine = Engine(program)
+    for t in range(0, 20_000, 10):
+        engine.process([Event(t, "ANB"[t // 10 % 3], t, {"k": t % 7})])
+    assert engine.wm - engine.store.ts_of(np.array([engine.store.base]))[0] <= 1_002 + 10
+
+
+def test_an_adaptive_engine_keeps_what_a_move_replays():
+    # joins keep SEQ(A, B)'s A events one window; the chain's runs reach two: the
+    # engine that may move keeps two from the start (a move's replay rebuilds the runs)
+    from dqcep.runtime.adapt import AdaptiveEngine
+    queries = parse("QUERY q PATTERN SEQ(A a, B b) WHERE b.x > a.x WITHIN 1 s").queries
+    joins = Program(build_plan(queries, constructions={"q": "joins"}))
+    chain = Program(build_plan(queries, constructions={"q": "chain"}))
+    assert joins.store_retention < chain.store_retention
+    engine = AdaptiveEngine(queries, constructions={"q": "joins"})
+    assert engine.constructions == {"q": "joins"}
+    assert engine.store_retention == chain.store_retention
+    assert engine.switch("q", "chain") and engine.store_retention == chain.store_retention
+    assert engine.switch("q", "joins") and engine.store_retention == chain.store_retention
 
 
 def test_agrees_with_reference_on_a_generated_stream():

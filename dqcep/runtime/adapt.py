@@ -13,7 +13,8 @@ stored events read the same under both programs). Every vertex the two programs 
 (the same ``Plan.keys`` entry) keeps its state; the new vertices get theirs by a replay
 of the stored events, in ts order, through the query's vertices alone, with nothing
 emitted: every match those events complete was emitted already, and what a later event
-completes needs only them (the store reaches two windows back; the reorder buffer's
+completes needs only them (an engine that may move keeps its store as far back as
+either construction's vertices read, ``_retention_under_moves``; the reorder buffer's
 events come later, as any). The new vertices' state is then what they would hold had
 they run from the start. A query that holds matches for a trailing NOT stays as it is
 until it holds none (those records are written in the old root's slots).
@@ -185,6 +186,7 @@ class AdaptiveEngine(Engine):
         self.source = Source(queries, rates, materialize, schemas, tables)
         plan = build_plan(queries, rates, materialize=materialize, schemas=schemas,
                           tables=tables, constructions=constructions)
+        self._reach = 0  # the store's retention under every construction (_bind)
         super().__init__(plan, lateness, lookup_source=lookup_source, budget=budget)
         self.lookup_source = lookup_source  # a replay's engine is built with it too
         self.adaptive = adapt
@@ -199,6 +201,23 @@ class AdaptiveEngine(Engine):
         # per query: the work per window the cost model estimated for each construction
         self.estimated = {q.name: dict(q.spec.construction_work)
                           for q in self.program.queries if q.name in self.looks}
+        self._reach = self._retention_under_moves()
+        self.store_retention = max(self.store_retention, self._reach)
+
+    def _retention_under_moves(self) -> int:
+        """How far back the store must reach for a move's replay to rebuild what the
+        other construction's vertices hold: the larger retention of the program as
+        planned and of the one with every switchable query moved (a query's vertices
+        are its own, whatever the others run as)."""
+        if not self.looks:
+            return self.store_retention
+        moved = {name: OTHER[c] for name, c in self.constructions.items()}
+        try:
+            other = replan(self, self.source, self.overrides | moved)
+        except ValueError:  # it cannot be compiled here: as far as any vertex reads
+            return 2 * int(max(self.program.eff_window, default=0)) + 2
+        self._programs.setdefault(tuple(sorted(moved.items())), other)
+        return max(self.store_retention, other.store_retention)
 
     @property
     def constructions(self) -> dict[str, str]:
@@ -421,6 +440,7 @@ class AdaptiveEngine(Engine):
 
     def _bind(self, program: Program) -> None:
         super()._bind(program)
+        self.store_retention = max(self.store_retention, self._reach)
         self._mine: dict[str, tuple[int, ...]] = {}  # per query: its vertices (_spent)
 
     def _program_for(self, name: str, construction: str) -> Program:

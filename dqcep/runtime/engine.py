@@ -748,11 +748,12 @@ class Engine(EventTimeEngine):
             for x, (boundary, ids, last) in list(table.items()):
                 # every event held at the query's addition is gone: nothing to filter
                 if state.store.base >= boundary and (not len(ids) or (
-                        wm - prog.store_retention > last and held_start > last)):
+                        wm - self.store_retention > last and held_start > last)):
                     del table[x]
-        state.store.evict_before(min(wm - prog.store_retention, held_start))
+        horizon = min(wm - self.store_retention, held_start)
+        state.store.evict_before(horizon)
         if state.lists is not None:  # a list in a queue or held starts after this
-            state.lists.py_evict_end_before(min(wm - prog.store_retention, held_start))
+            state.lists.py_evict_end_before(horizon)
         return out
 
     def _evict_vertices(self, wm: int) -> None:

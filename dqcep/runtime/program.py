@@ -26,6 +26,12 @@ from dqcep.runtime.compile import (ConstantCodes, aggregated_columns, effective_
                                    run_spec)
 
 
+def _reads_negated(spec) -> bool:
+    """Whether a NOT's conditions read its negated events' attributes (slots after the
+    host's) from the event store."""
+    return any(slot >= spec.n_host for p in spec.preds for slot in p.slots)
+
+
 class QueryProgram(NamedTuple):
     """What the OUTPUT of one query runs."""
 
@@ -193,9 +199,7 @@ class Program:
         self.queries = [self._query(i, spec, hosts[spec.output], constants)
                         for i, spec in enumerate(plan.queries)]
         self.match_queries = tuple((q.name, tuple(q.spec.variables)) for q in self.queries)
-        # how far back (ms) the event store must reach behind the watermark
-        windows = [int(w) for w in self.eff_window] + [0]
-        self.store_retention = 2 * max(windows) + 2
+        self.store_retention = self._store_retention(plan)
         self.constants = tuple(constants.values)
         # the codes a state of this program never frees: its string constants'
         self.pinned = tuple(range(len(self.constants))) if universe is None else \
@@ -264,6 +268,34 @@ class Program:
         return JoinPipeline(self.leaves, leaves, joins, [self.joins[v] for v in joins],
                             [index[self.children[v][0]] for v in joins],
                             [index[self.children[v][1]] for v in joins])
+
+    def _store_retention(self, plan: Plan) -> int:
+        """How far back (ms) the event store must reach behind the watermark: to the
+        oldest event a record may still be read from it for. A vertex's records are
+        kept by its consumers (a join's queues: ``queue_window``; a NOT's store: two of
+        its windows, and read from the event store only where its conditions name the
+        negated events; an OUTPUT: not past the slice, held matches are kept apart) and
+        by its own state (a RUN's runs, a KLEENE's growing lists: its window); a
+        record of several events starts up to its window before it ends, one of one
+        event does not. (Twice the largest vertex window, the rule before, kept an
+        event type under a NOT four windows where its records are read for at most
+        two, and not at all where the NOT names no attribute of it.)"""
+        g = plan.graph
+        need = [0]
+        for v in range(plan.n_vertices):
+            if self.kind[v] == Kind.NOT:  # a guard: no records of its own (its child's)
+                continue
+            keep = [int(self.eff_window[v]) if self.kind[v] in (Kind.RUN, Kind.KLEENE) else 0]
+            for a in g.out_arcs(v):
+                p = int(g.head[a])
+                if self.kind[p] == Kind.NOT:
+                    if _reads_negated(plan.guard[p]):
+                        keep.append(2 * plan.guard[p].window_ms + 1)
+                elif self.kind[p] != Kind.OUTPUT:
+                    keep.append(self.queue_window[p])
+            span = 0 if self.kind[v] == Kind.EVENT else int(self.eff_window[v])
+            need.append(max(keep) + span)
+        return max(need) + 2
 
     def _query(self, index: int, spec, guards: list[int], constants) -> QueryProgram:
         plan = self.plan
