@@ -274,19 +274,18 @@ class Assigner:
 class _Lookup:
     """id -> (ts, key partition per attribute) for the recent events of one part."""
 
-    def __init__(self, horizon: int):
-        self.horizon = horizon
+    def __init__(self):
         self.chunks: list[tuple[int, np.ndarray, np.ndarray, dict]] = []
 
     def add(self, cols: EventColumns, parts: dict[str, np.ndarray]) -> None:
         if len(cols.ts):
             self.chunks.append((int(cols.ts.max()), cols.id, cols.ts, parts))
 
-    def prune(self) -> None:
-        """Forget what no match still to come can name (called after each emit)."""
-        if self.chunks:
-            newest = max(c[0] for c in self.chunks)
-            self.chunks = [c for c in self.chunks if c[0] >= newest - self.horizon]
+    def prune(self, kept_since: int | None) -> None:
+        """Forget what no match still to come can name: chunks whose events are all
+        older than what the engine still holds (called after each emit)."""
+        if kept_since is not None:
+            self.chunks = [c for c in self.chunks if c[0] >= kept_since]
 
     def find(self, ids: np.ndarray):
         all_ids = np.concatenate([c[1] for c in self.chunks])
@@ -339,7 +338,7 @@ class PartRunner:
         self.keyed = {k.name: k for k in p.keyed}
         self.owner_attrs = sorted({a for k in p.keyed for _, a in k.keys}) \
             if group == GROUP_KEYED else []
-        self.lookup = _Lookup(self.engine.store_retention)
+        self.lookup = _Lookup()
         self.matches = 0  # owned matches given out
 
     def feed(self, cols: EventColumns) -> bytes | None:
@@ -347,7 +346,7 @@ class PartRunner:
                  for a in self.owner_attrs}
         self.lookup.add(cols, parts)
         out = self._owned(self.engine.process(cols))
-        self.lookup.prune()
+        self.lookup.prune(self.engine.kept_since)
         return out
 
     def advance(self, wm: int) -> bytes | None:

@@ -359,6 +359,25 @@ def test_the_store_keeps_events_as_long_as_a_record_may_read_them():
     assert engine.wm - engine.store.ts_of(np.array([engine.store.base]))[0] <= 1_002 + 10
 
 
+def test_return_values_keep_what_the_engine_keeps():
+    # a match held for its trailing NOT names events the store pins past its reach
+    from dqcep.runtime import ReturnValues
+    queries = parse("QUERY q PATTERN SEQ(A a, B b, NOT C c) WHERE [k] WITHIN 1 s "
+                    "RETURN a.x, b.x").queries
+    engine = Engine(build_plan(queries))
+    returns = ReturnValues(queries, engine)
+    found = []
+    batches = [[Event(1, "A", 0, {"k": 1, "x": 5}), Event(2, "B", 10, {"k": 1, "x": 6})]]
+    batches += [[Event(i, "A", 40 * i, {"k": 2, "x": i})] for i in range(3, 200)]
+    for batch in batches:
+        returns.remember(batch)  # (forgets what the engine forgot before this batch)
+        assert min(ts for ts, _ in returns.order) >= (engine.kept_since or 0)
+        found += [returns.fill(m) for m in engine.process(batch).to_matches()]
+    assert [(m.events, m.returns) for m in found] == [
+        ((("a", 1), ("b", 2)), (("a.x", 5), ("b.x", 6)))]
+    assert len(returns.events) < 40  # one window of A events, not the stream
+
+
 def test_an_adaptive_engine_keeps_what_a_move_replays():
     # joins keep SEQ(A, B)'s A events one window; the chain's runs reach two: the
     # engine that may move keeps two from the start (a move's replay rebuilds the runs)

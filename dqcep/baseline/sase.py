@@ -199,7 +199,6 @@ class SaseEngine(EventTimeEngine):
         self.nfas: list[SaseNFA | SaseRunNFA | None] = [
             None if s.never else self._runs(s) if s.runs else self._nfa(s) for s in self.specs]
         self.max_window = max((s.window_ms for s in self.specs), default=0)
-        self.store_retention = 2 * self.max_window + 2  # what the CLI's RETURN lookup keeps
         self.matches_out = [0] * len(self.specs)
         # spec section 6 as SASE+ consumes events: the queries' policies (the rule of
         # dqcep.runtime.policy, as the native engine decides)
@@ -281,7 +280,8 @@ class SaseEngine(EventTimeEngine):
                 nfa.prune(oldest, neg_cutoff, neg_cutoff + 1)
             else:
                 nfa.prune(oldest, neg_cutoff)
-        self.store.evict_before(min([wm - self.max_window] + held) - 1)
+        self.kept_since = min([wm - self.max_window] + held) - 1
+        self.store.evict_before(self.kept_since)
         return out
 
     def _flush_held(self) -> MatchBatch:

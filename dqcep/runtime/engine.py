@@ -750,7 +750,7 @@ class Engine(EventTimeEngine):
                 if state.store.base >= boundary and (not len(ids) or (
                         wm - self.store_retention > last and held_start > last)):
                     del table[x]
-        horizon = min(wm - self.store_retention, held_start)
+        horizon = self.kept_since = min(wm - self.store_retention, held_start)
         state.store.evict_before(horizon)
         if state.lists is not None:  # a list in a queue or held starts after this
             state.lists.py_evict_end_before(horizon)

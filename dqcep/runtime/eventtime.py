@@ -227,6 +227,10 @@ class EventTimeEngine:
         self.state = state if state is not None else \
             TimeState.fresh(len(self.types), len(self.attrs), lateness)
         self.every_event = False  # store events of types no query names too
+        # the ts from which the engine still holds every event a match to come may name
+        # (its store's last eviction; None: it has evicted nothing since it was built):
+        # what a reader beside it (RETURN values, Spark's id lookup) may forget
+        self.kept_since: int | None = None
         self.schemas = tuple(s for s in schemas if s.type in self.type_code)
         # declared attribute types (EVENT Type(attr TYPE, ...)) of this engine's types:
         # (type code, store column, declared type, type, attribute)

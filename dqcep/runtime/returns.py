@@ -58,9 +58,9 @@ class ReturnValues:
                     (t, a, c): snapshots[t].value(lookup_key(
                         e.value(a) if a in ("ts", "id") else e.attrs.get(a), kt), c)
                     for t, a, c, kt in self.lookups}
-        if self.engine.wm is not None:
-            horizon = self.engine.wm - self.engine.store_retention - 1
-            while self.order and self.order[0][0] < horizon:
+        kept = self.engine.kept_since  # what the engine forgot, no match can name
+        if kept is not None:
+            while self.order and self.order[0][0] < kept:
                 gone = self.order.popleft()[1]
                 self.events.pop(gone, None)
                 self.looked.pop(gone, None)
