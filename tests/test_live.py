@@ -290,7 +290,7 @@ def test_a_change_text_that_ends_in_a_comment_is_read_as_written():
     for text in ("QUERY a PATTERN SEQ(Door x, Door y) WITHIN 1 s -- the last line",
                  "QUERY a PATTERN SEQ(Door x, Door y) WITHIN 1 s; -- note\n-- more\n",
                  "QUERY a PATTERN SEQ(Door x, Door y)\nWITHIN 1 s\n"):
-        op, _, names, new = requested_change("POST", "/queries", text.encode(), qs)
+        op, _, names, new, _ = requested_change("POST", "/queries", text.encode(), qs)
         assert (op, names, new.names) == ("add", ["a"], ["d", "a"]), text
 
 
@@ -305,7 +305,7 @@ def test_an_unnamed_query_of_a_change_is_named_once_and_kept_by_every_reader():
                  "QUERY q2 PATTERN Door x WITHIN 1 s;")
     qs = QuerySet(list(base.queries), {}, base.schemas, base.tables)
     text = "PATTERN SEQ(Door x, Door y) WITHIN 1 s;\n  pattern Door z WITHIN 1 s -- two"
-    op, record, names, new = requested_change("POST", "/queries", text.encode(), qs)
+    op, record, names, new, _ = requested_change("POST", "/queries", text.encode(), qs)
     assert (names, new.names) == (["q3", "q4"], ["q1", "q2", "q3", "q4"])
     replayed, replayed_names = qs.after(read_control(record), 7)
     assert (replayed.names, replayed_names) == (new.names, names)
@@ -318,10 +318,53 @@ def test_an_unnamed_query_of_a_change_is_named_once_and_kept_by_every_reader():
     worker_file = parse(qs.with_declarations(read_control(record)["text"]))
     assert [q.name for q in worker_file.queries] == ["q3", "q4"]
     # a second such change goes on from there; a name the text gives is its own
-    _, _, names, _ = requested_change("POST", "/queries",
+    _, _, names, _, _ = requested_change("POST", "/queries",
                                       b"QUERY q9 PATTERN Door a WITHIN 1 s;\n"
                                       b"PATTERN Door b WITHIN 1 s", new)
     assert names == ["q9", "q5"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_query_files(max_queries=3), st.lists(st.booleans(), min_size=3, max_size=3),
+       st.booleans())
+def test_a_change_is_parsed_once_into_the_queries_its_named_text_parses_to(
+        file, unnamed, one_line):
+    """``QuerySet.named`` parses a request's text once and names its unnamed queries
+    in the AST: the queries are those a parse of the journaled (named) text gives,
+    positions included (a plan pickles them: a checkpoint's fingerprint), whether the
+    queries stand on lines of their own or share one."""
+    import pickle
+    from dqcep.service.changes import QuerySet
+    qs = QuerySet(list(parse("QUERY q1 PATTERN A x WITHIN 1 ms").queries))
+    texts = [file_to_source(ast.QueryFile("<t>", (q,))).strip().replace("\n", " ")
+             for q in file.queries]
+    texts = [t.split(" ", 2)[2] if drop else t for t, drop in zip(texts, unnamed)]
+    text = (" " if one_line else "\n").join(texts)
+    named, queries = qs.named(text)
+    again = parse(qs.with_declarations(named)).queries
+    assert [q.name for q in queries] == [q.name for q in again]
+    assert pickle.dumps(tuple(queries)) == pickle.dumps(again), named
+
+
+def test_a_posted_query_is_parsed_once(monkeypatch):
+    """Checked, journaled and applied, a POSTed query is parsed once: the request's
+    parse is what the set after it runs (a replay, which has only the journal, parses
+    the text)."""
+    from dqcep.service import changes
+    from dqcep.service.changes import QuerySet, read_control, requested_change
+    qs = QuerySet(list(parse("EVENT Door(open BOOL);\nQUERY d PATTERN Door x WITHIN 1 s"
+                             ).queries), {}, parse("EVENT Door(open BOOL);\n"
+                                                   "PATTERN Door x WITHIN 1 s").schemas)
+    calls = []
+    real = changes.parse
+    monkeypatch.setattr(changes, "parse", lambda *a, **k: calls.append(a) or real(*a, **k))
+    change = requested_change("POST", "/queries", b"PATTERN SEQ(Door x, Door y) WITHIN 1 s",
+                              qs)
+    new, names = qs.after(read_control(change.payload), 7, change.added)
+    assert len(calls) == 1 and names == ["q1"] and new.names == ["d", "q1"]
+    assert new.epochs["q1"] == 8 and new.queries[-1] is change.added[0]
+    replayed, _ = qs.after(read_control(change.payload), 7)  # from the journal alone
+    assert len(calls) == 2 and replayed.queries == new.queries
 
 
 def test_a_change_over_http_is_checked_against_the_set_the_journal_leads_to(tmp_path,
@@ -391,7 +434,7 @@ def test_the_change_mailbox_answers_what_its_runner_did():
     one journaled but not applied in time is 202 with the set before it, one applied
     is its runner's answer."""
     import threading
-    from dqcep.service.changes import ChangeMailbox
+    from dqcep.service.changes import Change, ChangeMailbox
     box = ChangeMailbox(wait=0.2)
     code, answer = box.request("POST", "/queries", b"x")
     assert code == 503 and "nothing was journaled" in answer["error"], answer
@@ -401,7 +444,7 @@ def test_the_change_mailbox_answers_what_its_runner_did():
         while (req := box.take()) is None:
             pass
         assert (req.method, req.path, req.body) == ("DELETE", "/queries/b", b"")
-        req.journaled_at(7, "remove", ["b"], ["a", "b"])
+        req.journaled_at(7, Change("remove", b"", ["b"], None, []), ["a", "b"])
         then(req)
     runner = threading.Thread(target=run, args=(lambda req: None,))
     runner.start()

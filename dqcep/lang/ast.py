@@ -7,6 +7,7 @@ the planner and the reference matcher read; nothing here evaluates anything.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterator, Union
 
@@ -377,3 +378,26 @@ def conjuncts(expr: Expr | None) -> list[Expr]:
     if isinstance(expr, Binary) and expr.op == "AND":
         return conjuncts(expr.left) + conjuncts(expr.right)
     return [expr]
+
+
+def shifted(node, line: int, col: int, by: int):
+    """``node`` with every position on ``line`` at or after ``col`` moved ``by``
+    columns right: the AST a parse gives once ``by`` characters are put before column
+    ``col`` of that line (a query named in its text, ``QUERY qK`` before it)."""
+    def move(x):
+        if isinstance(x, tuple):
+            return tuple(move(y) for y in x)
+        if not dataclasses.is_dataclass(x) or isinstance(x, Pos):
+            return x
+        changes = {}
+        for f in dataclasses.fields(x):
+            value = getattr(x, f.name)
+            if isinstance(value, Pos):
+                if value.line == line and value.col >= col:
+                    changes[f.name] = Pos(line, value.col + by)
+            else:
+                new = move(value)
+                if new is not value:
+                    changes[f.name] = new
+        return dataclasses.replace(x, **changes) if changes else x
+    return move(node)

@@ -19,7 +19,9 @@ import os
 import queue
 import re
 import threading
+import dataclasses
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from pathlib import Path
 
 import msgpack
@@ -98,11 +100,21 @@ class ChangeRefused(Exception):
         self.code, self.message = code, message
 
 
-def requested_change(method: str, path: str, body: bytes, query_set: "QuerySet"):
+class Change(NamedTuple):
+    """A change request checked: what is journaled and what applying it takes."""
+
+    op: str                  # "add" | "remove"
+    payload: bytes           # its control record
+    names: list[str]         # the queries it names
+    after: "QuerySet"        # the set after it (added queries at a placeholder epoch)
+    added: list[ast.Query]   # the queries it adds, parsed (none for a remove)
+
+
+def requested_change(method: str, path: str, body: bytes, query_set: "QuerySet") -> Change:
     """A change request (``POST /queries``, ``DELETE /queries/NAME``) checked against
-    the set it applies to: (op, its control record, the queries it names, the set
-    after it). What does not parse or plan, a name the set runs (or not), its last
-    query, declarations of its own: ``ChangeRefused``."""
+    the set it applies to. What does not parse or plan, a name the set runs (or not),
+    its last query, declarations of its own: ``ChangeRefused``. The text is parsed
+    here once: ``QuerySet.after`` takes the queries, not the text again."""
     from dqcep.plan import build_plan
     if method == "POST" and path == "/queries":
         op = "add"
@@ -113,13 +125,14 @@ def requested_change(method: str, path: str, body: bytes, query_set: "QuerySet")
                                  "DELETE /queries/NAME")
     try:
         if op == "add":
-            text = query_set.named(body.decode("utf-8"))
-            added = query_set.parse_added(text)
+            text, added = query_set.named(body.decode("utf-8"))
             new = query_set.with_added(added, 1, text)
             build_plan(new.queries, schemas=new.schemas, tables=new.tables)
-            return op, control_record("add", text=text), [q.name for q in added], new
+            return Change(op, control_record("add", text=text), [q.name for q in added],
+                          new, added)
         name = path[len("/queries/"):]
-        return op, control_record("remove", name=name), [name], query_set.without(name)
+        return Change(op, control_record("remove", name=name), [name],
+                      query_set.without(name), [])
     except UnicodeDecodeError:
         raise ChangeRefused(400, "the body is not UTF-8 text") from None
     except UserError as err:  # QueryError too: with its line and column
@@ -136,6 +149,7 @@ class ChangeRequest:
         self.op: str | None = None
         self.names: list[str] = []
         self.running: list[str] = []     # the set when it was journaled (for a 202)
+        self.added: list[ast.Query] = []  # an add's queries, parsed once (QuerySet.after)
         self.reply: tuple[int, dict] | None = None
         self.answered = threading.Event()
         self.journaled = threading.Event()  # journaled, or answered without it
@@ -148,9 +162,10 @@ class ChangeRequest:
             self._taken = not self._given_up
             return self._taken
 
-    def journaled_at(self, offset: int, op: str, names: list[str],
-                     running: list[str]) -> None:
-        self.offset, self.op, self.names, self.running = offset, op, names, running
+    def journaled_at(self, offset: int, change: Change, running: list[str]) -> None:
+        self.offset, self.op, self.names, self.running = offset, change.op, change.names, \
+            running
+        self.added = change.added
         self.journaled.set()
 
     def answer(self, code: int, answer: dict) -> None:
@@ -252,12 +267,14 @@ class QuerySet:
             "".join(f"{table_to_source(t)};\n" for t in self.tables)
 
     def parse_added(self, text: str, source: str = "<request>") -> list[ast.Query]:
-        """The queries of a request's text, checked against the set: parse errors
-        with their line and column in ``text``; a name the set has, declarations of
-        its own, or nothing to add, refused."""
-        if not text.strip():
+        """The queries of a change's text (as journaled: every query named), checked
+        against the set: parse errors with their line and column in ``text``; a name
+        the set has, declarations of its own, or nothing to add, refused."""
+        return self._checked(self._parse(text, source) if text.strip() else None, source)
+
+    def _checked(self, added, source: str) -> list[ast.Query]:
+        if added is None:
             raise UserError(f"{source}: no query to add")
-        added = self._parse(text, source)
         if len(added.schemas) != len(self.schemas) or len(added.tables) != len(self.tables):
             raise UserError(f"{source}: declare EVENT schemas and TABLEs in the service's "
                             "query file; a change adds queries only")
@@ -267,28 +284,40 @@ class QuerySet:
                             "(remove it first)")
         return list(added.queries)
 
-    def named(self, text: str, source: str = "<request>") -> str:
-        """A change's text with ``QUERY qK`` put before each query it leaves unnamed,
+    def named(self, text: str, source: str = "<request>") -> tuple[str, list[ast.Query]]:
+        """A request's text with ``QUERY qK`` put before each query it leaves unnamed,
         K the first from the query's position in the text that neither the set nor the
         text names (a file's unnamed query ``k`` is ``qk``: a second unnamed query
-        would clash with the service's ``q1``). The journal holds this text, so a
-        replay, a checkpoint and a worker read the names given here, whatever the set
-        is then. Line numbers stay; parse errors are of ``text`` as sent."""
+        would clash with the service's ``q1``), and its queries checked as
+        ``parse_added`` checks them. The journal holds this text, so a replay, a
+        checkpoint and a worker read the names given here, whatever the set is then.
+        The text is parsed once: the queries are those a parse of the named text gives
+        (names, and positions moved past each ``QUERY qK``). Line numbers stay; parse
+        errors are of ``text`` as sent."""
         if not text.strip():
-            return text  # refused by parse_added, with its own message
-        queries = self._parse(text, source).queries
+            return text, self._checked(None, source)
+        parsed = self._parse(text, source)
+        queries = list(parsed.queries)
         lines = text.split("\n")
-        unnamed = [(k, q.pos) for k, q in enumerate(queries, start=1)
+        unnamed = [k for k, q in enumerate(queries)
                    if not _QUERY_KEYWORD.match(lines[q.pos.line - 1], q.pos.col - 1)]
-        auto = {queries[k - 1].name for k, _ in unnamed}
+        auto = {queries[k].name for k in unnamed}
         taken = set(self.names) | {q.name for q in queries if q.name not in auto}
-        for k, pos in unnamed:
-            while f"q{k}" in taken:
-                k += 1
-            taken.add(f"q{k}")
+        names = {}
+        for k in unnamed:
+            j = k + 1
+            while f"q{j}" in taken:
+                j += 1
+            taken.add(names.setdefault(k, f"q{j}"))
+        for k in reversed(unnamed):  # from the end: a name put in moves what follows it
+            pos, prefix = queries[k].pos, f"QUERY {names[k]} "
             line = lines[pos.line - 1]
-            lines[pos.line - 1] = f"{line[:pos.col - 1]}QUERY q{k} {line[pos.col - 1:]}"
-        return "\n".join(lines)
+            lines[pos.line - 1] = f"{line[:pos.col - 1]}{prefix}{line[pos.col - 1:]}"
+            queries = [ast.shifted(q, pos.line, pos.col, len(prefix)) for q in queries]
+            # (the query starts where it did: at its QUERY now)
+            queries[k] = dataclasses.replace(queries[k], name=names[k], pos=pos)
+        return "\n".join(lines), self._checked(dataclasses.replace(
+            parsed, queries=tuple(queries)), source)
 
     def with_declarations(self, text: str) -> str:
         """A change's text with the service's declarations after it (its lines keep
@@ -320,12 +349,16 @@ class QuerySet:
                         self.schemas, self.tables,
                         {n: t for n, t in self.texts.items() if n != name})
 
-    def after(self, change: dict, offset: int) -> tuple["QuerySet", list[str]]:
+    def after(self, change: dict, offset: int, added: list[ast.Query] | None = None
+              ) -> tuple["QuerySet", list[str]]:
         """The set after the control record ``change`` at journal ``offset`` (the one
         rule of every path that applies one), and the queries it names; UserError
-        when it cannot be applied to this set."""
+        when it cannot be applied to this set. ``added``: an add's queries as the
+        request was parsed (``requested_change``; else its text is parsed here)."""
         if change["op"] == "add":
-            added = self.parse_added(change["text"])
+            added = self.parse_added(change["text"]) if added is None else \
+                self._checked(ast.QueryFile("<request>", tuple(added), self.schemas,
+                                            self.tables), "<request>")
             return self.with_added(added, offset + 1, change["text"]), \
                 [q.name for q in added]
         return self.without(change["name"]), [change["name"]]

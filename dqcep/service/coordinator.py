@@ -174,12 +174,13 @@ class Coordinator:
         else:
             self.board = None
 
-    def _change_set(self, offset: int, change: dict) -> tuple[QuerySet, list[str]]:
+    def _change_set(self, offset: int, change: dict, added=None) -> tuple[QuerySet, list[str]]:
         """The set after the control record at ``offset``, written down with what a
         consumer of an added query starts from (its text, its first offset), or with a
-        removed query's state put aside. Returns (the new set, the queries changed)."""
+        removed query's state put aside. Returns (the new set, the queries changed).
+        ``added``: an add's queries as its request was parsed (a replay parses them)."""
         old = self.query_set
-        new, names = old.after(change, offset)
+        new, names = old.after(change, offset, added)
         if change["op"] == "add":
             for q in names:
                 self._set_output_aside(q, offset)
@@ -288,12 +289,12 @@ class Coordinator:
         (a query added live is placed by its calibration, which is read again here)."""
         while (req := self.mailbox.take()) is not None:
             try:
-                op, payload, names, _ = requested_change(req.method, req.path, req.body,
-                                                         self.query_set)
+                requested = requested_change(req.method, req.path, req.body,
+                                             self.query_set)
                 calibration = None
-                if self.scaling is not None and op == "add":  # placed by its calibration
+                if self.scaling is not None and requested.op == "add":  # by its calibration
                     calibration = Calibration.load(self.scaling.calibration_path)
-                    self._calibrated(calibration, names)
+                    self._calibrated(calibration, requested.names)
             except ChangeRefused as err:
                 req.answer(err.code, {"error": err.message})
                 continue
@@ -301,16 +302,16 @@ class Coordinator:
                 req.answer(409, {"error": str(err)})
                 continue
             try:
-                offset = self.source.journal_record(CONTROL_TOPIC, payload)
+                offset = self.source.journal_record(CONTROL_TOPIC, requested.payload)
             except (UserError, OSError) as err:
                 req.answer(503, {"error": f"cannot write the journal: {err}"})
                 continue
-            req.journaled_at(offset, op, names, self.names)
-            change = read_control(payload)
+            req.journaled_at(offset, requested, self.names)
+            change = read_control(requested.payload)
             try:
                 if change["op"] == "remove":  # the set says removed once it is
                     self._remove(change["name"], offset)
-                new, names = self._change_set(offset, change)
+                new, names = self._change_set(offset, change, requested.added)
                 self._use_set(new)
                 if change["op"] == "add":
                     for q in names:

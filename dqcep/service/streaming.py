@@ -592,7 +592,9 @@ class StreamingService:
             return
         try:
             change = read_control(record.payload)
-            new, names = self.query_set.after(change, record.offset)
+            req = self._answering.get(record.offset)  # parsed when it was requested
+            new, names = self.query_set.after(change, record.offset,
+                                              req.added if req is not None else None)
             what = f"{'added' if change['op'] == 'add' else 'removed'} {', '.join(names)}"
             engine = change_queries(
                 self.engine, new.queries, new.live_epochs, schemas=new.schemas,
@@ -669,19 +671,19 @@ class StreamingService:
         journaled as a control record; ``_change`` answers it when it applies it."""
         while (req := self.mailbox.take()) is not None:
             try:
-                op, payload, names, new = requested_change(
-                    req.method, req.path, req.body, self._next_set or self.query_set)
+                change = requested_change(req.method, req.path, req.body,
+                                          self._next_set or self.query_set)
             except ChangeRefused as err:
                 req.answer(err.code, {"error": err.message})
                 continue
             try:
-                offset = self.source.journal_record(CONTROL_TOPIC, payload)
+                offset = self.source.journal_record(CONTROL_TOPIC, change.payload)
             except (UserError, OSError) as err:
                 req.answer(503, {"error": f"cannot write the journal: {err}; the change "
                                           "is applied once the journal is written again"})
                 continue
-            self._next_set = new
-            req.journaled_at(offset, op, names, self.query_set.names)
+            self._next_set = change.after
+            req.journaled_at(offset, change, self.query_set.names)
             self._answering[offset] = req
 
     def _dead_count(self, reason: str, n: int = 1) -> None:
