@@ -132,9 +132,9 @@ def cmd_spark_stream(args) -> int:
     # before Spark starts
     if not Path(args.input).is_dir():
         raise UserError(f"no journal directory at {args.input}")
-    if args.topic_map:
-        from dqcep.io.mapping import TopicMap
-        TopicMap.load(args.topic_map)  # a bad rule is refused before Spark starts
+    from dqcep.io.mapping import TopicMap
+    # parsed once: a bad rule is refused before Spark starts, and the job reads with it
+    topic_map = TopicMap.load(args.topic_map) if args.topic_map else None
     _require_spark()
     from dqcep.spark.session import spark_session
     from dqcep.spark.stream import run_stream, stream_stats
@@ -147,7 +147,7 @@ def cmd_spark_stream(args) -> int:
             query = run_stream(spark, text, args.input, args.output, args.checkpoint,
                                partitions=args.partitions, lateness=args.lateness,
                                fmt=args.format, strategy=args.partitioning,
-                               topic_map=args.topic_map, max_future=args.max_future,
+                               topic_map=topic_map, max_future=args.max_future,
                                slice_ms=args.slice_ms, trigger_seconds=args.trigger,
                                until_idle=args.until_idle, budget=args.max_partial_matches)
             if not args.until_idle:

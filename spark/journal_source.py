@@ -72,7 +72,7 @@ def write_max(index: str | Path, n: int, value) -> None:
     os.replace(tmp, path)
 
 
-def read_segment(n: int, path: str, earlier, reader_options: dict, index: str, after: int):
+def read_segment(n: int, path: str, earlier, reader, index: str, after: int):
     """Arrow batches of one closed segment's events and bad payloads (that segment
     only: later ones belong to later micro-batches). Records are read as the
     streaming service reads them (``dqcep.io.ingest.PayloadReader``: the map, the
@@ -82,7 +82,6 @@ def read_segment(n: int, path: str, earlier, reader_options: dict, index: str, a
     from dqcep.io.journal import Gap, segment_items
     from dqcep.io.payloads import MAX_PAYLOAD
 
-    reader = payload_reader(reader_options)
     out = _Batches(n, earlier)
     decoder = ColumnDecoder([], [], None)
     journal = str(Path(path).parent)
@@ -140,8 +139,8 @@ class JournalStreamReader(DataSourceStreamReader):
         self.journal = options["path"]
         self.index = options["index"]
         self.end = options.get("end") or None
-        self.reader_options = {k: options.get(k) for k in ("format", "map", "map_name",
-                                                            "max_future")}
+        # parsed here once; the tasks read with the copy each is sent
+        self.payloads = payload_reader(options)
 
     def _unread(self, start) -> list[Path]:
         return [p for p in closed_segments(self.journal) if int(p.stem) >= start["next"]]
@@ -181,7 +180,7 @@ class JournalStreamReader(DataSourceStreamReader):
         if what == "end":
             yield from end_row(earlier)
         else:
-            yield from read_segment(n, path, earlier, self.reader_options, self.index, after)
+            yield from read_segment(n, path, earlier, self.payloads, self.index, after)
 
     def commit(self, end):
         """The journal may delete what this query has read (its retention)."""

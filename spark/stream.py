@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from dqcep.core.events import MAX_FUTURE_MS
+from dqcep.io.mapping import TopicMap
 from dqcep.runtime import STATE_BUDGET
 from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, GROUP_WHOLE, Assigner, JobSpec, PartRunner,
                                   event_columns, late_flags, read_tables, record_lines)
@@ -203,12 +204,14 @@ def processor_class(spec: JobSpec, lateness: int):
 
 def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: str, *,
                partitions: int = 4, lateness: int = 0, fmt: str | None = None,
-               topic_map: str | None = None, max_future: int = MAX_FUTURE_MS,
+               topic_map: TopicMap | None = None, max_future: int = MAX_FUTURE_MS,
                strategy: str = "auto", slice_ms: int | None = None,
                trigger_seconds: float = 1.0, until_idle: bool = False,
                budget: int = STATE_BUDGET):
     """Start the streaming query; with ``until_idle``, stop once the journal's closed
-    segments are all processed (and event-time timers have fired)."""
+    segments are all processed (and event-time timers have fired). ``topic_map``: the
+    --map file's rules (its text goes to the journal source, whose reader parses it
+    once and ships the rules to the tasks)."""
     from pyspark.sql import functions as F
 
     from dqcep.lang import parse
@@ -230,8 +233,8 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     rows = (spark.readStream.format("dqcep_journal").option("path", str(Path(journal).resolve()))
             .option("index", str(ck / "journal-index")).option("end", str(end_marker))
             .option("format", fmt or "").option("max_future", str(max_future))
-            .option("map", Path(topic_map).read_text(encoding="utf-8") if topic_map else "")
-            .option("map_name", topic_map or "").load())
+            .option("map", topic_map.text if topic_map else "")
+            .option("map_name", topic_map.source if topic_map else "").load())
     # No null ts or file_before reaches pandas (a null would make the column float64,
     # inexact beyond 2**53): nothing before a row -> its own ts; a dead row's ts -> 0
     # (only its where and reason are used).

@@ -402,7 +402,7 @@ def test_random_feeds_never_stop_the_service_and_every_record_is_read_or_dead(
         j.append(topic, payload, arrival, 1)
     j.close()
     svc = run_once(config(tmp, fmt=None, queries=ROOT / "examples" / "sensors.cep",
-                          topic_map=str(topic_map) if mapped else None))
+                          topic_map=TopicMap.load(topic_map) if mapped else None))
     reader = PayloadReader(None, TopicMap.load(topic_map) if mapped else None)
     read = [reader.read(Record(i, t, p, a, 1)) for i, (t, p, a) in enumerate(messages)]
     dead = lines(tmp / "dead.jsonl")
@@ -410,6 +410,30 @@ def test_random_feeds_never_stop_the_service_and_every_record_is_read_or_dead(
     assert {d["offset"] for d in dead} == {i for i, (_, bad) in enumerate(read) if bad}
     assert all(d["reason"] for d in dead)
     assert svc.counts["events_in"] + svc.counts["duplicates"] == sum(len(e) for e, _ in read)
+
+
+def test_the_map_is_parsed_where_it_is_loaded_and_the_service_reads_with_it(
+        tmp_path, monkeypatch):
+    """``dqcep serve --map`` parses the map once (cli/serve.py) and hands the rules on:
+    the service parses nothing more, and a worker (spawned: its configuration pickled)
+    gets the rules, not a path to parse again."""
+    import pickle
+    from dqcep.io.mapping import TopicMap
+    topic_map = TopicMap.load(ROOT / "examples" / "sensors.toml")
+    parses = []
+    real = TopicMap.parse.__func__
+    monkeypatch.setattr(TopicMap, "parse", classmethod(
+        lambda cls, *a, **k: parses.append(a) or real(cls, *a, **k)))
+    j = Journal(tmp_path / "journal", fsync="never")
+    j.append("sensors/kitchen/Temperature", b'{"value": 23.5}', 1_795_687_200_000_000, 1)
+    j.close()
+    cfg = config(tmp_path, fmt=None, queries=ROOT / "examples" / "sensors.cep",
+                 topic_map=topic_map)
+    svc = run_once(cfg)
+    assert svc.counts["events_in"] == 1 and parses == []
+    sent = pickle.loads(pickle.dumps(cfg)).topic_map
+    assert [r.filter for r in sent.rules] == [r.filter for r in topic_map.rules]
+    assert parses == []
 
 
 def test_return_values_of_events_taken_in_before_a_restart(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dqcep.io.mapping import TopicMap
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
 from tests.support.examples import examples
@@ -535,7 +536,8 @@ def test_a_segment_task_reads_its_segment_only(tmp_path):
     import pyarrow as pa
 
     from dqcep.io.journal import Journal
-    from dqcep.spark.journal_source import closed_segments, following, read_max, read_segment
+    from dqcep.spark.journal_source import (closed_segments, following, payload_reader,
+                                            read_max, read_segment)
     journal = Journal(tmp_path / "j", fsync="never")
     for first in (1, 3):
         journal.append("t", msgpack.packb({"events": [{"id": i, "type": "A", "ts": i}
@@ -545,9 +547,44 @@ def test_a_segment_task_reads_its_segment_only(tmp_path):
     journal.close()
     segment = closed_segments(tmp_path / "j")[0]
     after = following(tmp_path / "j", segment)
-    rows = pa.Table.from_batches(list(read_segment(0, str(segment), None, {"format": "msgpack"},
+    reader = payload_reader({"format": "msgpack"})
+    rows = pa.Table.from_batches(list(read_segment(0, str(segment), None, reader,
                                                    str(tmp_path / "index"), after))).to_pylist()
     assert [r["id"] for r in rows] == [1, 2] and read_max(tmp_path / "index", after) == 2
+
+
+def test_the_journal_source_parses_the_map_once_and_ships_the_rules(tmp_path, monkeypatch):
+    """The stream reader parses the --map text it is given once; a task reads with the
+    copy it is sent (the reader pickled), parsing nothing."""
+    import pickle
+
+    import msgpack
+    import pyarrow as pa
+    from pyspark.sql.datasource import InputPartition
+
+    from dqcep.io.journal import Journal
+    from dqcep.spark.journal_source import JournalStreamReader, closed_segments, following
+    parses = []
+    real = TopicMap.parse.__func__
+    monkeypatch.setattr(TopicMap, "parse", classmethod(
+        lambda cls, *a, **k: parses.append(a) or real(cls, *a, **k)))
+    journal = Journal(tmp_path / "j", fsync="never")
+    journal.append("sensors/kitchen/Temperature", b'{"value": 23.5}', 1_795_687_200_000_000)
+    journal.commit()
+    journal._roll()
+    journal.close()
+    text = (ROOT / "examples" / "sensors.toml").read_text()
+    reader = JournalStreamReader({"path": str(tmp_path / "j"), "index": str(tmp_path / "ix"),
+                                  "map": text, "map_name": "sensors.toml"})
+    assert len(parses) == 1
+    task = pickle.loads(pickle.dumps(reader))
+    segment = closed_segments(tmp_path / "j")[0]
+    part = InputPartition(("segment", int(segment.stem), str(segment), None,
+                           following(tmp_path / "j", segment)))
+    rows = pa.Table.from_batches(list(task.read(part))).to_pylist()
+    events = [msgpack.unpackb(r["event"]) for r in rows]
+    assert [(e["type"], e["room"]) for e in events] == [("Temperature", "kitchen")], rows
+    assert len(parses) == 1
 
 
 def test_event_log_gives_the_jobs_stages_and_the_model_its_figures(tmp_path):
@@ -692,7 +729,7 @@ def test_stream_job_reads_device_feeds_through_the_map(spark, tmp_path):
     want = expected(journal, sent)
     assert len(want) > 20
     run_stream(spark, QUERIES.read_text(), str(journal), str(tmp_path / "spark"),
-               str(tmp_path / "spark-ck"), partitions=2, lateness=30000, topic_map=str(MAP),
+               str(tmp_path / "spark-ck"), partitions=2, lateness=30000, topic_map=TopicMap.load(MAP),
                until_idle=True, trigger_seconds=0.5)
     spark_lines = [x for f in sorted((tmp_path / "spark" / "matches").rglob("part-*"))
                    for x in f.read_text().splitlines()]

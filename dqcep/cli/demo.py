@@ -121,7 +121,7 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
 
     from dqcep.core.events import event_from_mapping
     from dqcep.io.event_writers import BatchEncoder
-    from dqcep.io.mapping import ID_SHIFT
+    from dqcep.io.mapping import ID_SHIFT, TopicMap
     from dqcep.io.mqtt import MqttPublisher, MqttUrl
     from dqcep.io.publish import Pacer, PayloadShape, TopicTemplate, messages
     from dqcep.service import ServiceConfig, StreamingService
@@ -163,7 +163,8 @@ def run_demo_mqtt(events: int = 50_000, seed: int = 1, show: int = 10,
                 queries=path, inputs=[f"mqtt://{host}:{port}/{root}/+"],
                 journal=str(tmp / "journal"), checkpoint=str(tmp / "checkpoint"),
                 output=str(tmp / "matches.jsonl"), dead_letter=str(tmp / "dead.jsonl"),
-                late=str(tmp / "late.jsonl"), stats_every=3600, topic_map=str(tmp / "map.toml"),
+                late=str(tmp / "late.jsonl"), stats_every=3600,
+                topic_map=TopicMap.load(tmp / "map.toml"),
                 client_id=f"dqcep-demo-{time.time_ns()}"))
             stop, end_of_stream = threading.Event(), threading.Event()
             worker = threading.Thread(target=svc.run, args=(stop, end_of_stream), daemon=True)

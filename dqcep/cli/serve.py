@@ -44,8 +44,9 @@ def start_service(args) -> int:
     state = _state_dir(args)
     named = Path(".") if state is None else state  # every path named: nothing derived
     from dqcep.io.mapping import TopicMap
-    if args.topic_map:
-        TopicMap.load(args.topic_map)  # a bad rule is refused before anything starts
+    # parsed once, here: a bad rule is refused before anything starts, and the service
+    # (its workers too) reads with this map
+    topic_map = TopicMap.load(args.topic_map) if args.topic_map else None
     fmt = args.format
     if fmt not in (None, "msgpack", "json"):
         raise UserError("MQTT payloads are msgpack or json (--format; omitted: each "
@@ -65,7 +66,7 @@ def start_service(args) -> int:
         checkpoint=args.checkpoint or str(named / "checkpoint.bin"), output=args.output,
         dead_letter=args.dead_letter or str(named / "dead-letter.jsonl"),
         late=args.late or str(named / "late.jsonl"), state=state and str(state),
-        fmt=fmt, lateness=args.lateness, topic_map=args.topic_map,
+        fmt=fmt, lateness=args.lateness, topic_map=topic_map,
         max_future=MAX_FUTURE_MS if args.max_future is None else args.max_future,
         output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,

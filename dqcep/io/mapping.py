@@ -188,9 +188,10 @@ def _rule(number: int, raw, source: str) -> TopicRule:
 class TopicMap:
     """The rules of a map file; ``read`` turns a journal record into events."""
 
-    def __init__(self, rules: list[TopicRule], source: str = "the map"):
+    def __init__(self, rules: list[TopicRule], source: str = "the map", text: str = ""):
         self.rules = rules
         self.source = source
+        self.text = text  # what it was parsed from (handed to Spark's journal source)
         self._filters = [r.filter.split("/") for r in rules]
         self._topics: dict[str, tuple] = {}
 
@@ -209,7 +210,7 @@ class TopicMap:
         rules = doc.get("topic")
         if not isinstance(rules, list) or not rules:
             raise UserError(f"{source} has no [[topic]] rule")
-        return cls([_rule(i + 1, r, source) for i, r in enumerate(rules)], source)
+        return cls([_rule(i + 1, r, source) for i, r in enumerate(rules)], source, text)
 
     @classmethod
     def load(cls, path: str | Path) -> "TopicMap":

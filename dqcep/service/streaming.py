@@ -85,7 +85,7 @@ class ServiceConfig:
     dead_letter: str
     late: str
     fmt: str | None = None            # payload format; None: each payload's own (detected)
-    topic_map: str | None = None      # a map file (--map): topics and payloads -> events
+    topic_map: TopicMap | None = None  # the --map file's rules: topics and payloads -> events
     max_future: int = MAX_FUTURE_MS   # ms an event's ts may be ahead of its arrival
     lateness: int = 0
     checkpoint_every: float = 1.0
@@ -139,8 +139,7 @@ class StreamingService:
         if own:  # the service's own records: no device may write them
             raise UserError(f"--input topic {own[0]}: topics under "
                             f"{CONTROL_TOPIC.split('/')[0]}/ are the service's own")
-        self.reader = PayloadReader(cfg.fmt, TopicMap.load(cfg.topic_map) if cfg.topic_map
-                                    else None, cfg.max_future)
+        self.reader = PayloadReader(cfg.fmt, cfg.topic_map, cfg.max_future)
         query_file = parse_file(cfg.queries)
         queries = hosted_queries(query_file, cfg.hosted, cfg.queries)
         # the query set of the file; a checkpoint after a live change holds its own
