@@ -132,7 +132,7 @@ class Measured(AdaptiveEngine):
 def no_clock(monkeypatch):
     """Every time the engine measures is 0 ns: only the given costs count."""
     monkeypatch.setattr("dqcep.runtime.engine.perf_counter_ns", lambda: 0)
-    monkeypatch.setattr("dqcep.runtime.adapt.perf_counter_ns", lambda: 0)
+    monkeypatch.setattr("dqcep.runtime.handover.perf_counter_ns", lambda: 0)
 
 
 def run(engine, events, size=1000):
@@ -238,7 +238,7 @@ def test_a_real_replay_stops_at_its_cap(monkeypatch):
     """The replays themselves, on a clock that ticks once a reading (every slice of a
     replay takes 1 ns): within CAP times the current one's; with a cap of 0, stopped."""
     ticks = itertools.count()
-    monkeypatch.setattr("dqcep.runtime.adapt.perf_counter_ns", lambda: next(ticks))
+    monkeypatch.setattr("dqcep.runtime.handover.perf_counter_ns", lambda: next(ticks))
     qs = parse(KLEENE).queries
     engine = AdaptiveEngine(qs, adapt=False)
     engine.process(stream(500, seed=9))

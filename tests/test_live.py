@@ -31,6 +31,8 @@ from dqcep.lang.printer import file_to_source
 from dqcep.plan import build_plan
 from dqcep.baseline.reference import ReferenceMatcher
 from dqcep.runtime import Engine, MatchBatch
+from dqcep.plan.joins import MATERIALIZE_MODES
+from dqcep.runtime.adapt import AdaptiveEngine
 from dqcep.runtime.live import change_queries
 from dqcep.runtime.program import Program
 from tests.support.strategies import (kleene_event_streams, kleene_queries, negation_queries,
@@ -104,12 +106,20 @@ def live_at(qs, history, i):
             (history[q.name][1] is None or history[q.name][1] > i)]
 
 
-def run_live(qs, events, bounds, history, snapshot_at=None):
+def run_live(qs, events, bounds, history, snapshot_at=None, materialize="always",
+             adaptive=False):
     """The matches per query of one engine whose query set changes at the batch
-    boundaries ``history`` says (a snapshot and restore before batch ``snapshot_at``)."""
+    boundaries ``history`` says (a snapshot and restore before batch ``snapshot_at``),
+    planned with ``materialize``; ``adaptive``: an ``AdaptiveEngine`` (the service's),
+    which moves its switchable queries between joins and a chain at random batches."""
     live = live_at(qs, history, -1)  # those of the start
     epochs: dict[str, int] = {}
-    engine = Engine(build_plan(live), lateness_of(events, bounds))
+    lateness = lateness_of(events, bounds)
+    rnd = random.Random(len(events))
+    if adaptive:
+        engine = AdaptiveEngine(live, materialize=materialize, lateness=lateness, adapt=False)
+    else:
+        engine = Engine(build_plan(live, materialize=materialize), lateness)
     out: dict[str, set] = {q.name: set() for q in qs}
 
     def take(batch):
@@ -124,16 +134,25 @@ def run_live(qs, events, bounds, history, snapshot_at=None):
             for q in now:
                 if q not in live:
                     epochs[q.name] = i + 1  # any number of its own
-            engine = change_queries(engine, now, epochs)
+            engine = change_queries(engine, now, epochs, materialize=materialize)
             live = now
         if snapshot_at == i:  # a restart: the program built again from the query set,
             # the epochs and (after a change) the universe: what a checkpoint holds
             universe = engine.program.based_on and engine.program.universe
-            program = Program(build_plan(live, types=universe.types if universe else (),
-                                         epochs=epochs), universe)
-            second = Engine(program)
+            if adaptive:
+                second = AdaptiveEngine(live, materialize=materialize, adapt=False,
+                                        epochs=epochs, universe=universe or None,
+                                        constructions=engine.overrides)
+            else:
+                second = Engine(Program(build_plan(
+                    live, materialize=materialize, types=universe.types if universe else (),
+                    epochs=epochs), universe))
             second.restore(engine.snapshot())
             engine = second
+        if adaptive:  # a move at random: the same matches
+            for name, now in engine.constructions.items():
+                if rnd.random() < 0.3:
+                    engine.switch(name, "chain" if now == "joins" else "joins")
         if i < len(batches):
             take(engine.process(batches[i]))
     take(engine.flush())
@@ -160,10 +179,14 @@ def expected(qs, events, bounds, history):
 
 
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
-@given(live_cases(), st.none() | st.integers(0, 5))
-def test_queries_added_and_removed_live_match_their_slices(case, restart):
+@given(live_cases(), st.none() | st.integers(0, 5), st.sampled_from(MATERIALIZE_MODES),
+       st.booleans())
+def test_queries_added_and_removed_live_match_their_slices(case, restart, materialize,
+                                                           adaptive):
+    """Under every materialization (a shared join that the set after a change no
+    longer shares may be built on demand then), on a plain and an adaptive engine."""
     qs, events, bounds, history = case
-    assert run_live(qs, events, bounds, history, restart) == \
+    assert run_live(qs, events, bounds, history, restart, materialize, adaptive) == \
         expected(qs, events, bounds, history)
 
 
@@ -458,3 +481,45 @@ def test_the_change_mailbox_answers_what_its_runner_did():
     runner.join()
     assert (code, answer) == (200, {"op": "remove", "queries": ["b"], "journal_offset": 7,
                                     "applied": True, "running": ["a"]})
+
+
+SHARED_JOIN = """
+QUERY q1 PATTERN SEQ(A a, B b, C c) WHERE a.p < b.p WITHIN 50 ms;
+QUERY q2 PATTERN SEQ(A a, B b) WHERE a.p < b.p WITHIN 50 ms;
+"""
+
+
+@pytest.mark.parametrize("materialize", ["on-demand", "auto"])
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("change", ["add", "remove"])
+def test_a_join_built_otherwise_after_a_change_is_rebuilt_and_loses_nothing(
+        materialize, adaptive, change):
+    """q1's SEQ(A, B) is built on demand while q1 runs alone and kept as records while
+    q2 shares it: adding or removing q2 halfway changes how the running vertex is
+    built. q1 loses no match across the change (its SEQ(A, B) state rebuilt from the
+    stored events); q2 has its slice's."""
+    q1, q2 = parse(SHARED_JOIN).queries
+    rnd = random.Random(7)
+    events = [ev(i, rnd.choice("ABC"), i // 2, p=rnd.randrange(5)) for i in range(1, 400)]
+    half = len(events) // 2
+    before, after = ([q1], [q1, q2]) if change == "add" else ([q1, q2], [q1])
+    if adaptive:
+        engine = AdaptiveEngine(before, materialize=materialize, adapt=False)
+    else:
+        engine = Engine(build_plan(before, materialize=materialize))
+    built = list(engine.plan.on_demand)
+    out = matches_of([engine.process(events[:half])])
+    engine = change_queries(engine, after, {"q2": 1} if change == "add" else {},
+                            materialize=materialize)
+    assert list(engine.plan.on_demand) != built  # the vertex is built otherwise now
+    out |= matches_of([engine.process(events[half:]), engine.flush()])
+    assert {m for m in out if m[0] == "q1"} == \
+        {m for m in matches_of_ref([q1], events)}
+    want_q2 = matches_of_ref([q2], events[half:] if change == "add" else [])
+    if change == "add":
+        assert {m for m in out if m[0] == "q2"} == want_q2 and want_q2
+
+
+def matches_of_ref(queries, events):
+    return {(m.query, tuple(i for _, i in m.events))
+            for m in ReferenceMatcher(queries).run(events)}

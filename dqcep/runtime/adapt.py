@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from time import perf_counter_ns
 from typing import Sequence
 
 import numpy as np
@@ -51,10 +50,10 @@ from dqcep.lang import ast
 from dqcep.plan import build_plan, switchable
 from dqcep.plan.joins import ALWAYS
 from dqcep.runtime.engine import Engine
-from dqcep.runtime.eventtime import MatchBatch, TimeState
-from dqcep.runtime.live import list_store_for
+from dqcep.runtime.eventtime import MatchBatch
+from dqcep.runtime.handover import hand_over, query_vertices, replan, replay
 from dqcep.runtime.program import Program, Universe
-from dqcep.runtime.state import VERTEX_TABLES, EngineState
+from dqcep.runtime.state import EngineState
 
 # stored events between two looks at a query, and a move's probation: these many, and
 # at least STORE_SHARE times what the store holds (a replay takes that many events)
@@ -65,7 +64,6 @@ LOOK_MIN_NS = 1_000_000   # a query whose vertices took less since its last look
 BACKOFF = 8               # after a probation or a dropped replay: the next look waits 8x longer
 CAP = 2.0                 # a replay of the other construction is dropped past this many
 #                           times what the replay of the query as it runs took
-REPLAY_SLICE = 1024       # events a replay takes at a time (one over its cap stops there)
 # a probation ends early, after these many stored events, once the move measures over
 # EARLY_FACTOR times slower than before it (a run shorter than the probation spent the
 # rest of itself in a construction 5x slower)
@@ -114,62 +112,22 @@ class Trial:
     events: int           # events replayed
 
 
-class Source(tuple):
+@dataclass(frozen=True)
+class Source:
     """What the engine's queries were planned from, to plan them again."""
 
-    __slots__ = ()
+    queries: tuple
+    rates: dict
+    materialize: str
+    schemas: tuple = ()
+    tables: tuple = ()
+    epochs: dict = dataclasses.field(default_factory=dict)  # live-added queries' epochs
 
-    def __new__(cls, queries, rates, materialize, schemas, tables):
-        return tuple.__new__(cls, (tuple(queries), dict(rates or {}), materialize,
-                                   tuple(schemas), tuple(tables)))
-
-
-def query_vertices(program: Program, index: int) -> frozenset[int]:
-    """The vertices a query's matches use (its root's descendants, its OUTPUT, its
-    negations'): closed under children."""
-    return frozenset(v for v, readers in program.readers.items() if index in readers)
-
-
-def replan(engine: Engine, source: Source, constructions: dict[str, str]) -> Program:
-    """The engine's queries planned with ``constructions``, compiled in the engine's
-    universe (its types, attribute columns and string codes)."""
-    queries, rates, materialize, schemas, tables = source
-    old = engine.program
-    plan = build_plan(queries, rates, materialize=materialize, schemas=schemas,
-                      tables=tables, types=old.plan.types, constructions=constructions)
-    program = Program(plan)
-    if program.types == old.types and program.attrs == old.attrs and \
-            program.constants == old.constants:
-        return program  # as an engine built with these constructions has it (snapshots)
-    program = Program(plan, Universe(tuple(old.types), tuple(old.attrs), old.constants))
-    if program.attrs != old.attrs or program.constants != old.constants:
-        raise ValueError("the queries planned again read other columns or constants")
-    return program
-
-
-def hand_over(engine: Engine, program: Program) -> EngineState:
-    """``engine``'s state for ``program`` (the same queries, another construction of
-    some): the events and clock as they are, the shared vertices' state by key, the
-    queries' by name; the new vertices empty. Refuses (ValueError) where a vertex both
-    programs have is built otherwise (on demand in one of them)."""
-    old, old_prog = engine.state, engine.program
-    state = EngineState.fresh(program, old.lateness)
-    for f in dataclasses.fields(TimeState):  # one universe: the same objects
-        setattr(state, f.name, getattr(old, f.name))
-    old_of = state.take_vertices(old, old_prog, program)
-    for v, key in enumerate(program.plan.keys):
-        u = old_of.get(key)
-        if u is None:
-            continue
-        if program.plan.on_demand[v] != old_prog.plan.on_demand[u]:
-            raise ValueError(f"vertex {v} is built on demand in one program only")
-        if u in old.excluded:
-            state.excluded[v] = old.excluded[u]
-    if old.lists is not None and state.lists is not None:
-        state.lists = list_store_for(old.lists, old_prog.list_aggs, program.list_aggs)
-    state.take_queries(old, old_prog, program)
-    state.run_pending = old.run_pending
-    return state
+    def plan_again(self, engine: Engine, constructions: dict[str, str]) -> Program:
+        """The queries planned with ``constructions`` on ``engine``'s universe."""
+        return replan(engine, self.queries, rates=self.rates, materialize=self.materialize,
+                      schemas=self.schemas, tables=self.tables, epochs=self.epochs,
+                      constructions=constructions)
 
 
 class AdaptiveEngine(Engine):
@@ -177,32 +135,71 @@ class AdaptiveEngine(Engine):
     schemas, tables)`` that moves its switchable queries between joins and a chain as
     it measures them (see the module docstring); ``adapt=False``: never (the plan as
     built). ``constructions``: per query, how it runs at the start (overriding the
-    planner's choice; e.g. those of an adapted engine whose snapshot is restored)."""
+    planner's choice; e.g. those of an adapted engine whose snapshot is restored).
+    ``epochs`` and ``universe``: those of an engine whose queries changed live
+    (``change_queries``), to build its program again from a checkpoint."""
 
     def __init__(self, queries: Sequence[ast.Query], *, rates: dict | None = None,
                  materialize: str = ALWAYS, schemas=(), tables=(), lateness: int = 0,
                  lookup_source=None, budget: int = STATE_BUDGET, adapt: bool = True,
-                 constructions: dict[str, str] | None = None):
-        self.source = Source(queries, rates, materialize, schemas, tables)
+                 constructions: dict[str, str] | None = None,
+                 epochs: dict[str, int] | None = None, universe: Universe | None = None):
+        self.source = Source(tuple(queries), dict(rates or {}), materialize, tuple(schemas),
+                             tuple(tables), dict(epochs or {}))
         plan = build_plan(queries, rates, materialize=materialize, schemas=schemas,
-                          tables=tables, constructions=constructions)
+                          tables=tables, types=universe.types if universe else (),
+                          epochs=epochs, constructions=constructions)
         self._reach = 0  # the store's retention under every construction (_bind)
-        super().__init__(plan, lateness, lookup_source=lookup_source, budget=budget)
-        self.lookup_source = lookup_source  # a replay's engine is built with it too
+        super().__init__(Program(plan, universe), lateness, lookup_source=lookup_source,
+                         budget=budget)
         self.adaptive = adapt
-        self.looks = {name: Look(0, 0) for name in switchable(queries, tables)}
-        self._index = {q.name: q.index for q in self.program.queries}  # in every program
-        # per combination of constructions (sorted items): its compiled program
-        self._programs = {tuple(sorted(self.constructions.items())): self.program}
         self.overrides: dict[str, str] = dict(constructions or {})  # replan() keeps them
         self._over_budget: dict[str, object] = {}  # stopped in this slice: held matches
         self._rescued: set[str] = set()  # moved over the budget in this slice already
         self.moves: list[Move] = []  # the engine's own moves (adapt, over the budget)
+        self.looks: dict[str, Look] = {}
+        self._planned()
+
+    def _planned(self) -> None:
+        """What the engine derives from its query set (at the start, after a change)."""
+        looks, self.looks = self.looks, {}
+        for name in switchable(self.source.queries, self.source.tables):
+            self.looks[name] = looks.get(name) or Look(0, 0)
+        self._index = {q.name: q.index for q in self.program.queries}  # in every program
+        # per combination of constructions (sorted items): its compiled program
+        self._programs = {tuple(sorted(self.constructions.items())): self.program}
         # per query: the work per window the cost model estimated for each construction
         self.estimated = {q.name: dict(q.spec.construction_work)
                           for q in self.program.queries if q.name in self.looks}
+        self._reach = 0
+        self.store_retention = self.program.store_retention
         self._reach = self._retention_under_moves()
         self.store_retention = max(self.store_retention, self._reach)
+
+    def change_queries(self, queries, epochs: dict[str, int], *, schemas=(),
+                       tables=()) -> list[str]:
+        """Go on running ``queries`` (ASTs) from here, as ``dqcep.runtime.live`` says;
+        returns the names of those added. ``epochs``: per live-added query (those
+        already running included) the epoch it was added at. A query that stays keeps
+        how it runs and what the engine measured of it."""
+        running = {q.name for q in self.program.queries}
+        names = {q.name for q in queries}
+        source = Source(tuple(queries), self.source.rates, self.source.materialize,
+                        tuple(schemas), tuple(tables), dict(epochs))
+        overrides = {n: c for n, c in self.overrides.items() if n in names}
+        program = source.plan_again(self, overrides)
+        added = [q.name for q in program.queries if q.name not in running]
+        missing = [n for n in added if n not in epochs]
+        if missing:
+            raise ValueError(f"queries added without an epoch: {missing}")
+        handed = hand_over(self, program, added)
+        self.source, self.overrides = source, overrides
+        # what an engine derives from its program and state, as for a new one (the
+        # types, columns and matches' layout changed), then what this one measured
+        Engine.__init__(self, program, state=handed.state, lookup_source=self.lookup_source,
+                        budget=self.budget, stop_over_budget=self.stop_over_budget)
+        self._planned()
+        return added
 
     def _retention_under_moves(self) -> int:
         """How far back the store must reach for a move's replay to rebuild what the
@@ -213,7 +210,7 @@ class AdaptiveEngine(Engine):
             return self.store_retention
         moved = {name: OTHER[c] for name, c in self.constructions.items()}
         try:
-            other = replan(self, self.source, self.overrides | moved)
+            other = self.source.plan_again(self, self.overrides | moved)
         except ValueError:  # it cannot be compiled here: as far as any vertex reads
             return 2 * int(max(self.program.eff_window, default=0)) + 2
         self._programs.setdefault(tuple(sorted(moved.items())), other)
@@ -250,8 +247,7 @@ class AdaptiveEngine(Engine):
         """Query ``name`` planned as ``construction``, its new vertices built by a
         replay of the stored events (those with seq < ``upto``: all when None); None
         where it cannot move now (it holds matches for a trailing NOT, is stopped or
-        live-added, an event in the store has no type code, a vertex the two programs
-        share would be built on demand in one of them) or the replay went over
+        live-added, an event in the store has no type code) or the replay went over
         the budget, or (``capped``) over ``CAP`` times what a replay of the query as it
         runs now takes (both start cold, on the same events and slices)."""
         old_prog, old = self.program, self.state
@@ -259,56 +255,24 @@ class AdaptiveEngine(Engine):
         if len(old.pending[index]) or index in old.stopped or index in old.fresh_since:
             return None
         store = old.store
-        seqs = np.arange(store.base, store.next_seq if upto is None else upto, dtype=np.int64)
-        ts, types = store.ts_of(seqs), store.types_of(seqs)
-        if len(types) and types.min() < 0:
-            return None  # restored from a snapshot that kept no types: nothing to replay
-        limit = None
-        if capped:
-            done = self._replay(old_prog, old.lists, index, seqs, ts, types)
-            if done is None:
-                return None
-            limit = CAP * done[1]
+        events = (store.next_seq if upto is None else upto) - store.base
         try:
+            limit = None
+            if capped:  # the query as it runs, replayed the same way
+                seqs = np.arange(store.base, store.base + events, dtype=np.int64)
+                side, spent = replay(self, old_prog, old.lists,
+                                     query_vertices(old_prog, index), seqs)
+                if index in side.stopped:
+                    return None
+                limit = CAP * spent
             program = self._program_for(name, construction)
-            state = hand_over(self, program)
-        except ValueError:  # a shared vertex built otherwise (on demand) in one of them
+            handed = hand_over(self, program, upto=upto, limit_ns=limit,
+                               refuse_over_budget=True)
+        except ValueError:  # it cannot be compiled here, or no type codes to replay
             return None
-        done = self._replay(program, state.lists, index, seqs, ts, types, limit)
-        if done is None:
+        if handed is None:  # over the budget or the cap
             return None
-        side_state, spent = done
-        old_keys = set(old_prog.plan.keys)
-        for v in query_vertices(program, index):
-            if program.plan.keys[v] in old_keys:
-                continue  # shared with the old program: its state is the real one
-            for table in VERTEX_TABLES:
-                theirs = getattr(side_state, table)
-                if v in theirs:
-                    getattr(state, table)[v] = theirs[v]
-        return Trial(program, state, spent / max(len(seqs), 1), len(seqs))
-
-    def _replay(self, program: Program, lists, index: int, seqs, ts, types,
-                limit_ns: float | None = None) -> tuple[EngineState, int] | None:
-        """The state query ``index``'s vertices of ``program`` build from the given
-        stored events (and the time it took); None over the budget or ``limit_ns``."""
-        state = EngineState.fresh(program, self.state.lateness)
-        state.store, state.dictionary, state.lists = self.state.store, self.dictionary, lists
-        side = Engine(program, state=state, budget=self.budget,
-                      lookup_source=self.lookup_source)
-        mine = query_vertices(program, index)
-        spent = 0
-        for a in range(0, len(seqs), REPLAY_SLICE):
-            b = min(a + REPLAY_SLICE, len(seqs))
-            began = perf_counter_ns()
-            side._match(seqs[a:b], ts[a:b], types[a:b], only=mine)
-            side._evict_vertices(int(ts[b - 1]))
-            spent += perf_counter_ns() - began
-            if index in state.stopped or (limit_ns is not None and spent > limit_ns):
-                return None
-        if self.wm is not None:
-            side._evict_vertices(int(self.wm))
-        return state, spent
+        return Trial(program, handed.state, handed.ns / max(events, 1), events)
 
     def _after_watermark(self):
         """After each slice of events (``eventtime.RELEASE_SLICE``, the watermark
@@ -449,8 +413,8 @@ class AdaptiveEngine(Engine):
         key = tuple(sorted((self.constructions | {name: construction}).items()))
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = replan(
-                self, self.source, self.overrides | {name: construction})
+            program = self._programs[key] = self.source.plan_again(
+                self, self.overrides | {name: construction})
         return program
 
     def _spent(self, name: str) -> int:

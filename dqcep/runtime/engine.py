@@ -89,6 +89,7 @@ class Engine(EventTimeEngine):
                          program.plan.schemas, program.plan.lookups, program.plan.tables,
                          lookup_source)
         self.budget, self.stop_over_budget = budget, stop_over_budget
+        self.lookup_source = lookup_source  # a replay's engine is built with it too
         self._stopped_news: list[tuple[str, str]] = []  # (query, why), for take_stopped
         self._bind(program)
 
