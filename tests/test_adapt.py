@@ -125,7 +125,7 @@ class Measured(AdaptiveEngine):
         if cost is None or (capped and cost > adapt.CAP * self.replay[OTHER[construction]]):
             return None
         trial = super().try_construction(name, construction, False, upto)
-        return Trial(trial.program, trial.state, cost, trial.events)
+        return Trial(trial.program, trial.state, cost, trial.events, trial.overrides)
 
 
 @pytest.fixture
@@ -294,3 +294,25 @@ def test_joins_over_the_budget_become_a_chain_instead_of_stopping():
     plain.process(first)
     plain.process(later)
     assert list(plain.stopped) == ["k"] and plain.constructions == {"k": "joins"}
+
+
+def test_a_moved_engine_restores_from_its_overrides_and_universe():
+    """What the service's checkpoint holds of an adaptive engine (the constructions its
+    program was planned with, and its universe when it has one) builds the program its
+    snapshot belongs to, after any sequence of moves, a move back included."""
+    qs = parse(KLEENE + """;
+QUERY two PATTERN SEQ(B x, D y) WHERE x.p < y.p AND [p] WITHIN 20 ms""").queries
+    engine = AdaptiveEngine(qs, materialize="auto", adapt=False)
+    engine.process(stream(500, seed=3))
+    moves = 0
+    for _ in range(2):
+        for name, now in list(engine.constructions.items()):
+            assert engine.switch(name, adapt.OTHER[now])
+            moves += 1
+            universe = engine.program.based_on and engine.program.universe
+            again = AdaptiveEngine(qs, materialize="auto", adapt=False,
+                                   constructions=engine.overrides or None,
+                                   universe=universe or None)
+            again.restore(engine.snapshot())
+            assert again.constructions == engine.constructions
+    assert moves >= 4

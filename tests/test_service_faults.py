@@ -463,3 +463,41 @@ def test_return_values_of_events_taken_in_before_a_restart(tmp_path):
     assert sorted(lines(tmp_path / "out.jsonl"), key=json.dumps) == sorted(want, key=json.dumps)
     assert {tuple(m["return"].values()) for m in want} == {(60.5, "r1", 0.3),
                                                            (70.0, "r2", 0.9)}
+
+
+KLEENE = "QUERY k PATTERN SEQ(A a, B+ b[], C c) WHERE b[i].p > a.p AND c.p < a.p WITHIN 30 ms"
+
+
+@pytest.mark.parametrize("adapt", [True, False])
+def test_the_service_plans_as_dqcep_run_a_kleene_query_over_the_budget_as_joins(
+        tmp_path, adapt):
+    """The service's engine is dqcep run's (the cost model's plan, moved as it is
+    measured): a list tied to its neighbours, which as joins makes 2^15 lists in one
+    payload, over a budget of 1024, runs as a chain and is matched; the plan as built
+    (``adapt`` off, joins kept) stops it with nothing matched."""
+    from dqcep.baseline.reference import ReferenceMatcher
+    from dqcep.core.events import Event
+    from dqcep.lang import parse
+
+    queries = tmp_path / "k.cep"
+    queries.write_text(KLEENE)
+    first = [Event(1, "A", 0, {"p": 0})]
+    later = [Event(2 + i, "B", 1 + i, {"p": 5}) for i in range(15)]
+    later += [Event(20, "C", 17, {"p": 5}), Event(21, "A", 100, {"p": 0}),
+              Event(22, "B", 101, {"p": 1}), Event(23, "C", 102, {"p": -1})]
+    journal_payloads(tmp_path, [msgpack.packb({"events": [
+        {"id": e.id, "type": e.type, "ts": e.ts, **e.attrs} for e in part]})
+        for part in (first, later)])
+    def norm(events):
+        return tuple(sorted((v, tuple(i) if isinstance(i, (list, tuple)) else i)
+                            for v, i in events))
+    want = {norm(m.events) for m in ReferenceMatcher(parse(KLEENE).queries).run(first + later)}
+    cfg = config(tmp_path, queries=queries, budget=1024, adapt=adapt,
+                 materialize="auto" if adapt else "always")
+    svc = finish(cfg)
+    got = {norm(m["events"].items()) for m in lines(tmp_path / "out.jsonl")}
+    if adapt:
+        assert len(want) == 1 and got == want
+        assert svc.engine.stopped == {} and svc.engine.constructions == {"k": "chain"}
+    else:
+        assert got == set() and list(svc.engine.stopped) == ["k"]

@@ -58,16 +58,23 @@ def load_rates(path: str | None) -> dict[str, float]:
     return rates
 
 
-# The plans when --materialize is not given: dqcep run on an event file chooses by the
-# cost model with the file's measured rates; the streaming service, whose rates are
-# not known before it starts, and explain keep every join's records.
-FILE_MATERIALIZE, MATERIALIZE = "auto", "always"
+# The plans when --materialize and --adapt are not given: dqcep run (on an event file
+# and as the streaming service) chooses by the cost model (with rates measured on an
+# event file's input, or --rates) and moves queries between joins and a chain as it
+# measures them; explain shows the plan that keeps every join's records.
+RUN_MATERIALIZE, MATERIALIZE = "auto", "always"
+RUN_ADAPT = "on"
 
 
-def materialize_of(args, event_file: bool = False) -> str:
-    """``--materialize`` as given, else the default (``FILE_MATERIALIZE`` for dqcep run
-    on an event file, ``MATERIALIZE`` otherwise)."""
-    return args.materialize or (FILE_MATERIALIZE if event_file else MATERIALIZE)
+def materialize_of(args, running: bool = False) -> str:
+    """``--materialize`` as given, else the default (``RUN_MATERIALIZE`` for dqcep run,
+    ``MATERIALIZE`` otherwise)."""
+    return args.materialize or (RUN_MATERIALIZE if running else MATERIALIZE)
+
+
+def adapt_of(args) -> bool:
+    """``--adapt`` as given (on/off), else ``RUN_ADAPT``."""
+    return (args.adapt or RUN_ADAPT) == "on"
 
 
 def planner_options(parser, only: str = "", default: str = f"default {MATERIALIZE}") -> None:

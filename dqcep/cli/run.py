@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from dqcep.cli.common import (FILE_MATERIALIZE, MATERIALIZE, byte_size, load_queries, load_rates,
+from dqcep.cli.common import (RUN_ADAPT, RUN_MATERIALIZE, adapt_of, byte_size, load_queries, load_rates,
                               materialize_of, planner_options, warn_plan)
 from dqcep.core.errors import UserError
 from dqcep.core.events import MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET
 from dqcep.core.limits import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
                            POSITIVE)
-
-# dqcep run on an event file, unless told otherwise: queries moved between joins and a
-# chain as they are measured (--adapt; the streaming service keeps its plans)
-FILE_ADAPT = "on"
 
 
 def add_parser(sub) -> None:
@@ -41,12 +37,11 @@ def add_parser(sub) -> None:
                      "SASE-style baseline (NFA with active instance stacks; SEQ queries "
                      "only), or the reference matcher (simple and exact, holds the whole "
                      "input)")
-    planner_options(run, "native: ", f"default {FILE_MATERIALIZE} on an event file, "
-                    f"{MATERIALIZE} on MQTT input")
+    planner_options(run, "native: ", f"default {RUN_MATERIALIZE}")
     run.add_argument("--adapt", choices=("on", "off"), default=None,
-                     help="native, on an event file: measure each query's time while it "
-                     "runs and move a skip-till-any-match SEQ between joins and one chain "
-                     f"where the other measures faster (default {FILE_ADAPT}; same matches "
+                     help="native: measure each query's time while it runs and move a "
+                     "skip-till-any-match SEQ between joins and one chain where the other "
+                     f"measures faster (default {RUN_ADAPT}; same matches "
                      "either way; docs/planner.md)")
     run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                      help="native, sase: events may arrive up to MS ms out of event-time order "
@@ -158,9 +153,6 @@ def command(args) -> int:
     import time
 
     if any(i.startswith(("mqtt://", "mqtts://")) for i in args.input):
-        if args.adapt is not None:
-            raise UserError("--adapt is for an event file: the streaming service keeps the "
-                            "plans it starts with (its live query changes re-plan them)")
         from dqcep.cli.serve import start_service
         return start_service(args)
     if len(args.input) != 1:
@@ -219,11 +211,11 @@ def command(args) -> int:
                                     lookup_source=tables)
             else:
                 rates = load_rates(args.rates)
-                materialize = materialize_of(args, event_file=True)
+                materialize = materialize_of(args, running=True)
                 if not rates and materialize == "auto":  # measured on the input
                     from dqcep.io.readers import sample_rates
                     rates = sample_rates(args.input, args.format)
-                if (args.adapt or FILE_ADAPT) == "on":
+                if adapt_of(args):
                     from dqcep.runtime.adapt import AdaptiveEngine
 
                     engine = AdaptiveEngine(queries, rates=rates, materialize=materialize,

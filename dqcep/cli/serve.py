@@ -2,7 +2,7 @@
 and the service (or its workers) started."""
 from __future__ import annotations
 
-from dqcep.cli.common import (MAX_WORKERS, check_water_marks, load_queries, load_rates,
+from dqcep.cli.common import (MAX_WORKERS, adapt_of, check_water_marks, load_queries, load_rates,
                               materialize_of, named_values, warn_plan)
 from dqcep.core.errors import UserError
 from dqcep.core.events import MAX_FUTURE_MS
@@ -71,7 +71,8 @@ def start_service(args) -> int:
         output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,
         until_idle=args.until_idle, journal_retention=args.journal_retention,
-        journal_segment_bytes=args.journal_segment, materialize=materialize_of(args),
+        journal_segment_bytes=args.journal_segment, materialize=materialize_of(args, running=True),
+        adapt=adapt_of(args),
         rates=load_rates(args.rates), budget=args.max_partial_matches,
         returns=args.returns, http=http,
         hosted=args.queries_hosted.split(",") if args.queries_hosted else None)

@@ -110,6 +110,7 @@ class Trial:
     state: EngineState
     ns_per_event: float   # its replay's time per event (a replay starts cold: a bound)
     events: int           # events replayed
+    overrides: dict       # the constructions the program was planned with
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,10 @@ class Source:
     tables: tuple = ()
     epochs: dict = dataclasses.field(default_factory=dict)  # live-added queries' epochs
 
-    def plan_again(self, engine: Engine, constructions: dict[str, str]) -> Program:
-        """The queries planned with ``constructions`` on ``engine``'s universe."""
+    def plan_again(self, engine: Engine, constructions: dict[str, str]
+                   ) -> tuple[Program, dict[str, str]]:
+        """The queries planned with ``constructions`` on ``engine``'s universe, and the
+        constructions that build that program again (``replan``)."""
         return replan(engine, self.queries, rates=self.rates, materialize=self.materialize,
                       schemas=self.schemas, tables=self.tables, epochs=self.epochs,
                       constructions=constructions)
@@ -153,7 +156,8 @@ class AdaptiveEngine(Engine):
         super().__init__(Program(plan, universe), lateness, lookup_source=lookup_source,
                          budget=budget)
         self.adaptive = adapt
-        self.overrides: dict[str, str] = dict(constructions or {})  # replan() keeps them
+        # the constructions its program was planned with (what builds it again)
+        self.overrides: dict[str, str] = dict(constructions or {})
         self._over_budget: dict[str, object] = {}  # stopped in this slice: held matches
         self._rescued: set[str] = set()  # moved over the budget in this slice already
         self.moves: list[Move] = []  # the engine's own moves (adapt, over the budget)
@@ -167,7 +171,9 @@ class AdaptiveEngine(Engine):
             self.looks[name] = looks.get(name) or Look(0, 0)
         self._index = {q.name: q.index for q in self.program.queries}  # in every program
         # per combination of constructions (sorted items): its compiled program
-        self._programs = {tuple(sorted(self.constructions.items())): self.program}
+        # and the constructions it was planned with (the engine's overrides while it runs)
+        self._programs = {tuple(sorted(self.constructions.items())):
+                          (self.program, dict(self.overrides))}
         # per query: the work per window the cost model estimated for each construction
         self.estimated = {q.name: dict(q.spec.construction_work)
                           for q in self.program.queries if q.name in self.looks}
@@ -187,7 +193,7 @@ class AdaptiveEngine(Engine):
         source = Source(tuple(queries), self.source.rates, self.source.materialize,
                         tuple(schemas), tuple(tables), dict(epochs))
         overrides = {n: c for n, c in self.overrides.items() if n in names}
-        program = source.plan_again(self, overrides)
+        program, overrides = source.plan_again(self, overrides)
         added = [q.name for q in program.queries if q.name not in running]
         missing = [n for n in added if n not in epochs]
         if missing:
@@ -210,10 +216,10 @@ class AdaptiveEngine(Engine):
             return self.store_retention
         moved = {name: OTHER[c] for name, c in self.constructions.items()}
         try:
-            other = self.source.plan_again(self, self.overrides | moved)
+            other, built_with = self.source.plan_again(self, self.overrides | moved)
         except ValueError:  # it cannot be compiled here: as far as any vertex reads
             return 2 * int(max(self.program.eff_window, default=0)) + 2
-        self._programs.setdefault(tuple(sorted(moved.items())), other)
+        self._programs.setdefault(tuple(sorted(moved.items())), (other, built_with))
         return max(self.store_retention, other.store_retention)
 
     @property
@@ -238,7 +244,7 @@ class AdaptiveEngine(Engine):
 
     def install(self, name: str, trial: Trial) -> None:
         """The engine goes on with the trial's program and state."""
-        self.overrides[name] = trial.program.queries[self._index[name]].spec.construction
+        self.overrides = dict(trial.overrides)
         self.state = trial.state
         self._bind(trial.program)
 
@@ -265,14 +271,14 @@ class AdaptiveEngine(Engine):
                 if index in side.stopped:
                     return None
                 limit = CAP * spent
-            program = self._program_for(name, construction)
+            program, built_with = self._program_for(name, construction)
             handed = hand_over(self, program, upto=upto, limit_ns=limit,
                                refuse_over_budget=True)
         except ValueError:  # it cannot be compiled here, or no type codes to replay
             return None
         if handed is None:  # over the budget or the cap
             return None
-        return Trial(program, handed.state, handed.ns / max(events, 1), events)
+        return Trial(program, handed.state, handed.ns / max(events, 1), events, built_with)
 
     def _after_watermark(self):
         """After each slice of events (``eventtime.RELEASE_SLICE``, the watermark
@@ -407,15 +413,16 @@ class AdaptiveEngine(Engine):
         self.store_retention = max(self.store_retention, self._reach)
         self._mine: dict[str, tuple[int, ...]] = {}  # per query: its vertices (_spent)
 
-    def _program_for(self, name: str, construction: str) -> Program:
+    def _program_for(self, name: str, construction: str) -> tuple[Program, dict[str, str]]:
         """The program with query ``name`` run as ``construction``, the others as they
-        run now: compiled once per combination (a move back reuses the one before)."""
+        run now, and the constructions it was planned with: compiled once per
+        combination (a move back reuses the one before)."""
         key = tuple(sorted((self.constructions | {name: construction}).items()))
-        program = self._programs.get(key)
-        if program is None:
-            program = self._programs[key] = self.source.plan_again(
+        found = self._programs.get(key)
+        if found is None:
+            found = self._programs[key] = self.source.plan_again(
                 self, self.overrides | {name: construction})
-        return program
+        return found
 
     def _spent(self, name: str) -> int:
         """The time the vertices of query ``name`` have taken (its program's now)."""

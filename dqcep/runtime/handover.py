@@ -47,11 +47,13 @@ REPLAY_SLICE = 1024  # events a replay takes at a time (one over its limit stops
 
 def replan(engine, queries, *, rates=None, materialize: str = "always", schemas=(),
            tables=(), epochs: dict[str, int] | None = None,
-           constructions: dict[str, str] | None = None) -> Program:
+           constructions: dict[str, str] | None = None) -> tuple[Program, dict[str, str]]:
     """``queries`` planned (``build_plan`` with these options) and compiled on
-    ``engine``'s universe. A query the engine runs keeps the construction it runs as
-    (joins or chain) unless ``constructions`` says otherwise: the planner may choose
-    anew for the whole set, and a query whose plan stays needs no rebuilding."""
+    ``engine``'s universe, and the constructions it was planned with (``build_plan``'s
+    ``constructions``: what builds the same program again, from a checkpoint). A query
+    the engine runs keeps the construction it runs as (joins or chain) unless
+    ``constructions`` says otherwise: the planner may choose anew for the whole set,
+    and a query whose plan stays needs no rebuilding."""
     old = engine.program
     given = dict(constructions or {})
 
@@ -65,23 +67,24 @@ def replan(engine, queries, *, rates=None, materialize: str = "always", schemas=
             if s.name in was and s.name not in given and s.construction != was[s.name]
             and was[s.name] in ("joins", "chain") and s.construction in ("joins", "chain")}
     if kept:
-        plan = plan_with(given | kept)
+        given |= kept
+        plan = plan_with(given)
     if [q.name for q in plan.queries] == [q.name for q in old.queries]:
         # the same queries (a move): on the engine's universe as it is
         program = Program(plan)
         if old.based_on is None and (program.types, program.attrs, program.constants) == \
                 (old.types, old.attrs, old.constants):
-            return program  # as an engine built afresh has it (its snapshots restore there)
+            return program, given  # as an engine built afresh has it
         program = Program(plan, Universe(tuple(old.types), tuple(old.attrs), old.constants))
         if program.attrs != old.attrs or program.constants != old.constants:
             raise ValueError("the queries planned again read other columns or constants")
-        return program
+        return program, given
     # another query set: the columns a query still reads, in the old order (a removed
     # query's own go: every stored event held them, every checkpoint wrote them), and
     # every string the engine has coded (an added query's constant gets its code)
     needed = set(plan_attributes(plan))
     return Program(plan, Universe(tuple(old.types), tuple(a for a in old.attrs if a in needed),
-                                  tuple(engine.state.dictionary.values)))
+                                  tuple(engine.state.dictionary.values))), given
 
 
 @dataclass

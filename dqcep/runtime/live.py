@@ -39,7 +39,7 @@ def change_queries(engine: Engine, queries, epochs: dict[str, int], *, schemas=(
         engine.change_queries(queries, epochs, schemas=schemas, tables=tables)
         return engine
     running = {q.name for q in engine.program.queries}
-    program = replan(engine, queries, rates=rates, materialize=materialize,
+    program, _ = replan(engine, queries, rates=rates, materialize=materialize,
                      schemas=schemas, tables=tables, epochs=epochs)
     added = [q.name for q in program.queries if q.name not in running]
     missing = [n for n in added if n not in epochs]

@@ -329,18 +329,12 @@ class Program:
         vertex."""
         if self._fingerprint is None:
             import hashlib
-            import pickle
             plan = self.plan
             parts = (plan.queries, plan.types, plan.graph.tail.tobytes(),
                      plan.graph.head.tobytes(), plan.on_demand, plan.schemas, plan.lookups)
-            if self.based_on is None:
-                self._fingerprint = hashlib.sha256(pickle.dumps(parts)).hexdigest()
-            else:  # each part alone: a pickle of the whole depends on which equal
-                # objects are one (the universe's strings are the plan's in one build)
-                digest = hashlib.sha256()
-                for part in (*parts, tuple(self.attrs), self.constants):
-                    digest.update(hashlib.sha256(pickle.dumps(part)).digest())
-                self._fingerprint = digest.hexdigest()
+            if self.based_on is not None:  # the universe's columns and codes too
+                parts += (tuple(self.attrs), self.constants)
+            self._fingerprint = hashlib.sha256(_unshared_pickle(parts)).hexdigest()
         return self._fingerprint
 
     def needed(self, ts: np.ndarray, ids: np.ndarray, types: np.ndarray, val: np.ndarray,
@@ -388,3 +382,16 @@ def program_for(queries_text: str, names: tuple[str, ...] | None = None) -> Prog
     if names is not None:
         queries = [q for q in queries if q.name in names]
     return Program(build_plan(queries, tables=parsed.tables, schemas=parsed.schemas))
+
+
+def _unshared_pickle(obj) -> bytes:
+    """``obj`` pickled without the memo: equal objects give equal bytes whichever of
+    their parts are one object (a plan built from a checkpoint's strings shares
+    fewer than the running one, whose were the planner's own)."""
+    import io
+    import pickle
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.fast = True  # no memo (the parts hold no cycles)
+    pickler.dump(obj)
+    return out.getvalue()

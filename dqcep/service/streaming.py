@@ -50,7 +50,7 @@ from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
 from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
 from dqcep.lang import parse_file, to_source
-from dqcep.plan import build_plan, explain_dot
+from dqcep.plan import explain_dot
 from dqcep.runtime.live import change_queries
 from dqcep.runtime.program import Program, Universe
 from dqcep.service.changes import (CONTROL_TOPIC, Admission, ChangeMailbox, ChangeRefused,
@@ -63,7 +63,8 @@ from dqcep.service.recovery import (CHECKPOINT_VERSION, SINKS, Sink, check_fresh
 from dqcep.service.response import ResponseTimes, ServiceTimes
 from dqcep.service.stats import (last_matches, query_entries, source_figures,
                                  stream_figures, write_stats_file)
-from dqcep.runtime import STATE_BUDGET, Engine, EventColumns
+from dqcep.runtime import STATE_BUDGET, EventColumns
+from dqcep.runtime.adapt import AdaptiveEngine
 from dqcep.runtime.pipeline import Pipeline
 from dqcep.runtime.returns import ReturnValues
 
@@ -98,7 +99,8 @@ class ServiceConfig:
     journal_retention: int = 0        # bytes of consumed closed segments kept for replay
     journal_segment_bytes: int = 64 * 1024 * 1024  # a segment is closed beyond this size
     state: str | None = None          # the directory the defaults above live in (shown at start)
-    materialize: str = "always"       # which joins keep their records (plan/joins.py)
+    materialize: str = "auto"         # which joins keep their records (plan/joins.py)
+    adapt: bool = True                # queries move between joins and a chain as measured
     rates: dict | None = None         # events/s per type, for the planner's cost model
     hosted: list[str] | None = None   # the queries of the file this service runs (all)
     consumer: str = CONSUMER          # its name among the journal's consumers (retention)
@@ -193,29 +195,35 @@ class StreamingService:
                 self.board = Board(plan_dot)
             self.board.set_plan(plan_dot)
 
-    def _program_of(self, state: dict | None) -> tuple[QuerySet, Program]:
-        """The query set and program a checkpoint's state was written by: the file's,
-        unless queries were changed live (then the checkpoint holds the set and the
-        universe of the engine's codes)."""
+    def _engine_of(self, state: dict | None) -> tuple[QuerySet, AdaptiveEngine]:
+        """The query set and a fresh engine of the program a checkpoint's state was
+        written by: the file's, unless queries were changed live (then the checkpoint
+        holds the set and the universe of the engine's codes), run as the engine ran
+        them (the constructions it had moved its queries to). The engine is planned as
+        ``dqcep run`` plans one (``--materialize``, ``--rates``) and, with ``--adapt
+        on``, moves its queries between joins and a chain as it measures them."""
         cfg = self.cfg
+        universe = None
         if state is None or not state.get("query_set"):
-            query_set, universe = self.file_set, None
+            query_set = self.file_set
         else:
             query_set = QuerySet.from_obj(state["query_set"], self.file_set, cfg.checkpoint)
+        if state is not None and state.get("universe"):
             types, attrs, constants = state["universe"]
             universe = Universe(tuple(types), tuple(attrs), tuple(constants))
-        plan = build_plan(query_set.queries, cfg.rates, materialize=cfg.materialize,
-                          schemas=query_set.schemas, tables=query_set.tables,
-                          types=universe.types if universe else (),
-                          epochs=query_set.live_epochs)
-        return query_set, Program(plan, universe)
+        engine = AdaptiveEngine(
+            query_set.queries, rates=cfg.rates, materialize=cfg.materialize,
+            schemas=query_set.schemas, tables=query_set.tables, lateness=cfg.lateness,
+            lookup_source=self.tables, budget=cfg.budget, adapt=cfg.adapt,
+            constructions=(state or {}).get("constructions") or None,
+            epochs=query_set.live_epochs, universe=universe)
+        return query_set, engine
 
     def _load(self, state: dict | None) -> None:
         """Engine, offsets and sinks as the checkpoint left them (fresh without one)."""
         cfg = self.cfg
-        self._use_queries(*self._program_of(state))
-        engine = Engine(self.program, cfg.lateness, lookup_source=self.tables,
-                        budget=cfg.budget)
+        query_set, engine = self._engine_of(state)
+        self._use_queries(query_set, engine.program)
         sizes = dict.fromkeys(SINKS, 0)
         self.offset, self.counts = cfg.start_offset, {}
         # a query added live to workers starts after its control record, with the
@@ -392,6 +400,8 @@ class StreamingService:
         """Process what is held (at most one of the two kinds holds records)."""
         self._process_pending()
         self._process_read()
+        if self.engine.program is not self.program:  # the engine moved a query
+            self._use_queries(self.query_set, self.engine.program)
 
     def timed_step(self, deadline: float) -> int:
         """``step`` until ``deadline``, its time (and the delay since its first record
@@ -609,7 +619,7 @@ class StreamingService:
                 req.answer(409, {"error": f"change refused where it was applied: {err}"})
             return
         self._use_queries(new, engine.program)
-        self.engine = self.pipeline.engine = engine
+        self.engine = self.pipeline.engine = engine  # (the same engine, changed in place)
         self.decoder = engine.column_decoder()
         if self.returns is not None:
             self.returns = self.pipeline.returns = self.returns.for_engine(
@@ -658,10 +668,6 @@ class StreamingService:
         answer)."""
         if self.source is None:
             return 503, {"error": "the service is not running"}
-        if self.cfg.materialize != "always":
-            return 409, {"error": f"--materialize {self.cfg.materialize} re-plans shared "
-                                  "joins as the query set changes; live changes need "
-                                  "--materialize always"}
         return self.mailbox.request(method, path, body)
 
     def _take_changes(self) -> None:
@@ -719,10 +725,13 @@ class StreamingService:
             "counts": self.counts, "sinks": sinks, "stream": self.stream,
             "ended_at": self.ended_at, "db_written": self.db_written,
             "returns": None if self.returns is None else self.returns.snapshot(),
-            # after a live change: the query set and the codes the engine's state uses
-            "query_set": None if self.program.based_on is None else self.query_set.to_obj(),
+            # after a live change: the query set; after a change or a move: the codes
+            # the engine's state uses
+            "query_set": None if self.query_set is self.file_set else self.query_set.to_obj(),
             "universe": None if self.program.based_on is None else
-            [list(u) for u in self.program.universe]})
+            [list(u) for u in self.program.universe],
+            # how the engine runs its queries (moved between joins and a chain)
+            "constructions": self.engine.overrides})
         self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
         self.checkpointed_at = time.monotonic()
