@@ -399,7 +399,6 @@ def test_a_change_over_http_is_checked_against_the_set_the_journal_leads_to(tmp_
     import threading
     import time as clock
     from pathlib import Path
-    import dqcep.service.streaming as streaming
     from dqcep.io.journal import Journal
     from dqcep.service.changes import CONTROL_TOPIC, control_record
     from dqcep.service.streaming import ServiceConfig, StreamingService
@@ -439,12 +438,12 @@ def test_a_change_over_http_is_checked_against_the_set_the_journal_leads_to(tmp_
     assert code == 400 and "runs a query 'later' already" in answer["error"], answer
     assert svc.journal.durable_offset == 1
     # a removal of it is taken; "applied" only once the set without it runs
-    slow = streaming.change_queries
+    slow = AdaptiveEngine.change_queries  # the service's engine changes its queries
 
     def slow_change(*args, **kwargs):
         clock.sleep(0.5)
         return slow(*args, **kwargs)
-    monkeypatch.setattr(streaming, "change_queries", slow_change)
+    monkeypatch.setattr(AdaptiveEngine, "change_queries", slow_change)
     code, answer = stepped("DELETE", "/queries/later", b"")
     assert code == 200 and answer["applied"] and "later" not in answer["running"], answer
     assert svc.query_set.names == answer["running"]

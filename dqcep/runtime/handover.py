@@ -117,9 +117,9 @@ def hand_over(engine, program: Program, added=(), *, upto: int | None = None,
     state.take_queries(old, old_prog, program)
     state.run_pending = old.run_pending
     unmatched = _unmatched(state, old, old_prog, program, old_of)
-    staying = [q.index for q in program.queries if q.name not in added]
-    readers = {qi: query_vertices(program, qi) for qi in staying}
-    rebuilt_by = [qi for qi in staying if readers[qi] & unmatched]
+    added_index = {q.index for q in program.queries if q.name in added}
+    # the queries that ran before and read a vertex with no state of its own
+    rebuilt_by = {qi for v in unmatched for qi in program.readers[v]} - added_index
     since = _since(old) if added else None
     for v, key in enumerate(program.plan.keys):
         u = old_of.get(key)
@@ -127,7 +127,7 @@ def hand_over(engine, program: Program, added=(), *, upto: int | None = None,
             if u in old.excluded:
                 state.excluded[v] = old.excluded[u]
         elif program.kind[v] in (Kind.NOT, Kind.RUN) and since is not None \
-                and not any(v in readers[qi] for qi in rebuilt_by):
+                and not rebuilt_by.intersection(program.readers[v]):
             state.excluded[v] = since  # an added query's own: no earlier event counts
     if since is not None:
         for q in program.queries:
@@ -135,7 +135,7 @@ def hand_over(engine, program: Program, added=(), *, upto: int | None = None,
                 state.fresh_since[q.index] = since
     if not rebuilt_by:
         return HandedOver(state, frozenset(), 0, 0)
-    only = frozenset().union(*(readers[qi] for qi in rebuilt_by))
+    only = frozenset().union(*(query_vertices(program, qi) for qi in rebuilt_by))
     store = old.store
     seqs = np.arange(store.base, store.next_seq if upto is None else upto, dtype=np.int64)
     done = replay(engine, program, state.lists, only, seqs, limit_ns)

@@ -51,7 +51,6 @@ from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
 from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import explain_dot
-from dqcep.runtime.live import change_queries
 from dqcep.runtime.program import Program, Universe
 from dqcep.service.changes import (CONTROL_TOPIC, Admission, ChangeMailbox, ChangeRefused,
                                    ChangeRequest, QuerySet,
@@ -605,10 +604,9 @@ class StreamingService:
             new, names = self.query_set.after(change, record.offset,
                                               req.added if req is not None else None)
             what = f"{'added' if change['op'] == 'add' else 'removed'} {', '.join(names)}"
-            engine = change_queries(
-                self.engine, new.queries, new.live_epochs, schemas=new.schemas,
-                tables=new.tables, rates=self.cfg.rates, materialize=self.cfg.materialize,
-                lookup_source=self.tables, budget=self.cfg.budget)
+            # planned with the engine's own rates and materialization, in place
+            self.engine.change_queries(new.queries, new.live_epochs, schemas=new.schemas,
+                                       tables=new.tables)
         except (UserError, ValueError, KeyError) as err:  # journaled by another version
             self._dead_count("change")
             self.dead.write({"offset": record.offset, "reason": f"change refused: {err}"})
@@ -618,8 +616,8 @@ class StreamingService:
             if req is not None:
                 req.answer(409, {"error": f"change refused where it was applied: {err}"})
             return
+        engine = self.engine
         self._use_queries(new, engine.program)
-        self.engine = self.pipeline.engine = engine  # (the same engine, changed in place)
         self.decoder = engine.column_decoder()
         if self.returns is not None:
             self.returns = self.pipeline.returns = self.returns.for_engine(
