@@ -59,16 +59,16 @@ def main() -> None:
         journal.commit()
         journal.close()
 
-        alone_engine = engine()
-        pieces = [EventColumns(*p) for p in read_columns(str(events), None, alone_engine)]
-
         def engine_alone(e) -> float:
+            """The engine over the events, decoded first by its own decoder (its
+            string codes: another engine's would match nothing)."""
+            pieces = [EventColumns(*p) for p in read_columns(str(events), None, e)]
             started = time.perf_counter()
             for p in pieces:
                 e.process(p)
             e.flush()
             return args.events / (time.perf_counter() - started)
-        alone = engine_alone(alone_engine)
+        alone = engine_alone(engine())
         # the service's own engine (dqcep run's): planned by the cost model, adapting
         from dqcep.lang import parse_file
         from dqcep.runtime import AdaptiveEngine
