@@ -23,12 +23,14 @@ to each parent that reads it (a shared vertex's records feed all its parents);
 a RUN vertex (a query under a selection strategy) takes the events in stream
 order once no event of their ts can still come (``_step_runs``), (4) at each query's OUTPUT
 checks the exact window, the whole-match conditions and the guards, emits the
-matches or holds those that wait on a trailing or AND negation, and (5)
+matches or holds those that wait on a trailing or AND negation
+(``dqcep.runtime.output``), and (5)
 advances the watermark: evicts what no future match can use and releases held
 matches whose start + W has passed. (6) The matches of a query with an
 after-match policy wait until they are decided in detection order
 (``dqcep.runtime.policy``); an accepted one bounds where the query's own partial
-matches may start, and those starting before are dropped (``_prune``).
+matches may start, and those starting before are dropped (``_prune``). A query
+whose state would pass the budget stops (``dqcep.runtime.budget``).
 
 Matches come back columnar (``MatchBatch``); ``to_matches()`` makes Python
 objects only when asked.
@@ -40,33 +42,29 @@ from typing import Iterable
 
 import numpy as np
 
+from dqcep._kernels.chains import ChainSpec, chain_step, chain_step_ids
 from dqcep._kernels.lists import kleene_step
 from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
-from dqcep._kernels.ring import KeyedQueue, RingBuffer, StateBudgetExceeded
-from dqcep._kernels.chains import ChainSpec, chain_step, chain_step_ids, match_ids
+from dqcep._kernels.ring import RingBuffer, StateBudgetExceeded
 from dqcep._kernels.runs import run_step
-from dqcep.core.errors import UserError
 from dqcep.core.events import STATE_BUDGET
 from dqcep.plan import Kind, Plan
-from dqcep.runtime.eventtime import (LIST_ID, RELEASE_SLICE, EventColumns, EventTimeEngine,
-                                     MatchBatch, MatchLists, ready_in_stream_order,
-                                     wait_for_stream_order)
-from dqcep.runtime.policy import accepted_part, partition_of, positions
+from dqcep.runtime.budget import BudgetStage
+from dqcep.runtime.eventtime import (EventColumns, EventTimeEngine, MatchBatch,
+                                     ready_in_stream_order, wait_for_stream_order)
+from dqcep.runtime.output import OutputStage
+from dqcep.runtime.policy import PolicyStage
 from dqcep.runtime.program import Program, QueryProgram
-from dqcep.runtime.state import EngineState, Records, VertexStats, run_state
+from dqcep.runtime.state import EngineState, Records, VertexStats
 
 __all__ = ["Engine", "Records", "VertexStats", "run_events", "STATE_BUDGET"]
 
 # A RUN vertex (runs, chains) takes the events of a batch this many at a time: its
 # matches of one slice are one buffer, whatever the batch size.
 RUN_SLICE = 4096
-# The smallest release slice with a pruning policy query (``Engine._release_slice``):
-# below it a slice's fixed cost shows (fire alert, 1000 rooms: 256 -> 190 K events/s,
-# 1000 -> 281 K, 4096 -> 85 K)
-PRUNED_SLICE = 256
 
 
-class Engine(EventTimeEngine):
+class Engine(OutputStage, PolicyStage, BudgetStage, EventTimeEngine):
     """Runs a plan over event batches; see the module docstring."""
 
     def __init__(self, plan: Plan | Program, lateness: int = 0,
@@ -290,61 +288,6 @@ class Engine(EventTimeEngine):
         state.stats[v].inputs += len(child)
         return child
 
-    # ------------------------------------------------------------ the budget
-    def _budget_state(self) -> None:
-        """Every buffer of the state (and the scratch rings) limited to the budget; the
-        vertices of stopped queries known (after a restore too)."""
-        state = self.state
-        for queues in (state.left_q, state.right_q, state.growing):
-            for q in queues.values():
-                q.records.limit = self.budget
-        for ring in (*state.not_store.values(), *self._out_rings.values()):
-            ring.limit = self.budget
-        readers = self.program.readers
-        self._dead = {v for v, qs in readers.items()
-                      if qs and all(q in state.stopped for q in qs)}
-
-    def _stop(self, v: int, err: StateBudgetExceeded) -> None:
-        """Vertex v's buffer would exceed the budget: every query reading v stops (its
-        matches end here, its vertices' state is let go); the others go on."""
-        prog, state = self.program, self.state
-        names = [prog.queries[qi].name for qi in prog.readers[v]]
-        why = budget_line(names, f"{self.plan.label(v)} (vertex {v})", self.budget)
-        if not self.stop_over_budget:
-            raise UserError(why) from None
-        for qi in prog.readers[v]:
-            if qi in state.stopped:
-                continue
-            state.stopped[qi] = why
-            state.pending[qi] = Records.empty(prog.queries[qi].n_slots)
-            self._stopped_news.append((prog.queries[qi].name, why))
-        self._budget_state()
-        for u in self._dead:  # their state goes: fresh, empty buffers
-            for queues in (state.left_q, state.right_q, state.growing):
-                if u in queues:
-                    queues[u] = KeyedQueue(queues[u].n_ids)
-            if u in state.not_store:
-                state.not_store[u] = RingBuffer(state.not_store[u].n_ids)
-            if u in state.runs:
-                state.runs[u] = run_state(self.plan.run[u])
-            self._new_inputs.pop(u, None)
-        self._budget_state()
-
-    def _stop_for_pipeline(self, v: int, err: StateBudgetExceeded) -> set[int]:
-        """``_stop``, and the vertices stopped now (``JoinPipeline.run`` passes over them)."""
-        self._stop(v, err)
-        return self._dead
-
-    def take_stopped(self) -> list[tuple[str, str]]:
-        """The queries stopped by their budget since the last call: (name, why)."""
-        out, self._stopped_news = self._stopped_news, []
-        return out
-
-    @property
-    def stopped(self) -> dict[str, str]:
-        """Every query stopped by its budget (kept in snapshots): name -> why."""
-        return {self.program.queries[q].name: why for q, why in self.state.stopped.items()}
-
     def _step_runs(self, limit: int | None) -> MatchBatch:
         """The strategies' RUN vertices take the waiting events with ts < ``limit`` (all
         when None): no event can still come before them in stream order (ts, id),
@@ -431,15 +374,6 @@ class Engine(EventTimeEngine):
         state.stats[v].inputs += len(seqs)
         return out
 
-    def _plain_output(self, q: QueryProgram) -> bool:
-        """Does the query's OUTPUT pass its root's matches on as they are: no
-        condition, NOT, list, policy or live boundary of its own, its window no
-        narrower than its root's (a join's or RUN's, whose matches are inside it)?"""
-        return q.root_within and not (
-            q.never or q.index in self.state.stopped or q.preds.n or q.now_guards
-            or q.held_guards or q.list_columns or q.spec.after_match is not None
-            or q.index in self.state.fresh_since)
-
     def _lists(self, v: int, delta: dict[int, Records]) -> Records:
         """A KLEENE vertex: the new lists its events make (one slot: the list handle)."""
         state, spec = self.state, self.program.kleene[v]
@@ -521,217 +455,7 @@ class Engine(EventTimeEngine):
             return out_ring  # to its query's OUTPUT alone (_output)
         return Records.from_ring(out_ring)  # the join emits in end-ts order
 
-    def _output(self, out: MatchBatch, q: QueryProgram, recs: Records | RingBuffer) -> None:
-        """A query's matches among its root's new records (or the ring they were
-        written to: a RUN's, a join of ``Program.ring_roots``), to ``out``."""
-        if isinstance(recs, RingBuffer):
-            if self._plain_output(q):  # the ids straight from the ring, in one pass
-                if len(recs):
-                    out.parts.append((q.index, *match_ids(recs, self.store, q.var_slots),
-                                      None))
-                    self.state.stats[q.spec.output].outputs += len(recs)
-                return
-            recs = Records.from_ring(recs)
-        if q.never or not len(recs) or q.index in self.state.stopped:
-            return
-        if not q.root_within:
-            inside = recs.end - recs.start <= q.window
-            if not inside.all():
-                recs = recs.take(inside)
-        if len(recs) and q.preds.n:
-            slots = np.ascontiguousarray(recs.slots)
-            recs = recs.take(q.preds.mask_lists(self.store, self.state.lists, slots, q.list_mask)
-                             if q.list_mask is not None else q.preds.mask(self.store, slots))
-        for gv in q.now_guards:
-            recs = self._keep(gv, recs)
-        if not len(recs):
-            return
-        if q.held_active:
-            recs = self._hold(q, recs)
-        self._emit(out, q, recs.end, recs.slots)
-
-    def _hold(self, q: QueryProgram, recs: Records) -> Records:
-        """The records a held negation applies to join the query's pending ones (they
-        wait until start + W); the others are returned."""
-        held = np.zeros(len(recs), bool)
-        for active in q.held_active:
-            held |= (recs.slots[:, active] >= 0).any(axis=1)
-        if not held.any():
-            return recs
-        hold, pending = recs.take(held), self.state.pending[q.index]
-        self.state.pending[q.index] = Records(*(np.concatenate([a, b]) for a, b in zip(
-            (pending.start, pending.end, pending.key, pending.slots),
-            (hold.start, hold.end, hold.key, hold.slots))))
-        return recs.take(~held)
-
-    def _emit(self, out: MatchBatch, q: QueryProgram, detected: np.ndarray, slots: np.ndarray):
-        if len(detected):
-            picked = slots if q.identity_slots else slots[:, q.var_slots]
-            if q.index in self.state.fresh_since:  # added live: only what came after
-                keep = ~self._before_added(q, picked)
-                if not keep.all():
-                    detected, picked = np.asarray(detected)[keep], picked[keep]
-                if not len(detected):
-                    return
-            if q.spec.after_match is not None:  # they wait for their policy's decision
-                self._wait_for_policy(q, np.asarray(detected, np.int64), picked)
-                return
-            out.parts.append(self._part(q, np.asarray(detected, np.int64), picked))
-            self.state.stats[q.spec.output].outputs += len(detected)
-
-    def _early(self, since: tuple, slots: np.ndarray) -> np.ndarray:
-        """Per record of event seqs (-1: unbound): does it hold an event from before
-        the addition ``since`` describes (``EngineState.fresh_since``)?"""
-        boundary, ids, _ = since
-        bound = slots >= 0
-        early = (bound & (slots < boundary)).any(axis=1)
-        if len(ids) and len(slots):
-            early |= (bound & np.isin(self.store.ids_of(np.ascontiguousarray(slots)), ids)
-                      ).any(axis=1)
-        return early
-
-    def _before_added(self, q: QueryProgram, picked: np.ndarray) -> np.ndarray:
-        """Per match of a query added to the running engine: does it hold an event the
-        engine held when the query came (in its store: a seq below the boundary; in
-        its reorder buffer: one of those ids)? Such a match is not the new query's."""
-        since = self.state.fresh_since[q.index]
-        boundary, ids, _ = since
-        cells = picked.copy()
-        list_cols = list(q.list_columns)
-        if list_cols:
-            cells[:, list_cols] = -1
-        old = self._early(since, cells)
-        if list_cols:
-            handles = np.ascontiguousarray(picked[:, list_cols].ravel())
-            offsets, seqs = self.state.lists.elements_of(handles)
-            early = seqs < boundary
-            if len(ids) and len(seqs):
-                early |= np.isin(self.store.ids_of(seqs.reshape(-1, 1))[:, 0], ids)
-            per_list = np.add.reduceat(early.astype(np.int64), offsets[:-1]) \
-                if len(seqs) else np.zeros(len(handles), np.int64)
-            per_list[offsets[:-1] == offsets[1:]] = 0  # reduceat of an empty range
-            old |= per_list.reshape(len(picked), len(list_cols)).any(axis=1)
-        return old
-
-    def _part(self, q: QueryProgram, detected: np.ndarray, picked: np.ndarray) -> tuple:
-        """A MatchBatch part: the matches' event ids (list handles: their elements' ids,
-        apart)."""
-        lists = None
-        if q.list_columns:
-            handles = picked[:, list(q.list_columns)]
-            picked = picked.copy()
-            picked[:, list(q.list_columns)] = -1
-            lists = self._list_ids(q.list_columns, handles)
-        ids = self.store.ids_of(np.ascontiguousarray(picked))
-        if lists is not None:
-            ids[:, list(q.list_columns)] = LIST_ID
-        return q.index, detected, ids, lists
-
-    # ---------------------------------------------------- after-match policies
-    def _wait_for_policy(self, q: QueryProgram, detected: np.ndarray, picked: np.ndarray):
-        """The matches of a query with an after-match policy join its waiting ones,
-        each with its place in detection order and its partition."""
-        part = self._part(q, detected, picked)
-        places, firsts = positions(self.store, self.state.lists, picked, q.list_columns)
-        _, codes = leaf_keys(self.store, firsts, np.array(q.partition_cols, np.int32))
-        self.state.policies[q.index].add(
-            MatchBatch(self.match_queries, [part]).to_matches(), places,
-            [partition_of(self.store, self.dictionary, seq, q.partition_cols)
-             for seq in firsts.tolist()], codes, part[2], part[3])
-
-    def _held_lasts(self, q: QueryProgram) -> dict[tuple, tuple[int, int]]:
-        """Per partition, the earliest last event of a match the query holds for a
-        negation: what comes after it in detection order waits for its release."""
-        held = self.state.pending[q.index]
-        if not len(held):
-            return {}
-        picked = held.slots if q.identity_slots else held.slots[:, q.var_slots]
-        places, firsts = positions(self.store, self.state.lists, picked, q.list_columns)
-        out: dict[tuple, tuple[int, int]] = {}
-        for pos, seq in zip(places, firsts.tolist()):
-            part = partition_of(self.store, self.dictionary, seq, q.partition_cols)
-            if part not in out or pos[-1] < out[part]:
-                out[part] = pos[-1]
-        return out
-
-    def _decide(self, wm: int | None) -> MatchBatch:
-        """Every policy's matches decided now (``PolicyState.decide``); the accepted
-        ones out, unchanged."""
-        out = MatchBatch(self.match_queries)
-        for qi, policy in self.state.policies.items():
-            if not policy.waiting:
-                continue
-            q = self.program.queries[qi]
-            accepted = policy.decide(wm, self._held_lasts(q) if wm is not None else {})
-            if not accepted:
-                continue
-            out.parts.append(accepted_part(qi, accepted, q.list_columns))
-            self.state.stats[q.spec.output].outputs += len(accepted)
-            self._prune(q, policy.bounds())
-        return out
-
-    def _release_slice(self) -> int:
-        """A query whose policy prunes (``_prune``) drops the partial matches an
-        accepted alert rules out only when the watermark moves, after a slice: within
-        one, each of a partition's events extends the lists the last alert doomed
-        (a rising run: 2^k of them for k events of the partition). So with such a
-        query a slice holds about one event per partition with an alert (between
-        PRUNED_SLICE and RELEASE_SLICE): ``dqcep run``'s chunks of 65,536 events ran
-        the fire alert at 0.55x the speed and 12x the state of batches of 1,000."""
-        if not self.program.prunable:
-            return RELEASE_SLICE
-        partitions = max((len(p.accepted) for p in self.state.policies.values()), default=0)
-        return min(RELEASE_SLICE, max(PRUNED_SLICE, partitions))
-
-    def _prune(self, q: QueryProgram, bounds: dict[int, int]) -> None:
-        """Drop the partial matches the policy can no longer accept (``PolicyState.
-        bounds``: by the key code of their partition, those starting before its
-        bound) from the query's own vertices (``Program.prunable``): the state of a
-        Kleene item on a long rising run stays bounded."""
-        state, keyed = self.state, bool(q.partition_cols)
-        codes = np.array(sorted(bounds), np.int64)
-        limits = np.array([bounds[c] for c in codes.tolist()], np.int64)
-        for v in self.program.prunable[q.index]:
-            for queues in (state.growing, state.left_q, state.right_q):
-                queue = queues.get(v)
-                if queue is None or not len(queue.records):
-                    continue
-                s, e, k, ids = queue.records.to_arrays()
-                if keyed:
-                    at = np.minimum(np.searchsorted(codes, k), len(codes) - 1)
-                    drop = (codes[at] == k) & (s < limits[at])
-                else:  # one partition: its bound for every record
-                    drop = s < limits[0]
-                if not drop.any():
-                    continue
-                keep = ~drop
-                fresh = KeyedQueue(queue.n_ids)
-                fresh.load(queue.evicted, s[keep], e[keep], k[keep],
-                           np.ascontiguousarray(ids[keep, :queue.n_ids]))
-                fresh.records.limit = self.budget
-                queues[v] = fresh
-                state.stats[v].evictions += int(drop.sum())
-
-    def _list_ids(self, columns: tuple[int, ...], handles: np.ndarray) -> MatchLists:
-        """The event ids of each list, in ts order, row by row."""
-        offsets, seqs = self.state.lists.elements_of(np.ascontiguousarray(handles.ravel()))
-        values = self.store.ids_of(seqs.reshape(-1, 1))[:, 0]
-        return MatchLists(tuple(columns), offsets, values)
-
-    def _release_held(self, q: QueryProgram, wm: int | None) -> MatchBatch:
-        """Held matches whose start + W is behind the watermark (all when wm is None)."""
-        out = MatchBatch(self.match_queries)
-        p = self.state.pending[q.index]
-        if not len(p):
-            return out
-        due = np.ones(len(p), bool) if wm is None else p.start + q.window < wm
-        if not due.any():
-            return out
-        ready, self.state.pending[q.index] = p.take(due), p.take(~due)
-        for gv in q.held_guards:
-            ready = self._keep(gv, ready)
-        self._emit(out, q, ready.start + q.window, ready.slots)
-        return out
+    # ------------------------------------------------------------ the watermark
 
     def _after_watermark(self) -> MatchBatch:
         """Release held matches that are due, then evict what the watermark made useless."""
@@ -827,16 +551,6 @@ class Engine(EventTimeEngine):
         nothing is recompiled."""
         self.state = EngineState.from_bytes(self.program, blob)
         self._budget_state()
-
-
-def budget_line(queries: list[str], where: str, budget: int) -> str:
-    """The one line that says a query was stopped by its budget, and what bounds it."""
-    which = f"query {queries[0]}" if len(queries) == 1 else \
-        f"queries {', '.join(queries)} (sharing it)"
-    return (f"{which} stopped: {where} would hold over {budget:,} partial matches, the "
-            "budget of a query's buffer (--max-partial-matches); the other queries go on. "
-            "A selection strategy (USING skip-till-next-match, strict-contiguity or "
-            "partition-contiguity) or a shorter window bounds it")
 
 
 def run_events(plan: Plan, batches: Iterable, lateness: int = 0) -> tuple[MatchBatch, Engine]:
