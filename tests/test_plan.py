@@ -9,7 +9,7 @@ from dqcep.core.events import Event
 from dqcep.lang import ast, parse
 from dqcep.plan import Kind, Port, build_plan
 from dqcep.plan.bytecode import compile_predicate, evaluate_on_events
-from dqcep.baseline.reference import holds
+from dqcep.baseline.expressions import holds
 from tests.support.strategies import kleene_queries, queries, query_files
 from tests.support.examples import examples
 

@@ -31,225 +31,22 @@ and ``v[1]`` beside ``v[i]``), aggregates and ``v[last]`` read the complete list
 strategy other than skip-till-any-match is a filter on the complete matches over
 stream order (ts, id) of every event of the input (``_Strategy``).
 
-Values: numbers (int or float) are compared and computed as binary64 floats;
-a conjunct whose evaluation fails anywhere (missing attribute, mismatched
-types, division by zero, a non-boolean result) is false. Evaluation does not
-short-circuit, so ``a.x = 1 OR b.missing = 2`` fails as a whole.
+Values and conditions: ``dqcep.baseline.expressions``.
 """
 from __future__ import annotations
 
 import bisect
-import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Sequence
 
-from dqcep.core.events import Event, Match, Value, declared_type_problem, list_aggregate
+from dqcep.baseline.expressions import (Binding, TableLookup, bind_tables, cell, holds,
+                                        members, value_kind)
+from dqcep.core.events import Event, Match, declared_type_problem, list_aggregate
+from dqcep.core.tables import LookupSource, TableSnapshot
 from dqcep.lang import ast
-from dqcep.core.tables import LookupSource, TableSnapshot, lookup_key
 
 INF = math.inf
-
-
-# --------------------------------------------------------------- evaluation
-
-
-class _Fail(Exception):
-    """Evaluation of a conjunct failed: the conjunct is false."""
-
-
-def _number(v: Value) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _Fail
-    return float(v)
-
-
-def _kind(v: Value) -> str:
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, (int, float)):
-        return "num"
-    return "str"
-
-
-Binding = Union[Event, tuple]  # an event, or a Kleene variable's list of events
-
-
-def members(value: Binding) -> tuple[Event, ...]:
-    """The events a variable's binding holds (one, or a Kleene list)."""
-    return value if isinstance(value, tuple) else (value,)
-
-
-def _element(e: ast.AttrRef, bound: dict[str, Binding],
-             elements: dict[str, tuple[Event, Event | None]]) -> Event:
-    """The event ``e`` reads: a plain variable's, or one element of a Kleene list."""
-    value = bound[e.var]
-    if not isinstance(value, tuple):
-        return value
-    if e.index == ast.INDEX_FIRST:
-        return value[0]
-    if e.index == ast.INDEX_LAST:
-        return value[-1]
-    current, previous = elements[e.var]
-    return previous if e.index == ast.INDEX_PREVIOUS else current
-
-
-@dataclass(frozen=True)
-class _TableLookup(ast.Lookup):
-    """A lookup with the snapshot of its table that this run reads."""
-
-    snapshot: TableSnapshot | None = None
-    key_type: str = ""
-
-
-def _cell(e: ast.Lookup, ev: Event) -> Value | None:
-    """The cell a lookup reads for the event holding its key (``dqcep.core.tables``: the
-    rule); None: no key attribute, no row or no value there."""
-    assert isinstance(e, _TableLookup)
-    key = ev.value(e.key.attr) if e.key.attr in ("ts", "id") else ev.attrs.get(e.key.attr)
-    return e.snapshot.value(lookup_key(key, e.key_type), e.column)
-
-
-def _looked_up(e: ast.Lookup, ev: Event) -> Value:
-    """A lookup's value in a condition; a missing one fails."""
-    v = _cell(e, ev)
-    if v is None:
-        raise _Fail
-    return float(v) if _kind(v) == "num" else v
-
-
-def _bind_tables(q: ast.Query, snapshots: dict[str, TableSnapshot],
-                 tables: dict[str, ast.LookupTable]) -> ast.Query:
-    """The query with every lookup of its condition holding its table's snapshot."""
-    def bind(e: ast.Expr) -> ast.Expr:
-        if isinstance(e, ast.Lookup):
-            return _TableLookup(e.table, e.key, e.column, e.pos, snapshots[e.table],
-                                tables[e.table].key_type)
-        if isinstance(e, ast.Unary):
-            return ast.Unary(e.op, bind(e.operand), e.pos)
-        if isinstance(e, ast.Binary):
-            return ast.Binary(e.op, bind(e.left), bind(e.right), e.pos)
-        return e
-    return q if q.where is None else dataclasses.replace(q, where=bind(q.where))
-
-
-def aggregate(e: ast.Aggregate, events: Sequence[Event]) -> float:
-    """count / sum / avg / min / max over a complete list, in ts order
-    (``dqcep.core.events.list_aggregate``); an element without the attribute or with a
-    non-number there fails."""
-    value = list_aggregate(e.func, e.attr, events)
-    if value is None:
-        raise _Fail
-    return float(value)
-
-
-def evaluate(e: ast.Expr, bound: dict[str, Binding], positives: Sequence[str],
-             elements: dict[str, tuple[Event, Event | None]] | None = None) -> Value:
-    """Value of ``e``; ``positives`` are the bound positive variables for ``[attr]``;
-    ``elements`` gives the element ``v[i]`` / plain ``v`` (and ``v[i-1]``) of each
-    Kleene variable ranged over (see ``holds``)."""
-    if isinstance(e, ast.Number):
-        return float(e.value)
-    if isinstance(e, (ast.String, ast.Boolean)):
-        return e.value
-    if isinstance(e, ast.AttrRef):
-        try:
-            v = _element(e, bound, elements or {}).value(e.attr)
-        except KeyError:
-            raise _Fail from None
-        return float(v) if _kind(v) == "num" else v
-    if isinstance(e, ast.Aggregate):
-        return aggregate(e, bound[e.var])
-    if isinstance(e, ast.Lookup):
-        return _looked_up(e, _element(e.key, bound, elements or {}))
-    if isinstance(e, ast.Equivalence):
-        values = []
-        for var in positives:
-            for ev in members(bound[var]):
-                try:
-                    values.append(ev.value(e.attr))
-                except KeyError:
-                    raise _Fail from None
-        kinds = {_kind(v) for v in values}
-        if len(kinds) > 1:
-            raise _Fail  # comparing values of different types fails
-        if kinds == {"num"}:
-            values = [float(v) for v in values]
-        return all(v == values[0] for v in values)
-    if isinstance(e, ast.Unary):
-        v = evaluate(e.operand, bound, positives, elements)
-        if e.op == "-":
-            return -_number(v)
-        if not isinstance(v, bool):
-            raise _Fail
-        return not v
-    assert isinstance(e, ast.Binary)
-    # No short-circuit: both sides are always evaluated (see module docstring).
-    left = evaluate(e.left, bound, positives, elements)
-    right = evaluate(e.right, bound, positives, elements)
-    op = e.op
-    if op in ("AND", "OR"):
-        if not isinstance(left, bool) or not isinstance(right, bool):
-            raise _Fail
-        return (left and right) if op == "AND" else (left or right)
-    if op in ast.EQUALITY:
-        if _kind(left) != _kind(right):
-            raise _Fail
-        return (left == right) if op == "=" else (left != right)
-    a, b = _number(left), _number(right)
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        if b == 0:
-            raise _Fail
-        return a / b
-    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
-
-
-def _ranges(e: ast.Expr, bound: dict[str, Binding]) -> list[tuple[str, bool]]:
-    """The Kleene variables a conjunct ranges over, each with whether it ranges over
-    (element, element before) pairs from the second element on (spec 5.1): it names
-    ``v[i-1]``, or ``v[1]`` beside ``v[i]`` / plain ``v.attr``."""
-    refs: dict[str, set] = {}
-    for x in ast.walk_expr(e):
-        if isinstance(x, ast.AttrRef) and isinstance(bound.get(x.var), tuple):
-            refs.setdefault(x.var, set()).add(x.index or ast.INDEX_EACH)
-    out = []
-    for var, idx in refs.items():
-        if ast.INDEX_EACH in idx or ast.INDEX_PREVIOUS in idx:
-            pairs = ast.INDEX_PREVIOUS in idx or ast.INDEX_FIRST in idx
-            out.append((var, pairs))
-    return out
-
-
-def holds(e: ast.Expr, bound: dict[str, Binding], positives: Sequence[str]) -> bool:
-    """A conjunct holds iff it evaluates, without failing, to true; over Kleene lists,
-    iff it does so for every element (every pair of elements of two lists)."""
-    ranged = _ranges(e, bound)
-    if not ranged:
-        try:
-            return evaluate(e, bound, positives) is True
-        except _Fail:
-            return False
-    choices = []
-    for var, pairs in ranged:
-        events = bound[var]
-        if pairs:  # true for a one-element list: no pair to check
-            choices.append([(var, (events[k], events[k - 1])) for k in range(1, len(events))])
-        else:
-            choices.append([(var, (ev, None)) for ev in events])
-    for combination in itertools.product(*choices):
-        try:
-            if evaluate(e, bound, positives, dict(combination)) is not True:
-                return False
-        except _Fail:
-            return False
-    return True
 
 
 # -------------------------------------------------------- partial matches
@@ -489,7 +286,7 @@ class _QueryMatcher:
     def __init__(self, q: ast.Query, snapshots: dict[str, TableSnapshot] | None = None,
                  tables: dict[str, ast.LookupTable] | None = None):
         if snapshots:
-            q = _bind_tables(q, snapshots, tables)
+            q = bind_tables(q, snapshots, tables)
         self.snapshots, self.tables = snapshots or {}, tables or {}
         self.q = q
         self.w = q.within.ms
@@ -556,7 +353,7 @@ class _QueryMatcher:
             elif r.func is not None:
                 out.append((r.label, list_aggregate(r.func, r.attr, ev)))
             elif r.table is not None:
-                out.append((r.label, _cell(_TableLookup(
+                out.append((r.label, cell(TableLookup(
                     r.table, ast.AttrRef(r.var, r.attr), r.column, r.pos,
                     self.snapshots[r.table], self.tables[r.table].key_type), ev)))
             elif r.attr is None:
@@ -693,7 +490,7 @@ def _comparable(ev: Event, attr: str):
         v = ev.value(attr)
     except KeyError:
         return None
-    return ("num", float(v)) if _kind(v) == "num" else (_kind(v), v)
+    return ("num", float(v)) if value_kind(v) == "num" else (value_kind(v), v)
 
 
 def _index(events: Iterable[Event]) -> dict[str, tuple[list[int], list[Event]]]:
