@@ -116,7 +116,7 @@ def test_sigkill_loses_nothing_committed(tmp_path):
 
 
 def test_tail_follows_appends_and_segment_rolls(tmp_path):
-    from dqcep.io.journal import JournalTail
+    from dqcep.io.journal_tail import JournalTail
     j = Journal(tmp_path, segment_bytes=300)
     tail = JournalTail(tmp_path, 0)
     seen = []
@@ -141,7 +141,7 @@ def journal_of(tmp_path, n, segment_bytes=400):
 
 
 def tail_all(tmp_path, upto, start=0):
-    from dqcep.io.journal import JournalTail
+    from dqcep.io.journal_tail import JournalTail
     return list(JournalTail(tmp_path, start).read(upto))
 
 
@@ -295,7 +295,8 @@ def test_format_2_records_keep_arrival_and_packet_id_and_older_ones_are_read(tmp
 
 def test_a_journal_of_a_newer_format_is_refused_with_one_line(tmp_path):
     from dqcep.core.errors import UserError
-    from dqcep.io.journal import FORMAT_FILE, JournalTail
+    from dqcep.io.journal import FORMAT_FILE
+    from dqcep.io.journal_tail import JournalTail
     (tmp_path / FORMAT_FILE).write_text("9\n")
     for open_it in (Journal, JournalTail, lambda d: list(read_journal(d))):
         with pytest.raises(UserError, match="is format 9; this dqcep reads formats up to 2"):
@@ -307,7 +308,7 @@ def test_a_segment_closed_while_a_tail_lists_the_journal_is_not_lost(tmp_path, m
     while a tail lists the directory: the closed one was once in neither listing, and
     the tail took the one after it for its successor (its records read as lost; seen
     under load in the service's full-disk test)."""
-    from dqcep.io.journal import JournalTail
+    from dqcep.io.journal_tail import JournalTail
     j = Journal(tmp_path, segment_bytes=300)
     for topic, p in payloads(12):                # a closed segment and an open one
         j.append(topic, p)

@@ -55,7 +55,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, NamedTuple, Union
+from typing import Callable, Iterator, NamedTuple, Union
 
 import msgpack
 
@@ -101,7 +101,7 @@ class JournalWriteError(UserError):
     """A commit could not be written; the records are kept for the next commit."""
 
 
-def _name(offset: int, suffix: str) -> str:
+def segment_name(offset: int, suffix: str) -> str:
     return f"{offset:020d}{suffix}"
 
 
@@ -141,7 +141,7 @@ def journal_bytes(directory: str | Path) -> int:
 
 
 # ---------------------------------------------------------------- records
-def _record_at(data, pos: int, positional: int):
+def record_at(data, pos: int, positional: int):
     """(end, Record) of an intact record at ``pos``, else None.
 
     ``positional`` is the offset an old two-field record at this place has.
@@ -178,7 +178,7 @@ def _record_at(data, pos: int, positional: int):
     return end, Record(offset, topic, payload, arrival, mid)
 
 
-def _resync(data, pos: int, after: int):
+def resync(data, pos: int, after: int):
     """Position of the first intact record at or after ``pos`` whose offset is above
     ``after`` (the last good one), else None. Only the bytes a body starts with are
     tried, so a damaged segment costs one pass, not one checksum per byte."""
@@ -188,7 +188,7 @@ def _resync(data, pos: int, after: int):
         if not starts:
             return None
         q = min(starts) - HEADER.size
-        rec = _record_at(data, q, after + 1)
+        rec = record_at(data, q, after + 1)
         if rec is not None and rec[1].offset > after:
             return q
         pos = q + 1
@@ -199,13 +199,13 @@ def scan(data, first: int) -> Iterator[tuple]:
     for intact records and ``("damaged", start, end)`` for the bytes between them."""
     pos, last = 0, first - 1
     while pos < len(data):
-        rec = _record_at(data, pos, last + 1)
+        rec = record_at(data, pos, last + 1)
         if rec is not None and rec[1].offset > last:
             end, record = rec
             yield "record", pos, end, record.offset, record
             pos, last = end, record.offset
             continue
-        nxt = _resync(data, pos + 1, last)
+        nxt = resync(data, pos + 1, last)
         yield "damaged", pos, len(data) if nxt is None else nxt
         if nxt is None:
             return
@@ -215,7 +215,7 @@ def scan(data, first: int) -> Iterator[tuple]:
 def segment_items(path: str | Path) -> Iterator[Record]:
     """The records of one segment file, in order; a damaged stretch
     between intact records is one record whose payload is a ``Gap`` (damage at the very end of a segment
-    cannot be counted here: the next segment's name tells, see ``JournalTail``)."""
+    cannot be counted here: the next segment's name tells, see ``dqcep.io.journal_tail.JournalTail``)."""
     path = Path(path)
     data = path.read_bytes()
     expected = int(path.stem)
@@ -275,7 +275,7 @@ class Journal:
             self._path = opened[-1]
             nxt = max(nxt, int(self._path.stem), self._recover(self._path))
         else:
-            self._path = self.dir / _name(nxt, OPEN)
+            self._path = self.dir / segment_name(nxt, OPEN)
             open(self._path, "wb").close()
             _fsync_dir(self.dir)
         self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
@@ -359,7 +359,7 @@ class Journal:
 
         The next segment is created first: a failure leaves the open one as it was.
         """
-        path = self.dir / _name(self._next, OPEN)
+        path = self.dir / segment_name(self._next, OPEN)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.fsync(self._fd)
         os.close(self._fd)
@@ -505,129 +505,3 @@ def read_journal(directory: str | Path, start: int = 0, include_open: bool = Fal
                 return
             if record.offset >= start:
                 yield record
-
-
-class JournalTail:
-    """Follows a journal from an offset: keeps its file and position between calls.
-
-    ``read(upto)`` yields records from where the previous call
-    stopped up to (not including) offset ``upto``: pass the writer's durable
-    offset, so only committed records are read. Offsets that the journal cannot
-    give back (damaged bytes, a cut or deleted segment, records trimmed away)
-    come as one ``Record(first offset, "", Gap(count, reason))`` each, in their place,
-    so a consumer reports them and goes on with the records after them.
-    """
-
-    def __init__(self, directory: str | Path, offset: int = 0):
-        self.dir = Path(directory)
-        check_format(self.dir)
-        self.offset = offset
-        self._file: BinaryIO | None = None
-        self._first = 0           # name (first offset) of the segment being read
-        self._last = -1           # offset of the last record read from that segment
-        self._damage: str | None = None  # where the bytes before the next record broke
-        self._record_start = 0    # file position of the record read last
-
-    def _open(self, name: Path) -> None:
-        if self._file is not None:
-            self._file.close()
-        try:
-            self._file = open(name, "rb")
-        except FileNotFoundError:  # the open segment was closed (renamed) meanwhile
-            self._file = open(name.with_suffix(SEG), "rb")
-        self._first = int(name.stem)
-        self._last = self._first - 1
-
-    def _gap(self, upto_offset: int, reason: str):
-        count = upto_offset - self.offset
-        item = Record(self.offset, "", Gap(count, reason))
-        self.offset = upto_offset
-        return item
-
-    def _next_record(self):
-        """The next intact record of the open file, "eof", or "partial" (a record still
-        being written: wait). Damaged bytes are stepped over (``_damage`` says where)."""
-        f = self._file
-        start = f.tell()
-        head = f.read(HEADER.size)
-        if not head:
-            return "eof"
-        if len(head) == HEADER.size:
-            length, _ = HEADER.unpack(head)
-            if 0 < length <= MAX_RECORD:
-                body = f.read(length)
-                if len(body) < length:
-                    f.seek(start)
-                    return "partial"
-                rec = _record_at(head + body, 0, self._last + 1)
-                if rec is not None and rec[1].offset > self._last:
-                    self._record_start = start
-                    return rec
-        else:
-            f.seek(start)
-            return "partial"
-        return self._step_over_damage(start)
-
-    def _step_over_damage(self, start: int):
-        """The next intact record after damaged bytes at ``start``, or "eof"."""
-        f = self._file
-        f.seek(start)
-        data = f.read()
-        nxt = _resync(data, 1, self._last)
-        self._damage = f"damaged at byte {start} of segment {_name(self._first, '')}"
-        f.seek(start + (len(data) if nxt is None else nxt))
-        return self._next_record() if nxt is not None else "eof"
-
-    def read(self, upto: int) -> Iterator[Record]:
-        while self.offset < upto:
-            if self._file is None:
-                names = segments(self.dir)
-                holding = [p for p in names if int(p.stem) <= self.offset]
-                later = [p for p in names if int(p.stem) > self.offset]
-                if holding:
-                    self._open(holding[-1])
-                elif later:
-                    yield self._gap(int(later[0].stem), "no longer in the journal "
-                                    "(trimmed or deleted)")
-                    continue
-                else:
-                    yield self._gap(upto, "missing from the journal")
-                    return
-            rec = self._next_record()
-            if rec == "partial":
-                if not [p for p in segments(self.dir) if int(p.stem) > self._first]:
-                    return  # the open segment's last record is still being written
-                # a closed segment: no record is being written there; damaged bytes
-                rec = self._step_over_damage(self._file.tell())
-            if rec == "eof":
-                later = [p for p in segments(self.dir) if int(p.stem) > self._first]
-                if later:
-                    nxt = int(later[0].stem)
-                    if nxt > self.offset:
-                        reason = self._damage or (f"missing: segment {_name(self._first, '')} "
-                                                  "ends early")
-                        yield self._gap(nxt, reason)
-                    self._damage = None
-                    self._open(later[0])
-                    continue
-                yield self._gap(upto, self._damage or "missing from the journal")
-                self._damage = None
-                return
-            record = rec[1]
-            offset = record.offset
-            if offset >= upto:  # appended after the caller's snapshot: read it next time
-                self._file.seek(self._record_start)
-                return
-            self._last = offset
-            if offset < self.offset:
-                continue  # before where this tail started
-            if offset > self.offset:
-                yield self._gap(offset, self._damage or "missing from the journal")
-            self._damage = None
-            self.offset = offset + 1  # before the yield: a caller may stop after any record
-            yield record
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None

@@ -44,7 +44,8 @@ from dqcep.core.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import CheckpointError, recovery_hint, write_checkpoint
 from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader, ahead_reason, ahead_rows
-from dqcep.io.journal import Gap, Journal, JournalTail, JournalView, Record
+from dqcep.io.journal import Gap, Journal, JournalView, Record
+from dqcep.io.journal_tail import JournalTail
 from dqcep.io.mapping import TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
