@@ -27,9 +27,10 @@ import msgpack
 import numpy as np
 
 from dqcep._kernels.msgpack_decode import is_utf8, record_end
-from dqcep._kernels.store import KINDS
 from dqcep.core.errors import UserError
-from dqcep.core.events import INT64_MAX, TS_LIMIT
+from dqcep.core.events import TS_LIMIT
+from dqcep.io.arrow_columns import (KIND_BOOL, KIND_NUM, KIND_STR,
+                                    arrow_columns, string_codes, type_codes)
 from dqcep.io.readers import (CSV_BOOL, CSV_DEC, CSV_INT, CSV_TRUE, PARQUET_BATCH_ROWS,
                               EventInputError,
                               csv_header, csv_rows, csv_text_attrs, format_for, jsonl_lines,
@@ -47,10 +48,6 @@ class Sourced(NamedTuple):
 
     columns: tuple
     records: Callable[[], list]
-
-
-KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR = (KINDS[k] for k in ("BOOL", "MISSING", "NUM",
-                                                                 "STR"))
 
 
 def read_columns(path: str, fmt: str | None, engine, on_error: ErrorHandler = None,
@@ -240,7 +237,7 @@ def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress,
             size, total = os.fstat(f.fileno()).st_size, max(parquet.metadata.num_rows, 1)
             for batch in parquet_batches(parquet, groups, PARQUET_BATCH_ROWS):
                 progress(size * (row + batch.num_rows) // total)
-                cols = _arrow_columns(batch, engine)
+                cols = arrow_columns(batch, engine)
                 if cols is not None:
                     yield Sourced(cols, _records(parquet_rows, batch, source, row)) \
                         if sourced else cols
@@ -254,85 +251,6 @@ def _parquet_columns(path: str, engine, on_error: ErrorHandler, progress,
         raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
     except ValueError as err:  # pyarrow's ArrowInvalid
         raise EventInputError(source, f"row {row + 1}", f"invalid Parquet: {err}") from None
-
-
-def string_codes(strings, engine) -> np.ndarray:
-    """The engine dictionary's codes (float64) of an Arrow string array, one per row
-    (a null row gets the code of the first distinct string; callers mask it)."""
-    import pyarrow.compute as pc
-
-    encoded = pc.dictionary_encode(strings)
-    codes = engine.dictionary.codes_for(encoded.dictionary.to_pylist())
-    if not len(codes):
-        return np.zeros(len(strings), np.float64)
-    return codes[encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)]
-
-
-def _type_codes(types, engine) -> np.ndarray:
-    """The engine's type codes (int32, -1: a type no query uses) of an Arrow string array."""
-    import pyarrow.compute as pc
-
-    encoded = pc.dictionary_encode(types)
-    codes = np.array([engine.type_code.get(v, -1) for v in encoded.dictionary.to_pylist()],
-                     np.int32)
-    return codes[encoded.indices.to_numpy(zero_copy_only=False)]
-
-
-def _arrow_columns(batch, engine):
-    """(ts, id, type, val, kind) of a record batch whose every row the validator
-    accepts, else None. The same rules as ``event_from_mapping``: a non-empty string
-    ``type``, integer ``ts`` (within +-TS_LIMIT) and ``id`` (64-bit), attributes that
-    are numbers (finite), strings or booleans; null is absent."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    names = batch.schema.names
-    if batch.num_rows == 0 or len(set(names)) != len(names) \
-            or not {"id", "type", "ts"} <= set(names):
-        return None
-    try:
-        batch.validate(full=True)  # strings are UTF-8
-    except pa.ArrowInvalid:
-        return None
-    column = dict(zip(names, batch.columns))
-    etype = column["type"]
-    if not (pa.types.is_string(etype.type) or pa.types.is_large_string(etype.type)) \
-            or etype.null_count or pc.min(pc.utf8_length(etype)).as_py() == 0:
-        return None
-    fields = []
-    for name in ("ts", "id"):
-        c = column[name]
-        if not pa.types.is_integer(c.type) or c.null_count:
-            return None
-        lo, hi = pc.min_max(c).values()
-        limit = TS_LIMIT if name == "ts" else INT64_MAX
-        if hi.as_py() > limit or (name == "ts" and lo.as_py() < -TS_LIMIT):
-            return None
-        fields.append(c.to_numpy().astype(np.int64))
-    n, attrs = batch.num_rows, engine.attrs
-    val, kind = np.zeros((n, len(attrs)), np.float64), np.zeros((n, len(attrs)), np.int8)
-    slot = {a: i for i, a in enumerate(attrs)}
-    for name, c in column.items():
-        if name in ("id", "type", "ts"):
-            continue
-        t = c.type
-        if pa.types.is_floating(t):
-            if c.null_count < n and not pc.all(pc.is_finite(c)).as_py():
-                return None
-        elif not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_null(t)
-                  or pa.types.is_string(t) or pa.types.is_large_string(t)):
-            return None
-        if name not in slot or pa.types.is_null(t):
-            continue
-        a, present = slot[name], c.is_valid().to_numpy(zero_copy_only=False)
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            val[:, a], kind[:, a] = string_codes(c, engine), KIND_STR
-        else:
-            val[:, a] = pc.fill_null(c, False if pa.types.is_boolean(t) else 0) \
-                .to_numpy(zero_copy_only=False).astype(np.float64)
-            kind[:, a] = KIND_BOOL if pa.types.is_boolean(t) else KIND_NUM
-        val[~present, a], kind[~present, a] = 0.0, KIND_MISSING
-    return fields[0], fields[1], _type_codes(etype, engine), val, kind
 
 
 JSON_BLOCK_BYTES = 1 << 22  # JSON Lines read at a time, cut after the last whole line
@@ -448,7 +366,7 @@ def _json_block_columns(block: bytes, engine):
     if table.num_rows != lines:  # two objects on one line
         return None
     batches = table.combine_chunks().to_batches()
-    return _arrow_columns(batches[0], engine) if len(batches) == 1 else None
+    return arrow_columns(batches[0], engine) if len(batches) == 1 else None
 
 
 CSV_BLOCK_BYTES = 1 << 22  # CSV read at a time, cut after the last whole line
@@ -604,4 +522,4 @@ def _csv_block_columns(block: bytes, header: list[str], engine, texts=None):
             strings = rows[~bools]
             val[strings, a] = string_codes(pc.filter(words, pa.array(~bools)), engine)
             kind[strings, a] = KIND_STR
-    return fields[0], fields[1], _type_codes(etype, engine), val, kind
+    return fields[0], fields[1], type_codes(etype, engine), val, kind
