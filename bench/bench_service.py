@@ -14,8 +14,11 @@ Target (columnar-path issue): >= 2 M events/s.
 ``--output sqlite`` or ``--output postgresql`` writes the matches into a table
 instead (issue 20: one transaction per batch with the journal offset it covers;
 PostgreSQL on a server of its own, as bench_database.py starts one).
+``--payload json --per-record 1`` journals one JSON reading per record, as a device
+publishes it (read in Python by the service's PayloadReader, not the kernel).
 
     python3 bench/bench_service.py [--events N] [--output file|sqlite|postgresql]
+        [--payload msgpack|json] [--per-record N]
 """
 from __future__ import annotations
 
@@ -38,7 +41,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--output", choices=("file", "sqlite", "postgresql"), default="file")
+    ap.add_argument("--payload", choices=("msgpack", "json"), default="msgpack")
+    ap.add_argument("--per-record", type=int, default=1000,
+                    help="events per journal record (payload); default 1000")
     args = ap.parse_args()
+    import json
     from bench_database import postgresql
     from dqcep.io.columnar import read_columns
     from dqcep.io.journal import Journal
@@ -54,8 +61,12 @@ def main() -> None:
         generate(events, args.events)
         journal = Journal(tmp / "state" / "journal", fsync="never")
         with open(events, "rb") as f:
-            for obj in msgpack.Unpacker(f, raw=False):
-                journal.append("sensors", msgpack.packb(obj))
+            read = [e for obj in msgpack.Unpacker(f, raw=False) for e in obj["events"]]
+        for a in range(0, len(read), args.per_record):
+            chunk = read[a:a + args.per_record]
+            obj = chunk[0] if len(chunk) == 1 else {"events": chunk}
+            journal.append("sensors", json.dumps(obj).encode() if args.payload == "json"
+                           else msgpack.packb(obj))
         journal.commit()
         journal.close()
 
@@ -88,8 +99,8 @@ def main() -> None:
         total = time.perf_counter() - started
         svc.close()
         n = svc.counts["events_in"]
-        print(f"events={n:,} records={records:,} matches={svc.counts['matches_out']:,} "
-              f"into {args.output}")
+        print(f"events={n:,} records={records:,} ({args.payload}) "
+              f"matches={svc.counts['matches_out']:,} into {args.output}")
         print(f"engine alone      {alone:>12,.0f} events/s  (every join kept)")
         print(f"adaptive alone    {alone_adaptive:>12,.0f} events/s  (auto, as the service; "
               f"{len(adaptive.moves)} moves, ends as {adaptive.constructions})")

@@ -21,7 +21,7 @@ def rows_of(piece, e) -> list:
     """The rows of a piece (columns or Events) with string values, not codes (two
     engines code strings apart)."""
     cols = EventColumns(*piece) if isinstance(piece, tuple) else \
-        EventColumns(*e._columns_from_events(piece))
+        e.columns(piece)
     return [(int(cols.ts[i]), int(cols.id[i]), int(cols.type[i]),
              tuple((int(k), e.dictionary.values[int(v)] if k == KIND_STR else float(v))
                    for k, v in zip(cols.kind[i], cols.val[i])))

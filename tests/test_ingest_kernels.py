@@ -17,7 +17,7 @@ from tests.support.msgpack_payloads import engine, payloads
 
 def slow_columns(e: Engine, payload: bytes):
     events, rejected = decode_payload(payload)
-    return rejected, e._columns_from_events(events)
+    return rejected, tuple(e.columns(events))
 
 
 def assert_same(fast, slow):

@@ -427,10 +427,10 @@ def test_generated_iot_stream_agrees():
 def test_dropping_unneeded_events_changes_no_match(f, events):
     """Engine.needed is the filter preprocessing pushes down: the events it drops
     take part in no match and violate no negation."""
-    from dqcep.runtime import Engine, EventColumns
+    from dqcep.runtime import Engine
     queries = parse(file_to_source(f)).queries
     engine = Engine(build_plan(queries))
-    keep = engine.needed(EventColumns(*engine._columns_from_events(events)))
+    keep = engine.needed(engine.columns(events))
     kept = [e for e, k in zip(events, keep) if k]
     assert as_set(ReferenceMatcher(queries).run(kept)) == \
         as_set(ReferenceMatcher(queries).run(events))

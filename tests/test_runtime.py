@@ -521,13 +521,12 @@ def test_an_engine_keeps_no_array_of_the_callers_batch():
     ts order is taken as it is): a caller that then reuses its column arrays, as a
     decoder may its buffers, changes no match, native or SASE."""
     from dqcep.baseline import SaseEngine
-    from dqcep.runtime.eventtime import EventColumns
     q = parse("QUERY s PATTERN SEQ(A a, B b) WITHIN 1 s").queries
     events = [Event(1, "A", 10, {}), Event(2, "B", 20, {}), Event(3, "A", 30, {}),
               Event(4, "B", 40, {})]
     expected = sorted(m.events for m in ReferenceMatcher(q).run(events))
     for engine in (Engine(build_plan(q), lateness=100), SaseEngine(q, lateness=100)):
-        cols = EventColumns(*engine._columns_from_events(events))
+        cols = engine.columns(events)
         out = engine.process(cols)
         assert not len(out)  # all four held by the lateness
         for column, value in zip(cols, (0, 0, -1, 0.0, 0)):

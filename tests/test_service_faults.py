@@ -73,6 +73,42 @@ def test_fuzzed_json_payloads_never_stop_the_service(tmp_path_factory, payloads)
     assert run_once(cfg).counts == svc.counts   # the checkpoint restores, nothing repeats
 
 
+IOT = iot_payloads(4_000, seed=11, batch=25)
+
+
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=list(HealthCheck))
+@given(as_json=st.lists(st.booleans(), min_size=len(IOT), max_size=len(IOT)),
+       repeats=st.lists(st.integers(0, len(IOT) - 1), max_size=6),
+       delays=st.lists(st.tuples(st.integers(0, len(IOT) - 1), st.integers(1, 40)),
+                       max_size=6))
+def test_payloads_read_by_the_kernel_or_in_python_keep_their_place_in_one_batch(
+        tmp_path_factory, as_json, repeats, delays):
+    """One pending list: msgpack payloads (the kernel) and JSON ones (read in Python)
+    mixed at random give the matches, late events and repeats of the same stream sent
+    as msgpack alone, with repeated and delayed payloads, whose first copy and arrival
+    order decide what is a repeat and what is late."""
+    order = list(range(len(IOT)))
+    for i, d in delays:  # a payload arrives d payloads later
+        order.remove(i)
+        order.insert(min(order.index(i - 1) + 1 + d if i else d, len(order)), i)
+    for i in repeats:  # and again, later
+        order.insert(min(order.index(i) + 7, len(order)), i)
+
+    def outcome(json_at):
+        tmp = tmp_path_factory.mktemp("svc")
+        journal_payloads(tmp, [json.dumps(msgpack.unpackb(IOT[i])).encode() if json_at[k]
+                               else IOT[i] for k, i in enumerate(order)])
+        svc = finish(config(tmp, fmt=None, lateness=3))
+        return (sorted(json.dumps(m, sort_keys=True) for m in lines(tmp / "out.jsonl")),
+                sorted(x["event"]["id"] for x in lines(tmp / "late.jsonl")),
+                {k: svc.counts[k] for k in ("events_in", "duplicates", "late", "matches_out")})
+
+    kernel = outcome([False] * len(order))
+    assert kernel[0] and kernel[2]["duplicates"] == sum(
+        len(msgpack.unpackb(IOT[i])["events"]) for i in repeats)
+    assert outcome([as_json[i] for i in order]) == kernel
+
+
 def test_a_batch_of_bad_events_is_dead_lettered_once(tmp_path):
     """10,000 bad entries in a 10 KB payload: one line, the payload once (was 140 MB)."""
     good = {"id": 1, "type": "Door", "ts": 1, "room": "r", "open": True}

@@ -188,12 +188,15 @@ def command(args) -> int:
     pipeline = None
     try:
         if args.engine == "reference":
+            import numpy as np
+
             from dqcep.baseline.reference import ReferenceMatcher
 
             pipeline = Pipeline(None)  # its repeated-id rule: the matcher takes the whole input
-            events = [e for chunk in _event_chunks(args, bad, 1 << 20, None, view,
-                                                   query_file.schemas)
-                      for e in pipeline.admit(chunk)[0]]
+            events = []
+            for chunk in _event_chunks(args, bad, 1 << 20, None, view, query_file.schemas):
+                fresh = pipeline.fresh(np.fromiter((e.id for e in chunk), np.int64, len(chunk)))
+                events += chunk if fresh is None else [e for e, f in zip(chunk, fresh) if f]
             view.processed(len(events))
             matcher = ReferenceMatcher(queries, query_file.schemas, query_file.tables, tables)
             found = matcher.run(events)
@@ -246,9 +249,12 @@ def command(args) -> int:
             fast = None if returns is not None else engine  # --returns reads Events
             for chunk in _event_chunks(args, bad, args.chunk_size, fast, view,
                                        query_file.schemas):
-                out = pipeline.process(chunk)
-                view.processed(len(out.events.ts) if isinstance(out.events, tuple)
-                               else len(out.events))
+                if isinstance(chunk, list):  # read in Python: to columns here, at ingest
+                    out = pipeline.process(engine.columns(chunk),
+                                           records=chunk if returns is not None else None)
+                else:
+                    out = pipeline.process(chunk)
+                view.processed(len(out.events.ts))
                 if out.matches is not None:
                     view.count(out.matches)
             view.count(pipeline.end().matches)

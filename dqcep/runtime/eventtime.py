@@ -100,6 +100,19 @@ class EventColumns(NamedTuple):
     def take(self, index) -> "EventColumns":
         return EventColumns(*(c[index] for c in self))
 
+    @staticmethod
+    def empty(n_attrs: int) -> "EventColumns":
+        return EventColumns(np.zeros(0, np.int64), np.zeros(0, np.int64),
+                            np.zeros(0, np.int32), np.zeros((0, n_attrs), np.float64),
+                            np.zeros((0, n_attrs), np.int8))
+
+    @staticmethod
+    def concat(pieces: Sequence["EventColumns"]) -> "EventColumns":
+        """The pieces' rows one after the other (in the same engine's layout)."""
+        if len(pieces) == 1:
+            return pieces[0]
+        return EventColumns(*(np.concatenate(c) for c in zip(*pieces)))
+
 
 LIST_ID = -3  # in a match's ids: the variable is bound to a Kleene list (MatchLists)
 
@@ -335,7 +348,10 @@ class EventTimeEngine:
         good = batch.malformed == 0
         return (batch.ts[good], batch.id[good], types[good], val[good], kind[good])
 
-    def _columns_from_events(self, events: Sequence[Event]):
+    def columns(self, events: Sequence[Event]) -> EventColumns:
+        """Events read in Python (a map, JSON, the validator) in this engine's input
+        layout: what ``column_decoder()`` makes of msgpack payloads, so that every
+        batch takes one road as columns (``dqcep.runtime.pipeline``)."""
         n = len(events)
         ts = np.fromiter((e.ts for e in events), np.int64, n)
         ids = np.fromiter((e.id for e in events), np.int64, n)
@@ -354,7 +370,7 @@ class EventTimeEngine:
                     kind[i, a], val[i, a] = KIND_NUM, float(v)
                 else:
                     kind[i, a], val[i, a] = KIND_STR, code(v)
-        return ts, ids, types, val, kind
+        return EventColumns(ts, ids, types, val, kind)
 
     def column_decoder(self) -> ColumnDecoder:
         """The engine's decoder of msgpack payloads into its EventColumns.
@@ -374,7 +390,7 @@ class EventTimeEngine:
         elif isinstance(batch, EventColumns):
             cols = tuple(batch)
         else:
-            cols = self._columns_from_events(batch)
+            cols = tuple(self.columns(batch))
         out = MatchBatch(self.match_queries)
         if self.schema_checks and len(cols[0]):
             cols = self._drop_misdeclared(cols)

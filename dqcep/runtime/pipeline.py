@@ -37,19 +37,12 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def ids_of(events: EventColumns | Sequence[Event]) -> np.ndarray:
-    """The event ids of a batch, as int64."""
-    if isinstance(events, tuple):
-        return np.asarray(events.id, dtype=np.int64)
-    return np.fromiter((e.id for e in events), np.int64, len(events))
-
-
 @dataclass
 class Outcome:
     """What one batch did. ``kept``: the input's rows that went in (None: all of them);
     ``events``: those rows; the rest as the engine said it."""
 
-    events: EventColumns | list[Event]
+    events: EventColumns
     kept: np.ndarray | None
     matches: MatchBatch | None
     refused: list[tuple[int, str]] = field(default_factory=list)  # (event id, why)
@@ -77,7 +70,7 @@ class Pipeline:
 
     ``recent``: the repeated-id memory (a ``RecentIds``; a fresh one of
     ``RECENT_IDS`` when None); ``returns``: a ``ReturnValues`` (matches then carry
-    their RETURN values and the batches must be ``Event`` lists); ``tables``: the
+    their RETURN values, and each batch comes with its ``Event`` objects); ``tables``: the
     lookup tables the engine reads (refreshed before each batch); ``counts``: the
     dict the counters live in (the caller's, e.g. a checkpointed one; keys in
     ``COUNTS`` are added, and ``matches.NAME`` for each query's matches); ``warn``:
@@ -97,36 +90,43 @@ class Pipeline:
         for name in COUNTS:
             self.counts.setdefault(name, 0)
 
-    def admit(self, events):
-        """``events`` without the repeats of ids already seen, and the mask of the rows
-        kept (None: every row)."""
-        fresh = self.recent.admit(ids_of(events))
+    def fresh(self, ids: np.ndarray) -> np.ndarray | None:
+        """Which of these event ids are not repeats of ids already seen (counted as
+        duplicates); None: every one."""
+        fresh = self.recent.admit(np.asarray(ids, np.int64))
         if fresh.all():
-            return events, None
+            return None
         self.counts["duplicates"] += int((~fresh).sum())
-        if isinstance(events, tuple):
-            return events.take(fresh), fresh
-        return [e for e, keep in zip(events, fresh) if keep], fresh
+        return fresh
 
-    def process(self, events, write: bool = True, through=None) -> Outcome:
-        """One batch down the road; the matches written unless ``write`` is False
+    def process(self, events: EventColumns, write: bool = True, through=None,
+                records: Sequence[Event] | None = None) -> Outcome:
+        """One batch (in the engine's columns: ``engine.columns`` makes them of events
+        read in Python) down the road; the matches written unless ``write`` is False
         (counted either way: a replay whose matches the sink holds already).
-        ``through``: what a database sink commits with the rows."""
-        events, kept = self.admit(events)
-        n = len(events.ts) if isinstance(events, tuple) else len(events)
+        ``through``: what a database sink commits with the rows. ``records``: the
+        batch's events as ``Event`` objects, row for row; only for RETURN values, which
+        keep them whole."""
+        kept = self.fresh(events.id)
+        if kept is not None:
+            events = events.take(kept)
+            if records is not None:
+                records = [e for e, keep in zip(records, kept) if keep]
+        n = len(events.ts)
         self.counts["events_in"] += n
         if not n:
             return Outcome(events, kept, None)
         self.refresh_tables()
         if self.returns is not None:
-            self.returns.remember(events)
+            self.returns.remember(records)
         matches = self.engine.process(events)
         return self._after(Outcome(events, kept, matches), write, through)
 
     def end(self, write: bool = True, through=None) -> Outcome:
         """The end of the stream: the matches held for a trailing NOT (and a policy's
         waiting ones) released."""
-        return self._after(Outcome([], None, self.engine.flush()), write, through)
+        return self._after(Outcome(EventColumns.empty(0), None, self.engine.flush()), write,
+                           through)
 
     def _after(self, out: Outcome, write: bool, through) -> Outcome:
         engine = self.engine
