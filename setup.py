@@ -28,45 +28,70 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
-KERNELS = ["ring", "store", "operators", "lists", "runs", "chains", "msgpack_encode", "msgpack_decode", "recent_ids",
-           "match_format", "walk", "sase"]
+# module -> its source: the library's kernels by role (the event store and queues,
+# predicates, leaves, joins, guards, Kleene lists, runs, chains; payload codecs; the
+# SASE baseline's automata), and the generator's walk kernel beside the generator
+KERNELS = {f"dqcep._kernels.{name}": f"dqcep/_kernels/{name}.pyx" for name in [
+    "ring", "store", "predicates", "leaves", "joins", "guards", "lists", "runs", "chains",
+    "msgpack_encode", "msgpack_decode", "recent_ids", "match_format", "sase"]}
+KERNELS["dqcep.generator._walk"] = "generator/_walk.pyx"
 
 extensions = [
     Extension(
-        f"dqcep._kernels.{name}",
-        [f"dqcep/_kernels/{name}.pyx"],
+        name,
+        [source],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         # No debug info (Python's CFLAGS have -g) unless DQCEP_DEBUG_CYTHON: a quarter of
-        # the compile time and 7x smaller objects (operators: 18.4 s, 6.6 MB -> 13.4 s,
-        # 0.9 MB); every install and the tests' wheel build compile all kernels.
+        # the compile time and 7x smaller objects (operators, before it was split by
+        # role: 18.4 s, 6.6 MB -> 13.4 s, 0.9 MB); every install and the tests' wheel
+        # build compile all kernels.
         extra_compile_args=[] if DEBUG else ["-g0"],
     )
-    for name in KERNELS
+    for name, source in KERNELS.items()
 ]
 
 KERNEL_DIR = Path("dqcep/_kernels")
 
 
-def inplace_kernel(name: str) -> Path | None:
-    """The in-place build of kernel ``name`` if it is newer than every kernel source and
-    this file (a .pxd change can change any kernel), else None."""
-    built = KERNEL_DIR / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+def inplace_kernel(source: str) -> Path | None:
+    """The in-place build of the kernel built from ``source`` if it is newer than every
+    kernel source and this file (a .pxd change can change any kernel), else None."""
+    built = Path(source).with_suffix(sysconfig.get_config_var("EXT_SUFFIX"))
     if not built.exists():
         return None
-    sources = [*KERNEL_DIR.glob("*.pyx"), *KERNEL_DIR.glob("*.pxd"), Path(__file__)]
+    sources = [*KERNEL_DIR.glob("*.pyx"), *KERNEL_DIR.glob("*.pxd"), Path(__file__),
+               *map(Path, KERNELS.values())]
     return built if built.stat().st_mtime >= max(p.stat().st_mtime for p in sources) else None
 
 
 REUSED = {}
 if os.environ.get("DQCEP_REUSE_INPLACE_KERNELS", "") not in ("", "0"):
-    REUSED = {f"dqcep._kernels.{name}": path for name in KERNELS
-              if (path := inplace_kernel(name)) is not None}
+    REUSED = {name: path for name, source in KERNELS.items()
+              if (path := inplace_kernel(source)) is not None}
 
 
 class BuildKernels(build_ext):
     """Compiles each kernel, or with DQCEP_REUSE_INPLACE_KERNELS copies its fresh in-place
     build into the build directory."""
+
+    def run(self):
+        """Also drops, from the build directory, what a kernel that is no longer built
+        (a renamed or split one) left there from an earlier build, its compiled module,
+        stub and declarations: a wheel takes every file there."""
+        if not self.inplace:
+            suffix = sysconfig.get_config_var("EXT_SUFFIX")
+            folders = {Path(self.build_lib, *name.split(".")[:-1]): Path(source).parent
+                       for name, source in KERNELS.items()}
+            for folder, source_folder in folders.items():
+                package = ".".join(folder.relative_to(self.build_lib).parts)
+                for built in folder.glob(f"*{suffix}"):
+                    if f"{package}.{built.name[:-len(suffix)]}" not in KERNELS:
+                        built.unlink()
+                for built in [*folder.glob("*.pyi"), *folder.glob("*.pxd")]:
+                    if not (source_folder / built.name).exists():
+                        built.unlink()
+        super().run()
 
     def build_extension(self, ext):
         if ext.name in REUSED and not self.inplace:

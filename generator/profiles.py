@@ -3,7 +3,7 @@
 A profile has a ``schema`` and produces blocks: ``block(rng, n, t0)`` returns n
 events in true-time order (ts, type codes, source codes, attribute columns)
 starting after time ``t0`` (float ms). Everything is vectorized numpy except the
-per-source random walks (``dqcep._kernels.walk``). State that must survive a
+per-source random walks (``dqcep.generator._walk``). State that must survive a
 block boundary (walk positions) lives on the profile, so a stream is the same
 whatever the output chunk size.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dqcep._kernels.walk import reflected_walk
+from dqcep.generator._walk import reflected_walk
 from dqcep.core.batch import Schema, missing_column
 
 DAY_MS = 86_400_000

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dqcep._kernels.walk import reflected_walk
+from dqcep.generator._walk import reflected_walk
 from dqcep.core.batch import MISSING_INT, EventBatch, Malformed, Schema
 from dqcep.io.event_writers import BAD_TS, BatchEncoder
 from tests.support.examples import examples

@@ -155,6 +155,9 @@ def test_the_wheel_holds_only_the_dqcep_package_and_no_generated_c(wheel):
         assert needed in names
     assert len([n for n in names if n.startswith("dqcep/_kernels/") and n.endswith(".so")]) \
         == len(list((ROOT / "dqcep/_kernels").glob("*.pyx")))
+    # the generator's walk kernel, beside the generator
+    assert [n for n in names if n.startswith("dqcep/generator/_walk.") and n.endswith(".so")]
+    assert "dqcep/generator/_walk.pyi" in names
 
 
 def test_a_fresh_venv_install_runs_the_commands_and_has_no_top_level_generator(wheel, tmp_path):
@@ -197,16 +200,20 @@ def test_a_fresh_venv_install_runs_the_commands_and_has_no_top_level_generator(w
     assert spark.returncode == 0 and "usage: dqcep spark run" in spark.stdout, spark.stderr
 
 
-@pytest.mark.parametrize("module", sorted(p.stem for p in (ROOT / "dqcep/_kernels").glob("*.pyx")))
-def test_every_compiled_module_has_a_stub_that_matches_it(module):
+KERNEL_FOLDERS = {"dqcep/_kernels": "dqcep._kernels", "generator": "dqcep.generator"}
+
+
+@pytest.mark.parametrize("folder,module", sorted(
+    (folder, p.stem) for folder in KERNEL_FOLDERS for p in (ROOT / folder).glob("*.pyx")))
+def test_every_compiled_module_has_a_stub_that_matches_it(folder, module):
     """A .pyi per kernel, naming only what the compiled module has, and every public
     class and function of the module (the stub is how a reader and a type checker see it)."""
     import importlib
     import inspect
 
-    stub = ROOT / "dqcep/_kernels" / f"{module}.pyi"
-    assert stub.exists(), f"dqcep/_kernels/{module}.pyi is missing"
-    compiled = importlib.import_module(f"dqcep._kernels.{module}")
+    stub = ROOT / folder / f"{module}.pyi"
+    assert stub.exists(), f"{folder}/{module}.pyi is missing"
+    compiled = importlib.import_module(f"{KERNEL_FOLDERS[folder]}.{module}")
     assert compiled.__file__.endswith(".so")
     tree = ast.parse(stub.read_text())
     declared = set()

@@ -4,8 +4,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dqcep._kernels.operators import (Guard, JoinSpec, LeafRouter, PredicateSet, join_delta,
-                                      leaf_keys)
+from dqcep._kernels.guards import Guard
+from dqcep._kernels.joins import JoinSpec, join_delta
+from dqcep._kernels.leaves import LeafRouter, leaf_keys
+from dqcep._kernels.predicates import PredicateSet
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.store import EventStore, py_eval
 from dqcep.core.errors import UserError
@@ -69,7 +71,7 @@ def test_event_store_wraps_and_grows():
 
 def test_kernels_refuse_bytecode_they_cannot_run_safely():
     """The unchecked nogil evaluator only ever sees code the kernel checked on entry."""
-    from dqcep._kernels.operators import BytecodeError
+    from dqcep._kernels.predicates import BytecodeError
     from dqcep.plan.bytecode import Op
 
     def pset(code, consts=(1.0,), slots=(0,)):

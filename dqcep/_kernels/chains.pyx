@@ -45,7 +45,7 @@ from dqcep._kernels._alloc cimport grow
 from dqcep._kernels._table cimport (Int64Table, table_free, table_get, table_init,
                                     table_set)
 from dqcep._kernels._types cimport idx_t
-from dqcep._kernels.operators cimport PredicateSet
+from dqcep._kernels.predicates cimport PredicateSet
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, RingBuffer, ring_push,
                                    ring_row)
 from dqcep._kernels.store cimport EventStore, ListStore, ls_row, same_cells

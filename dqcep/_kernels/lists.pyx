@@ -21,7 +21,7 @@ grow; those that pass the whole-list conditions are the vertex's output.
 from libc.stdint cimport int8_t, int32_t, int64_t
 
 from dqcep._kernels._types cimport idx_t
-from dqcep._kernels.operators cimport PredicateSet
+from dqcep._kernels.predicates cimport PredicateSet
 from dqcep._kernels.ring cimport (COL_END, COL_IDS, COL_KEY, COL_START, KeyedQueue, RingBuffer,
                                   kq_at, kq_older, ring_push)
 from dqcep._kernels.store cimport (MAX_AGGS, EventStore, ListStore, eval_pred_aggs,

@@ -2,7 +2,7 @@
 import numpy as np
 import numpy.typing as npt
 
-from dqcep._kernels.operators import PredicateSet
+from dqcep._kernels.predicates import PredicateSet
 from dqcep._kernels.ring import RingBuffer
 from dqcep._kernels.store import EventStore, ListStore
 

@@ -4,7 +4,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 
 from dqcep._kernels._table cimport Int64Slot, Int64Table
 from dqcep._kernels._types cimport idx_t, ts_t
-from dqcep._kernels.operators cimport PredicateSet
+from dqcep._kernels.predicates cimport PredicateSet
 from dqcep._kernels.store cimport EventStore, ListStore
 
 

@@ -42,7 +42,7 @@ import numpy as np
 from dqcep._kernels._alloc cimport grow
 from dqcep._kernels._table cimport table_free, table_get, table_init, table_set
 from dqcep._kernels._types cimport idx_t, ts_t
-from dqcep._kernels.operators cimport PredicateSet
+from dqcep._kernels.predicates cimport PredicateSet
 from dqcep._kernels.store cimport (KIND_MISSING, EventStore, ListStore, cell_hash, ls_row,
                                    same_cells)
 

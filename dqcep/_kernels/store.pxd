@@ -102,6 +102,23 @@ cdef inline idx_t ls_row(ListStore ls, int64_t handle) noexcept nogil:
     return <idx_t>(handle - ls.offset)
 
 
+cdef inline bint share_event(ListStore lists, int64_t a, bint a_list, int64_t b,
+                             bint b_list) noexcept nogil:
+    """Do two bindings (an event, or a list's handle) hold a common event? (An AND's
+    pairs, a guard's negated events: joins.pyx, guards.pyx.)"""
+    cdef int64_t x, y
+    x = a
+    while x >= 0:
+        y = b
+        while y >= 0:
+            if (lists.seq[ls_row(lists, x)] if a_list else x) == \
+                    (lists.seq[ls_row(lists, y)] if b_list else y):
+                return True
+            y = lists.parent[ls_row(lists, y)] if b_list else -1
+        x = lists.parent[ls_row(lists, x)] if a_list else -1
+    return False
+
+
 cdef inline bint same_cells(EventStore st, const int32_t[::1] cols, int64_t a,
                             int64_t b) noexcept nogil:
     """Do events a and b (sequence numbers) carry every column of ``cols``, with

@@ -20,7 +20,7 @@ from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.bytecode import FIRST, LAST, PAIRS, PREVIOUS, Op, Predicate
 from dqcep.plan.decompose import chain_order
 from dqcep.plan.records import UNBOUNDED, RunItems
-from dqcep._kernels.operators import BytecodeError, PredicateSet
+from dqcep._kernels.predicates import BytecodeError, PredicateSet
 from dqcep._kernels.chains import ChainSpec
 from dqcep._kernels.runs import NEXT_MATCH, PARTITION, STRICT, RunSpec
 from dqcep._kernels.store import KINDS

@@ -44,7 +44,8 @@ import numpy as np
 
 from dqcep._kernels.chains import ChainSpec, chain_step, chain_step_ids
 from dqcep._kernels.lists import kleene_step
-from dqcep._kernels.operators import OnDemand, join_delta, leaf_keys
+from dqcep._kernels.joins import OnDemand, join_delta
+from dqcep._kernels.leaves import leaf_keys
 from dqcep._kernels.ring import RingBuffer, StateBudgetExceeded
 from dqcep._kernels.runs import run_step
 from dqcep.core.events import STATE_BUDGET

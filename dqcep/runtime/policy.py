@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dqcep._kernels.operators import leaf_keys
+from dqcep._kernels.leaves import leaf_keys
 from dqcep._kernels.ring import KeyedQueue
 from dqcep.core.events import Match
 from dqcep.lang.ast import SKIP_PAST_LAST

@@ -16,8 +16,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dqcep._kernels.operators import (GUARD_MODES, Guard, JoinPipeline, JoinSpec, LeafRouter,
-                                      PredicateSet, leaf_keys)
+from dqcep._kernels.guards import GUARD_MODES, Guard
+from dqcep._kernels.joins import JoinPipeline, JoinSpec
+from dqcep._kernels.leaves import LeafRouter, leaf_keys
+from dqcep._kernels.predicates import PredicateSet
 from dqcep._kernels.store import EventStore
 from dqcep.plan import Kind, Plan, Port
 from dqcep.plan.joins import equality_joins

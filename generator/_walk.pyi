@@ -1,4 +1,4 @@
-# Python-visible API of dqcep._kernels.walk (C types in comments).
+# Python-visible API of dqcep.generator._walk (C types in comments).
 import numpy as np
 import numpy.typing as npt
 

@@ -1,8 +1,15 @@
-# Operator processors' shared pieces: compiled predicate sets.
+# Compiled predicate sets, shared by every operator kernel, and the input checks they share.
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.store cimport EventStore, ListStore
+
+ctypedef unsigned char[::1] uint8_t_view
+
+# ValueError unless start runs from 0 to total without decreasing
+cdef check_offsets(const int64_t[::1] start, idx_t total, str name)
+# ValueError unless every column is one of the store's
+cdef check_columns(EventStore st, const int32_t[::1] columns)
 
 cdef enum:
     MAX_LIST_RECORD = 128  # slots of a record whose predicates read Kleene lists
