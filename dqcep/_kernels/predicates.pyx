@@ -56,7 +56,7 @@ cdef class PredicateSet:
     only when all are bound); a shared constant pool.
 
     ``ranges`` (for predicates over Kleene lists): (rng_start, rng_slot, rng_mode,
-    ext_start, ext_kind, ext_slot), see operators.pxd; ``holds_one`` and
+    ext_start, ext_kind, ext_slot), see predicates.pxd; ``holds_one`` and
     ``holds_lists`` evaluate them (spec 5.1: every element, every element from
     the second on with the one before, every combination over several lists).
 
