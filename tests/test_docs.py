@@ -40,14 +40,14 @@ NOT_RUN = [
      "test is left out of it; the full suite holds every test it runs)"),
     (r"^dqcep experiment all --out", "the full sizes take 3-4 min; the --quick form runs "
      "the same code"),
-    (r"^dqcep experiment all --quick --out results/$", "tests/test_experiments.py runs "
+    (r"^dqcep experiment all --quick --out results/$", "tests/experiments/test_experiments.py runs "
      "it (its `quick` fixture) and checks every file it writes"),
     (r"spark-submit --master spark://host", "needs a cluster at spark://host:7077"),
     (r"spark://127\.0\.0\.1:PORT|^dqcep spark cluster",
-     "starts a standalone cluster: tests/test_spark_cluster.py::test_scripted_standalone_cluster "
+     "starts a standalone cluster: tests/spark/test_spark_cluster.py::test_scripted_standalone_cluster "
      "runs these steps"),
     (r"^dqcep spark pack", "builds a venv from this checkout (the kernels compile): "
-     "tests/test_spark_cluster.py::test_scripted_standalone_cluster packs one from the session's "
+     "tests/spark/test_spark_cluster.py::test_scripted_standalone_cluster packs one from the session's "
      "wheel and runs a job with it"),
     (r"postgresql://alice@localhost", "needs a PostgreSQL server: "
      "test_database_commands_against_a_server runs them against a test server"),

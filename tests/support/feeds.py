@@ -1,7 +1,7 @@
 """Real sensor feeds as devices send them (ESPHome values, zigbee2mqtt state objects,
 Tasmota nested objects, with and without payload times, no ids) for examples/sensors.cep
 read with the map examples/sensors.toml: made, published, and the reference's matches
-over what a journal holds (tests/test_feeds.py against a broker, tests/test_spark.py on
+over what a journal holds (tests/service/test_feeds.py against a broker, tests/spark/test_spark.py on
 the streaming job)."""
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from dqcep.io.journal import read_journal
 from dqcep.io.mapping import derived_id
 from dqcep.lang import parse_file
 from dqcep.baseline.reference import ReferenceMatcher
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 QUERIES = ROOT / "examples" / "sensors.cep"
 MAP = ROOT / "examples" / "sensors.toml"
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -68,7 +68,7 @@ class Publisher(threading.Thread):
     broker keeps for a service that is down arrive in one burst, all timed by arrival
     within milliseconds: the fire query's 300 ms window then holds hundreds of readings,
     10^5 matches, which the reference enumerates for a minute of CPU (publishing while a
-    service is down is tests/test_workers.py's subject; here it is what was in flight)."""
+    service is down is tests/service/test_workers.py's subject; here it is what was in flight)."""
 
     def __init__(self, host, port, n, pace=0.002):
         super().__init__(daemon=True)

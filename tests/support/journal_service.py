@@ -7,8 +7,8 @@ import msgpack
 
 from dqcep.io.journal import Journal
 from dqcep.service import ServiceConfig, StreamingService
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
 
 

@@ -9,15 +9,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import msgpack
 
 from dqcep.core.events import event_from_mapping
 from dqcep.lang import parse_file
 from dqcep.baseline.reference import ReferenceMatcher
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
 
 

@@ -10,8 +10,8 @@ from dqcep.io.database import DatabaseTables
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
 from dqcep.baseline.reference import ReferenceMatcher
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 QUERIES = ROOT / "dqcep" / "data" / "iot.cep"
 IMPERFECT = ("--out-of-order", "0.1", "--slack", "400", "--late", "0.01", "--late-max", "5000",
              "--duplicates", "0.01", "--malformed", "0.005")

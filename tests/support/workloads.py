@@ -47,7 +47,7 @@ def runaway_events(rooms=("r1", "r2"), n=27) -> list[dict]:
 
 
 # examples/iot-kleene.cep's forced_door on three closed readings, then an open one: one
-# match, on every engine (tests/test_cli.py) and on the Spark batch job (tests/test_spark.py)
+# match, on every engine (tests/cli/test_cli.py) and on the Spark batch job (tests/spark/test_spark.py)
 FORCED_DOOR_EVENTS = "".join(
     f'{{"id": {i}, "type": "Door", "ts": {i * 1000}, "room": "r1", "open": {o}}}\n'
     for i, o in enumerate(["false", "false", "false", "true"], 1))
@@ -56,7 +56,7 @@ FORCED_DOOR_MATCHES = [
 
 
 # EVENT A(x INT): events 2 and 3 are bad events (x with a fraction, s a boolean); the
-# one match is A 1 then B 5 (tests/test_cli.py on dqcep run's engines, tests/test_spark.py
+# one match is A 1 then B 5 (tests/cli/test_cli.py on dqcep run's engines, tests/spark/test_spark.py
 # on the batch job)
 MISDECLARED_QUERY = "EVENT A(x INT, s STRING);\nPATTERN SEQ(A a, B b) WHERE a.x < b.y WITHIN 10"
 MISDECLARED_EVENTS = "".join(json.dumps(e) + "\n" for e in [
