@@ -36,19 +36,17 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-import numpy as np
 
 from dqcep._kernels.recent_ids import RecentIds
 from dqcep.runtime.duplicates import RECENT_IDS, admit_bytes, recent_to_bytes
 from dqcep.core.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import CheckpointError, recovery_hint, write_checkpoint
-from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader, ahead_reason, ahead_rows
-from dqcep.io.journal import Gap, Journal, JournalView, Record
+from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader
+from dqcep.io.journal import Journal, JournalView, Record
 from dqcep.io.journal_tail import JournalTail
 from dqcep.io.mapping import TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
-from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
 from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import explain_dot
@@ -57,29 +55,21 @@ from dqcep.service.changes import (CONTROL_TOPIC, Admission, ChangeMailbox, Chan
                                    ChangeRequest, QuerySet,
                                    read_admission, read_control, requested_change,
                                    write_admission)
+from dqcep.service.consumer import DEAD, JournalConsumer
 from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, HttpServer
 from dqcep.service.recovery import (CHECKPOINT_VERSION, SINKS, Sink, check_fresh_start,
                                     check_table, read_state)
 from dqcep.service.response import ResponseTimes, ServiceTimes
-from dqcep.service.stats import (last_matches, query_entries, source_figures,
+from dqcep.service.stats import (query_entries, source_figures,
                                  stream_figures, write_stats_file)
-from dqcep.runtime import STATE_BUDGET, EventColumns
+from dqcep.runtime import STATE_BUDGET
 from dqcep.runtime.adapt import AdaptiveEngine
 from dqcep.runtime.pipeline import Pipeline
 from dqcep.runtime.returns import ReturnValues
 
-# A journal record of the next batch: (record, how many rows it gave, its events when
-# it was read in Python, else None: the kernel decoded it). A plain tuple: one is made
-# per MQTT message, and a NamedTuple's 180 ns more were 3% of the service's step on
-# one-event payloads (bench_service.py --per-record 1)
-Pending = tuple[Record, int, "list | None"]
-
-
-CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
 CONSUMER = "service"  # a service's name among the journal's consumers (retention), default
 RETRY_SECONDS = 1.0   # pause before going back to the checkpoint after a failed write
 CHECKPOINT_SHARE = 0.1  # at most this share of the time goes to periodic checkpoints
-DEAD = "dead."        # counters of dead letters by reason: dead.payload, dead.event, ...
 MATCHES = "matches."  # counters of each query's matches (dqcep.runtime.pipeline)
 
 
@@ -135,7 +125,7 @@ def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
     return [q for q in query_file.queries if q.name in hosted]
 
 
-class StreamingService:
+class StreamingService(JournalConsumer):
     """Consumes the journal into the engine and the sinks. It writes the journal itself
     (``run`` subscribes) unless given ``journal``: a ``JournalView`` of a journal that
     another process writes (a worker of ``dqcep.service.worker``, which calls
@@ -259,15 +249,7 @@ class StreamingService:
                        "duplicates": 0, "late": 0, "journal_lost": 0, **self.counts}
         self.decoder = engine.column_decoder()  # after restore, which replaces it
         self._loaded_at = time.monotonic()  # (``checkpoint_due`` before the first one)
-        # the records of the next batch, in journal order, and their events: pieces of
-        # columns, then at the tail either the rows of kernel-decoded records (in the
-        # decoder) or the events of records read in Python (``_read_events``, which
-        # become columns together: one conversion per run of them, ``_close_read``)
-        self._pending: list[Pending] = []
-        self._pending_rows = 0
-        self._decoded_rows = 0  # of them, decoded by the kernel (not checked for --max-future)
-        self._columns: list[EventColumns] = []
-        self._read_events: list = []
+        self._nothing_pending()
         self.out = self.dead = self.late = None
         self.database = is_database(cfg.output)
         self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"],
@@ -356,62 +338,6 @@ class StreamingService:
         self.tail.close()
 
     # ------------------------------------------------------------- processing
-    def step(self, deadline: float | None = None, until: int | None = None) -> int:
-        """Process what the journal holds beyond our offset (up to ``until``, if
-        given); returns records consumed.
-
-        Stops early once ``deadline`` (time.monotonic) has passed, so that a long
-        backlog does not hold checkpoints back. Well-formed msgpack event payloads
-        are decoded by the ColumnDecoder kernel; any other record (mapped by
-        ``--map``, JSON, or one the kernel leaves to the validator) is read in
-        Python by the service's ``PayloadReader``, which names what is wrong, and
-        its events become the engine's columns (``_ingest``, ``_piece``). Both kinds
-        wait in one pending list, in journal order, and go to the engine together
-        in batches of about CHUNK_ROWS events (``_run_batch``); the engine's results
-        do not depend on how the events are batched.
-        """
-        if self._admission_at is not None and not self._take_admission():
-            return 0
-        if self.source is not None:
-            self._take_changes()
-        n = 0
-        upto = self.journal.durable_offset if until is None else \
-            min(until, self.journal.durable_offset)
-        kernel = self.reader.event_payloads and self.returns is None  # RETURN: Events
-        for record in self.tail.read(upto):
-            n += 1
-            payload = record.payload
-            if isinstance(payload, Gap):
-                self._flush()
-                self._lost(record.offset, payload)
-                continue
-            if record.topic == CONTROL_TOPIC:  # a change of the query set, in its place
-                self._flush()
-                self._change(record)
-                continue
-            self.counts["payloads"] += 1
-            rows = self.decoder.decode(payload) if kernel and isinstance(
-                payload, bytes) and len(payload) <= MAX_PAYLOAD else -1
-            if rows >= 0:
-                if self._read_events:  # read before this record's rows: a piece first
-                    self._close_read()
-                self._pending.append((record, rows, None))
-                self._pending_rows += rows
-                self._decoded_rows += rows
-            else:
-                self._ingest(record)
-            if self._pending_rows >= CHUNK_ROWS:
-                self._run_batch()
-            if deadline is not None and n % 256 == 0 and time.monotonic() > deadline:
-                break
-        self._flush()
-        return n
-
-    def _flush(self) -> None:
-        """Process what is held."""
-        self._run_batch()
-        if self.engine.program is not self.program:  # the engine moved a query
-            self._use_queries(self.query_set, self.engine.program)
 
     def timed_step(self, deadline: float) -> int:
         """``step`` until ``deadline``, its time (and the delay since its first record
@@ -440,158 +366,6 @@ class StreamingService:
         """``checkpoint``, its time counted in ``service_times``."""
         self.checkpoint()
         self.service_times.add_checkpoint(self._checkpoint_seconds)
-
-    def _close_read(self) -> None:
-        """The events read in Python since the last piece, as a piece of columns."""
-        self._columns.append(self.engine.columns(self._read_events))
-        self._read_events = []
-
-    def _piece(self) -> None:
-        """The tail of the pending events (the decoder's rows or the events read in
-        Python: one of them holds any) closed as a piece of columns."""
-        if self.decoder.rows:
-            self._columns.append(EventColumns(*self.decoder.take()))
-        if self._read_events:
-            self._close_read()
-
-    def _batch(self) -> EventColumns:
-        """The pending records' events as one batch of columns, in journal order."""
-        self._piece()
-        cols = EventColumns.concat(self._columns) if self._columns else \
-            EventColumns.empty(len(self.engine.attrs))
-        self._columns = []
-        return cols
-
-    def _run_batch(self) -> None:
-        """The pending records' events down the pipeline: events ahead of their
-        arrival out, repeated ids dropped, the engine run; what it refused, stopped
-        and left out late reported with the journal offset of its record."""
-        if not self._pending:
-            return
-        pending = self._pending
-        cols = self._batch()
-        rows = np.fromiter((p[1] for p in pending), np.int64, len(pending))
-        record = np.repeat(np.arange(len(pending)), rows)  # row -> its pending record
-        if self.cfg.max_future and self._decoded_rows:  # (PayloadReader checks its own)
-            arrival = np.fromiter((-1 if p[0].arrival_us is None
-                                   else p[0].arrival_us // 1000 for p in pending),
-                                  np.int64, len(pending))
-            ahead = ahead_rows(cols.ts, arrival[record], self.cfg.max_future)
-            if ahead.any():
-                self._dead_ahead(cols.ts, record, rows, arrival, ahead)
-                cols, record = cols.take(~ahead), record[~ahead]
-        events = [e for p in pending for e in p[2]] if self.returns is not None else None
-        end = pending[-1][0].offset
-        out = self._run(cols, end, events)
-        if out.matches is not None:
-            cols = out.events
-            if out.kept is not None:
-                record = record[out.kept]
-            if len(out.matches) and self.arrivals is not None:
-                offsets = np.fromiter((p[0].offset for p in pending), np.int64,
-                                      len(pending))
-                self.response.observe(out.matches, cols.id,
-                                      self.arrivals.at(offsets)[record], time.time())
-            self._misdeclared(out.refused, lambda event_id: pending[
-                int(record[np.flatnonzero(cols.id == event_id)[0]])][0].offset)
-            self._stopped(out.stopped, end)
-            if out.late:
-                late = set(out.late)
-                for r in np.unique(record[np.isin(cols.id, out.late)]).tolist():
-                    self._write_late(pending[r], late)
-        self.offset = end + 1
-        self._pending, self._pending_rows, self._decoded_rows = [], 0, 0
-
-    def _dead_ahead(self, ts, record, rows, arrival, ahead) -> None:
-        """Dead letters for the kernel-decoded events too far ahead of their arrival:
-        one per payload, the events named by their places in it."""
-        starts = np.concatenate(([0], np.cumsum(rows)[:-1]))
-        by_record: dict[int, list[Rejected]] = {}
-        for row in np.flatnonzero(ahead):
-            r = int(record[row])
-            place = None if rows[r] == 1 else int(row - starts[r])
-            by_record.setdefault(r, []).append(Rejected(
-                ahead_reason(int(ts[row]), int(arrival[r]), self.cfg.max_future), place))
-        for r, rejected in by_record.items():
-            rec = self._pending[r][0]
-            self.counts["malformed"] += len(rejected)
-            self._dead_count("ahead", len(rejected))
-            self.dead.write(dead_letter(rec.offset, rec.topic, rec.payload, len(rec.payload),
-                                        rejected))
-
-    def _ingest(self, record: Record) -> None:
-        """A record read in Python (``PayloadReader``: the map, JSON, what the kernel
-        left to the validator): its rejections dead-lettered now, its events pending
-        after the decoder's rows so far (they become columns with the events read in
-        Python after them: ``_piece``)."""
-        events, rejected = self.reader.read(record)
-        if rejected:
-            payload = record.payload
-            self.counts["malformed"] += len(rejected)
-            for r in rejected:
-                self._dead_count("payload" if r.index is None else "event")
-            kept = payload if isinstance(payload, bytes) and len(payload) <= MAX_PAYLOAD \
-                else None  # never the bytes of a payload over the limit
-            size = len(payload) if isinstance(payload, bytes) else payload.size
-            self.dead.write(dead_letter(record.offset, record.topic, kept, size, rejected))
-        if self.decoder.rows:  # the kernel's rows before it keep their place
-            self._piece()
-        self._read_events += events
-        self._pending.append((record, len(events), events))
-        self._pending_rows += len(events)
-
-    def _run(self, cols: EventColumns, end: int, events: list | None):
-        """A batch of the journal's records up to offset ``end`` through the pipeline
-        (``events``: its ``Event`` objects, for RETURN values). A database output
-        commits that progress with the batch's matches; while catching up to it
-        (``_catch_up``) they are already there."""
-        through = Progress(end + 1, False) if self.database else None
-        out = self.pipeline.process(cols, not self._replaying, through, records=events)
-        if out.matches is not None and len(out.matches):
-            if through and not self._replaying:
-                self.db_written = end + 1  # committed once the sink is synced (a checkpoint)
-            self._keep_last(out.matches)
-        return out
-
-    def _keep_last(self, batch) -> None:
-        """The newest matches, for the HTTP side's page (only when it is on: the
-        conversion is per match)."""
-        if self.board is None and not self.cfg.last_matches:
-            return
-        for m in last_matches(batch, LAST_MATCHES):
-            self.last_matches.append(m.to_json_obj())
-
-    def _misdeclared(self, refused, offset_of) -> None:
-        """Events a declared schema refused (``EVENT Type(...)``): dead letters with the
-        journal offset of their payload (``offset_of(event id)``), counted malformed."""
-        for event_id, why in refused:
-            self.counts["malformed"] += 1
-            self._dead_count("schema")
-            self.dead.write({"offset": offset_of(event_id), "event": event_id,
-                             "reason": why})
-
-    def _stopped(self, stopped, offset: int) -> None:
-        """Queries the engine stopped by their budget in the batch that ends at journal
-        offset ``offset``: a line on stderr and a dead letter each (the stats list them).
-        The stop is in the engine's state: a replay from an earlier checkpoint stops the
-        query again, and the dead-letter file is cut back to the checkpoint with it."""
-        for query, why in stopped:
-            print(f"dqcep: {why}", file=sys.stderr, flush=True)
-            self._dead_count("stopped")
-            self.dead.write({"offset": offset, "query": query, "reason": why})
-
-    def _lost(self, offset: int, gap: Gap) -> None:
-        """Journal records that cannot be read: reported, counted, and passed over."""
-        last = offset + gap.count - 1
-        what = f"journal record {offset}" if gap.count == 1 else \
-            f"journal records {offset}..{last}"
-        print(f"dqcep: {what} cannot be read ({gap.reason}); going on after them",
-              file=sys.stderr, flush=True)
-        self.counts["journal_lost"] += gap.count
-        self._dead_count("journal_lost", gap.count)
-        self.dead.write({"offset": offset, "records": gap.count,
-                         "reason": f"{what} lost: {gap.reason}"})
-        self.offset = last + 1
 
     def _change(self, record: Record) -> None:
         """A control record: the query set changes here, every record before it
@@ -696,23 +470,6 @@ class StreamingService:
             self._next_set = change.after
             req.journaled_at(offset, change, self.query_set.names)
             self._answering[offset] = req
-
-    def _dead_count(self, reason: str, n: int = 1) -> None:
-        """A dead letter's reason counted (``dead_letters`` in the stats, the metrics'
-        ``reason`` label; checkpointed with the other counters)."""
-        key = DEAD + reason
-        self.counts[key] = self.counts.get(key, 0) + n
-
-    def _write_late(self, pending: Pending, late: set[int]) -> None:
-        """The events of a pending record that came late, as they were read. A payload
-        the kernel decoded holds no ``Event`` objects (its columns keep only what the
-        queries read): it is read again, whole, for its late events (rare)."""
-        record, _, events = pending
-        if events is None:
-            events = decode_payload(record.payload)[0]
-        for e in events:
-            if e.id in late:
-                self.late.write({"offset": record.offset, "event": e.as_mapping()})
 
     def end_stream(self) -> None:
         """The stream is closed: the matches held for a trailing NOT go out."""
