@@ -227,7 +227,7 @@ cdef inline void _delta_record(int64_t* buf, const Delta* d, idx_t i) noexcept n
 cdef class OnDemand:
     """OnDemand(spec, left, left_on_demand, right)
 
-    A SEQ vertex whose records are not kept (plan/joins.py): its parent builds
+    A SEQ vertex whose records are not kept (``dqcep.plan.joins``): its parent builds
     them from the vertex's inputs when a record of its own right input comes.
     ``left``: the records of the vertex's left input, or ``left_on_demand``: that
     input built on demand too (one of the two); ``right``: its right input's
