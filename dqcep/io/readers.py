@@ -328,15 +328,24 @@ def sample_rates(path: str, fmt: str | None = None, events: int = SAMPLE_EVENTS
     left to the run that reads the file after it."""
     if path == "-":
         return None
-    counts: dict[str, int] = {}
-    lo = hi = None
     try:
-        for _, e in itertools.islice(read_events(path, fmt, on_error=lambda err: None), events):
-            counts[e.type] = counts.get(e.type, 0) + 1
-            lo = e.ts if lo is None else min(lo, e.ts)
-            hi = e.ts if hi is None else max(hi, e.ts)
+        return rates_of(e for _, e in itertools.islice(
+            read_events(path, fmt, on_error=lambda err: None), events))
     except (UserError, EventInputError):
         return None
+
+
+def rates_of(events) -> dict[str, float] | None:
+    """Events per second of each type among ``events`` (Event objects), over the span of
+    their ts (at least 1 ms); None when there are none. The one rule of the cost
+    model's measured rates: a file's first events (``sample_rates``), a service's
+    journal (``dqcep.service.streaming``)."""
+    counts: dict[str, int] = {}
+    lo = hi = None
+    for e in events:
+        counts[e.type] = counts.get(e.type, 0) + 1
+        lo = e.ts if lo is None else min(lo, e.ts)
+        hi = e.ts if hi is None else max(hi, e.ts)
     if not counts:
         return None
     seconds = max(hi - lo, 1) / 1000.0

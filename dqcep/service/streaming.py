@@ -43,10 +43,11 @@ from dqcep.core.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import CheckpointError, recovery_hint, write_checkpoint
 from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader
-from dqcep.io.journal import Journal, JournalView, Record
+from dqcep.io.journal import Journal, JournalView, Record, read_journal
 from dqcep.io.journal_tail import JournalTail
 from dqcep.io.mapping import TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
+from dqcep.io.readers import SAMPLE_EVENTS, rates_of
 from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import explain_dot
@@ -208,13 +209,31 @@ class StreamingService(JournalConsumer):
         if state is not None and state.get("universe"):
             types, attrs, constants = state["universe"]
             universe = Universe(tuple(types), tuple(attrs), tuple(constants))
+        # the rates it was planned with: a checkpoint's; else --rates, else measured on
+        # what the journal holds from the start (a worker that starts late, a backlog)
+        rates = state.get("rates") if state is not None and "rates" in state else \
+            cfg.rates if cfg.rates is not None or state is not None else self._journal_rates()
         engine = AdaptiveEngine(
-            query_set.queries, rates=cfg.rates, materialize=cfg.materialize,
+            query_set.queries, rates=rates, materialize=cfg.materialize,
             schemas=query_set.schemas, tables=query_set.tables, lateness=cfg.lateness,
             lookup_source=self.tables, budget=cfg.budget, adapt=cfg.adapt,
             constructions=(state or {}).get("constructions") or None,
             epochs=query_set.live_epochs, universe=universe)
         return query_set, engine
+
+    def _journal_rates(self) -> dict[str, float] | None:
+        """Events per second of each type among the first events the journal holds from
+        where this service starts (``readers.rates_of``, as ``dqcep run`` measures a
+        file's), read as the service will read them; None when it holds none yet: the
+        adaptive engine then corrects the plan as it measures its queries."""
+        events = []
+        for record in read_journal(self.cfg.journal, self.cfg.start_offset, include_open=True,
+                                   upto=self.journal.durable_offset):
+            if record.topic != CONTROL_TOPIC:
+                events += self.reader.read(record)[0]
+                if len(events) >= SAMPLE_EVENTS:
+                    break
+        return rates_of(events[:SAMPLE_EVENTS])
 
     def _load(self, state: dict | None) -> None:
         """Engine, offsets and sinks as the checkpoint left them (fresh without one)."""
@@ -499,8 +518,9 @@ class StreamingService(JournalConsumer):
             "query_set": None if self.query_set is self.file_set else self.query_set.to_obj(),
             "universe": None if self.program.based_on is None else
             [list(u) for u in self.program.universe],
-            # how the engine runs its queries (moved between joins and a chain)
-            "constructions": self.engine.overrides})
+            # how the engine runs its queries (moved between joins and a chain), and the
+            # rates it was planned with (a restart plans the same program)
+            "constructions": self.engine.overrides, "rates": self.engine.source.rates})
         self.journal.checkpointed(self.cfg.consumer, self.offset)
         self.journal.trim(self.cfg.journal_retention)
         self.checkpointed_at = time.monotonic()

@@ -537,3 +537,26 @@ def test_the_service_plans_as_dqcep_run_a_kleene_query_over_the_budget_as_joins(
         assert svc.engine.stopped == {} and svc.engine.constructions == {"k": "chain"}
     else:
         assert got == set() and list(svc.engine.stopped) == ["k"]
+
+
+def test_a_service_plans_with_the_rates_its_journal_measures_and_keeps_them(tmp_path):
+    """A fresh service whose journal already holds records (a backlog, a worker that
+    starts late) plans its queries with the rates of the first events it holds, as
+    dqcep run measures a file's; its checkpoint keeps them, so a restart plans the same
+    program (even with other --rates); with an empty journal there is nothing to
+    measure and the adaptive engine corrects the plan as it goes."""
+    from dqcep.core.events import event_from_mapping
+    from dqcep.io.readers import SAMPLE_EVENTS, rates_of
+
+    payloads = iot_payloads(30_000, batch=500)
+    events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
+    want = rates_of(events[:SAMPLE_EVENTS])
+    assert len(want) > 3 and len(set(want.values())) > 1  # measured, not all alike
+    journal_payloads(tmp_path, payloads)
+    svc = run_once(config(tmp_path))
+    assert svc.engine.source.rates == want
+    again = run_once(config(tmp_path, rates={t: 1.0 for t in want}))
+    assert again.engine.source.rates == want and again.counts == svc.counts
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_once(config(empty)).engine.source.rates == {}
