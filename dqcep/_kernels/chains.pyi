@@ -6,6 +6,8 @@ from dqcep._kernels.predicates import PredicateSet
 from dqcep._kernels.ring import RingBuffer
 from dqcep._kernels.store import EventStore, ListStore
 
+CHAIN_SLOTS: int  # the most slots a chain has
+
 class ChainSpec:
     window: int                         # int64_t, ms
     k: int                              # slots

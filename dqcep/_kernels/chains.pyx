@@ -65,6 +65,11 @@ cdef enum:
     G_ITER = 2
 
 
+# the most slots a chain has, for the planner that decides what may run as one
+# (dqcep.plan.decompose): declared here, once
+CHAIN_SLOTS = MAX_CHAIN_SLOTS
+
+
 cdef struct Memo:
     # The lists of the memo slot for one binding of the slots before it (``ctx``),
     # made from its candidates with ts below ``hi``, grouped by the candidate each

@@ -1,11 +1,10 @@
 # Python-visible API of dqcep._kernels.guards (C types in comments).
-from typing import Any, Callable, Container, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from dqcep._kernels.predicates import PredicateSet
-from dqcep._kernels.ring import KeyedQueue, RingBuffer
+from dqcep._kernels.ring import RingBuffer
 from dqcep._kernels.store import EventStore, ListStore
 
 GUARD_MODES: dict[str, int]  # the planner's guard modes ("GAP", ...) as kernel codes

@@ -1,12 +1,10 @@
 # Python-visible API of dqcep._kernels.leaves (C types in comments).
-from typing import Any, Callable, Container, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from dqcep._kernels.predicates import PredicateSet
-from dqcep._kernels.ring import KeyedQueue, RingBuffer
-from dqcep._kernels.store import EventStore, ListStore
+from dqcep._kernels.store import EventStore
 
 def leaf_keys(
     st: EventStore,

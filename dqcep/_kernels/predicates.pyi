@@ -1,10 +1,8 @@
 # Python-visible API of dqcep._kernels.predicates (C types in comments).
-from typing import Any, Callable, Container, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.store import EventStore, ListStore
 
 class BytecodeError(ValueError):

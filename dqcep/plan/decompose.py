@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 
+from dqcep._kernels.chains import CHAIN_SLOTS
 from dqcep.lang import ast
 from dqcep.plan.cost import (MAX_AND_DP, SEL_EQUAL, SEL_KEY, SEL_NOT, W_COND, W_PROBE,
                              W_RECORD, ChainSlot, CostModel, better, lists_made,
@@ -313,7 +314,6 @@ class QueryPlanner:
             self.lca(root, anchor).guards.append(guard)
 
 
-MAX_CHAIN_SLOTS = 32  # dqcep._kernels.chains
 # how a query under skip-till-any-match may run: DAG joins, or one chain (a RUN vertex)
 CONSTRUCTIONS = ("joins", "chain")
 
@@ -384,7 +384,7 @@ def dag_work(node: Node, keyed: bool) -> tuple[float, float]:
 def chain_eligible(q: ast.Query) -> bool:
     """Can the query run as one chain: a skip-till-any-match SEQ whose items are
     events, Kleene items and negations (a RUN vertex's shape, spec 5.2), with at most
-    MAX_CHAIN_SLOTS positive items, more than one or a Kleene item?"""
+    CHAIN_SLOTS positive items, more than one or a Kleene item?"""
     if q.strategy != ast.ANY_MATCH:
         return False
     items = q.pattern.items if isinstance(q.pattern, ast.Operator) else (q.pattern,)
@@ -393,7 +393,7 @@ def chain_eligible(q: ast.Query) -> bool:
     positive = [i for i in items if not isinstance(i, ast.Negation)]
     if not all(isinstance(i, (ast.EventPattern, ast.Kleene)) for i in positive):
         return False
-    return 1 <= len(positive) <= MAX_CHAIN_SLOTS and (
+    return 1 <= len(positive) <= CHAIN_SLOTS and (
         len(positive) > 1 or isinstance(positive[0], ast.Kleene))
 
 
