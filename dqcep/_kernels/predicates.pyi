@@ -1,5 +1,4 @@
 # Python-visible API of dqcep._kernels.predicates (C types in comments).
-
 import numpy as np
 import numpy.typing as npt
 
