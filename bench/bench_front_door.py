@@ -1,0 +1,324 @@
+"""The front door: one reading per MQTT message, drained from the broker's queue.
+
+Starts its own Mosquitto on a free loopback port. For each path a persistent session
+(QoS 1, its own client id) is made, N messages are queued in the broker for it as
+devices send them (``dqcep generate --profile iot --payload object`` to
+``sensors/<type>/<device>``: one JSON object a message, no id, no time), and the path
+drains the queue; messages/s from its first message to its N-th. The paths, one after
+the other and alternating over ``--repeat`` rounds, so that the machine's load falls on
+all of them:
+
+- ``mosquitto_sub``: the broker's own C client (``-q 1 -C N``; its start included);
+- ``raw reader``: a Python reader that does nothing else: recv 1 MiB, parse every
+  packet, one ``sendall`` of the PUBACKs per read (what Python can do at all);
+- ``paho``: paho-mqtt doing nothing per message, QoS 1;
+- ``receiving side``: dqcep's ``MqttSource`` and journal (fsync on), no engine;
+- ``service, 1 query`` and ``service, 10 queries``: ``dqcep run ... --map`` (the docs'
+  map shape) with ``overheating`` alone and with the 10 example queries (every query of
+  ``examples/*.cep`` and ``dqcep/data/iot.cep`` over these sensors, the first of each
+  name); events taken into the engine;
+- ``--workers 2``: the same 10 queries in two worker processes.
+
+Each figure is printed with its ratio to the raw reader of the same round. Targets
+(issue 51): the service with 1 query >= 0.25x the raw reader, with 10 queries >= 0.12x,
+``--workers 2`` >= 1.3x one process. ``dqcep spark stream`` is not run here yet.
+
+    python3 bench/bench_front_door.py [--messages N] [--repeat R] [--paths a,b,...]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import Service, free_port, wait_port  # noqa: E402 - the same service harness
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPIC = "sensors/{type}/{device}"
+MAP = """[[topic]]
+filter = "sensors/+/#"
+levels = "_/type"
+"""
+TARGETS = {"service, 1 query": 0.25, "service, 10 queries": 0.12}
+WORKERS_TARGET = 1.3
+
+
+def example_queries(path: Path) -> int:
+    """The 10 example queries over the iot sensors in one file: every query of
+    dqcep/data/iot.cep and examples/*.cep whose event types the iot profile sends, the
+    first of each name. Returns how many."""
+    from dqcep.lang import parse_file, to_source
+
+    from dqcep.lang import ast
+
+    def types(item) -> set[str]:
+        if isinstance(item, (ast.EventPattern, ast.Kleene)):
+            return {item.type}
+        if isinstance(item, ast.Negation):
+            return types(item.pattern)
+        return set().union(*(types(i) for i in item.items))
+
+    iot_types = {"Temperature", "Smoke", "Door", "Motion", "Humidity", "Light", "Rain",
+                 "Window", "Alarm"}
+    seen, texts = set(), []
+    for f in [ROOT / "dqcep/data/iot.cep", *sorted((ROOT / "examples").glob("*.cep"))]:
+        for q in parse_file(str(f)).queries:
+            if q.name not in seen and types(q.pattern) <= iot_types:
+                seen.add(q.name)
+                texts.append(to_source(q))
+    path.write_text(";\n\n".join(texts) + "\n")
+    return len(texts)
+
+
+def make_session(port: int, client_id: str) -> None:
+    """A persistent session subscribed to sensors/# with QoS 1, left at once: the broker
+    queues what comes for it."""
+    import paho.mqtt.client as mqtt
+
+    subscribed = threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                    clean_session=False)
+    c.on_connect = lambda c, u, f, rc, p: c.subscribe("sensors/#", qos=1)
+    c.on_subscribe = lambda *a: subscribed.set()
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    if not subscribed.wait(10):
+        raise SystemExit(f"{client_id}: no SUBACK")
+    c.disconnect()
+    c.loop_stop()
+
+
+def queue_messages(port: int, n: int) -> None:
+    subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n", str(n),
+                    "--batch-size", "1", "--quiet", "--payload", "object",
+                    "-o", f"mqtt://127.0.0.1:{port}/{TOPIC}"], check=True)
+
+
+def _remaining_length(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n % 128, n // 128
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def raw_reader(port: int, client_id: str, n: int) -> float:
+    """messages/s of a Python reader that parses every packet and acknowledges QoS 1."""
+    body = b"\x00\x04MQTT\x04\x00\x00\x3c" + struct.pack("!H", len(client_id)) + \
+        client_id.encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"\x10" + _remaining_length(len(body)) + body)
+    buf, got, first = b"", 0, None
+    connacked = False
+    while got < n:
+        data = s.recv(1 << 20)
+        if not data:
+            raise SystemExit("raw reader: the broker closed the connection")
+        if first is None:
+            first = time.perf_counter()
+        buf += data
+        pos, acks = 0, []
+        while True:
+            if pos + 2 > len(buf):
+                break
+            kind = buf[pos]
+            length, mult, i = 0, 1, pos + 1
+            while True:
+                if i >= len(buf):
+                    length = -1
+                    break
+                b = buf[i]
+                length += (b & 0x7F) * mult
+                mult *= 128
+                i += 1
+                if not b & 0x80:
+                    break
+            if length < 0 or i + length > len(buf):
+                break
+            if kind >> 4 == 3:  # PUBLISH
+                if (kind >> 1) & 3:
+                    topic_len = struct.unpack_from("!H", buf, i)[0]
+                    acks.append(b"\x40\x02" + buf[i + 2 + topic_len:i + 4 + topic_len])
+                got += 1
+            elif kind >> 4 == 2:
+                connacked = True
+            pos = i + length
+        buf = buf[pos:]
+        if acks:
+            s.sendall(b"".join(acks))
+    elapsed = time.perf_counter() - first
+    s.sendall(b"\xe0\x00")
+    s.close()
+    assert connacked
+    return n / elapsed
+
+
+def paho_reader(port: int, client_id: str, n: int) -> float:
+    import paho.mqtt.client as mqtt
+
+    done, count, first = threading.Event(), [0], []
+
+    def on_message(client, userdata, msg):
+        if not first:
+            first.append(time.perf_counter())
+        count[0] += 1
+        if count[0] >= n:
+            first.append(time.perf_counter())
+            done.set()
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                    clean_session=False)
+    c.on_message = on_message
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    if not done.wait(600):
+        raise SystemExit(f"paho: {count[0]} of {n} messages")
+    c.disconnect()
+    c.loop_stop()
+    return n / (first[1] - first[0])
+
+
+def mosquitto_sub(port: int, client_id: str, n: int) -> float:
+    binary = shutil.which("mosquitto_sub")
+    started = time.perf_counter()
+    subprocess.run([binary, "-h", "127.0.0.1", "-p", str(port), "-q", "1", "-c", "-i",
+                    client_id, "-t", "sensors/#", "-C", str(n)], check=True,
+                   stdout=subprocess.DEVNULL)
+    return n / (time.perf_counter() - started)
+
+
+def receiving_side(port: int, client_id: str, n: int, tmp: Path) -> float:
+    """dqcep's MqttSource and journal (fsync on) alone: messages/s until N are durable."""
+    from dqcep.io.journal import Journal
+    from dqcep.io.mqtt import MqttSource, MqttUrl
+
+    journal = Journal(tmp / f"{client_id}.journal")
+    source = MqttSource([MqttUrl.parse(f"mqtt://127.0.0.1:{port}/sensors/#", subscribe=True)],
+                        journal, client_id=client_id)
+    source.start()
+    first = None
+    try:
+        while journal.durable_offset < n:
+            if first is None and journal.durable_offset:
+                first = (time.perf_counter(), journal.durable_offset)
+            time.sleep(0.001)
+        last = time.perf_counter()
+    finally:
+        source.stop()
+        journal.close()
+    t0, n0 = first or (last, n)
+    return (n - n0) / max(last - t0, 1e-9)
+
+
+class MappedService(Service):
+    """bench_ingest's service on another queries file, started without waiting for its
+    first line (a coordinator of workers says more before it): the stats file tells."""
+
+    def __init__(self, tmp: Path, url: str, client_id: str, queries: Path, extra=()):
+        super().__init__(tmp, url, client_id, extra)
+        self.cmd[4] = str(queries)
+        self.log = tmp / "stderr.log"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, stderr=open(self.log, "w"), text=True)
+        self.proc.stderr = open(self.log)  # rate_until reads it if the service stops
+
+
+def service(port: int, client_id: str, n: int, tmp: Path, queries: Path, workers: int = 0
+            ) -> float:
+    (tmp / "map.toml").write_text(MAP)
+    extra = ["--map", str(tmp / "map.toml")] + (["--workers", str(workers)] if workers else [])
+    svc = MappedService(tmp / client_id, f"mqtt://127.0.0.1:{port}/sensors/#", client_id,
+                        queries, extra)
+    try:
+        svc.start()
+        rate, stats = svc.rate_until(n)
+        if stats.get("malformed"):
+            raise SystemExit(f"{client_id}: {stats['malformed']} payloads dead-lettered")
+        return rate
+    finally:
+        if svc.proc is not None and svc.proc.poll() is None:
+            svc.stop()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=2, help="rounds over every path")
+    ap.add_argument("--paths", default=None, help="comma-separated names (default: all)")
+    args = ap.parse_args(argv)
+    n = args.messages
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        one, ten = tmp / "one.cep", tmp / "ten.cep"
+        from dqcep.lang import parse_file, to_source
+        one.write_text(to_source(parse_file(str(ROOT / "dqcep/data/iot.cep")).queries[0]) + "\n")
+        n_queries = example_queries(ten)
+        paths = {
+            "mosquitto_sub": lambda cid: mosquitto_sub(port, cid, n),
+            "raw reader": lambda cid: raw_reader(port, cid, n),
+            "paho": lambda cid: paho_reader(port, cid, n),
+            "receiving side": lambda cid: receiving_side(port, cid, n, tmp),
+            "service, 1 query": lambda cid: service(port, cid, n, tmp, one),
+            "service, 10 queries": lambda cid: service(port, cid, n, tmp, ten),
+            "--workers 2": lambda cid: service(port, cid, n, tmp, ten, workers=2),
+        }
+        chosen = list(paths) if args.paths is None else args.paths.split(",")
+        if "mosquitto_sub" in chosen and not shutil.which("mosquitto_sub"):
+            print("mosquitto_sub left out: not installed (Debian: apt-get install "
+                  "mosquitto-clients)", file=sys.stderr)
+            chosen.remove("mosquitto_sub")
+        if "raw reader" not in chosen:
+            chosen.insert(0, "raw reader")  # every ratio is to it
+        port = free_port()
+        (tmp / "m.conf").write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
+                                    "max_queued_messages 0\n")
+        broker = subprocess.Popen([binary, "-c", str(tmp / "m.conf")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rates: dict[str, list[float]] = {p: [] for p in chosen}
+        ratios: dict[str, list[float]] = {p: [] for p in chosen}
+        try:
+            wait_port(port)
+            for r in range(args.repeat):
+                for i, name in enumerate(chosen):
+                    cid = f"door-{r}-{i}"
+                    make_session(port, cid)  # (the service resumes it: same id, filter)
+                    queue_messages(port, n)
+                    rates[name].append(paths[name](cid))
+                raw = rates["raw reader"][-1]
+                for name in chosen:
+                    ratios[name].append(rates[name][-1] / raw)
+        finally:
+            broker.terminate()
+            broker.wait(10)
+    print(f"messages={n:,}, one reading each (sensors/<type>/<device>, a JSON object, no id "
+          f"or time), queued in Mosquitto and drained; {args.repeat} rounds, alternating; "
+          f"the 10 queries: {n_queries} found")
+    for name in chosen:
+        med = statistics.median(rates[name])
+        ratio = statistics.median(ratios[name])
+        line = (f"{name:>20}: {med:>9,.0f} messages/s  {ratio:5.2f}x the raw reader  (runs: "
+                f"{', '.join(f'{x:,.0f}' for x in rates[name])})")
+        if name in TARGETS:
+            line += f"  target >= {TARGETS[name]}x: {'met' if ratio >= TARGETS[name] else 'NOT met'}"
+        print(line)
+    if "--workers 2" in rates and "service, 10 queries" in rates:
+        w = statistics.median(a / b for a, b in zip(rates["--workers 2"],
+                                                     rates["service, 10 queries"]))
+        print(f"--workers 2 / one process, 10 queries: {w:.2f}x (target >= {WORKERS_TARGET}x: "
+              f"{'met' if w >= WORKERS_TARGET else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
