@@ -11,6 +11,9 @@ all of them:
 - ``mosquitto_sub``: the broker's own C client (``-q 1 -C N``; its start included);
 - ``raw reader``: a Python reader that does nothing else: recv 1 MiB, parse every
   packet, one ``sendall`` of the PUBACKs per read (what Python can do at all);
+- ``raw + 2 ms commit``: the same, its PUBACKs sent 2 ms after each read (an fsync's
+  time): what acknowledging only once durable costs when the acks of a whole read go
+  out together (the broker's in-flight window decides how much one read holds);
 - ``paho``: paho-mqtt doing nothing per message, QoS 1;
 - ``receiving side``: dqcep's ``MqttSource`` and journal (fsync on), no engine;
 - ``service, 1 query`` and ``service, 10 queries``: ``dqcep run ... --map`` (the docs'
@@ -112,8 +115,10 @@ def _remaining_length(n: int) -> bytes:
             return bytes(out)
 
 
-def raw_reader(port: int, client_id: str, n: int) -> float:
-    """messages/s of a Python reader that parses every packet and acknowledges QoS 1."""
+def raw_reader(port: int, client_id: str, n: int, commit: float = 0.0) -> float:
+    """messages/s of a Python reader that parses every packet and acknowledges QoS 1;
+    ``commit`` > 0: the PUBACKs of what it read wait that many seconds first (an
+    fsync's time: acknowledged only once durable), read by read."""
     body = b"\x00\x04MQTT\x04\x00\x00\x3c" + struct.pack("!H", len(client_id)) + \
         client_id.encode()
     s = socket.create_connection(("127.0.0.1", port))
@@ -155,6 +160,8 @@ def raw_reader(port: int, client_id: str, n: int) -> float:
             pos = i + length
         buf = buf[pos:]
         if acks:
+            if commit:
+                time.sleep(commit)
             s.sendall(b"".join(acks))
     elapsed = time.perf_counter() - first
     s.sendall(b"\xe0\x00")
@@ -268,6 +275,7 @@ def main(argv=None) -> None:
         paths = {
             "mosquitto_sub": lambda cid: mosquitto_sub(port, cid, n),
             "raw reader": lambda cid: raw_reader(port, cid, n),
+            "raw + 2 ms commit": lambda cid: raw_reader(port, cid, n, commit=0.002),
             "paho": lambda cid: paho_reader(port, cid, n),
             "receiving side": lambda cid: receiving_side(port, cid, n, tmp),
             "service, 1 query": lambda cid: service(port, cid, n, tmp, one),
