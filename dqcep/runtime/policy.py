@@ -80,6 +80,12 @@ class PolicyState:
     # partition -> (first, last) of its last accepted match
     accepted: dict[tuple, tuple[Position, Position]] = field(default_factory=dict)
     codes: dict[tuple, int] = field(default_factory=dict)  # partition -> its key code
+    # key code -> the partitions of that code (derived from ``codes``: not saved)
+    by_code: dict[int, set] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for part, code in self.codes.items():
+            self.by_code.setdefault(code, set()).add(part)
 
     def add(self, matches: list[Match], places: list[list[Position]], partitions: list[tuple],
             codes: np.ndarray, ids: np.ndarray, lists: MatchLists | None) -> None:
@@ -116,12 +122,14 @@ class PolicyState:
             first = c.key[1]
             if accepts(self.policy, self.accepted.get(c.partition), first):
                 self.accepted[c.partition] = (first, last)
-                self.codes[c.partition] = c.code
+                if c.partition not in self.codes:
+                    self.codes[c.partition] = c.code
+                    self.by_code.setdefault(c.code, set()).add(c.partition)
                 out.append(c)
         self.waiting = still
         return out
 
-    def bounds(self) -> dict[int, int]:
+    def bounds(self, codes=None) -> dict[int, int]:
         """Per partition key code, a ts before which no partial match can start and
         still be accepted. Every match still to come is decided after the accepted
         ones, against an accepted match at least as late, so under SKIP PAST LAST
@@ -129,9 +137,14 @@ class PolicyState:
         TO NEXT EVENT after its first event. Partitions whose values hash to one code
         share the smallest bound. (A partition with no accepted match whose values
         hash to the code of one with, a chance of 2^-64 a pair, would lose partial
-        matches it could still accept.)"""
+        matches it could still accept.) ``codes``: those codes alone (the partitions
+        of the matches just accepted: the bounds that moved; the others' partial
+        matches were dropped when theirs did), not every partition's each time."""
+        parts = self.accepted if codes is None else \
+            [p for code in codes for p in self.by_code.get(code, ())]
         out: dict[int, int] = {}
-        for part, (first, last) in self.accepted.items():
+        for part in parts:
+            first, last = self.accepted[part]
             ts = (last if self.policy == SKIP_PAST_LAST else first)[0]
             code = self.codes[part]
             out[code] = min(ts, out.get(code, ts))
@@ -259,7 +272,7 @@ class PolicyStage:
                 continue
             out.parts.append(accepted_part(qi, accepted, q.list_columns))
             self.state.stats[q.spec.output].outputs += len(accepted)
-            self._prune(q, policy.bounds())
+            self._prune(q, policy.bounds({c.code for c in accepted}))
         return out
 
     def _release_slice(self) -> int:
