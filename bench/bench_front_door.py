@@ -92,12 +92,20 @@ def make_session(port: int, client_id: str) -> None:
                     clean_session=False)
     c.on_connect = lambda c, u, f, rc, p: c.subscribe("sensors/#", qos=1)
     c.on_subscribe = lambda *a: subscribed.set()
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    if not subscribed.wait(10):
-        raise SystemExit(f"{client_id}: no SUBACK")
-    c.disconnect()
-    c.loop_stop()
+    _connected_until(c, port, subscribed, 10, f"{client_id}: no SUBACK")
+
+
+def _connected_until(client, port: int, event: threading.Event, timeout: float,
+                     why: str) -> None:
+    """A paho client connected, its loop running, until ``event`` (else SystemExit)."""
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        if not event.wait(timeout):
+            raise SystemExit(why)
+    finally:
+        client.disconnect()
+        client.loop_stop()
 
 
 def queue_messages(port: int, n: int) -> None:
@@ -186,12 +194,7 @@ def paho_reader(port: int, client_id: str, n: int) -> float:
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
                     clean_session=False)
     c.on_message = on_message
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    if not done.wait(600):
-        raise SystemExit(f"paho: {count[0]} of {n} messages")
-    c.disconnect()
-    c.loop_stop()
+    _connected_until(c, port, done, 600, f"paho: fewer than {n} messages in 600 s")
     return n / (first[1] - first[0])
 
 
