@@ -16,7 +16,7 @@ all of them:
   out together (the broker's in-flight window decides how much one read holds);
 - ``paho``: paho-mqtt doing nothing per message, QoS 1;
 - ``receiving side``: dqcep's ``MqttSource`` and journal (fsync on), no engine;
-- ``service, 1 query`` and ``service, 10 queries``: ``dqcep run ... --map`` (the docs'
+- ``service 1 query`` and ``service 10 queries``: ``dqcep run ... --map`` (the docs'
   map shape) with ``overheating`` alone and with the 10 example queries (every query of
   ``examples/*.cep`` and ``dqcep/data/iot.cep`` over these sensors, the first of each
   name); events taken into the engine;
@@ -51,7 +51,7 @@ MAP = """[[topic]]
 filter = "sensors/+/#"
 levels = "_/type"
 """
-TARGETS = {"service, 1 query": 0.25, "service, 10 queries": 0.12}
+TARGETS = {"service 1 query": 0.25, "service 10 queries": 0.12}
 WORKERS_TARGET = 1.3
 
 
@@ -281,8 +281,8 @@ def main(argv=None) -> None:
             "raw + 2 ms commit": lambda cid: raw_reader(port, cid, n, commit=0.002),
             "paho": lambda cid: paho_reader(port, cid, n),
             "receiving side": lambda cid: receiving_side(port, cid, n, tmp),
-            "service, 1 query": lambda cid: service(port, cid, n, tmp, one),
-            "service, 10 queries": lambda cid: service(port, cid, n, tmp, ten),
+            "service 1 query": lambda cid: service(port, cid, n, tmp, one),
+            "service 10 queries": lambda cid: service(port, cid, n, tmp, ten),
             "--workers 2": lambda cid: service(port, cid, n, tmp, ten, workers=2),
         }
         chosen = list(paths) if args.paths is None else args.paths.split(",")
@@ -324,9 +324,9 @@ def main(argv=None) -> None:
         if name in TARGETS:
             line += f"  target >= {TARGETS[name]}x: {'met' if ratio >= TARGETS[name] else 'NOT met'}"
         print(line)
-    if "--workers 2" in rates and "service, 10 queries" in rates:
+    if "--workers 2" in rates and "service 10 queries" in rates:
         w = statistics.median(a / b for a, b in zip(rates["--workers 2"],
-                                                     rates["service, 10 queries"]))
+                                                     rates["service 10 queries"]))
         print(f"--workers 2 / one process, 10 queries: {w:.2f}x (target >= {WORKERS_TARGET}x: "
               f"{'met' if w >= WORKERS_TARGET else 'NOT met'})")
 
