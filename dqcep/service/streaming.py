@@ -29,6 +29,7 @@ or ``end_of_stream`` set by an embedding program) releases them.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import signal
 import sys
 import threading
@@ -209,10 +210,14 @@ class StreamingService(JournalConsumer):
         if state is not None and state.get("universe"):
             types, attrs, constants = state["universe"]
             universe = Universe(tuple(types), tuple(attrs), tuple(constants))
-        # the rates it was planned with: a checkpoint's; else --rates, else measured on
-        # what the journal holds from the start (a worker that starts late, a backlog)
-        rates = state.get("rates") if state is not None and "rates" in state else \
-            cfg.rates if cfg.rates is not None or state is not None else self._journal_rates()
+        # the rates it was planned with: a checkpoint's; else --rates (none: {}); else, at
+        # a fresh start, measured on what the journal holds (a backlog, a late worker)
+        if state is not None and "rates" in state:
+            rates = state["rates"]
+        elif cfg.rates or state is not None:
+            rates = cfg.rates
+        else:
+            rates = self._journal_rates()
         engine = AdaptiveEngine(
             query_set.queries, rates=rates, materialize=cfg.materialize,
             schemas=query_set.schemas, tables=query_set.tables, lateness=cfg.lateness,
@@ -227,8 +232,9 @@ class StreamingService(JournalConsumer):
         file's), read as the service will read them; None when it holds none yet: the
         adaptive engine then corrects the plan as it measures its queries."""
         events = []
-        for record in read_journal(self.cfg.journal, self.cfg.start_offset, include_open=True,
-                                   upto=self.journal.durable_offset):
+        records = read_journal(self.cfg.journal, self.cfg.start_offset, include_open=True,
+                               upto=self.journal.durable_offset)
+        for record in itertools.islice(records, SAMPLE_EVENTS):  # (records without events)
             if record.topic != CONTROL_TOPIC:
                 events += self.reader.read(record)[0]
                 if len(events) >= SAMPLE_EVENTS:

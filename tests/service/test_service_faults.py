@@ -546,17 +546,24 @@ def test_a_service_plans_with_the_rates_its_journal_measures_and_keeps_them(tmp_
     program (even with other --rates); with an empty journal there is nothing to
     measure and the adaptive engine corrects the plan as it goes."""
     from dqcep.core.events import event_from_mapping
+    from dqcep.io.checkpoint import write_checkpoint
     from dqcep.io.readers import SAMPLE_EVENTS, rates_of
+    from dqcep.service.recovery import CHECKPOINT_VERSION, read_state
 
     payloads = iot_payloads(30_000, batch=500)
     events = [event_from_mapping(e) for p in payloads for e in msgpack.unpackb(p)["events"]]
     want = rates_of(events[:SAMPLE_EVENTS])
     assert len(want) > 3 and len(set(want.values())) > 1  # measured, not all alike
     journal_payloads(tmp_path, payloads)
-    svc = run_once(config(tmp_path))
+    svc = run_once(config(tmp_path, rates={}))  # as dqcep run passes no --rates
     assert svc.engine.source.rates == want
     again = run_once(config(tmp_path, rates={t: 1.0 for t in want}))
     assert again.engine.source.rates == want and again.counts == svc.counts
+    # a checkpoint from before the rates were kept: the --rates given
+    state = read_state(str(tmp_path / "ck.bin"))
+    del state["rates"]
+    write_checkpoint(str(tmp_path / "ck.bin"), CHECKPOINT_VERSION, state)
+    assert run_once(config(tmp_path, rates=want)).engine.source.rates == want
     empty = tmp_path / "empty"
     empty.mkdir()
     assert run_once(config(empty)).engine.source.rates == {}
