@@ -523,7 +523,7 @@ class _Merge:
 
 def _joined(a, b):
     return (*(np.concatenate([x, y]) for x, y in zip(a[:3], b[:3])),
-            EventColumns(*(np.concatenate([x, y]) for x, y in zip(a[3], b[3]))))
+            EventColumns.concat([a[3], b[3]]))
 
 
 def _taken(block, rows):
