@@ -101,6 +101,17 @@ class JournalWriteError(UserError):
     """A commit could not be written; the records are kept for the next commit."""
 
 
+def frame_record(offset: int, topic: str, payload: bytes | Refused, arrival_us: int | None,
+                 mid: int | None) -> bytes:
+    """One record's bytes: ``[u32 length][u32 crc32][msgpack body]``."""
+    body = msgpack.packb([offset, topic, payload.size if isinstance(payload, Refused)
+                          else payload, arrival_us, mid], use_bin_type=True)
+    if len(body) > MAX_RECORD:
+        raise UserError(f"a payload of {len(payload)} bytes exceeds the journal's record "
+                        f"limit of {MAX_RECORD} bytes")
+    return HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
 def segment_name(offset: int, suffix: str) -> str:
     return f"{offset:020d}{suffix}"
 
@@ -314,13 +325,17 @@ class Journal:
                mid: int | None = None) -> int:
         """Append a record (durable after ``commit``); returns its offset."""
         offset = self._next
-        body = msgpack.packb([offset, topic, payload.size if isinstance(payload, Refused)
-                              else payload, arrival_us, mid], use_bin_type=True)
-        if len(body) > MAX_RECORD:
-            raise UserError(f"a payload of {len(payload)} bytes exceeds the journal's record "
-                            f"limit of {MAX_RECORD} bytes")
-        self._pending.append(HEADER.pack(len(body), zlib.crc32(body)) + body)
+        self._pending.append(frame_record(offset, topic, payload, arrival_us, mid))
         self._next += 1
+        return offset
+
+    def append_framed(self, records: bytes, count: int) -> int:
+        """Append ``count`` records framed as ``frame_record`` frames them, numbered from
+        ``next_offset`` on (the MQTT source's kernel frames a whole read at once);
+        returns the first one's offset."""
+        offset = self._next
+        self._pending.append(records)
+        self._next += count
         return offset
 
     def commit(self) -> int:

@@ -1,4 +1,6 @@
-"""MQTT endpoints on paho-mqtt 2.x (callback API version 2)."""
+"""MQTT endpoints: the publisher on paho-mqtt 2.x (callback API version 2), the source on
+its own socket (``dqcep.io.mqtt_wire``: one pass of a kernel per read, no per-message
+Python)."""
 from __future__ import annotations
 
 import math
@@ -15,6 +17,7 @@ from dqcep.core.errors import UserError
 DEFAULT_PORT = 1883
 REDELIVERY_WINDOW = 4096  # journal records a redelivered message is looked for among
 REACH_TIMEOUT = 2.0  # s until a broker that cannot be reached is reported
+READ_TIMEOUT = 0.25  # s a read waits: how soon the source sees stop, a commit to retry
 
 
 TLS_PORT = 8883
@@ -101,14 +104,20 @@ class MqttUrl:
         if self.username:
             client.username_pw_set(self.username, os.environ.get(PASSWORD_ENV))
         if self.tls:
-            import ssl
-            ca = os.environ.get(CA_ENV) or None
-            try:
-                client.tls_set(ca_certs=ca)
-            except (OSError, ssl.SSLError, ValueError) as err:
-                where = f"{CA_ENV}={ca}" if ca else "the system's CA certificates"
-                reason = getattr(err, "strerror", None) or getattr(err, "reason", None) or err
-                raise UserError(f"cannot use {where} for mqtts://: {reason}") from None
+            client.tls_set_context(self.tls_context())
+
+    def tls_context(self):
+        """The TLS context for ``mqtts``: the CA file DQCEP_MQTT_CA names, else the
+        system's CA certificates; the broker's certificate and host name are checked."""
+        import os
+        import ssl
+        ca = os.environ.get(CA_ENV) or None
+        try:
+            return ssl.create_default_context(cafile=ca)
+        except (OSError, ssl.SSLError, ValueError) as err:
+            where = f"{CA_ENV}={ca}" if ca else "the system's CA certificates"
+            reason = getattr(err, "strerror", None) or getattr(err, "reason", None) or err
+            raise UserError(f"cannot use {where} for mqtts://: {reason}") from None
 
 
 class MqttPublisher:
@@ -227,6 +236,18 @@ class ArrivalTimes:
         self.times[i] = t
         self.offsets[i] = offset
 
+    def stamp_range(self, first: int, count: int, t: float) -> None:
+        """Offsets ``first`` to ``first + count - 1`` arrived at ``t`` (one read's)."""
+        if count > self.size:
+            first, count = first + count - self.size, self.size
+        i = first % self.size
+        head = min(count, self.size - i)
+        self.times[i:i + head] = t
+        self.offsets[i:i + head] = np.arange(first, first + head)
+        if count > head:
+            self.times[:count - head] = t
+            self.offsets[:count - head] = np.arange(first + head, first + count)
+
     def at(self, offsets: np.ndarray) -> np.ndarray:
         i = offsets % self.size
         return np.where(self.offsets[i] == offsets, self.times[i], np.nan)
@@ -237,146 +258,112 @@ class ArrivalTimes:
         return float(self.times[i]) if self.offsets[i] == offset else math.nan
 
 
-def _fingerprint(topic: str, payload, crc32) -> tuple[str, int, int]:
-    """A message's topic, size and checksum (a payload refused at ingest: its size)."""
-    if isinstance(payload, (bytes, bytearray)):
-        return topic, len(payload), crc32(payload)
-    return topic, payload.size, -1
-
-
 class MqttSource:
     """Subscribes with QoS 1 in a persistent session; journals messages, acks when durable.
 
-    Messages are appended to the journal as they arrive; a committer thread
-    commits the journal as soon as messages wait (group commit: what arrives
-    during one fsync goes in the next; at most ``commit_interval`` s apart) and
-    only then sends the PUBACKs, so a message the broker considers delivered is
-    on disk. After each commit ``committed`` is set (the service waits on it for
-    new records), and ``arrivals`` holds the wall-clock time each journal offset
-    arrived, for the service's response times. The client
-    id is fixed and the session persistent (clean session off), so the broker
-    keeps what arrives while the service is away; paho reconnects with backoff.
-    A message delivered again (its PUBACK lost in a crash or a dropped
-    connection) comes with the DUP flag and the packet id it had: when the journal's
-    last ``REDELIVERY_WINDOW`` records hold one with that packet id, topic and
-    payload, it is acknowledged and not journaled again (``redelivered`` counts
-    them), so events whose ids the journal derives (``--map``) are not taken in
-    twice; the service also drops repeated event ids.
+    One thread owns the connection: it reads the socket in large buffers, the
+    ``mqtt_publish`` kernel frames the journal records of every complete PUBLISH of a
+    read (one arrival time per read, see ``dqcep.io.mqtt_wire.Intake``), the thread
+    commits them (fsync) and sends their PUBACKs in one send: group commit sized by what
+    arrived, so a message the broker considers delivered is on disk. After each commit
+    ``committed`` is set (the service waits on it for new records) and the ``on_commit``
+    hooks get the durable offset; ``arrivals`` holds the wall-clock time each journal
+    offset arrived, for the service's response times. The client id is fixed and the
+    session persistent (clean session off), so the broker keeps what arrives while the
+    service is away; a lost connection is made again with backoff (1 to 8 s), and a
+    keep-alive of ``keepalive`` s finds a broker that went silent.
+
+    A message delivered again (its PUBACK lost in a crash or a dropped connection)
+    comes with the DUP flag and the packet id it had: when the journal's last
+    ``REDELIVERY_WINDOW`` records hold one with that packet id, topic and payload, it is
+    acknowledged and not journaled again (``redelivered`` counts them), so events whose
+    ids the journal derives (``--map``) are not taken in twice; the service also drops
+    repeated event ids.
 
     A payload over ``max_payload`` bytes is journaled as its size only
-    (``journal.Refused``) and acknowledged: the service dead-letters it in its
-    place. A commit that fails (a full disk) acknowledges nothing, so the broker
-    stops sending once its in-flight window is full and keeps the rest; the
-    committer says why on stderr and tries again every ``retry_interval`` s
-    until the journal takes the records. ``write_error`` is the failure while
-    it lasts; ``failure`` is set if a callback or the committer dies, and the
-    service then stops with an error instead of stalling.
+    (``journal.Refused``) and acknowledged: the service dead-letters it in its place. A
+    malformed packet closes the connection with a line on stderr; what came before it
+    is journaled, nothing after it was acknowledged (the broker sends it again). A
+    commit that fails (a full disk) acknowledges nothing, so the broker stops sending
+    once its in-flight window is full and keeps the rest; the source says why on stderr
+    and tries again every ``retry_interval`` s until the journal takes the records.
+    ``write_error`` is the failure while it lasts; ``failure`` is set if the thread
+    dies, and the service then stops with an error instead of stalling.
     """
 
     def __init__(self, urls: list[MqttUrl], journal, client_id: str = "dqcep-engine",
-                 commit_interval: float = 0.01, connect_timeout: float = 10.0,
-                 max_payload: int | None = None, retry_interval: float = 1.0):
-        import paho.mqtt.client as mqtt
-
+                 connect_timeout: float = 10.0, max_payload: int | None = None,
+                 retry_interval: float = 1.0, keepalive: int = 60):
+        from dqcep.io.mqtt_wire import Intake
         from dqcep.io.payloads import MAX_PAYLOAD
 
         hosts = {(u.host, u.port, u.username, u.tls) for u in urls}
         if len(hosts) != 1:
             raise UserError("all --input MQTT URLs must name the same broker and user")
+        self.url = urls[0]
         self.host, self.port = urls[0].host, urls[0].port
         self.topics = [u.topic for u in urls]
+        self.client_id = client_id
         self.journal = journal
-        self.commit_interval, self.retry_interval = commit_interval, retry_interval
-        self.connect_timeout = connect_timeout
-        self.max_payload = MAX_PAYLOAD if max_payload is None else max_payload
-        self.received = 0
-        self.redelivered = 0
-        # packet id -> (topic, size, crc32) of the journal's last records, oldest first
-        self._recent: dict[int, tuple[str, int, int]] = self._last_records(journal)
+        self.retry_interval, self.connect_timeout = retry_interval, connect_timeout
+        self.keepalive = keepalive
         self.write_error: str | None = None
         self.failure: str | None = None
         self._lock = threading.Lock()
-        self._pending: list[int] = []
-        self._arrived = threading.Event()   # messages wait for a commit
         self.committed = threading.Event()  # a commit made records durable
         self.on_commit: list = []           # called with the durable offset after each
         self.arrivals = ArrivalTimes()
+        self.intake = Intake(journal, self._stamp, self._lock,
+                             MAX_PAYLOAD if max_payload is None else max_payload,
+                             REDELIVERY_WINDOW)
+        self._remember_last_records()
         self._stop = threading.Event()
         self._subscribed = threading.Event()
-        self._answered = threading.Event()  # the broker's CONNACK came
-        self._refused: str | None = None
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                  clean_session=False, manual_ack=True)
-        self.client.connect_timeout = REACH_TIMEOUT  # a TCP connect that hangs
-        urls[0].configure(self.client)
-        self.client.reconnect_delay_set(1, 8)
-        self.client.max_inflight_messages_set(1000)
-        self.client.on_connect = self._on_connect
-        self.client.on_subscribe = lambda c, u, mid, rc, p: self._subscribed.set()
-        self.client.on_message = self._on_message
-        self._committer = threading.Thread(target=self._commit_loop, daemon=True,
-                                           name="journal-committer")
+        self._sock = None
+        self._retry_at = 0.0
+        self._last_sent = self._last_received = time.monotonic()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name="mqtt-source")
 
-    @staticmethod
-    def _last_records(journal) -> dict[int, tuple[str, int, int]]:
+    def _stamp(self, first: int, count: int, t: float) -> None:
+        # through the source: the service may replace ``arrivals`` (a coordinator
+        # shares its own with the workers)
+        self.arrivals.stamp_range(first, count, t)
+
+    @property
+    def received(self) -> int:
+        return self.intake.received
+
+    @property
+    def redelivered(self) -> int:
+        return self.intake.redelivered
+
+    def _remember_last_records(self) -> None:
         """What a redelivery of the previous run's last messages is recognised by."""
-        import zlib
-
-        from dqcep.io.journal import Gap
-        recent: dict[int, tuple[str, int, int]] = {}
-        start = max(0, journal.durable_offset - REDELIVERY_WINDOW)
-        for record in journal.read(start):
+        from dqcep.io.journal import Gap, Refused
+        start = max(0, self.journal.durable_offset - REDELIVERY_WINDOW)
+        for record in self.journal.read(start):
             payload = record.payload
             if record.mid is None or isinstance(payload, Gap):
                 continue
-            recent.pop(record.mid, None)
-            recent[record.mid] = _fingerprint(record.topic, payload, zlib.crc32)
-        return recent
+            if isinstance(payload, Refused):
+                self.intake.remember(record.mid, record.offset, record.topic, None,
+                                     payload.size)
+            else:
+                self.intake.remember(record.mid, record.offset, record.topic, payload,
+                                     len(payload))
 
-    def _on_connect(self, client, userdata, flags, reason_code, properties):
-        self._answered.set()
-        if reason_code.is_failure:
-            self._refused = str(reason_code)
-            self._subscribed.set()  # wake start() up: it reports the refusal
-        else:
-            client.subscribe([(t, 1) for t in self.topics])
+    # ------------------------------------------------------------------ records
+    def take(self, data: bytes) -> list:
+        """Bytes as if read from the broker (tests, calibration): their messages are
+        journaled (not committed); returns their control packets."""
+        return self.intake.take(data)
 
-    def _on_message(self, client, userdata, msg):
-        import zlib
-
-        from dqcep.io.journal import Refused
-        try:
-            try:
-                topic = msg.topic
-            except UnicodeDecodeError:  # a broker should refuse such a topic; keep the payload
-                topic = "<topic not UTF-8>"
-            payload = msg.payload
-            if len(payload) > self.max_payload:
-                payload = Refused(len(payload))
-            seen = _fingerprint(topic, payload, zlib.crc32)
-            with self._lock:
-                self.received += 1
-                self._pending.append(msg.mid)
-                if msg.dup and self._recent.get(msg.mid) == seen:
-                    self.redelivered += 1  # journaled already: acknowledged after the commit
-                else:
-                    now = time.time()  # the arrival time, taken once: journaled with it
-                    offset = self.journal.append(topic, payload, int(now * 1e6), msg.mid)
-                    self.arrivals.stamp(offset, now)
-                    self._recent.pop(msg.mid, None)
-                    self._recent[msg.mid] = seen
-                    if len(self._recent) > REDELIVERY_WINDOW:
-                        del self._recent[next(iter(self._recent))]
-            self._arrived.set()
-        except BaseException as err:  # noqa: BLE001 - the service sees it and stops
-            self.failure = f"receiving a message failed: {err!r}"
-
-    def _commit(self) -> bool:
-        """Commit and acknowledge; False while the journal cannot be written."""
+    def commit(self) -> bool:
+        """Commit and send the PUBACKs of what is durable; False while the journal
+        cannot be written (nothing is acknowledged then)."""
         from dqcep.io.journal import JournalWriteError
         with self._lock:
-            if not self._pending and self.write_error is None:
-                return True
             try:
                 self.journal.commit()
             except JournalWriteError as err:
@@ -384,16 +371,18 @@ class MqttSource:
                     print(f"dqcep: {err}; acknowledging nothing, retrying every "
                           f"{self.retry_interval:g} s", file=sys.stderr, flush=True)
                 self.write_error = str(err)
+                self._retry_at = time.monotonic() + self.retry_interval
                 return False
             if self.write_error is not None:
                 print("dqcep: the journal is written again", file=sys.stderr, flush=True)
                 self.write_error = None
-            mids, self._pending = self._pending, []
+            acks, self.intake.acks = self.intake.acks, []
+            durable = self.journal.durable_offset
         for hook in self.on_commit:
-            hook(self.journal.durable_offset)
+            hook(durable)
         self.committed.set()
-        for mid in mids:
-            self.client.ack(mid, 1)
+        if acks and self._sock is not None:
+            self._send(b"".join(acks))
         return True
 
     def journal_record(self, topic: str, payload: bytes) -> int:
@@ -404,20 +393,141 @@ class MqttSource:
             offset = self.journal.append(topic, payload, int(time.time() * 1e6))
             self.arrivals.stamp(offset, time.time())
             self.journal.commit()
+            durable = self.journal.durable_offset
         for hook in self.on_commit:
-            hook(self.journal.durable_offset)
+            hook(durable)
         self.committed.set()
         return offset
 
-    def _commit_loop(self) -> None:
+    # ------------------------------------------------------------------ connection
+    def _connect(self, timeout: float) -> None:
+        """A connection, CONNECT answered by a CONNACK that accepts it, SUBSCRIBE sent
+        (the SUBACK comes among the messages). OSError: the broker cannot be reached or
+        did not answer; UserError: it refused."""
+        import os
+        import socket
+
+        from dqcep.io.mqtt_wire import (CONNACK, CONNACK_REFUSALS, connect_packet,
+                                        subscribe_packet)
+        sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        try:
+            if self.url.tls:
+                sock = self.url.tls_context().wrap_socket(sock, server_hostname=self.host)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            password = os.environ.get(PASSWORD_ENV) if self.url.username else None
+            sock.sendall(connect_packet(self.client_id, self.keepalive, self.url.username,
+                                        password))
+            self.intake.reset()
+            deadline = time.monotonic() + timeout
+            while True:
+                found = self._first_packet()
+                if found is not None:
+                    break
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                n = sock.recv_into(self.intake.view())
+                if not n:
+                    raise ConnectionError("the broker closed the connection before its CONNACK")
+                self.intake.filled += n
+            kind, body, end = found
+            if kind != CONNACK or len(body) != 2:
+                raise ConnectionError(f"the broker answered CONNECT with a packet of type {kind}")
+            if body[1]:
+                raise UserError(f"the MQTT broker at {self.host}:{self.port} refused the "
+                                f"connection: {CONNACK_REFUSALS.get(body[1], body[1])}")
+            rest = self.intake.filled - end
+            self.intake.buffer[:rest] = self.intake.buffer[end:self.intake.filled]
+            self.intake.filled = rest
+            sock.sendall(subscribe_packet(1, self.topics))
+            sock.settimeout(READ_TIMEOUT)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._last_sent = self._last_received = time.monotonic()
+
+    def _first_packet(self):
+        from dqcep.io.mqtt_wire import control_packet
+        found = control_packet(self.intake.buffer.data, 0, self.intake.filled) \
+            if self.intake.filled >= 2 else None
+        return None if found is None else (found[0], found[2], found[3])
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+            self._last_sent = time.monotonic()
+        except OSError:
+            self._drop()  # the reader finds the socket gone and connects again
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = None
+
+    def _answer(self, controls) -> None:
+        from dqcep.io.mqtt_wire import SUBACK, SUBACK_FAILURE
+        for kind, _flags, body in controls:
+            if kind == SUBACK:
+                if SUBACK_FAILURE in body[2:]:
+                    self.failure = (f"the MQTT broker at {self.host}:{self.port} refused "
+                                    f"the subscription to {', '.join(self.topics)}")
+                self._subscribed.set()
+            # PINGRESP: the read itself counts; nothing else is sent to a subscriber
+
+    def _read_once(self) -> None:
+        import socket
+
+        from dqcep.io.mqtt_wire import PINGREQ_PACKET
+        try:
+            n = self._sock.recv_into(self.intake.view())
+        except socket.timeout:
+            n = -1
+        now = time.monotonic()
+        if n == 0:
+            raise ConnectionError("the broker closed the connection")
+        if n > 0:
+            self._last_received = now
+            self._answer(self.intake.received_bytes(n, time.time()))
+        elif now - self._last_received > 1.5 * self.keepalive:
+            raise ConnectionError(f"the broker said nothing for {1.5 * self.keepalive:g} s")
+        if (self.write_error is None or now >= self._retry_at) and \
+                (self.intake.acks or self.journal.next_offset > self.journal.durable_offset
+                 or self.write_error is not None):
+            self.commit()
+        if self._sock is not None and (now - self._last_sent > self.keepalive / 2
+                                       or now - self._last_received > self.keepalive / 2):
+            self._send(PINGREQ_PACKET)
+
+    def _read_loop(self) -> None:
+        from dqcep.io.mqtt_wire import ProtocolError
+        delay = 1.0
         try:
             while not self._stop.is_set():
-                self._arrived.wait(self.commit_interval)
-                self._arrived.clear()
-                if not self._commit():
-                    self._stop.wait(self.retry_interval)
+                if self._sock is None:
+                    if self.journal.next_offset > self.journal.durable_offset:
+                        self.commit()  # what the last connection brought
+                    try:
+                        self._connect(REACH_TIMEOUT)
+                        delay = 1.0
+                    except (OSError, UserError) as err:
+                        self._stop.wait(delay)
+                        delay = min(8.0, 2 * delay)
+                        if isinstance(err, UserError):
+                            print(f"dqcep: {err}; trying again", file=sys.stderr, flush=True)
+                    continue
+                try:
+                    self._read_once()
+                except ProtocolError as err:
+                    print(f"dqcep: {err}; closing the connection to {self.host}:{self.port} "
+                          f"(what came before it is journaled; the broker sends the rest "
+                          f"again)", file=sys.stderr, flush=True)
+                    self._drop()
+                except OSError:  # ConnectionError among them: connect again
+                    self._drop()
         except BaseException as err:  # noqa: BLE001 - the service sees it and stops
-            self.failure = f"the journal committer failed: {err!r}"
+            self.failure = f"receiving messages failed: {err!r}"
 
     def start(self) -> None:
         """Connect and subscribe. A broker that cannot be reached, or does not answer,
@@ -426,43 +536,31 @@ class MqttSource:
         deadline = time.monotonic() + REACH_TIMEOUT
         while True:
             try:
-                self.client.connect(self.host, self.port)
+                self._connect(max(0.05, deadline - time.monotonic()))
                 break
+            except TimeoutError:
+                raise UserError(f"the MQTT broker at {self.host}:{self.port} did not answer "
+                                f"within {REACH_TIMEOUT:g} s") from None
             except OSError as err:
                 if time.monotonic() + 0.25 > deadline:
                     raise UserError(f"cannot connect to the MQTT broker at {self.host}:"
                                     f"{self.port}: {err.strerror or err}") from None
                 time.sleep(0.25)
-        self.client.loop_start()
-        self.start_committer()
-        if not self._answered.wait(max(0.0, deadline - time.monotonic())):
+        self._reader.start()
+        if not self._subscribed.wait(self.connect_timeout) or self.failure:
             self.stop()
-            raise UserError(f"the MQTT broker at {self.host}:{self.port} did not answer "
-                            f"within {REACH_TIMEOUT:g} s")
-        if not self._subscribed.wait(self.connect_timeout) or self._refused:
-            self.stop()
-            if self._refused:
-                raise UserError(f"the MQTT broker at {self.host}:{self.port} refused the "
-                                f"connection: {self._refused}")
-            raise UserError(f"the MQTT broker at {self.host}:{self.port} did not confirm "
-                            f"the subscription to {', '.join(self.topics)}")
-
-    def start_committer(self) -> None:
-        """The committer thread alone (``start`` starts it; calibration uses it without
-        a broker)."""
-        self._committer.start()
-
-    def stop_committer(self) -> bool:
-        """The committer stopped after a last commit; False if that commit failed."""
-        self._stop.set()
-        if self._committer.is_alive():
-            self._committer.join()
-        return self._commit()
+            raise UserError(self.failure or f"the MQTT broker at {self.host}:{self.port} did "
+                            f"not confirm the subscription to {', '.join(self.topics)}")
 
     def stop(self) -> bool:
         """Disconnect after a last commit; False if that commit failed (nothing of it
         was acknowledged: the broker sends it again to the next session)."""
-        committed = self.stop_committer()
-        self.client.disconnect()
-        self.client.loop_stop()
+        from dqcep.io.mqtt_wire import DISCONNECT_PACKET
+        self._stop.set()
+        if self._reader.is_alive():
+            self._reader.join()
+        committed = self.commit()
+        if self._sock is not None:
+            self._send(DISCONNECT_PACKET)
+            self._drop()
         return committed

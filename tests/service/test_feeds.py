@@ -13,6 +13,7 @@ from dqcep.core.events import Event
 from dqcep.io.journal import Journal, read_journal
 from dqcep.io.mapping import TopicMap, derived_id
 from dqcep.io.mqtt import MqttSource, MqttUrl
+from dqcep.io.mqtt_wire import publish_packet
 from tests.support.feeds import MAP, QUERIES, ROOT, Publisher, expected, feed
 from tests.support.service import Workers
 
@@ -67,23 +68,21 @@ def test_device_feeds_mapped_exactly_once_across_two_kills(mosquitto, tmp_path, 
 
 
 def test_a_redelivered_message_is_not_journaled_twice(tmp_path):
-    class Message:
-        def __init__(self, mid, payload, dup):
-            self.topic, self.payload, self.mid, self.dup = "sensors/r1/T", payload, mid, dup
-
+    topic = "sensors/r1/T"
     journal = Journal(tmp_path, fsync="never")
     source = MqttSource([MqttUrl.parse("mqtt://127.0.0.1/sensors/#", subscribe=True)], journal)
-    source._on_message(None, None, Message(7, b'{"value": 1}', False))
+    source.take(publish_packet(topic, b'{"value": 1}', 7))
     journal.commit()
     # a new run after a crash between the commit and the PUBACK: the broker sends it again
     again = MqttSource([MqttUrl.parse("mqtt://127.0.0.1/sensors/#", subscribe=True)], journal)
-    again._on_message(None, None, Message(7, b'{"value": 1}', True))   # the same: dropped
-    again._on_message(None, None, Message(7, b'{"value": 2}', True))   # another payload: kept
-    again._on_message(None, None, Message(8, b'{"value": 1}', False))  # new: kept
+    again.take(publish_packet(topic, b'{"value": 1}', 7, dup=True)     # the same: dropped
+               + publish_packet(topic, b'{"value": 2}', 7, dup=True)   # another payload: kept
+               + publish_packet(topic, b'{"value": 1}', 8))            # new: kept
     journal.commit()
     assert [(r.mid, r.payload) for r in journal.read()] == [
         (7, b'{"value": 1}'), (7, b'{"value": 2}'), (8, b'{"value": 1}')]
-    assert again.redelivered == 1 and again._pending == [7, 7, 8]
+    assert again.redelivered == 1   # and every one is acknowledged, in order:
+    assert again.intake.acks == [b"\x40\x02\x00\x07" * 2 + b"\x40\x02\x00\x08"]
     journal.close()
 
 

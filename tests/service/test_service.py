@@ -443,9 +443,9 @@ def test_a_dead_ingest_thread_ends_the_service_loudly(mosquitto, tmp_path):
     cfg.inputs = [f"mqtt://{host}:{port}/dqcep/dies"]
     svc = StreamingService(cfg)
 
-    def broken_append(topic, payload):
+    def broken_append(records, count):  # what the MQTT source's reader appends with
         raise MemoryError("simulated")
-    svc.journal.append = broken_append
+    svc.journal.append_framed = broken_append
     stop = threading.Event()
     result = []
     worker = threading.Thread(target=lambda: result.append(svc.run(stop)))

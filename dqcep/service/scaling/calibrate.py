@@ -14,7 +14,7 @@ model's costs.
   reads the service's own measurements from its stats (``service``: the time per
   payload of its steps; ``response``: the matches' mean response time, less the time
   per payload and the checkpoints' wait, is the model's delay: ``_waited``).
-  Everything the service shares a core with (paho's threads, the broker) is in the
+  Everything the service shares a core with (its MQTT reader, the broker) is in the
   figures. The queries alone are one run of
   ``--workers N`` (``workers``: a journal consumer per query, each measured on its
   own, as ``dqcep run --workers N`` runs them; a consumer's cost grows with the
@@ -23,9 +23,8 @@ model's costs.
 - **Offline** (no broker): a ``StreamingService`` in this process reads a journal
   holding the payloads, one payload per ``step`` (journal read, decoding, repeated
   ids, engine, match output, response-time measurement); the delay is timed on the
-  MQTT source's own committer without a broker (a message handed to it as paho would,
-  the journal committed with fsync where ``journal_dir`` lives, the wait for the
-  commit's signal as the service waits).
+  MQTT source's own read-and-commit without a broker (a PUBLISH handed to it as a read
+  brings it, the journal committed with fsync where ``journal_dir`` lives).
 
 Live, ``loads`` measures the queries alone and the shared plan again with Poisson
 arrivals at shares of the shared plan's capacity (default in ``dqcep calibrate
@@ -57,6 +56,7 @@ from dqcep.service.scaling.model import Calibration, from_moments, moments
 from dqcep.core.errors import UserError
 from dqcep.io.journal import Journal
 from dqcep.io.mqtt import ArrivalTimes, MqttPublisher, MqttSource, MqttUrl
+from dqcep.io.mqtt_wire import publish_packet
 from dqcep.lang import parse_file
 from dqcep.plan import build_plan
 from dqcep.runtime import Engine
@@ -312,32 +312,23 @@ def _overhead(queries, payloads, journal_dir: Path, gap, timer, sleep) -> list[f
     return times
 
 
-class _Message:
-    """What paho hands ``on_message``: topic, payload, message id."""
-
-    def __init__(self, topic: str, payload: bytes, mid: int):
-        self.topic, self.payload, self.mid, self.dup = topic, payload, mid, False
-
-
 def _commit_delay(directory: Path, payload: bytes, commits: int, gap, timer, sleep) -> float:
-    """Mean time from a message's arrival to the service's wake-up after its commit:
-    the MQTT source's committer thread (its acks go nowhere: no broker) and a journal
-    in ``directory`` (fsync)."""
+    """Mean time from a message's arrival to its commit, as the MQTT source's reader
+    takes a read and commits it (its acks go nowhere: no broker), a journal in
+    ``directory`` (fsync)."""
     journal = Journal(directory, fsync="always")
     source = MqttSource([MqttUrl.parse(f"mqtt://127.0.0.1/{TOPIC}", subscribe=True)],
                         journal)
-    source.start_committer()
     total = 0.0
     try:
         for mid in range(1, commits + 1):
             sleep(gap)
-            source.committed.clear()
             started = timer()
-            source._on_message(None, None, _Message(TOPIC, payload, mid))
-            if not source.committed.wait(10):
-                raise OSError(f"the journal in {directory} took 10 s to commit")
+            source.take(publish_packet(TOPIC, payload, mid))
+            if not source.commit():
+                raise OSError(f"the journal in {directory} cannot be written: "
+                              f"{source.write_error}")
             total += timer() - started
     finally:
-        source.stop_committer()
         journal.close()
     return total / commits

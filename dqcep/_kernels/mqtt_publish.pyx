@@ -1,0 +1,339 @@
+"""Complete MQTT PUBLISH packets -> journal records and PUBACKs, one pass per read.
+
+The MQTT source (``dqcep.io.mqtt``) reads its socket in large buffers. ``frame`` walks
+the complete PUBLISH packets of a buffer and writes, for each message, the journal
+record ``[u32 length][u32 crc32][msgpack [offset, topic, payload, arrival_us, mid]]``
+byte for byte as ``dqcep.io.journal.Journal.append`` writes it, and for each QoS 1
+message its PUBACK, to be sent once the records are durable. It stops at the first
+packet that is not a PUBLISH (the caller answers it), at an incomplete one (the caller
+reads more), when the output is full, or at a malformed packet (the caller closes the
+connection: nothing after it was acknowledged).
+
+As the paho path did: a topic that is no UTF-8 is journaled as ``<topic not UTF-8>``;
+a payload over ``max_payload`` bytes is journaled as its size (``Refused``); a message
+that comes with the DUP flag and the packet id, topic and payload of one of the last
+``window`` journal records is a redelivery (its PUBACK was lost): acknowledged, not
+journaled again. The fingerprints (packet id -> offset, topic and payload checksum and
+sizes) are arrays indexed by packet id, so the loop does no Python object work.
+"""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+import numpy as np
+
+from dqcep._kernels._types cimport idx_t
+from dqcep._kernels.msgpack_encode cimport put_int
+
+cdef enum Stop:  # what frame() stopped at
+    STOP_MORE       # an incomplete packet starts at pos (detail: its full size once known, else 0)
+    STOP_CONTROL    # a packet that is no PUBLISH starts at pos
+    STOP_FULL       # the output cannot hold the next record (detail: the bytes it needs)
+    STOP_MALFORMED  # the packet at pos is malformed (detail: the reason, MALFORMED_REASONS)
+
+MORE, CONTROL, FULL, MALFORMED = STOP_MORE, STOP_CONTROL, STOP_FULL, STOP_MALFORMED
+
+MALFORMED_REASONS = {
+    1: "its remaining length takes more than 4 bytes",
+    2: "its topic runs past the end of the packet",
+    3: "its QoS is 3",
+    4: "it is QoS 1 with packet id 0",
+    5: "it is QoS 2, above the subscription's QoS 1",
+}
+
+cdef const char* NOT_UTF8_C = b"<topic not UTF-8>"
+NOT_UTF8 = NOT_UTF8_C
+cdef int PACKET_IDS = 65536
+
+cdef uint32_t CRC[8][256]
+
+
+cdef void _crc_tables():
+    cdef uint32_t c
+    cdef int i, j
+    for i in range(256):
+        c = <uint32_t>i
+        for j in range(8):
+            c = (c >> 1) ^ (0xEDB88320 if c & 1 else 0)
+        CRC[0][i] = c
+    for i in range(256):
+        for j in range(1, 8):
+            CRC[j][i] = (CRC[j - 1][i] >> 8) ^ CRC[0][CRC[j - 1][i] & 0xff]
+
+
+_crc_tables()
+
+
+cdef uint32_t crc32_update(uint32_t crc, const uint8_t* p, idx_t n) noexcept nogil:
+    """zlib's crc32 (``zlib.crc32(data, crc)``), eight bytes a step (slicing-by-8)."""
+    cdef uint32_t one, two
+    crc = ~crc
+    while n >= 8:
+        one = (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
+               | (<uint32_t>p[3] << 24)) ^ crc
+        two = <uint32_t>p[4] | (<uint32_t>p[5] << 8) | (<uint32_t>p[6] << 16) \
+            | (<uint32_t>p[7] << 24)
+        crc = (CRC[7][one & 0xff] ^ CRC[6][(one >> 8) & 0xff] ^ CRC[5][(one >> 16) & 0xff]
+               ^ CRC[4][one >> 24] ^ CRC[3][two & 0xff] ^ CRC[2][(two >> 8) & 0xff]
+               ^ CRC[1][(two >> 16) & 0xff] ^ CRC[0][two >> 24])
+        p += 8
+        n -= 8
+    while n > 0:
+        crc = CRC[0][(crc ^ p[0]) & 0xff] ^ (crc >> 8)
+        p += 1
+        n -= 1
+    return ~crc
+
+
+def crc32(const uint8_t[::1] data, uint32_t crc=0):
+    """``zlib.crc32`` (for the tests: the kernel's checksum is zlib's)."""
+    return crc32_update(crc, &data[0] if data.shape[0] else NULL, data.shape[0])
+
+
+cdef bint utf8_valid(const uint8_t* p, idx_t n) noexcept nogil:
+    """Well-formed UTF-8 (Unicode table 3-7): what ``bytes.decode("utf-8")`` accepts."""
+    cdef idx_t i = 0
+    cdef uint8_t b, lo, hi
+    cdef int more, k
+    while i < n:
+        b = p[i]
+        if b < 0x80:
+            i += 1
+            continue
+        lo, hi = 0x80, 0xbf
+        if 0xc2 <= b <= 0xdf:
+            more = 1
+        elif b == 0xe0:
+            more, lo = 2, 0xa0
+        elif 0xe1 <= b <= 0xec or 0xee <= b <= 0xef:
+            more = 2
+        elif b == 0xed:
+            more, hi = 2, 0x9f
+        elif b == 0xf0:
+            more, lo = 3, 0x90
+        elif 0xf1 <= b <= 0xf3:
+            more = 3
+        elif b == 0xf4:
+            more, hi = 3, 0x8f
+        else:
+            return False
+        if i + more >= n:
+            return False
+        if not (lo <= p[i + 1] <= hi):
+            return False
+        for k in range(2, more + 1):
+            if not (0x80 <= p[i + k] <= 0xbf):
+                return False
+        i += more + 1
+    return True
+
+
+cdef inline void put_be(uint8_t* out, uint64_t v, int nbytes) noexcept nogil:
+    cdef int i
+    for i in range(nbytes):
+        out[i] = <uint8_t>(v >> (8 * (nbytes - 1 - i)))
+
+
+cdef inline idx_t put_str_header(uint8_t* out, idx_t n) noexcept nogil:
+    """msgpack str header as msgpack-python writes it (fixstr, str8, str16, str32)."""
+    if n < 32:
+        out[0] = 0xa0 | <uint8_t>n
+        return 1
+    if n <= 0xff:
+        out[0], out[1] = 0xd9, <uint8_t>n
+        return 2
+    if n <= 0xffff:
+        out[0] = 0xda
+        put_be(out + 1, <uint64_t>n, 2)
+        return 3
+    out[0] = 0xdb
+    put_be(out + 1, <uint64_t>n, 4)
+    return 5
+
+
+cdef inline idx_t put_bin_header(uint8_t* out, idx_t n) noexcept nogil:
+    if n <= 0xff:
+        out[0], out[1] = 0xc4, <uint8_t>n
+        return 2
+    if n <= 0xffff:
+        out[0] = 0xc5
+        put_be(out + 1, <uint64_t>n, 2)
+        return 3
+    out[0] = 0xc6
+    put_be(out + 1, <uint64_t>n, 4)
+    return 5
+
+
+cdef inline void put_le32(uint8_t* out, uint32_t v) noexcept nogil:
+    out[0], out[1], out[2], out[3] = v & 0xff, (v >> 8) & 0xff, (v >> 16) & 0xff, v >> 24
+
+
+# a record's bytes besides topic and payload: header 8, array 1, offset 9, topic header
+# 5, payload header 5 (or a refused payload's size: 9), arrival 9, packet id 3
+cdef enum:
+    RECORD_OVERHEAD = 8 + 1 + 9 + 5 + 9 + 9 + 3
+
+
+cdef class PublishFramer:
+    """PublishFramer(max_payload, window): one connection's PUBLISH framing and the
+    redelivery fingerprints of the last ``window`` journal records (kept across
+    reconnections: a redelivery comes on the next connection)."""
+
+    cdef readonly int64_t max_payload, window
+    cdef int64_t[::1] fp_offset      # packet id -> offset of its last journal record, -1
+    cdef uint32_t[::1] fp_crc        # crc32 of topic then payload as journaled
+    cdef int32_t[::1] fp_topic_len
+    cdef int64_t[::1] fp_size        # payload bytes (-1 - size for a refused payload)
+
+    def __cinit__(self, int64_t max_payload, int64_t window):
+        self.max_payload, self.window = max_payload, window
+        self.fp_offset = np.full(PACKET_IDS, -1, np.int64)
+        self.fp_crc = np.zeros(PACKET_IDS, np.uint32)
+        self.fp_topic_len = np.zeros(PACKET_IDS, np.int32)
+        self.fp_size = np.zeros(PACKET_IDS, np.int64)
+
+    def remember(self, int mid, int64_t offset, bytes topic, payload, int64_t size):
+        """A journal record's fingerprint (one of the previous run's last records):
+        ``payload`` its bytes, or None for a refused payload of ``size`` bytes."""
+        cdef const uint8_t[::1] t = topic
+        cdef const uint8_t[::1] p
+        cdef uint32_t crc = crc32_update(0, &t[0] if t.shape[0] else NULL, t.shape[0])
+        if payload is None:
+            self.fp_size[mid] = -1 - size
+        else:
+            p = payload
+            crc = crc32_update(crc, &p[0] if p.shape[0] else NULL, p.shape[0])
+            self.fp_size[mid] = p.shape[0]
+        self.fp_offset[mid], self.fp_crc[mid], self.fp_topic_len[mid] = offset, crc, t.shape[0]
+
+    def frame(self, const uint8_t[::1] data, idx_t pos, idx_t end, int64_t offset,
+              int64_t arrival_us, uint8_t[::1] records, uint8_t[::1] acks):
+        """Frame the PUBLISH packets in ``data[pos:end]``; the first record gets journal
+        offset ``offset``. Returns (pos, status, detail, records, messages, redelivered,
+        record bytes, ack bytes): where it stopped and why (MORE, CONTROL, FULL,
+        MALFORMED), journal records written to ``records``, messages read (journaled,
+        refused or redelivered), redeliveries among them, and the bytes written to
+        ``records`` and ``acks``. ``acks`` must hold ``end - pos`` bytes (a PUBACK is 4
+        bytes, a QoS 1 PUBLISH at least 7)."""
+        cdef idx_t n_records = 0, n_messages = 0, n_redelivered = 0, r = 0, a = 0
+        cdef idx_t cap = records.shape[0], start, i, rem, body_end, topic_len, payload_len
+        cdef idx_t need, body, k
+        cdef int status = STOP_MORE, shift, qos, mid
+        cdef int64_t detail = 0, size
+        cdef uint8_t b, kind
+        cdef bint dup, refused, utf8
+        cdef const uint8_t* topic
+        cdef const uint8_t* payload
+        cdef uint32_t fp, crc
+        cdef const uint8_t* not_utf8 = <const uint8_t*>NOT_UTF8_C
+        cdef idx_t not_utf8_len = len(NOT_UTF8)
+        with nogil:
+            while True:
+                start = pos
+                if pos + 2 > end:
+                    status, detail = STOP_MORE, 0
+                    break
+                kind = data[pos]
+                if kind >> 4 != 3:
+                    status = STOP_CONTROL
+                    break
+                rem, shift, i = 0, 0, pos + 1
+                while True:
+                    if i >= end:
+                        rem = -1
+                        break
+                    b = data[i]
+                    rem |= <idx_t>(b & 0x7f) << shift
+                    i += 1
+                    if not b & 0x80:
+                        break
+                    shift += 7
+                    if shift == 28:
+                        rem = -2
+                        break
+                if rem == -2:
+                    status, detail = STOP_MALFORMED, 1
+                    break
+                if rem == -1:
+                    status, detail = STOP_MORE, 0
+                    break
+                body_end = i + rem
+                if body_end > end:
+                    status, detail = STOP_MORE, body_end - pos
+                    break
+                qos = (kind >> 1) & 3
+                dup = (kind >> 3) & 1
+                if qos == 3:
+                    status, detail = STOP_MALFORMED, 3
+                    break
+                if qos == 2:
+                    status, detail = STOP_MALFORMED, 5
+                    break
+                if rem < 2:
+                    status, detail = STOP_MALFORMED, 2
+                    break
+                topic_len = (<idx_t>data[i] << 8) | data[i + 1]
+                if i + 2 + topic_len + (2 if qos else 0) > body_end:
+                    status, detail = STOP_MALFORMED, 2
+                    break
+                topic = &data[i + 2]
+                i += 2 + topic_len
+                mid = -1
+                if qos:
+                    mid = (<int>data[i] << 8) | data[i + 1]
+                    i += 2
+                    if mid == 0:
+                        status, detail = STOP_MALFORMED, 4
+                        break
+                payload, payload_len = &data[i], body_end - i
+                utf8 = utf8_valid(topic, topic_len)
+                if not utf8:
+                    topic, topic_len = not_utf8, not_utf8_len
+                refused = payload_len > self.max_payload
+                need = RECORD_OVERHEAD + topic_len + (0 if refused else payload_len)
+                fp = crc32_update(0, topic, topic_len)
+                if not refused:
+                    fp = crc32_update(fp, payload, payload_len)
+                size = -1 - payload_len if refused else payload_len
+                if (dup and mid >= 0 and self.fp_offset[mid] >= 0
+                        and self.fp_offset[mid] >= offset + n_records - self.window
+                        and self.fp_crc[mid] == fp and self.fp_topic_len[mid] == topic_len
+                        and self.fp_size[mid] == size):
+                    n_redelivered += 1
+                else:
+                    if r + need > cap:
+                        status, detail = STOP_FULL, need
+                        break
+                    body = r + 8
+                    k = body
+                    records[k] = 0x95
+                    k += 1
+                    k += put_int(&records[k], offset + n_records)
+                    k += put_str_header(&records[k], topic_len)
+                    memcpy(&records[k], topic, topic_len)
+                    k += topic_len
+                    if refused:
+                        k += put_int(&records[k], payload_len)
+                    else:
+                        k += put_bin_header(&records[k], payload_len)
+                        memcpy(&records[k], payload, payload_len)
+                        k += payload_len
+                    k += put_int(&records[k], arrival_us)
+                    if mid >= 0:
+                        k += put_int(&records[k], mid)
+                        self.fp_offset[mid] = offset + n_records
+                        self.fp_crc[mid], self.fp_topic_len[mid] = fp, topic_len
+                        self.fp_size[mid] = size
+                    else:
+                        records[k] = 0xc0
+                        k += 1
+                    put_le32(&records[r], <uint32_t>(k - body))
+                    put_le32(&records[r + 4], crc32_update(0, &records[body], k - body))
+                    r = k
+                    n_records += 1
+                if mid >= 0:
+                    acks[a], acks[a + 1] = 0x40, 0x02
+                    acks[a + 2], acks[a + 3] = <uint8_t>(mid >> 8), <uint8_t>(mid & 0xff)
+                    a += 4
+                n_messages += 1
+                pos = body_end
+        return pos, status, detail, n_records, n_messages, n_redelivered, r, a
