@@ -2,15 +2,51 @@
 
 ``JournalTail`` follows a journal from an offset across calls, keeping its file
 and position, and gives the offsets the journal cannot give back (damaged bytes,
-a cut, deleted or trimmed segment) as ``Gap`` records in their place.
+a cut, deleted or trimmed segment) as ``Gap`` records in their place. ``block``
+gives a run of plain records at once as a ``RecordBlock`` (arrays, no object per
+record), which a kernel consumer reads without a ``Record`` each.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from dqcep.io.journal import (HEADER, MAX_RECORD, SEG, Gap, Record, check_format, record_at,
-                              resync, segment_name, segments)
+import numpy as np
+
+from dqcep._kernels.journal_records import scan_records
+from dqcep.io.journal import (HEADER, MAX_RECORD, SEG, Gap, Record, Refused, check_format,
+                              record_at, resync, segment_name, segments)
+
+BLOCK_BYTES = 4 << 20  # bytes of a segment a block is scanned from, at most
+TOPIC, TOPIC_LEN, PAYLOAD, PAYLOAD_LEN, ARRIVAL, MID = range(6)  # columns of RecordBlock.spans
+NO_ARRIVAL = np.iinfo(np.int64).min
+
+
+class RecordBlock:
+    """``count`` consecutive journal records from offset ``first``, as they lie in
+    ``data`` (bytes of a segment): ``spans[i]`` is record ``first + i``'s topic start and
+    length, payload start and length (refused at ingest: -1 - its size), arrival µs
+    (NO_ARRIVAL: none) and packet id (-1: none)."""
+
+    def __init__(self, data: bytes, first: int, spans: np.ndarray):
+        self.data, self.first, self.spans = data, first, spans
+        self.count = len(spans)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.arange(self.first, self.first + self.count, dtype=np.int64)
+
+    def arrival_ms(self) -> np.ndarray:
+        """Each record's arrival in ms (-1: unknown)."""
+        arrival = self.spans[:, ARRIVAL]
+        return np.where(arrival == NO_ARRIVAL, -1, arrival // 1000)
+
+    def record(self, i: int) -> Record:
+        """Record ``first + i`` as the Python reader gives it."""
+        t, tn, p, pn, arrival, mid = self.spans[i].tolist()
+        payload = Refused(-1 - pn) if pn < 0 else self.data[p:p + pn]
+        return Record(self.first + i, self.data[t:t + tn].decode("utf-8"), payload,
+                      None if arrival == NO_ARRIVAL else arrival, None if mid < 0 else mid)
 
 
 class JournalTail:
@@ -84,6 +120,34 @@ class JournalTail:
         f.seek(start + (len(data) if nxt is None else nxt))
         return self._next_record() if nxt is not None else "eof"
 
+    def block(self, upto: int, max_records: int, stop_topic: str) -> RecordBlock | None:
+        """The next run of plain records below offset ``upto`` (at most ``max_records``)
+        as one block, or None where ``read`` must take the next record: a gap, damage,
+        a record of an older format or still being written, a segment's end, or a
+        record on ``stop_topic``."""
+        if self._file is None and self.offset < upto:
+            holding = [p for p in segments(self.dir) if int(p.stem) <= self.offset]
+            if holding:
+                self._open(holding[-1])
+        f = self._file
+        if f is None or self._damage is not None or self._last != self.offset - 1 \
+                or self.offset >= upto:
+            return None
+        start = f.tell()
+        data = f.read(BLOCK_BYTES)
+        limit = min(upto - self.offset, max_records)
+        spans = np.empty((min(limit, len(data) // HEADER.size + 1), 6), np.int64)
+        end, count, _ = scan_records(data, 0, self.offset, len(spans),
+                                     stop_topic.encode(), spans)
+        f.seek(start + end)
+        if not count:
+            return None
+        block = RecordBlock(data[:end] if end < len(data) else data, self.offset,
+                            spans[:count])
+        self._last = self.offset + count - 1
+        self.offset += count
+        return block
+
     def read(self, upto: int) -> Iterator[Record]:
         while self.offset < upto:
             if self._file is None:
@@ -124,11 +188,17 @@ class JournalTail:
             if offset >= upto:  # appended after the caller's snapshot: read it next time
                 self._file.seek(self._record_start)
                 return
-            self._last = offset
             if offset < self.offset:
+                self._last = offset
                 continue  # before where this tail started
             if offset > self.offset:
+                # the gap first; the record is read again after it, so that a caller
+                # who stops after the gap does not lose it
+                self._file.seek(self._record_start)
                 yield self._gap(offset, self._damage or "missing from the journal")
+                self._damage = None
+                continue
+            self._last = offset
             self._damage = None
             self.offset = offset + 1  # before the yield: a caller may stop after any record
             yield record

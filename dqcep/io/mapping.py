@@ -240,6 +240,19 @@ class TopicMap:
         self._topics[topic] = hit
         return hit
 
+    def kernel_reading(self, topic: str):
+        """How the kernel (``MappedColumns``) may read the records of ``topic``: (event
+        type, format, {attribute: value} from the topic's levels), or None when they are
+        for ``read``: no rule matches, or the rule reads a time, an id or renames, or
+        the type would come from the payload."""
+        rule, level_attrs, level_type = self._for_topic(topic)
+        if rule is None or rule.ts is not None or rule.id is not None or rule.rename:
+            return None
+        etype = rule.type or level_type
+        if not etype:
+            return None
+        return etype, rule.format, level_attrs
+
     def read(self, record: Record) -> tuple[list[Event], list[Rejected]]:
         """The events of one journal record, and why any part of it is no event."""
         rule, level_attrs, level_type = self._for_topic(record.topic)
@@ -406,3 +419,42 @@ def _time(value, rule: TopicRule, arrival_us: int | None = None) -> int:
     if abs(ms) >= 2.0**63:
         raise EventError(f"the time field {name!r} holds {value!r}, out of range")
     return round(ms)
+
+
+class MappedColumns:
+    """A map's records read by the ``map_decode`` kernel into a ``ColumnDecoder``'s
+    rows, for the topics whose rule it can read (``TopicMap.kernel_reading``); each new
+    topic is resolved by the map once. ``decode(block, start, rows)`` reads records of
+    a ``RecordBlock`` from ``start`` and returns where it stopped: the block's end, or
+    a record the map must ``read`` in Python."""
+
+    def __init__(self, topic_map: TopicMap, decoder, types: list[str], attrs: list[str]):
+        from dqcep._kernels.map_decode import DETECT, JSON, VALUE, MapDecoder
+        self.map, self.decoder = topic_map, decoder
+        self.kernel = MapDecoder(decoder)
+        self._type_code = {t: i for i, t in enumerate(types)}
+        self._column = {a: i for i, a in enumerate(attrs)}
+        self._formats = {None: DETECT, "json": JSON, "value": VALUE}
+
+    def decode(self, block, start: int, rows) -> int:
+        from dqcep._kernels.map_decode import NEW_TOPIC
+        from dqcep.io.journal_tail import TOPIC, TOPIC_LEN
+        while True:
+            i, why = self.kernel.decode(block.data, block.first, block.spans, start, rows)
+            if why != NEW_TOPIC:
+                return i
+            t, n = block.spans[i, TOPIC], block.spans[i, TOPIC_LEN]
+            topic = block.data[t:t + n]
+            self._register(topic)
+            start = i
+
+    def _register(self, topic: bytes) -> None:
+        reading = self.map.kernel_reading(topic.decode("utf-8"))
+        fmt = reading[1] if reading is not None else None
+        if reading is None or fmt not in self._formats:
+            self.kernel.register(topic, None, 0, [])
+            return
+        etype, _, levels = reading
+        self.kernel.register(topic, self._type_code.get(etype, -1), self._formats[fmt],
+                             [(self._column[a], v) for a, v in levels.items()
+                              if a in self._column])

@@ -262,7 +262,7 @@ class MqttSource:
     """Subscribes with QoS 1 in a persistent session; journals messages, acks when durable.
 
     One thread owns the connection: it reads the socket in large buffers, the
-    ``mqtt_publish`` kernel frames the journal records of every complete PUBLISH of a
+    ``journal_records`` kernel frames the journal records of every complete PUBLISH of a
     read (one arrival time per read, see ``dqcep.io.mqtt_wire.Intake``), the thread
     commits them (fsync) and sends their PUBACKs in one send: group commit sized by what
     arrived, so a message the broker considers delivered is on disk. After each commit

@@ -2,9 +2,9 @@
 ``Intake``, which turns the bytes read from the broker into journal records and PUBACKs.
 
 The source owns its socket (no client library): every message costs one pass of the
-``mqtt_publish`` kernel over the buffer it came in, no Python object. What a subscriber
-sends is four packets: CONNECT, SUBSCRIBE, PINGREQ, DISCONNECT (and the PUBACKs the
-kernel writes); what it gets besides PUBLISH is CONNACK, SUBACK and PINGRESP.
+``journal_records`` kernel over the buffer it came in, no Python object. What a
+subscriber sends is four packets: CONNECT, SUBSCRIBE, PINGREQ, DISCONNECT (and the
+PUBACKs the kernel writes); what it gets besides PUBLISH is CONNACK, SUBACK and PINGRESP.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from dqcep._kernels.mqtt_publish import (CONTROL, FULL, MALFORMED, MALFORMED_REASONS, MORE,
-                                         PublishFramer)
+from dqcep._kernels.journal_records import (CONTROL, FULL, MALFORMED, MALFORMED_REASONS,
+                                           MORE, PublishFramer)
 
 PROTOCOL_LEVEL = 4  # MQTT 3.1.1
 CONNECT, CONNACK, PUBLISH, PUBACK = 1, 2, 3, 4

@@ -343,3 +343,45 @@ def test_a_segment_closed_while_a_tail_lists_the_journal_is_not_lost(tmp_path, m
     seen += list(tail.read(j.durable_offset))
     assert raced and gaps(seen) == []
     assert [o for o, *_ in seen] == list(range(12, raced[0]))
+
+
+def blocks_and_records(directory, upto, start=0, max_records=7, stop_topic="stop"):
+    """What a kernel consumer reads: blocks where ``block`` gives them, else one record
+    from ``read``; as records, in order."""
+    from dqcep.io.journal_tail import JournalTail
+    tail, out = JournalTail(directory, start), []
+    while True:
+        block = tail.block(upto, max_records, stop_topic)
+        if block is not None:
+            assert block.first == tail.offset - block.count
+            out += [block.record(i) for i in range(block.count)]
+            continue
+        record = next(tail.read(upto), None)
+        if record is None:
+            return out
+        out.append(record)
+
+
+@pytest.mark.parametrize("damage", [None, "body", "length", "cut"])
+@pytest.mark.parametrize("start", [0, 33])
+def test_blocks_read_what_records_read_around_damage_and_segment_ends(tmp_path, damage, start):
+    from dqcep.io.journal import Refused
+    j = Journal(tmp_path, segment_bytes=2048)
+    for i in range(120):
+        topic = "stop" if i % 17 == 5 else f"t/{i % 3}"
+        payload = Refused(1000 + i) if i % 13 == 4 else f"payload {i}".encode() * (1 + i % 5)
+        j.append(topic, payload, None if i % 11 == 3 else 1_000_000 + i,
+                 None if i % 7 == 2 else i % 65536)
+        if i % 10 == 9:
+            j.commit()  # (a segment is closed by a commit)
+    seg = sorted(tmp_path.glob("*.seg"))[1]
+    pos, _ = record_starts(seg)[2]
+    if damage == "cut":
+        with open(seg, "r+b") as f:
+            f.truncate(pos + 5)
+    elif damage:
+        flip(seg, pos + (12 if damage == "body" else 1))
+    j.append("t/late", b"not durable yet")  # appended, not committed: not read
+    want = tail_all(tmp_path, j.durable_offset, start)
+    assert blocks_and_records(tmp_path, j.durable_offset, start) == want
+    assert blocks_and_records(tmp_path, 60, start) == tail_all(tmp_path, 60, start)

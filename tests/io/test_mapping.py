@@ -271,3 +271,132 @@ def test_a_map_nested_too_deeply_is_refused_with_a_line_not_a_traceback(tmp_path
                        cwd=ROOT)
     assert r.returncode == 2 and "nested too deeply" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ the compiled map
+KERNEL_QUERY = ("PATTERN SEQ(Temperature a, Humidity b) WHERE a.value > b.value AND "
+                "a.room = b.room AND a.unit = 'C' AND b.ok = true WITHIN 10")
+KERNEL_MAP = """
+[[topic]]
+filter = "sensors/+/+"
+levels = "_/room/type"
+[[topic]]
+filter = "fixed/#"
+type = "Temperature"
+format = "value"
+[[topic]]
+filter = "json/+/+"
+levels = "_/type/unit"
+format = "json"
+[[topic]]
+filter = "timed/+"
+levels = "_/type"
+ts = "t"
+[[topic]]
+filter = "untyped/+"
+levels = "_/room"
+"""
+KERNEL_TOPICS = ["sensors/r1/Temperature", "sensors/r2/Humidity", "sensors/r1/Other",
+                 "sensors//Temperature", "sensors/ü/Humidity", "fixed/a", "json/Humidity/F",
+                 "timed/Temperature", "untyped/r1", "nomatch/x", "sensors/r1"]
+MEMBER_VALUES = st.one_of(
+    st.sampled_from(["1", "-0", "23.5", "1e3", "-2.5E-3", "12345678901234567890", "01",
+                     "1e400", "NaN", "true", "false", "null", '"C"', '"F"', '"é"', '"a\\"b"',
+                     '"\\u00e9"', '"\x01"', "{}", '{"x": 1}', "[1, 2]", "-", "1.", '"r9"']),
+    st.integers(-2**63, 2**64).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr))
+MEMBERS = st.lists(st.tuples(st.sampled_from(["value", "unit", "ok", "room", "type", "ts",
+                                              "id", "other", "é", "", "events", "t"]),
+                             MEMBER_VALUES), max_size=4)
+SPACE = st.sampled_from(["", " ", "\n\t", "\r "])
+
+
+@st.composite
+def kernel_payloads(draw):
+    kind = draw(st.integers(0, 2))
+    if kind == 0:
+        members = draw(MEMBERS)
+        s1, s2 = draw(SPACE), draw(SPACE)
+        body = ("," + s1).join(f'"{k}"{s2}:{s1}{v}' for k, v in members)
+        return f"{s1}{{{s2}{body}{s1}}}{s2}".encode()
+    if kind == 1:
+        return (draw(SPACE) + draw(MEMBER_VALUES) + draw(SPACE)).encode()
+    return draw(st.sampled_from([b"", b"on", b"\xff", b"\x81\xa5value\x01", b"[1]",
+                                 b"\x0b7", b"7\x1f", b" 7 x", "\u00a07".encode()]))
+
+
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.sampled_from(KERNEL_TOPICS), kernel_payloads(),
+                          st.sampled_from([ARRIVAL_US, ARRIVAL_US + 1999, None]),
+                          st.booleans()), min_size=1, max_size=25))
+def test_the_compiled_map_reads_what_the_map_reads(tmp_path_factory, records):
+    """MappedColumns on a RecordBlock against TopicMap.read and the engine's columns:
+    every record it takes gives the row the map's one event gives; it leaves to Python
+    every record the map rejects or reads otherwise."""
+    from dqcep.io.journal import Journal
+    from dqcep.io.journal_tail import JournalTail
+    from dqcep.io.mapping import MappedColumns
+    from dqcep.lang import parse
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+    engine = Engine(build_plan(parse(KERNEL_QUERY).queries))
+    topic_map = TopicMap.parse(KERNEL_MAP, "map.toml")
+    directory = tmp_path_factory.mktemp("journal")
+    journal = Journal(directory, fsync="never")
+    for topic, payload, arrival, refused in records:
+        journal.append(topic, Refused(len(payload)) if refused else payload, arrival, 1)
+    journal.commit()
+    block = JournalTail(directory).block(journal.durable_offset, 1 << 20, "$dqcep/control")
+    assert block is not None and block.count == len(records)
+    decoder = engine.column_decoder()
+    mapped = MappedColumns(topic_map, decoder, engine.types, engine.attrs)
+    rows = np.zeros(block.count, np.int64)
+    taken, i = [], 0
+    while i < block.count:
+        j = mapped.decode(block, i, rows)
+        taken += range(i, j)
+        i = j + 1  # record j: for the map in Python
+    events = []
+    for k in taken:
+        record = block.record(k)
+        assert record == next(journal.read(k))
+        got, rejected = topic_map.read(record)
+        assert len(got) == 1 and not rejected, (record, got, rejected)
+        events += got
+    assert rows.tolist() == [1 if k in taken else 0 for k in range(block.count)]
+    fast, slow = decoder.take(), engine.columns(events)
+    for name, a, b in zip(("ts", "id", "type", "val", "kind"), fast, slow):
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    # what a device sends most is for the kernel
+    plain = [k for k, (t, p, a, r) in enumerate(records)
+             if t == "sensors/r1/Temperature" and p in (b'{"value": 1}', b"1") and a and not r]
+    assert set(plain) <= set(taken)
+    journal.close()
+
+
+def test_the_compiled_map_takes_the_docs_feed():
+    """The docs' shapes of one reading a message are all for the kernel."""
+    from dqcep.io.journal import frame_record
+    from dqcep.io.journal_tail import RecordBlock
+    from dqcep.io.mapping import MappedColumns
+    from dqcep.lang import parse
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+    engine = Engine(build_plan(parse(KERNEL_QUERY).queries))
+    topic_map = TopicMap.parse(KERNEL_MAP, "map.toml")
+    payloads = [b'{"value": 23.1}', b"23.1", b'{"value": 21, "unit": "C"}', b"true",
+                b' {"ok": false, "room": "x"} ']
+    data = b"".join(frame_record(i, "sensors/r1/Humidity", p, ARRIVAL_US, i + 1)
+                    for i, p in enumerate(payloads))
+    from dqcep._kernels.journal_records import scan_records
+    spans = np.empty((len(payloads), 6), np.int64)
+    assert scan_records(data, 0, 0, len(payloads), b"", spans)[1] == len(payloads)
+    block = RecordBlock(data, 0, spans)
+    decoder = engine.column_decoder()
+    rows = np.zeros(len(payloads), np.int64)
+    assert MappedColumns(topic_map, decoder, engine.types, engine.attrs).decode(
+        block, 0, rows) == len(payloads)
+    ts, ids, types, val, kind = decoder.take()
+    assert ts.tolist() == [ARRIVAL_MS] * 5 and ids.tolist() == [i << 24 for i in range(5)]
+    room = engine.attrs.index("room")
+    assert val[4, room] == engine.dictionary.code("r1")  # the topic's level wins

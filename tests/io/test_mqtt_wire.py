@@ -1,4 +1,4 @@
-"""The MQTT source's intake (``dqcep.io.mqtt_wire.Intake`` on the ``mqtt_publish``
+"""The MQTT source's intake (``dqcep.io.mqtt_wire.Intake`` on the ``journal_records``
 kernel) against a Python reference parser, over random PUBLISH byte streams read in
 random pieces: the same journal bytes, PUBACKs, control packets and errors."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqcep._kernels.mqtt_publish import NOT_UTF8, crc32
+from dqcep._kernels.journal_records import NOT_UTF8, crc32
 from dqcep.io.journal import Journal, Refused, frame_record, segments
 from dqcep.io.mqtt_wire import (PINGRESP, SUBACK, Intake, ProtocolError, control_packet,
                                 packet, publish_packet, remaining_length)

@@ -1,6 +1,7 @@
-"""Complete MQTT PUBLISH packets -> journal records and PUBACKs, one pass per read.
+"""The journal's records in C: framed from MQTT PUBLISH packets, scanned for consumers.
 
-The MQTT source (``dqcep.io.mqtt``) reads its socket in large buffers. ``frame`` walks
+``PublishFramer.frame``: complete MQTT PUBLISH packets -> journal records and PUBACKs,
+one pass per read. The MQTT source (``dqcep.io.mqtt``) reads its socket in large buffers. ``frame`` walks
 the complete PUBLISH packets of a buffer and writes, for each message, the journal
 record ``[u32 length][u32 crc32][msgpack [offset, topic, payload, arrival_us, mid]]``
 byte for byte as ``dqcep.io.journal.Journal.append`` writes it, and for each QoS 1
@@ -16,12 +17,13 @@ that comes with the DUP flag and the packet id, topic and payload of one of the 
 journaled again. The fingerprints (packet id -> offset, topic and payload checksum and
 sizes) are arrays indexed by packet id, so the loop does no Python object work.
 """
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
 
 import numpy as np
 
 from dqcep._kernels._types cimport idx_t
+from dqcep._kernels.msgpack_decode cimport utf8_valid
 from dqcep._kernels.msgpack_encode cimport put_int
 
 cdef enum Stop:  # what frame() stopped at
@@ -87,44 +89,6 @@ cdef uint32_t crc32_update(uint32_t crc, const uint8_t* p, idx_t n) noexcept nog
 def crc32(const uint8_t[::1] data, uint32_t crc=0):
     """``zlib.crc32`` (for the tests: the kernel's checksum is zlib's)."""
     return crc32_update(crc, &data[0] if data.shape[0] else NULL, data.shape[0])
-
-
-cdef bint utf8_valid(const uint8_t* p, idx_t n) noexcept nogil:
-    """Well-formed UTF-8 (Unicode table 3-7): what ``bytes.decode("utf-8")`` accepts."""
-    cdef idx_t i = 0
-    cdef uint8_t b, lo, hi
-    cdef int more, k
-    while i < n:
-        b = p[i]
-        if b < 0x80:
-            i += 1
-            continue
-        lo, hi = 0x80, 0xbf
-        if 0xc2 <= b <= 0xdf:
-            more = 1
-        elif b == 0xe0:
-            more, lo = 2, 0xa0
-        elif 0xe1 <= b <= 0xec or 0xee <= b <= 0xef:
-            more = 2
-        elif b == 0xed:
-            more, hi = 2, 0x9f
-        elif b == 0xf0:
-            more, lo = 3, 0x90
-        elif 0xf1 <= b <= 0xf3:
-            more = 3
-        elif b == 0xf4:
-            more, hi = 3, 0x8f
-        else:
-            return False
-        if i + more >= n:
-            return False
-        if not (lo <= p[i + 1] <= hi):
-            return False
-        for k in range(2, more + 1):
-            if not (0x80 <= p[i + k] <= 0xbf):
-                return False
-        i += more + 1
-    return True
 
 
 cdef inline void put_be(uint8_t* out, uint64_t v, int nbytes) noexcept nogil:
@@ -337,3 +301,167 @@ cdef class PublishFramer:
                 n_messages += 1
                 pos = body_end
         return pos, status, detail, n_records, n_messages, n_redelivered, r, a
+
+
+# ---------------------------------------------------------------- scanning records
+cdef enum:
+    MAX_RECORD = 64 * 1024 * 1024  # dqcep.io.journal.MAX_RECORD
+
+cdef enum Scan:  # why scan_records stopped
+    SCAN_END        # the data ends (a record may be cut there: still being written)
+    SCAN_LIMIT      # max_records records
+    SCAN_IRREGULAR  # the record at pos is for the Python reader
+    SCAN_STOP_TOPIC # the record at pos has the stop topic
+
+END, LIMIT, IRREGULAR, STOP_TOPIC = SCAN_END, SCAN_LIMIT, SCAN_IRREGULAR, SCAN_STOP_TOPIC
+
+
+cdef inline uint32_t get_le32(const uint8_t* p) noexcept nogil:
+    return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) \
+        | (<uint32_t>p[3] << 24)
+
+
+cdef inline uint64_t get_be(const uint8_t* p, int nbytes) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(nbytes):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef int read_uint(const uint8_t* p, idx_t* pos, idx_t end, int64_t* out) noexcept nogil:
+    """A non-negative msgpack integer (as msgpack-python writes it); -1 otherwise."""
+    cdef uint8_t b
+    cdef idx_t i = pos[0]
+    cdef int size
+    if i >= end:
+        return -1
+    b = p[i]
+    if b < 0x80:
+        out[0] = b
+        pos[0] = i + 1
+        return 0
+    if b == 0xcc:
+        size = 1
+    elif b == 0xcd:
+        size = 2
+    elif b == 0xce:
+        size = 4
+    elif b == 0xcf:
+        size = 8
+    else:
+        return -1
+    if i + 1 + size > end:
+        return -1
+    out[0] = <int64_t>get_be(p + i + 1, size)
+    if out[0] < 0:
+        return -1
+    pos[0] = i + 1 + size
+    return 0
+
+
+cdef int read_len(const uint8_t* p, idx_t* pos, idx_t end, uint8_t fix_mask, uint8_t fix_tag,
+                  idx_t fix_max, uint8_t c8, uint8_t c16, uint8_t c32, idx_t* out) noexcept nogil:
+    """The length of a msgpack str (fixstr/str8/16/32) or bin (bin8/16/32): -1 otherwise."""
+    cdef uint8_t b
+    cdef idx_t i = pos[0]
+    cdef int size
+    if i >= end:
+        return -1
+    b = p[i]
+    if fix_mask and (b & fix_mask) == fix_tag:
+        out[0] = b & ~fix_mask
+        pos[0] = i + 1
+        return 0
+    if b == c8:
+        size = 1
+    elif b == c16:
+        size = 2
+    elif b == c32:
+        size = 4
+    else:
+        return -1
+    if i + 1 + size > end:
+        return -1
+    out[0] = <idx_t>get_be(p + i + 1, size)
+    pos[0] = i + 1 + size
+    return 0
+
+
+def scan_records(const uint8_t[::1] data, idx_t pos, int64_t offset, idx_t max_records,
+                 const uint8_t[::1] stop_topic, int64_t[:, ::1] out):
+    """Scan records from byte ``pos``; the first must have journal offset ``offset``,
+    each next one the next offset. Per record, a row of ``out`` (which has at least
+    ``max_records`` rows of 6): topic start and length, payload start and length (a
+    payload refused at ingest: -1 - its size), arrival in µs (INT64_MIN: none), packet
+    id (-1: none). Returns (pos after the last record scanned, records, why it stopped:
+    END, LIMIT, IRREGULAR or STOP_TOPIC)."""
+    cdef idx_t end = data.shape[0], n = 0, body, body_end, q, length, tlen, plen
+    cdef idx_t stop_len = stop_topic.shape[0]
+    cdef int64_t value, arrival, mid
+    cdef uint32_t size
+    cdef int why = SCAN_END
+    cdef const uint8_t* p = &data[0] if end else NULL
+    cdef const uint8_t* stop = &stop_topic[0] if stop_len else NULL
+    with nogil:
+        while True:
+            if n >= max_records:
+                why = SCAN_LIMIT
+                break
+            if pos + 8 > end:
+                why = SCAN_END
+                break
+            size = get_le32(p + pos)
+            if size == 0 or size > MAX_RECORD:
+                why = SCAN_IRREGULAR
+                break
+            body, body_end = pos + 8, pos + 8 + size
+            if body_end > end:
+                why = SCAN_END
+                break
+            if p[body] != 0x95 or crc32_update(0, p + body, size) != get_le32(p + pos + 4):
+                why = SCAN_IRREGULAR
+                break
+            q = body + 1
+            if read_uint(p, &q, body_end, &value) < 0 or value != offset + n:
+                why = SCAN_IRREGULAR
+                break
+            if read_len(p, &q, body_end, 0xe0, 0xa0, 31, 0xd9, 0xda, 0xdb, &tlen) < 0 \
+                    or q + tlen > body_end or not utf8_valid(p + q, tlen):
+                why = SCAN_IRREGULAR
+                break
+            if stop_len == tlen and memcmp(p + q, stop, tlen) == 0:
+                why = SCAN_STOP_TOPIC
+                break
+            out[n, 0], out[n, 1] = q, tlen
+            q += tlen
+            if read_len(p, &q, body_end, 0, 0, 0, 0xc4, 0xc5, 0xc6, &plen) == 0:
+                if q + plen > body_end:
+                    why = SCAN_IRREGULAR
+                    break
+                out[n, 2], out[n, 3] = q, plen
+                q += plen
+            elif read_uint(p, &q, body_end, &value) == 0:
+                out[n, 2], out[n, 3] = q, -1 - value
+            else:
+                why = SCAN_IRREGULAR
+                break
+            if q < body_end and p[q] == 0xc0:
+                arrival = INT64_MIN
+                q += 1
+            elif read_uint(p, &q, body_end, &arrival) < 0:
+                why = SCAN_IRREGULAR
+                break
+            if q < body_end and p[q] == 0xc0:
+                mid = -1
+                q += 1
+            elif read_uint(p, &q, body_end, &mid) < 0:
+                why = SCAN_IRREGULAR
+                break
+            if q != body_end:
+                why = SCAN_IRREGULAR
+                break
+            out[n, 4], out[n, 5] = arrival, mid
+            n += 1
+            pos = body_end
+    return pos, n, why

@@ -1,4 +1,4 @@
-# Python-visible API of dqcep._kernels.mqtt_publish (C types in comments).
+# Python-visible API of dqcep._kernels.journal_records (C types in comments).
 import numpy as np
 import numpy.typing as npt
 
@@ -21,3 +21,11 @@ class PublishFramer:
               arrival_us: int, records: "npt.NDArray[np.uint8]",
               acks: "npt.NDArray[np.uint8]") -> tuple[int, int, int, int, int, int, int, int]: ...
     # (pos, status, detail, records, messages, redelivered, record bytes, ack bytes)
+
+END: int         # scan_records: the data ends
+LIMIT: int       # max_records scanned
+IRREGULAR: int   # the record at pos is for the Python reader
+STOP_TOPIC: int  # the record at pos has the stop topic
+
+def scan_records(data: bytes, pos: int, offset: int, max_records: int, stop_topic: bytes,
+                 out: "npt.NDArray[np.int64]") -> tuple[int, int, int]: ...  # (pos, n, why)

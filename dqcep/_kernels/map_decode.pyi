@@ -1,0 +1,20 @@
+# Python-visible API of dqcep._kernels.map_decode (C types in comments).
+import numpy as np
+import numpy.typing as npt
+
+from dqcep._kernels.msgpack_decode import ColumnDecoder
+
+DETECT: int     # a rule without a format: a JSON object, else a bare value
+JSON: int
+VALUE: int
+DONE: int       # decode read every record
+NEW_TOPIC: int  # the record's topic is not registered yet
+PYTHON: int     # the record is for the map in Python
+
+class MapDecoder:
+    n_topics: int  # idx_t
+    def __init__(self, decoder: ColumnDecoder) -> None: ...
+    def register(self, topic: bytes, type_code: int | None, fmt: int,
+                 levels: list[tuple[int, str]]) -> None: ...  # (column, value) pairs
+    def decode(self, data: bytes, first: int, spans: "npt.NDArray[np.int64]", start: int,
+               rows: "npt.NDArray[np.int64]") -> tuple[int, int]: ...  # (record, why)
