@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from dqcep.io.database import Progress
 from dqcep.io.ingest import ahead_reason, ahead_rows
 from dqcep.io.journal import Gap, Record
-from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter, decode_payload
+from dqcep.io.journal_tail import RecordBlock
+from dqcep.io.mapping import MappedColumns
+from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter
 from dqcep.runtime import EventColumns
 from dqcep.service.changes import CONTROL_TOPIC
 from dqcep.service.http import LAST_MATCHES
@@ -33,11 +36,22 @@ from dqcep.service.stats import last_matches
 
 # A journal record of the next batch: (record, how many rows it gave, its events when
 # it was read in Python, else None: the kernel decoded it). A plain tuple: one is made
-# per MQTT message, and a NamedTuple's 180 ns more were 3% of the service's step on
+# per msgpack payload, and a NamedTuple's 180 ns more were 3% of the service's step on
 # one-event payloads (bench_service.py --per-record 1)
 Pending = tuple[Record, int, "list | None"]
 
+
+class PendingBlock(NamedTuple):
+    """Records ``lo``..``hi - 1`` of a ``RecordBlock`` that the compiled map read
+    (``rows``: the rows each gave): a run of the next batch without a tuple each."""
+    block: RecordBlock
+    lo: int
+    hi: int
+    rows: np.ndarray
+
+
 CHUNK_ROWS = 65_536  # decoded events handed to the engine at once, at most
+BLOCK_RECORDS = 16_384  # records of a block the compiled map reads at once, at most
 DEAD = "dead."        # counters of dead letters by reason: dead.payload, dead.event, ...
 
 
@@ -50,7 +64,8 @@ class JournalConsumer:
         kernel-decoded records (in the decoder) or the events of records read in
         Python (``_read_events``, which become columns together: one conversion per
         run of them, ``_close_read``)."""
-        self._pending: list[Pending] = []
+        self._pending: list[Pending | PendingBlock] = []
+        self._mapped: MappedColumns | None = None  # made on first use (_mapped_columns)
         self._pending_rows = 0
         self._decoded_rows = 0  # of them, decoded by the kernel (not checked for --max-future)
         self._columns: list[EventColumns] = []
@@ -78,34 +93,94 @@ class JournalConsumer:
         upto = self.journal.durable_offset if until is None else \
             min(until, self.journal.durable_offset)
         kernel = self.reader.event_payloads and self.returns is None  # RETURN: Events
-        for record in self.tail.read(upto):
-            n += 1
-            payload = record.payload
-            if isinstance(payload, Gap):
-                self._flush()
-                self._lost(record.offset, payload)
-                continue
-            if record.topic == CONTROL_TOPIC:  # a change of the query set, in its place
-                self._flush()
-                self._change(record)
-                continue
-            self.counts["payloads"] += 1
-            rows = self.decoder.decode(payload) if kernel and isinstance(
-                payload, bytes) and len(payload) <= MAX_PAYLOAD else -1
-            if rows >= 0:
-                if self._read_events:  # read before this record's rows: a piece first
-                    self._close_read()
-                self._pending.append((record, rows, None))
-                self._pending_rows += rows
-                self._decoded_rows += rows
-            else:
-                self._ingest(record)
-            if self._pending_rows >= CHUNK_ROWS:
-                self._run_batch()
-            if deadline is not None and n % 256 == 0 and time.monotonic() > deadline:
-                break
+        mapped = self._mapped_columns()
+        if mapped is not None:
+            n = self._step_blocks(mapped, upto, deadline)
+        else:
+            for record in self.tail.read(upto):
+                n += 1
+                self._take(record, kernel)
+                if deadline is not None and n % 256 == 0 and time.monotonic() > deadline:
+                    break
         self._flush()
         return n
+
+    def _step_blocks(self, mapped: MappedColumns, upto: int, deadline: float | None) -> int:
+        """``step`` with a map the kernel reads: runs of plain records as blocks, the
+        rest (gaps, control records, damage) one record at a time."""
+        n = checked = 0
+        while True:
+            block = self.tail.block(upto, BLOCK_RECORDS, CONTROL_TOPIC)
+            if block is not None:
+                self._take_block(mapped, block)
+                n += block.count
+            else:
+                record = next(self.tail.read(upto), None)
+                if record is None:
+                    break
+                n += 1
+                self._take(record, False)
+            if deadline is not None and n - checked >= 256:
+                checked = n
+                if time.monotonic() > deadline:
+                    break
+        return n
+
+    def _take(self, record: Record, kernel: bool) -> None:
+        """One journal record in its place: a gap, a control record, or a payload
+        (decoded by the msgpack kernel when ``kernel`` and it can, else read in Python)."""
+        payload = record.payload
+        if isinstance(payload, Gap):
+            self._flush()
+            self._lost(record.offset, payload)
+            return
+        if record.topic == CONTROL_TOPIC:  # a change of the query set, in its place
+            self._flush()
+            self._change(record)
+            return
+        self.counts["payloads"] += 1
+        rows = self.decoder.decode(payload) if kernel and isinstance(
+            payload, bytes) and len(payload) <= MAX_PAYLOAD else -1
+        if rows >= 0:
+            if self._read_events:  # read before this record's rows: a piece first
+                self._close_read()
+            self._pending.append((record, rows, None))
+            self._pending_rows += rows
+            self._decoded_rows += rows
+        else:
+            self._ingest(record)
+        if self._pending_rows >= CHUNK_ROWS:
+            self._run_batch()
+
+    def _mapped_columns(self) -> MappedColumns | None:
+        """The compiled map over the engine's decoder (made again when the decoder is),
+        or None: no map, or RETURN values (which need the events)."""
+        if self.reader.map is None or self.returns is not None:
+            return None
+        if self._mapped is None or self._mapped.decoder is not self.decoder:
+            self._mapped = MappedColumns(self.reader.map, self.decoder, self.engine.types,
+                                         self.engine.attrs)
+        return self._mapped
+
+    def _take_block(self, mapped: MappedColumns, block: RecordBlock) -> None:
+        """A block's records: runs the compiled map reads, each record it leaves read by
+        the map in Python (``_ingest``), all in their places."""
+        self.counts["payloads"] += block.count
+        rows = np.zeros(block.count, np.int64)
+        lo = 0
+        while lo < block.count:
+            if self._read_events:  # read before the kernel's rows: a piece first
+                self._close_read()
+            hi = mapped.decode(block, lo, rows)
+            if hi > lo:
+                self._pending.append(PendingBlock(block, lo, hi, rows[lo:hi]))
+                self._pending_rows += hi - lo
+            if hi < block.count:
+                self._ingest(block.record(hi))
+                hi += 1
+            lo = hi
+            if self._pending_rows >= CHUNK_ROWS:
+                self._run_batch()
 
     def _flush(self) -> None:
         """Process what is held."""
@@ -140,41 +215,37 @@ class JournalConsumer:
         and left out late reported with the journal offset of its record."""
         if not self._pending:
             return
-        pending = self._pending
+        pending = PendingRecords(self._pending)
         cols = self._batch()
-        rows = np.fromiter((p[1] for p in pending), np.int64, len(pending))
-        record = np.repeat(np.arange(len(pending)), rows)  # row -> its pending record
+        rows = pending.rows
+        record = np.repeat(np.arange(len(rows)), rows)  # row -> its pending record
         if self.cfg.max_future and self._decoded_rows:  # (PayloadReader checks its own)
-            arrival = np.fromiter((-1 if p[0].arrival_us is None
-                                   else p[0].arrival_us // 1000 for p in pending),
-                                  np.int64, len(pending))
+            arrival = pending.arrival_ms()
             ahead = ahead_rows(cols.ts, arrival[record], self.cfg.max_future)
             if ahead.any():
-                self._dead_ahead(cols.ts, record, rows, arrival, ahead)
+                self._dead_ahead(pending, cols.ts, record, rows, arrival, ahead)
                 cols, record = cols.take(~ahead), record[~ahead]
-        events = [e for p in pending for e in p[2]] if self.returns is not None else None
-        end = pending[-1][0].offset
+        events = pending.events() if self.returns is not None else None
+        end = pending.last_offset
         out = self._run(cols, end, events)
         if out.matches is not None:
             cols = out.events
             if out.kept is not None:
                 record = record[out.kept]
             if len(out.matches) and self.arrivals is not None:
-                offsets = np.fromiter((p[0].offset for p in pending), np.int64,
-                                      len(pending))
                 self.response.observe(out.matches, cols.id,
-                                      self.arrivals.at(offsets)[record], time.time())
-            self._misdeclared(out.refused, lambda event_id: pending[
-                int(record[np.flatnonzero(cols.id == event_id)[0]])][0].offset)
+                                      self.arrivals.at(pending.offsets())[record], time.time())
+            self._misdeclared(out.refused, lambda event_id: pending.record(
+                int(record[np.flatnonzero(cols.id == event_id)[0]]))[0].offset)
             self._stopped(out.stopped, end)
             if out.late:
                 late = set(out.late)
                 for r in np.unique(record[np.isin(cols.id, out.late)]).tolist():
-                    self._write_late(pending[r], late)
+                    self._write_late(*pending.record(r), late)
         self.offset = end + 1
         self._pending, self._pending_rows, self._decoded_rows = [], 0, 0
 
-    def _dead_ahead(self, ts, record, rows, arrival, ahead) -> None:
+    def _dead_ahead(self, pending, ts, record, rows, arrival, ahead) -> None:
         """Dead letters for the kernel-decoded events too far ahead of their arrival:
         one per payload, the events named by their places in it."""
         starts = np.concatenate(([0], np.cumsum(rows)[:-1]))
@@ -185,7 +256,7 @@ class JournalConsumer:
             by_record.setdefault(r, []).append(Rejected(
                 ahead_reason(int(ts[row]), int(arrival[r]), self.cfg.max_future), place))
         for r, rejected in by_record.items():
-            rec = self._pending[r][0]
+            rec = pending.record(r)[0]
             self.counts["malformed"] += len(rejected)
             self._dead_count("ahead", len(rejected))
             self.dead.write(dead_letter(rec.offset, rec.topic, rec.payload, len(rec.payload),
@@ -271,13 +342,63 @@ class JournalConsumer:
         key = DEAD + reason
         self.counts[key] = self.counts.get(key, 0) + n
 
-    def _write_late(self, pending: Pending, late: set[int]) -> None:
+    def _write_late(self, record: Record, events: list | None, late: set[int]) -> None:
         """The events of a pending record that came late, as they were read. A payload
-        the kernel decoded holds no ``Event`` objects (its columns keep only what the
+        a kernel decoded holds no ``Event`` objects (its columns keep only what the
         queries read): it is read again, whole, for its late events (rare)."""
-        record, _, events = pending
         if events is None:
-            events = decode_payload(record.payload)[0]
+            events = self.reader.read(record)[0]
         for e in events:
             if e.id in late:
                 self.late.write({"offset": record.offset, "event": e.as_mapping()})
+
+
+class PendingRecords:
+    """The next batch's pending records (tuples and ``PendingBlock`` runs) as arrays:
+    ``rows`` each gave, ``offsets()``, ``arrival_ms()``, and ``record(i)``: record i
+    and its events (None: a kernel decoded it)."""
+
+    def __init__(self, pending: list):
+        self.pending = pending
+        counts = [p.hi - p.lo if type(p) is PendingBlock else 1 for p in pending]
+        self.starts = np.cumsum([0] + counts)  # entry -> its first record
+        self.blocks = any(type(p) is PendingBlock for p in pending)
+        self.rows = self._each(lambda p: p[1], lambda b: b.rows)
+        last = pending[-1]
+        self.last_offset = last.block.first + last.hi - 1 if type(last) is PendingBlock \
+            else last[0].offset
+
+    def _each(self, single, block) -> np.ndarray:
+        """An int64 per record: ``single(tuple)`` or the slice ``block(PendingBlock)``."""
+        if not self.blocks:
+            return np.fromiter((single(p) for p in self.pending), np.int64, len(self.pending))
+        parts, run = [], []
+        for p in self.pending:
+            if type(p) is PendingBlock:
+                if run:
+                    parts.append(np.asarray(run, np.int64))
+                    run = []
+                parts.append(np.asarray(block(p), np.int64))
+            else:
+                run.append(single(p))
+        if run:
+            parts.append(np.asarray(run, np.int64))
+        return np.concatenate(parts)
+
+    def offsets(self) -> np.ndarray:
+        return self._each(lambda p: p[0].offset,
+                          lambda b: np.arange(b.block.first + b.lo, b.block.first + b.hi))
+
+    def arrival_ms(self) -> np.ndarray:
+        return self._each(lambda p: -1 if p[0].arrival_us is None else p[0].arrival_us // 1000,
+                          lambda b: b.block.arrival_ms()[b.lo:b.hi])
+
+    def events(self) -> list:
+        return [e for p in self.pending for e in p[2]]  # (no blocks with RETURN)
+
+    def record(self, i: int) -> tuple[Record, list | None]:
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        p = self.pending[k]
+        if type(p) is PendingBlock:
+            return p.block.record(p.lo + i - int(self.starts[k])), None
+        return p[0], p[2]
