@@ -69,19 +69,20 @@ class ResponseTimes:
         output at ``now``; ``arrival[i]`` when event ``ids[i]`` arrived (NaN unknown)."""
         if not len(batch):
             return
-        completing = [_candidates(ids_, lists) for _, _, ids_, lists in batch.parts]
-        every = np.concatenate([c.ravel() for c in completing])
-        known = np.unique(every[every >= 0])
-        arrived = np.full(len(known) + 1, -np.inf)  # the last cell: not in this batch
-        if len(known) and len(ids):
-            at = np.minimum(np.searchsorted(known, ids), len(known) - 1)
-            hit = known[at] == ids
-            arrived[at[hit]] = np.where(np.isnan(arrival[hit]), -np.inf, arrival[hit])
-        for (q, _, _, _), cand in zip(batch.parts, completing):
-            at = np.searchsorted(known, cand)
-            found = (at < len(known)) & (cand >= 0)
-            found[found] = known[at[found]] == cand[found]
-            cells = np.where(found, at, len(known))
+        # the batch's ids sorted once, and each match's events looked up among them:
+        # matches far outnumber a batch's events (10 example queries: 170 a message),
+        # so sorting the matches' ids (np.unique) was a third of the service's thread
+        order = np.argsort(ids, kind="stable")
+        known = ids[order]
+        arrived = np.append(np.where(np.isnan(arrival), -np.inf, arrival)[order], -np.inf)
+        last = max(len(known) - 1, 0)  # (the last cell of arrived: not in this batch)
+        for q, _, ids_, lists in batch.parts:
+            cand = _candidates(ids_, lists)
+            if len(known):
+                at = np.minimum(np.searchsorted(known, cand), last)
+                cells = np.where((cand >= 0) & (known[at] == cand), at, len(known))
+            else:
+                cells = np.zeros(cand.shape, np.int64)
             latest = arrived[cells].max(axis=1) if cand.shape[1] else \
                 np.full(len(cand), -np.inf)
             measured = latest > -np.inf

@@ -64,3 +64,15 @@ def test_service_times_per_payload_delay_and_checkpoints():
     assert t["delay_ms"] == pytest.approx((0.5 + 0.3 + 0.4) / 3, abs=1e-4)
     assert t["checkpoints"] == 1 and t["checkpoint_ms"] == pytest.approx(10)
     assert t["utilization"] == pytest.approx(0.010)
+
+
+@pytest.mark.parametrize("first,count", [(0, 3), (2, 4), (3, 9), (5, 1), (6, 0)])
+def test_a_read_stamps_its_offsets_as_stamping_each_one(first, count):
+    """stamp_range (one time for the records of one read), across the ring's end and
+    beyond its size, as stamp offset by offset."""
+    ranged, each = ArrivalTimes(size=4), ArrivalTimes(size=4)
+    ranged.stamp_range(first, count, 7.5)
+    for offset in range(first, first + count):
+        each.stamp(offset, 7.5)
+    offsets = np.arange(0, 16)
+    assert np.array_equal(ranged.at(offsets), each.at(offsets), equal_nan=True)
