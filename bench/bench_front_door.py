@@ -46,40 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ingest import Service, free_port, wait_port  # noqa: E402 - the same service harness
 
 ROOT = Path(__file__).resolve().parent.parent
-TOPIC = "sensors/{type}/{device}"
-MAP = """[[topic]]
-filter = "sensors/+/#"
-levels = "_/type"
-"""
+sys.path.insert(0, str(ROOT))
+from tests.support.iot_queries import MAP, TOPIC, example_queries  # noqa: E402 - shared
 TARGETS = {"service 1 query": 0.25, "service 10 queries": 0.12}
 WORKERS_TARGET = 1.3
-
-
-def example_queries(path: Path) -> int:
-    """The 10 example queries over the iot sensors in one file: every query of
-    dqcep/data/iot.cep and examples/*.cep whose event types the iot profile sends, the
-    first of each name. Returns how many."""
-    from dqcep.lang import parse_file, to_source
-
-    from dqcep.lang import ast
-
-    def types(item) -> set[str]:
-        if isinstance(item, (ast.EventPattern, ast.Kleene)):
-            return {item.type}
-        if isinstance(item, ast.Negation):
-            return types(item.pattern)
-        return set().union(*(types(i) for i in item.items))
-
-    iot_types = {"Temperature", "Smoke", "Door", "Motion", "Humidity", "Light", "Rain",
-                 "Window", "Alarm"}
-    seen, texts = set(), []
-    for f in [ROOT / "dqcep/data/iot.cep", *sorted((ROOT / "examples").glob("*.cep"))]:
-        for q in parse_file(str(f)).queries:
-            if q.name not in seen and types(q.pattern) <= iot_types:
-                seen.add(q.name)
-                texts.append(to_source(q))
-    path.write_text(";\n\n".join(texts) + "\n")
-    return len(texts)
 
 
 def make_session(port: int, client_id: str) -> None:

@@ -152,3 +152,47 @@ def test_publish_and_generate_send_device_shapes_the_service_maps_back(mosquitto
                           str(events_file)], check=True, capture_output=True, text=True)
     want = {json.dumps(json.loads(x)) for x in run.stdout.splitlines()}
     assert got == want and len(want) > 5
+
+
+def test_the_compiled_map_gives_a_file_runs_matches_on_the_example_queries(mosquitto,
+                                                                           tmp_path):
+    """One reading a message as devices send it (the docs' map shape), the 10 example
+    queries: the service, whose journal the compiled map reads in blocks, writes
+    exactly the matches ``dqcep run`` finds in a file of the events the map reads from
+    that journal in Python (issue 51: the matches are today's)."""
+    import subprocess
+    import sys
+
+    from tests.support.iot_queries import MAP as IOT_MAP
+    from tests.support.iot_queries import TOPIC, example_queries
+    host, port = mosquitto
+    queries, map_file = tmp_path / "ten.cep", tmp_path / "map.toml"
+    assert example_queries(queries) == 10
+    map_file.write_text(IOT_MAP)
+    journal = tmp_path / "journal"
+    run = [sys.executable, "-m", "dqcep", "run", str(queries)]
+    svc = subprocess.Popen(run + ["--input", f"mqtt://{host}:{port}/sensors/#", "--map",
+                                  str(map_file), "--journal", str(journal), "--checkpoint",
+                                  str(tmp_path / "ck"), "-o", str(tmp_path / "service.jsonl"),
+                                  "--until-idle", "3"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening" in svc.stderr.readline()
+        subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
+                        "3000", "--batch-size", "1", "--quiet", "--payload", "object", "-o",
+                        f"mqtt://{host}:{port}/{TOPIC}"], check=True, timeout=120)
+        assert svc.wait(120) == 0, svc.stderr.read()
+    finally:
+        if svc.poll() is None:
+            svc.kill()
+    topic_map = TopicMap.parse(IOT_MAP, "map.toml")
+    events = [e for r in read_journal(journal) for e in topic_map.read(r)[0]]
+    assert len(events) == 3000
+    (tmp_path / "events.jsonl").write_text(
+        "".join(json.dumps(e.as_mapping()) + "\n" for e in events))
+    subprocess.run(run + ["--input", str(tmp_path / "events.jsonl"), "-o",
+                          str(tmp_path / "file.jsonl")], check=True, timeout=300)
+    service = (tmp_path / "service.jsonl").read_text().splitlines()
+    file_run = (tmp_path / "file.jsonl").read_text().splitlines()
+    assert len(file_run) > 100 and sorted(service) == sorted(file_run)
+    queries_matched = {json.loads(line)["query"] for line in file_run}
+    assert len(queries_matched) >= 5, queries_matched
