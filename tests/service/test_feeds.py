@@ -154,8 +154,9 @@ def test_publish_and_generate_send_device_shapes_the_service_maps_back(mosquitto
     assert got == want and len(want) > 5
 
 
+@pytest.mark.parametrize("workers", [None, 2], ids=["service", "workers"])
 def test_the_compiled_map_gives_a_file_runs_matches_on_the_example_queries(mosquitto,
-                                                                           tmp_path):
+                                                                           tmp_path, workers):
     """One reading a message as devices send it (the docs' map shape), the 10 example
     queries: the service, whose journal the compiled map reads in blocks, writes
     exactly the matches ``dqcep run`` finds in a file of the events the map reads from
@@ -174,9 +175,12 @@ def test_the_compiled_map_gives_a_file_runs_matches_on_the_example_queries(mosqu
     svc = subprocess.Popen(run + ["--input", f"mqtt://{host}:{port}/sensors/#", "--map",
                                   str(map_file), "--journal", str(journal), "--checkpoint",
                                   str(tmp_path / "ck"), "-o", str(tmp_path / "service.jsonl"),
-                                  "--until-idle", "3"], stderr=subprocess.PIPE, text=True)
+                                  "--until-idle", "3", "--client-id", f"compiled-{workers}",
+                                  *(["--workers", str(workers)] if workers else [])],
+                           stderr=subprocess.PIPE, text=True)
     try:
-        assert "listening" in svc.stderr.readline()
+        while "listening" not in (line := svc.stderr.readline()):
+            assert line, "the service did not start"
         subprocess.run([sys.executable, "-m", "dqcep", "generate", "--profile", "iot", "-n",
                         "3000", "--batch-size", "1", "--quiet", "--payload", "object", "-o",
                         f"mqtt://{host}:{port}/{TOPIC}"], check=True, timeout=120)
@@ -191,7 +195,8 @@ def test_the_compiled_map_gives_a_file_runs_matches_on_the_example_queries(mosqu
         "".join(json.dumps(e.as_mapping()) + "\n" for e in events))
     subprocess.run(run + ["--input", str(tmp_path / "events.jsonl"), "-o",
                           str(tmp_path / "file.jsonl")], check=True, timeout=300)
-    service = (tmp_path / "service.jsonl").read_text().splitlines()
+    service = [line for path in sorted(tmp_path.glob("service*.jsonl"))
+               for line in path.read_text().splitlines()]
     file_run = (tmp_path / "file.jsonl").read_text().splitlines()
     assert len(file_run) > 100 and sorted(service) == sorted(file_run)
     queries_matched = {json.loads(line)["query"] for line in file_run}
