@@ -20,17 +20,24 @@ all of them:
   map shape) with ``overheating`` alone and with the 10 example queries (every query of
   ``examples/*.cep`` and ``dqcep/data/iot.cep`` over these sensors, the first of each
   name); events taken into the engine;
-- ``--workers 2``: the same 10 queries in two worker processes.
+- ``--workers 2``: the same 10 queries in two worker processes;
+- ``spark stream``: ``dqcep spark stream`` (in this process, ``local[2]``) with the map
+  and ``overheating`` over the journal the receiving side filled, cut into segments of
+  10%, 20% and 70% of the messages (one a micro-batch): the marginal events/s of the
+  last two and the fixed cost of a micro-batch.
 
 Each figure is printed with its ratio to the raw reader of the same round. Targets
 (issue 51): the service with 1 query >= 0.25x the raw reader, with 10 queries >= 0.12x,
-``--workers 2`` >= 1.3x one process. ``dqcep spark stream`` is not run here yet.
+``--workers 2`` >= 1.3x one process, ``dqcep spark stream`` >= 100,000 events/s marginal
+with a fixed cost <= 2 s a micro-batch.
 
     python3 bench/bench_front_door.py [--messages N] [--repeat R] [--paths a,b,...]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import shutil
 import socket
 import statistics
@@ -200,6 +207,53 @@ def receiving_side(port: int, client_id: str, n: int, tmp: Path) -> float:
     return (n - n0) / max(last - t0, 1e-9)
 
 
+def spark_stream(port: int, client_id: str, n: int, tmp: Path, queries: Path) -> float:
+    """``dqcep spark stream`` (run_stream, in this process, ``local[2]``, ``queries``) with the map
+    over the journal the receiving side fills with the queued messages, cut into three
+    closed segments (Spark reads one a micro-batch): 10% to warm up, 20%, 70%.
+    Returns the marginal events/s of the two measured micro-batches
+    ((n3 - n2) / (d3 - d2)); ``SPARK_FIXED`` gets each round's fixed cost per
+    micro-batch (d2 - n2 / marginal)."""
+    from dqcep.io.journal import Journal, read_journal
+    from dqcep.io.mapping import TopicMap
+    from dqcep.spark.session import spark_session
+    from dqcep.spark.stream import run_stream
+
+    receiving_side(port, client_id, n, tmp)
+    records = list(read_journal(tmp / f"{client_id}.journal", include_open=True))[:n]
+    journal_dir = tmp / f"{client_id}.segments"
+    journal = Journal(journal_dir, segment_bytes=1, fsync="never")  # a commit closes one
+    cuts = [n // 10, n // 10 + n // 5, n]
+    for i, r in enumerate(records):
+        journal.append(r.topic, r.payload, r.arrival_us, r.mid)
+        if i + 1 in cuts:
+            journal.commit()
+    journal.close()
+    spark = spark_session("local[2]", "bench-front-door", 2)
+    try:
+        query = run_stream(spark, queries.read_text(), str(journal_dir),
+                           str(tmp / f"{client_id}.out"), str(tmp / f"{client_id}.ck"),
+                           partitions=2,
+                           topic_map=TopicMap.parse(MAP, "map.toml"), until_idle=True)
+        batches = [(p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000)
+                   for p in (json.loads(q.json) for q in query.recentProgress)
+                   if p["numInputRows"]]
+    finally:
+        spark.stop()
+    if len(batches) < 3:
+        raise SystemExit(f"spark stream: {len(batches)} micro-batches with rows, not 3")
+    SPARK_BATCHES.append(batches)
+    (n2, d2), (n3, d3) = batches[1], batches[2]
+    marginal = (n3 - n2) / max(d3 - d2, 1e-9)
+    SPARK_FIXED.append(d2 - n2 / marginal)
+    return marginal
+
+
+SPARK_FIXED: list[float] = []  # s per micro-batch, one a round
+SPARK_BATCHES: list[list] = []  # (rows, s) of each micro-batch with rows, one list a round
+SPARK_TARGET, SPARK_FIXED_TARGET = 100_000, 2.0
+
+
 class MappedService(Service):
     """bench_ingest's service on another queries file, started without waiting for its
     first line (a coordinator of workers says more before it): the stats file tells."""
@@ -254,12 +308,17 @@ def main(argv=None) -> None:
             "service 1 query": lambda cid: service(port, cid, n, tmp, one),
             "service 10 queries": lambda cid: service(port, cid, n, tmp, ten),
             "--workers 2": lambda cid: service(port, cid, n, tmp, ten, workers=2),
+            "spark stream": lambda cid: spark_stream(port, cid, n, tmp, one),
         }
         chosen = list(paths) if args.paths is None else args.paths.split(",")
         if "mosquitto_sub" in chosen and not shutil.which("mosquitto_sub"):
             print("mosquitto_sub left out: not installed (Debian: apt-get install "
                   "mosquitto-clients)", file=sys.stderr)
             chosen.remove("mosquitto_sub")
+        if "spark stream" in chosen and importlib.util.find_spec("pyspark") is None:
+            print("spark stream left out: PySpark is not installed (pip install -e '.[spark]')",
+                  file=sys.stderr)
+            chosen.remove("spark stream")
         if "raw reader" not in chosen:
             chosen.insert(0, "raw reader")  # every ratio is to it
         port = free_port()
@@ -294,6 +353,15 @@ def main(argv=None) -> None:
         if name in TARGETS:
             line += f"  target >= {TARGETS[name]}x: {'met' if ratio >= TARGETS[name] else 'NOT met'}"
         print(line)
+    if SPARK_FIXED:
+        fixed = statistics.median(SPARK_FIXED)
+        mid = statistics.median(rates["spark stream"])
+        print(f"spark stream (events/s above: marginal, 1 query): {mid:,.0f} events/s "
+              f"(target >= {SPARK_TARGET:,}: {'met' if mid >= SPARK_TARGET else 'NOT met'}), "
+              f"fixed {fixed:.2f} s a micro-batch (target <= {SPARK_FIXED_TARGET:g} s: "
+              f"{'met' if fixed <= SPARK_FIXED_TARGET else 'NOT met'}; runs: "
+              f"{', '.join(f'{x:.2f}' for x in SPARK_FIXED)}); micro-batches (rows, s): "
+              f"{SPARK_BATCHES}")
     if "--workers 2" in rates and "service 10 queries" in rates:
         w = statistics.median(a / b for a, b in zip(rates["--workers 2"],
                                                      rates["service 10 queries"]))
