@@ -76,39 +76,97 @@ def read_segment(n: int, path: str, earlier, reader, index: str, after: int):
     """Arrow batches of one closed segment's events and bad payloads (that segment
     only: later ones belong to later micro-batches). Records are read as the
     streaming service reads them (``dqcep.io.ingest.PayloadReader``: the map, the
-    format or each payload's own, --max-future)."""
+    format or each payload's own, --max-future); with a map, a segment of intact
+    records is read in blocks by the compiled map (``MappedColumns.encode``), each
+    record it leaves by the map in Python."""
     from dqcep._kernels.msgpack_decode import ColumnDecoder
-    from dqcep.io.ingest import ahead_rows
-    from dqcep.io.journal import Gap, segment_items
-    from dqcep.io.payloads import MAX_PAYLOAD
+    from dqcep.io.journal import segment_items
 
     out = _Batches(n, earlier)
     decoder = ColumnDecoder([], [], None)
     journal = str(Path(path).parent)
-    for record in segment_items(path):
-        payload = record.payload
-        prefix = f"{journal}:offset {record.offset}"
-        if isinstance(payload, Gap):  # damaged records: reported where they were
-            out.bad(prefix, f"{payload.count} journal record(s) lost: {payload.reason}")
-            continue
-        if reader.event_payloads and isinstance(payload, bytes) and \
-                len(payload) <= MAX_PAYLOAD and decoder.decode(payload) >= 0:
-            spans = decoder.spans()
-            ts, ids, *_ = decoder.take()
-            arrival = -1 if record.arrival_us is None else record.arrival_us // 1000
-            if not ahead_rows(ts, np.full(len(ts), arrival), reader.max_future).any():
-                out.record(prefix, payload, ids, ts, spans)
-                continue
-        events, rejected = reader.read(record)  # names what is wrong with each part
-        for r in rejected:
-            out.bad(prefix if r.index is None else f"{prefix} event {r.index}", r.reason)
-        for ev in events:  # positions of good events in a mixed batch are not kept
-            out.event(prefix, ev)
-        if out.full():
-            yield out.take()
+    blocks = _record_blocks(path) if reader.map is not None else None
+    if blocks is not None:
+        yield from _mapped_blocks(blocks, out, decoder, reader, journal)
+    else:
+        for record in segment_items(path):
+            _read_record(out, record, decoder, reader, journal)
+            if out.full():
+                yield out.take()
     if out.rows:
         yield out.take()
     write_max(index, after, out.latest)
+
+
+BLOCK_RECORDS = 65_536  # records scanned at once
+EVENTS_BYTES = 4 << 20  # bytes of encoded events written before they become rows
+
+
+def _record_blocks(path: str):
+    """The segment's records as ``RecordBlock``s, or None unless every byte of it is
+    an intact record in order (damage, gaps: the Python reader reports them)."""
+    from dqcep._kernels.journal_records import END, LIMIT, scan_records
+    from dqcep.io.journal_tail import RecordBlock
+    data = Path(path).read_bytes()
+    blocks, pos, offset = [], 0, int(Path(path).stem)
+    while pos < len(data):
+        spans = np.empty((BLOCK_RECORDS, 6), np.int64)
+        end, count, why = scan_records(data, pos, offset, BLOCK_RECORDS, b"", spans)
+        if not count or why not in (END, LIMIT) or (why == END and end != len(data)):
+            return None
+        blocks.append(RecordBlock(data, offset, spans[:count]))
+        pos, offset = end, offset + count
+    return blocks
+
+
+def _mapped_blocks(blocks, out, decoder, reader, journal: str):
+    from dqcep._kernels.map_decode import FULL
+    from dqcep.io.mapping import MappedColumns
+    mapped = MappedColumns(reader.map, decoder, [], [])
+    events = np.empty(EVENTS_BYTES, np.uint8)
+    for block in blocks:
+        ends = np.zeros(block.count, np.int64)
+        ids, ts = np.zeros(block.count, np.int64), np.zeros(block.count, np.int64)
+        lo = 0
+        while lo < block.count:
+            hi, why, at = mapped.encode(block, lo, events, 0, ends, ids, ts)
+            if hi > lo:
+                lengths = np.diff(ends[lo:hi], prepend=0)
+                out.encoded([f"{journal}:offset {block.first + i}" for i in range(lo, hi)],
+                            ids[lo:hi], ts[lo:hi], events[:at].tobytes(), lengths)
+            elif why == FULL:  # one event larger than the buffer
+                events = np.empty(2 * len(events), np.uint8)
+            if why != FULL and hi < block.count:
+                _read_record(out, block.record(hi), decoder, reader, journal)
+                hi += 1
+            lo = hi
+            if out.full():
+                yield out.take()
+
+
+def _read_record(out, record, decoder, reader, journal: str) -> None:
+    """One record into ``out`` as the streaming service reads it."""
+    from dqcep.io.ingest import ahead_rows
+    from dqcep.io.journal import Gap
+    from dqcep.io.payloads import MAX_PAYLOAD
+    payload = record.payload
+    prefix = f"{journal}:offset {record.offset}"
+    if isinstance(payload, Gap):  # damaged records: reported where they were
+        out.bad(prefix, f"{payload.count} journal record(s) lost: {payload.reason}")
+        return
+    if reader.event_payloads and isinstance(payload, bytes) and \
+            len(payload) <= MAX_PAYLOAD and decoder.decode(payload) >= 0:
+        spans = decoder.spans()
+        ts, ids, *_ = decoder.take()
+        arrival = -1 if record.arrival_us is None else record.arrival_us // 1000
+        if not ahead_rows(ts, np.full(len(ts), arrival), reader.max_future).any():
+            out.record(prefix, payload, ids, ts, spans)
+            return
+    events, rejected = reader.read(record)  # names what is wrong with each part
+    for r in rejected:
+        out.bad(prefix if r.index is None else f"{prefix} event {r.index}", r.reason)
+    for ev in events:  # positions of good events in a mixed batch are not kept
+        out.event(prefix, ev)
 
 
 def payload_reader(options: dict):

@@ -66,6 +66,12 @@ class _Batches:
         blob = msgpack.packb(ev.as_mapping())
         self._rows([where], [None], [ev.id], [ev.ts], [True], blob, [len(blob)])
 
+    def encoded(self, where: list, ids, ts, blob: bytes, lengths) -> None:
+        """Events of records the compiled map read, one a record: their event maps
+        (msgpack) one after the other in ``blob``."""
+        self._rows(where, [None] * len(where), ids, ts, np.ones(len(where), bool), blob,
+                   lengths)
+
     def bad(self, where: str, reason: str) -> None:
         self._rows([where], [reason], [0], [0], [False], b"", [0])
 

@@ -10,11 +10,17 @@ VALUE: int
 DONE: int       # decode read every record
 NEW_TOPIC: int  # the record's topic is not registered yet
 PYTHON: int     # the record is for the map in Python
+FULL: int       # encode: the output cannot hold the next event
 
 class MapDecoder:
     n_topics: int  # idx_t
     def __init__(self, decoder: ColumnDecoder) -> None: ...
     def register(self, topic: bytes, type_code: int | None, fmt: int,
-                 levels: list[tuple[int, str]]) -> None: ...  # (column, value) pairs
+                 levels: list[tuple[int, str, str]],  # (column or -1, name, value)
+                 type_name: str = "") -> None: ...
     def decode(self, data: bytes, first: int, spans: "npt.NDArray[np.int64]", start: int,
                rows: "npt.NDArray[np.int64]") -> tuple[int, int]: ...  # (record, why)
+    def encode(self, data: bytes, first: int, spans: "npt.NDArray[np.int64]", start: int,
+               out: "npt.NDArray[np.uint8]", at: int, ends: "npt.NDArray[np.int64]",
+               ids: "npt.NDArray[np.int64]", ts: "npt.NDArray[np.int64]"
+               ) -> tuple[int, int, int]: ...  # (record, why, byte after the last event)

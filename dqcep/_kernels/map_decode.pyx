@@ -4,17 +4,20 @@ A device sends one reading per message: ``sensors/<room>/<kind>`` and ``{"value"
 or a bare ``23.1``. ``dqcep.io.mapping.TopicMap`` reads such a record in Python (a
 dict, a flatten, an ``Event``); ``MapDecoder.decode`` reads a run of them (a
 ``RecordBlock``'s spans) in one nogil pass and appends one row per record to a
-``ColumnDecoder``'s columns, the rows ``TopicMap`` would have given. It takes only what
-it can read exactly as the map does, and stops at the first record it cannot, for the
-caller to read it in Python (one rule: the map's; this kernel only recognises, quickly,
-the records whose reading is plain):
+``ColumnDecoder``'s columns, the rows ``TopicMap`` would have given (the service);
+``MapDecoder.encode`` writes each record's event as the msgpack map
+``msgpack.packb(event.as_mapping())`` gives (``dqcep spark stream``'s rows). It takes
+only what it can read exactly as the map does, and stops at the first record it
+cannot, for the caller to read it in Python (one rule: the map's; this kernel only
+recognises, quickly, the records whose reading is plain):
 
 - the topic must be registered (``register``: the caller resolves a new topic with the
   map once: its rule's event type and level attributes, or that it is not for the
   kernel: a time or id field, renames, no type from the rule or the topic);
 - the payload a JSON object of scalar members (numbers, strings without escapes,
-  true, false, null; "ts"/"id"/"type" members are dropped as the map drops them), or,
-  for a rule of format ``value`` or none, a bare JSON number, true or false;
+  true, false, null; "ts"/"id"/"type" members are dropped as the map drops them; for
+  ``encode`` no member twice and at most MAX_MEMBERS), or, for a rule of format
+  ``value`` or none, a bare JSON number, true or false;
 - the record has an arrival time (the event's time) and is not refused at ingest.
 
 Anything else (nested objects, arrays, escapes, numbers that are not int64 or not
@@ -22,14 +25,15 @@ finite, bytes that are not UTF-8, msgpack, text) goes to Python, which says what
 wrong or reads it. Numbers are read as Python reads them: integers of up to 18 digits
 exactly, others by ``strtod`` (correctly rounded, as ``float()``).
 """
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport strtod
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy, memmove
 
 import numpy as np
 
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.msgpack_decode cimport BytesTable, ColumnDecoder, bytes_hash, utf8_valid
+from dqcep._kernels.msgpack_encode cimport put_float, put_int
 from dqcep._kernels.store cimport KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR
 
 cdef enum:
@@ -42,13 +46,17 @@ cdef enum Format:          # a rule's payload format, as the kernel reads it
     FORMAT_JSON
     FORMAT_VALUE
 
-cdef enum Stop:            # why decode stopped
+cdef enum Stop:            # why decode or encode stopped
     STOP_DONE              # every record read
     STOP_TOPIC             # the record's topic is not registered yet
     STOP_PYTHON            # the record is for the Python reader
+    STOP_FULL              # encode: the output cannot hold the next event
+
+cdef enum:
+    MAX_MEMBERS = 64       # members of a JSON object encode takes (more: Python)
 
 DETECT, JSON, VALUE = FORMAT_DETECT, FORMAT_JSON, FORMAT_VALUE
-DONE, NEW_TOPIC, PYTHON = STOP_DONE, STOP_TOPIC, STOP_PYTHON
+DONE, NEW_TOPIC, PYTHON, FULL = STOP_DONE, STOP_TOPIC, STOP_PYTHON, STOP_FULL
 
 cdef enum Tag:
     T_NIL
@@ -60,6 +68,8 @@ cdef enum Tag:
 cdef struct Value:
     int tag
     double num
+    bint integer    # a JSON integer (T_NUM): ``i`` holds it exactly
+    int64_t i
     const uint8_t* s
     idx_t n
 
@@ -74,8 +84,10 @@ cdef inline idx_t skip_space(const uint8_t* p, idx_t i, idx_t end) noexcept nogi
     return i
 
 
-cdef idx_t read_number(const uint8_t* p, idx_t i, idx_t end, double* out) noexcept nogil:
-    """A JSON number at i (RFC 8259 grammar) -> its end, -1 if none or not kept exact."""
+cdef idx_t read_number(const uint8_t* p, idx_t i, idx_t end, Value* value) noexcept nogil:
+    """A JSON number at i (RFC 8259 grammar) -> its end, -1 if none or not kept exact;
+    ``value.num`` the double Python's float() gives, ``value.integer`` and ``value.i``
+    for an integer (as Python's int)."""
     cdef idx_t start = i, digits = 0
     cdef bint integer = True, negative = False
     cdef int64_t v = 0
@@ -109,17 +121,19 @@ cdef idx_t read_number(const uint8_t* p, idx_t i, idx_t end, double* out) noexce
             return -1
         while i < end and 0x30 <= p[i] <= 0x39:
             i += 1
+    value.integer = integer
     if integer:
         if digits > 18:  # may not fit in 64 bits: Python says
             return -1
-        out[0] = <double>(-v if negative else v)
+        value.i = -v if negative else v
+        value.num = <double>value.i
         return i
     if i - start > MAX_NUMBER:
         return -1
     memcpy(text, p + start, i - start)
     text[i - start] = 0
-    out[0] = strtod(text, NULL)
-    if out[0] - out[0] != 0:  # inf: not finite, Python refuses it
+    value.num = strtod(text, NULL)
+    if value.num - value.num != 0:  # inf: not finite, Python refuses it
         return -1
     return i
 
@@ -155,7 +169,56 @@ cdef idx_t read_literal(const uint8_t* p, idx_t i, idx_t end, Value* v) noexcept
         v.tag = T_NIL
         return i + 4
     v.tag = T_NUM
-    return read_number(p, i, end, &v.num)
+    return read_number(p, i, end, v)
+
+
+# ------------------------------------------------------------------ events as msgpack
+cdef inline void put_be(uint8_t* out, uint64_t v, int nbytes) noexcept nogil:
+    cdef int i
+    for i in range(nbytes):
+        out[i] = <uint8_t>(v >> (8 * (nbytes - 1 - i)))
+
+
+cdef inline idx_t put_str(uint8_t* out, const uint8_t* s, idx_t n) noexcept nogil:
+    """A msgpack str as msgpack-python writes it (fixstr, str8, str16, str32)."""
+    cdef idx_t h
+    if n < 32:
+        out[0] = 0xa0 | <uint8_t>n
+        h = 1
+    elif n <= 0xff:
+        out[0], out[1] = 0xd9, <uint8_t>n
+        h = 2
+    elif n <= 0xffff:
+        out[0] = 0xda
+        put_be(out + 1, <uint64_t>n, 2)
+        h = 3
+    else:
+        out[0] = 0xdb
+        put_be(out + 1, <uint64_t>n, 4)
+        h = 5
+    memcpy(out + h, s, n)
+    return h + n
+
+
+cdef inline idx_t put_value(uint8_t* out, Value* v) noexcept nogil:
+    if v.tag == T_STR:
+        return put_str(out, v.s, v.n)
+    if v.tag == T_BOOL:
+        out[0] = 0xc3 if v.num else 0xc2
+        return 1
+    if v.integer:
+        return put_int(out, v.i)
+    return put_float(out, v.num)
+
+
+cdef inline bint same(const uint8_t* a, idx_t an, const uint8_t* b, idx_t bn) noexcept nogil:
+    return an == bn and memcmp(a, b, an) == 0
+
+
+cdef inline bint event_field(const uint8_t* s, idx_t n) noexcept nogil:
+    """"id", "ts" or "type": the event's own fields, no attributes."""
+    return (n == 2 and ((s[0] == 0x69 and s[1] == 0x64) or (s[0] == 0x74 and s[1] == 0x73))) \
+        or (n == 4 and memcmp(s, b"type", 4) == 0)
 
 
 cdef const char* VALUE_KEY = b"value"
@@ -172,65 +235,85 @@ def _grown(array, need: int):
 
 cdef class MapDecoder:
     """MapDecoder(decoder): compiled topics appending rows to ``decoder`` (a
-    ``ColumnDecoder``: its attribute columns, event types and string codes)."""
+    ``ColumnDecoder``: its attribute columns, event types and string codes), or
+    writing each record's event as a msgpack map (``encode``)."""
 
     cdef ColumnDecoder decoder
     cdef BytesTable topics       # topic -> its index
-    cdef readonly idx_t n_topics, n_levels, n_level_bytes
-    # per topic: event type code, format, 0 if its records are for Python, and its
-    # level attributes: the first in l_* and how many
-    cdef object type_a, format_a, kernel_a, first_a, count_a
+    cdef readonly idx_t n_topics, n_levels, n_bytes
+    # per topic: event type code, format, 0 if its records are for Python, its level
+    # attributes (the first in l_* and how many), its type name (in the arena)
+    cdef object type_a, format_a, kernel_a, first_a, count_a, tname_a, tname_len_a
     cdef int32_t[::1] t_type
     cdef int8_t[::1] t_format
     cdef int8_t[::1] t_kernel
     cdef int64_t[::1] t_first
     cdef int64_t[::1] t_count
-    # per level attribute: its column, where its value's bytes are in l_bytes
-    cdef object column_a, start_a, length_a, bytes_a
+    cdef int64_t[::1] t_name
+    cdef int64_t[::1] t_name_len
+    # per level attribute: its column (-1: no query reads it), its name and value in
+    # the arena
+    cdef object column_a, name_a, name_len_a, start_a, length_a, bytes_a
     cdef int32_t[::1] l_column
+    cdef int64_t[::1] l_name
+    cdef int64_t[::1] l_name_len
     cdef int64_t[::1] l_start
     cdef int64_t[::1] l_length
-    cdef uint8_t[::1] l_bytes
+    cdef uint8_t[::1] arena
 
     def __cinit__(self, ColumnDecoder decoder):
         self.decoder = decoder
         self.topics = BytesTable()
-        self.n_topics = self.n_levels = self.n_level_bytes = 0
+        self.n_topics = self.n_levels = self.n_bytes = 0
         self.type_a, self.format_a = np.zeros(16, np.int32), np.zeros(16, np.int8)
         self.kernel_a = np.zeros(16, np.int8)
         self.first_a, self.count_a = np.zeros(16, np.int64), np.zeros(16, np.int64)
-        self.column_a, self.start_a = np.zeros(16, np.int32), np.zeros(16, np.int64)
-        self.length_a, self.bytes_a = np.zeros(16, np.int64), np.zeros(256, np.uint8)
+        self.tname_a, self.tname_len_a = np.zeros(16, np.int64), np.zeros(16, np.int64)
+        self.column_a = np.zeros(16, np.int32)
+        self.name_a, self.name_len_a = np.zeros(16, np.int64), np.zeros(16, np.int64)
+        self.start_a, self.length_a = np.zeros(16, np.int64), np.zeros(16, np.int64)
+        self.bytes_a = np.zeros(256, np.uint8)
         self._views()
 
     def _views(self):
         self.t_type, self.t_format, self.t_kernel = self.type_a, self.format_a, self.kernel_a
         self.t_first, self.t_count = self.first_a, self.count_a
-        self.l_column, self.l_start = self.column_a, self.start_a
-        self.l_length, self.l_bytes = self.length_a, self.bytes_a
+        self.t_name, self.t_name_len = self.tname_a, self.tname_len_a
+        self.l_column, self.l_name, self.l_name_len = self.column_a, self.name_a, self.name_len_a
+        self.l_start, self.l_length, self.arena = self.start_a, self.length_a, self.bytes_a
 
-    def register(self, bytes topic, type_code, int fmt, levels):
+    def _store(self, text: str):
+        """``text``'s UTF-8 in the arena: (start, length)."""
+        data = np.frombuffer(text.encode(), np.uint8)
+        start = self.n_bytes
+        self.bytes_a = _grown(self.bytes_a, start + len(data))
+        self.bytes_a[start:start + len(data)] = data
+        self.n_bytes += len(data)
+        return start, len(data)
+
+    def register(self, bytes topic, type_code, int fmt, levels, type_name=""):
         """A topic's reading: ``type_code`` the engine code of its event type (None: its
-        records are for Python), ``fmt`` DETECT/JSON/VALUE, ``levels`` (attribute column,
-        value) pairs from its levels, applied over the payload's attributes."""
-        cdef idx_t t = self.n_topics, first = self.n_levels
+        records are for Python) and ``type_name`` the type, ``fmt`` DETECT/JSON/VALUE,
+        ``levels`` (attribute column or -1, name, value) from its levels, applied over
+        the payload's attributes."""
+        cdef idx_t t = self.n_topics, first = self.n_levels, k
         self.type_a, self.format_a = _grown(self.type_a, t + 1), _grown(self.format_a, t + 1)
         self.kernel_a, self.first_a = _grown(self.kernel_a, t + 1), _grown(self.first_a, t + 1)
-        self.count_a = _grown(self.count_a, t + 1)
-        for column, value in levels:
-            data = np.frombuffer(value.encode(), np.uint8)
+        self.count_a, self.tname_a = _grown(self.count_a, t + 1), _grown(self.tname_a, t + 1)
+        self.tname_len_a = _grown(self.tname_len_a, t + 1)
+        for column, name, value in levels:
             k = self.n_levels
-            self.column_a, self.start_a = _grown(self.column_a, k + 1), _grown(self.start_a, k + 1)
-            self.length_a = _grown(self.length_a, k + 1)
-            self.bytes_a = _grown(self.bytes_a, self.n_level_bytes + len(data))
-            self.column_a[k], self.start_a[k] = column, self.n_level_bytes
-            self.length_a[k] = len(data)
-            self.bytes_a[self.n_level_bytes:self.n_level_bytes + len(data)] = data
-            self.n_level_bytes += len(data)
+            self.column_a, self.name_a = _grown(self.column_a, k + 1), _grown(self.name_a, k + 1)
+            self.name_len_a = _grown(self.name_len_a, k + 1)
+            self.start_a, self.length_a = _grown(self.start_a, k + 1), _grown(self.length_a, k + 1)
+            self.column_a[k] = column
+            self.name_a[k], self.name_len_a[k] = self._store(name)
+            self.start_a[k], self.length_a[k] = self._store(value)
             self.n_levels += 1
         self.type_a[t] = -1 if type_code is None else type_code
         self.format_a[t], self.kernel_a[t] = fmt, type_code is not None
         self.first_a[t], self.count_a[t] = first, self.n_levels - first
+        self.tname_a[t], self.tname_len_a[t] = self._store(type_name)
         self._views()
         self.topics[topic] = t
         self.n_topics += 1
@@ -331,7 +414,7 @@ cdef class MapDecoder:
                     why = STOP_PYTHON
                     break
                 for k in range(self.t_first[topic], self.t_first[topic] + self.t_count[topic]):
-                    level.tag, level.s, level.n = T_STR, &self.l_bytes[self.l_start[k]], \
+                    level.tag, level.s, level.n = T_STR, &self.arena[self.l_start[k]], \
                         self.l_length[k]
                     self._cell(base, self.l_column[k], &level)
                 d.ts[d.rows] = spans[i, 4] // 1000
@@ -342,3 +425,140 @@ cdef class MapDecoder:
                 rows[i] = 1
                 i += 1
         return i, why
+
+    cdef idx_t _member(self, uint8_t* out, idx_t k, const uint8_t* key, idx_t key_n,
+                       Value* v, idx_t first, idx_t count, uint8_t* used) noexcept nogil:
+        """One attribute of an event map at ``out + k``: its key and value, or the value
+        of the topic's level of that name (which gives way to no payload field)."""
+        cdef idx_t j
+        cdef Value level
+        for j in range(count):
+            if same(key, key_n, &self.arena[self.l_name[first + j]], self.l_name_len[first + j]):
+                used[j] = 1
+                level.tag, level.s = T_STR, &self.arena[self.l_start[first + j]]
+                level.n = self.l_length[first + j]
+                k += put_str(out + k, key, key_n)
+                return k + put_value(out + k, &level)
+        k += put_str(out + k, key, key_n)
+        return k + put_value(out + k, v)
+
+    cdef idx_t _event(self, const uint8_t* p, idx_t pos, idx_t end, idx_t topic,
+                      int64_t event_id, int64_t ts, uint8_t* out) noexcept nogil:
+        """The map's one event of a payload as ``msgpack.packb(event.as_mapping())``
+        writes it, at ``out``: its bytes, or -1 when the payload is for Python."""
+        cdef idx_t i, k = 3, n_entries = 3, j, m = 0
+        cdef idx_t first = self.t_first[topic], count = self.t_count[topic]
+        cdef const uint8_t* keys[MAX_MEMBERS]
+        cdef idx_t key_n[MAX_MEMBERS]
+        cdef uint8_t used[MAX_MEMBERS]
+        cdef Value key, v
+        if count > MAX_MEMBERS:
+            return -1
+        for j in range(count):
+            used[j] = 0
+        k += put_str(out + k, <const uint8_t*>b"id", 2)
+        k += put_int(out + k, event_id)
+        k += put_str(out + k, <const uint8_t*>b"type", 4)
+        k += put_str(out + k, &self.arena[self.t_name[topic]], self.t_name_len[topic])
+        k += put_str(out + k, <const uint8_t*>b"ts", 2)
+        k += put_int(out + k, ts)
+        i = skip_space(p, pos, end)
+        if i < end and p[i] == 0x7b and self.t_format[topic] != FORMAT_VALUE:
+            i = skip_space(p, i + 1, end)
+            if i < end and p[i] == 0x7d:
+                i = skip_space(p, i + 1, end)
+            else:
+                while True:
+                    if i >= end or p[i] != 0x22 or m == MAX_MEMBERS:
+                        return -1
+                    i = read_literal(p, i, end, &key)
+                    if i < 0:
+                        return -1
+                    for j in range(m):  # a repeated member: Python (the last one wins)
+                        if same(key.s, key.n, keys[j], key_n[j]):
+                            return -1
+                    keys[m], key_n[m] = key.s, key.n
+                    m += 1
+                    i = skip_space(p, i, end)
+                    if i >= end or p[i] != 0x3a:
+                        return -1
+                    i = read_literal(p, skip_space(p, i + 1, end), end, &v)
+                    if i < 0:
+                        return -1
+                    if v.tag != T_NIL and not event_field(key.s, key.n):
+                        k = self._member(out, k, key.s, key.n, &v, first, count, used)
+                        n_entries += 1
+                    i = skip_space(p, i, end)
+                    if i < end and p[i] == 0x2c:
+                        i = skip_space(p, i + 1, end)
+                        continue
+                    if i < end and p[i] == 0x7d:
+                        i = skip_space(p, i + 1, end)
+                        break
+                    return -1
+            if i != end:
+                return -1
+        elif self.t_format[topic] != FORMAT_JSON:
+            i = read_literal(p, i, end, &v)
+            if i < 0 or v.tag == T_NIL or v.tag == T_STR or skip_space(p, i, end) != end:
+                return -1
+            k = self._member(out, k, <const uint8_t*>VALUE_KEY, 5, &v, first, count, used)
+            n_entries += 1
+        else:
+            return -1
+        for j in range(count):  # the topic's levels no payload field named
+            if not used[j]:
+                key.tag, key.s = T_STR, &self.arena[self.l_start[first + j]]
+                key.n = self.l_length[first + j]
+                k += put_str(out + k, &self.arena[self.l_name[first + j]],
+                             self.l_name_len[first + j])
+                k += put_value(out + k, &key)
+                n_entries += 1
+        if n_entries <= 15:
+            out[2] = 0x80 | <uint8_t>n_entries
+            memmove(out, out + 2, k - 2)
+            return k - 2
+        out[0] = 0xde
+        put_be(out + 1, <uint64_t>n_entries, 2)
+        return k
+
+    def encode(self, const uint8_t[::1] data, int64_t first, const int64_t[:, ::1] spans,
+               idx_t start, uint8_t[::1] out, idx_t at, int64_t[::1] ends,
+               int64_t[::1] ids, int64_t[::1] ts):
+        """Records ``start``.. of a block as event maps: the map's one event of record i
+        as ``msgpack.packb(event.as_mapping())`` writes it, into ``out`` from byte
+        ``at`` on, ending at ``ends[i]``; its id and time in ``ids[i]``, ``ts[i]``.
+        Returns (the record it stopped at, why: DONE, NEW_TOPIC, PYTHON or FULL, the
+        byte after the last event written)."""
+        cdef idx_t i = start, n = spans.shape[0], cap = out.shape[0], need, k, j, plen
+        cdef int64_t topic
+        cdef int why = STOP_DONE
+        cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
+        with nogil:
+            while i < n:
+                topic = self.topics.get(p + spans[i, 0], spans[i, 1],
+                                        bytes_hash(p + spans[i, 0], spans[i, 1]))
+                if topic < 0:
+                    why = STOP_TOPIC
+                    break
+                plen = spans[i, 3]
+                if not self.t_kernel[topic] or plen <= 0 or spans[i, 4] < 0:
+                    why = STOP_PYTHON
+                    break
+                need = 64 + self.t_name_len[topic] + 2 * plen
+                for j in range(self.t_first[topic], self.t_first[topic] + self.t_count[topic]):
+                    need += 12 + self.l_name_len[j] + self.l_length[j]
+                if at + need > cap:
+                    why = STOP_FULL
+                    break
+                ids[i] = (first + i) << ID_SHIFT
+                ts[i] = spans[i, 4] // 1000
+                k = self._event(p, spans[i, 2], spans[i, 2] + plen, topic, ids[i], ts[i],
+                                &out[at])
+                if k < 0:
+                    why = STOP_PYTHON
+                    break
+                at += k
+                ends[i] = at
+                i += 1
+        return i, why, at

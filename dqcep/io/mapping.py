@@ -422,11 +422,12 @@ def _time(value, rule: TopicRule, arrival_us: int | None = None) -> int:
 
 
 class MappedColumns:
-    """A map's records read by the ``map_decode`` kernel into a ``ColumnDecoder``'s
-    rows, for the topics whose rule it can read (``TopicMap.kernel_reading``); each new
-    topic is resolved by the map once. ``decode(block, start, rows)`` reads records of
-    a ``RecordBlock`` from ``start`` and returns where it stopped: the block's end, or
-    a record the map must ``read`` in Python."""
+    """A map's records read by the ``map_decode`` kernel, for the topics whose rule it
+    can read (``TopicMap.kernel_reading``); each new topic is resolved by the map once.
+    ``decode(block, start, rows)`` reads records of a ``RecordBlock`` from ``start``
+    into a ``ColumnDecoder``'s rows (the service); ``encode(...)`` writes their events
+    as msgpack maps (``dqcep spark stream``'s rows). Both return where they stopped:
+    the block's end, or a record the map must ``read`` in Python."""
 
     def __init__(self, topic_map: TopicMap, decoder, types: list[str], attrs: list[str]):
         from dqcep._kernels.map_decode import DETECT, JSON, VALUE, MapDecoder
@@ -436,19 +437,38 @@ class MappedColumns:
         self._column = {a: i for i, a in enumerate(attrs)}
         self._formats = {None: DETECT, "json": JSON, "value": VALUE}
 
+    @staticmethod
+    def usable(attrs: list[str]) -> bool:
+        """Whether the kernel reads for queries of these attributes: an attribute
+        ``events`` is a batch's key to the msgpack decoder whose tables it shares."""
+        return "events" not in attrs
+
     def decode(self, block, start: int, rows) -> int:
         from dqcep._kernels.map_decode import NEW_TOPIC
-        from dqcep.io.journal_tail import TOPIC, TOPIC_LEN
         while True:
             i, why = self.kernel.decode(block.data, block.first, block.spans, start, rows)
             if why != NEW_TOPIC:
                 return i
-            t, n = block.spans[i, TOPIC], block.spans[i, TOPIC_LEN]
-            topic = block.data[t:t + n]
-            self._register(topic)
+            self._register(block, i)
             start = i
 
-    def _register(self, topic: bytes) -> None:
+    def encode(self, block, start: int, out, at: int, ends, ids, ts) -> tuple[int, int, int]:
+        """Records ``start``.. as msgpack event maps into ``out`` from byte ``at``
+        (``MapDecoder.encode``): (where it stopped, why: DONE, PYTHON or FULL, the
+        byte after the last event written)."""
+        from dqcep._kernels.map_decode import NEW_TOPIC
+        while True:
+            i, why, at = self.kernel.encode(block.data, block.first, block.spans, start, out,
+                                            at, ends, ids, ts)
+            if why != NEW_TOPIC:
+                return i, why, at
+            self._register(block, i)
+            start = i
+
+    def _register(self, block, i: int) -> None:
+        from dqcep.io.journal_tail import TOPIC, TOPIC_LEN
+        t, n = block.spans[i, TOPIC], block.spans[i, TOPIC_LEN]
+        topic = bytes(block.data[t:t + n])
         reading = self.map.kernel_reading(topic.decode("utf-8"))
         fmt = reading[1] if reading is not None else None
         if reading is None or fmt not in self._formats:
@@ -456,5 +476,5 @@ class MappedColumns:
             return
         etype, _, levels = reading
         self.kernel.register(topic, self._type_code.get(etype, -1), self._formats[fmt],
-                             [(self._column[a], v) for a, v in levels.items()
-                              if a in self._column])
+                             [(self._column.get(a, -1), a, v) for a, v in levels.items()],
+                             etype)

@@ -371,7 +371,36 @@ def test_the_compiled_map_reads_what_the_map_reads(tmp_path_factory, records):
     plain = [k for k, (t, p, a, r) in enumerate(records)
              if t == "sensors/r1/Temperature" and p in (b'{"value": 1}', b"1") and a and not r]
     assert set(plain) <= set(taken)
+    # the same records as msgpack event maps (dqcep spark stream's rows): every one the
+    # kernel writes is what msgpack writes of the map's event
+    encoded = encoded_events(topic_map, block)
+    assert set(plain) <= set(encoded)
+    for k, blob in encoded.items():
+        got, rejected = topic_map.read(block.record(k))
+        assert len(got) == 1 and not rejected
+        assert blob == msgpack.packb(got[0].as_mapping()), (block.record(k), got)
     journal.close()
+
+
+def encoded_events(topic_map, block) -> dict[int, bytes]:
+    """MappedColumns.encode over a block, in a small buffer (so that it fills): record
+    -> its event map, for the records it writes."""
+    from dqcep._kernels.map_decode import FULL
+    from dqcep._kernels.msgpack_decode import ColumnDecoder
+    from dqcep.io.mapping import MappedColumns
+    mapped = MappedColumns(topic_map, ColumnDecoder([], [], None), [], [])
+    out = np.empty(1200, np.uint8)
+    ends, ids, ts = (np.zeros(block.count, np.int64) for _ in range(3))
+    encoded, i = {}, 0
+    while i < block.count:
+        j, why, at = mapped.encode(block, i, out, 0, ends, ids, ts)
+        for k in range(i, j):
+            encoded[k] = out[ends[k - 1] if k > i else 0:ends[k]].tobytes()
+            assert ids[k] == (block.first + k) << 24
+        if why == FULL and j == i:
+            out = np.empty(2 * len(out), np.uint8)
+        i = j if why == FULL else j + 1
+    return encoded
 
 
 def test_the_compiled_map_takes_the_docs_feed():
