@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -248,10 +249,16 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
 
     def write(batch, batch_id: int) -> None:
         batch = batch.persist()
+        stats = _batch_counts(batch)
+        written = {"match": stats.matches, "dead": stats.dead_letter, "late": stats.late}
         for kind, name in (("match", "matches"), ("dead", "dead-letter"), ("late", "late")):
-            (batch.where(F.col("kind") == kind).select("line").coalesce(1).write
-             .mode("overwrite").text(str(out / name / f"batch={batch_id:010d}")))
-        _write_batch_counts(batch, out / "_stats" / f"batch={batch_id:010d}.json")
+            where = out / name / f"batch={batch_id:010d}"
+            if written[kind]:
+                (batch.where(F.col("kind") == kind).select("line").coalesce(1).write
+                 .mode("overwrite").text(str(where)))
+            else:  # no job for nothing; what an earlier attempt of the batch wrote goes
+                shutil.rmtree(where, ignore_errors=True)
+        _write_stats(stats, out / "_stats" / f"batch={batch_id:010d}.json")
         batch.unpersist()
 
     query = (results.writeStream.option("checkpointLocation", str(ck / "query"))
@@ -280,21 +287,30 @@ class StreamStats:
     matches: int = 0
 
 
-def _write_batch_counts(batch, path: Path) -> None:
-    """One micro-batch's counts as ``DIR/_stats/batch=N.json``, replaced whole when Spark
-    re-runs the batch (so the sum over the files counts every batch once)."""
+def _batch_counts(batch) -> StreamStats:
+    """One micro-batch's counts, in one job (a micro-batch's fixed cost is mostly its
+    jobs): each kind's count, and the lines of the few rows that carry counts or name
+    a repeat."""
     from pyspark.sql import functions as F
 
-    small = batch.where(F.col("kind").isin("counts", "repeat"))
-    rows = batch.groupBy("kind").count().collect()
+    rows = batch.groupBy("kind").agg(
+        F.count("*").alias("count"),
+        F.collect_list(F.when(F.col("kind").isin("counts", "repeat"), F.col("line")))
+        .alias("lines")).collect()
     n = {r["kind"]: r["count"] for r in rows}
-    routed = [json.loads(r.line) for r in small.where(F.col("kind") == "counts").collect()]
-    repeats = {r.line for r in small.where(F.col("kind") == "repeat").collect()}
+    lines = {r["kind"]: r["lines"] for r in rows}
+    routed = [json.loads(line) for line in lines.get("counts", [])]
+    repeats = set(lines.get("repeat", []))
     needed = sum(c["needed"] for c in routed)
-    stats = StreamStats(records=sum(c["records"] for c in routed),
-                        dead_letter=n.get("dead", 0), duplicates=len(repeats),
-                        late=n.get("late", 0), after_pushdown=needed - len(repeats),
-                        matches=n.get("match", 0))
+    return StreamStats(records=sum(c["records"] for c in routed),
+                       dead_letter=n.get("dead", 0), duplicates=len(repeats),
+                       late=n.get("late", 0), after_pushdown=needed - len(repeats),
+                       matches=n.get("match", 0))
+
+
+def _write_stats(stats: StreamStats, path: Path) -> None:
+    """One micro-batch's counts as ``DIR/_stats/batch=N.json``, replaced whole when Spark
+    re-runs the batch (so the sum over the files counts every batch once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(".part")
     part.write_text(json.dumps(asdict(stats)) + "\n")
