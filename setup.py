@@ -30,12 +30,13 @@ DIRECTIVES = {
 
 # module -> its source: the library's kernels by role (the event store and queues,
 # predicates, leaves, joins, guards, Kleene lists, runs, chains; payload codecs, the
-# journal's records (framed from MQTT packets, scanned for the consumers); the SASE
-# baseline's automata), and the generator's walk kernel beside the generator
+# journal's records (framed from MQTT packets, scanned for the consumers); matches'
+# formatting and arrivals; the SASE baseline's automata), and the generator's walk
+# kernel beside the generator
 KERNELS = {f"dqcep._kernels.{name}": f"dqcep/_kernels/{name}.pyx" for name in [
     "ring", "store", "predicates", "leaves", "joins", "guards", "lists", "runs", "chains",
-    "msgpack_encode", "msgpack_decode", "map_decode", "journal_records", "recent_ids", "match_format",
-    "sase"]}
+    "msgpack_encode", "msgpack_decode", "map_decode", "journal_records", "recent_ids",
+    "match_format", "arrivals", "sase"]}
 KERNELS["dqcep.generator._walk"] = "generator/_walk.pyx"
 
 extensions = [

@@ -9,12 +9,14 @@ the batch that emitted them (held for a trailing NOT or released by the watermar
 later) and events whose arrival is unknown (a replay after a restart) are counted as
 ``unmeasured``, not guessed.
 
-The work per batch is one ``np.unique`` of the matches' event ids and one
-``np.searchsorted`` of the batch's ids into it: no Python work per event.
+The work per batch is one pass of a kernel per query over its matches' candidate
+events (``dqcep._kernels.arrivals``): no Python work per event or per match.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from dqcep._kernels.arrivals import latest_arrivals
 
 from dqcep.runtime.eventtime import MatchBatch
 
@@ -69,21 +71,14 @@ class ResponseTimes:
         output at ``now``; ``arrival[i]`` when event ``ids[i]`` arrived (NaN unknown)."""
         if not len(batch):
             return
-        # the batch's ids sorted once, and each match's events looked up among them:
-        # matches far outnumber a batch's events (10 example queries: 170 a message),
-        # so sorting the matches' ids (np.unique) was a third of the service's thread
-        order = np.argsort(ids, kind="stable")
-        known = ids[order]
-        arrived = np.append(np.where(np.isnan(arrival), -np.inf, arrival)[order], -np.inf)
-        last = max(len(known) - 1, 0)  # (the last cell of arrived: not in this batch)
+        # matches far outnumber a batch's events (10 example queries: 45 a message):
+        # each match's candidates are looked up in a hash table of the batch's ids
+        # (a kernel); sorting them (np.unique) was a third of the service's thread
+        ids = np.ascontiguousarray(ids, np.int64)
+        arrival = np.ascontiguousarray(arrival, np.float64)
         for q, _, ids_, lists in batch.parts:
-            cand = _candidates(ids_, lists)
-            if len(known):
-                at = np.minimum(np.searchsorted(known, cand), last)
-                cells = np.where((cand >= 0) & (known[at] == cand), at, len(known))
-            else:
-                cells = np.zeros(cand.shape, np.int64)
-            latest = arrived[cells].max(axis=1) if cand.shape[1] else \
+            cand = np.ascontiguousarray(_candidates(ids_, lists), np.int64)
+            latest = latest_arrivals(ids, arrival, cand) if cand.shape[1] else \
                 np.full(len(cand), -np.inf)
             measured = latest > -np.inf
             delays = now - latest[measured]
