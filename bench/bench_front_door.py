@@ -56,6 +56,7 @@ from bench_ingest import Service, free_port, wait_port  # noqa: E402 - the same 
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from dqcep.io.mqtt_wire import remaining_length  # noqa: E402 - the raw reader's CONNECT
 from tests.support.iot_queries import MAP, TOPIC, example_queries  # noqa: E402 - shared
 TARGETS = {"service 1 query": 0.25, "service 10 queries": 0.12}
 WORKERS_TARGET = 1.3
@@ -93,15 +94,6 @@ def queue_messages(port: int, n: int) -> None:
                     "-o", f"mqtt://127.0.0.1:{port}/{TOPIC}"], check=True)
 
 
-def _remaining_length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def raw_reader(port: int, client_id: str, n: int, commit: float = 0.0) -> float:
     """messages/s of a Python reader that parses every packet and acknowledges QoS 1;
     ``commit`` > 0: the PUBACKs of what it read wait that many seconds first (an
@@ -109,7 +101,7 @@ def raw_reader(port: int, client_id: str, n: int, commit: float = 0.0) -> float:
     body = b"\x00\x04MQTT\x04\x00\x00\x3c" + struct.pack("!H", len(client_id)) + \
         client_id.encode()
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"\x10" + _remaining_length(len(body)) + body)
+    s.sendall(b"\x10" + remaining_length(len(body)) + body)
     buf, got, first = b"", 0, None
     connacked = False
     while got < n:

@@ -24,7 +24,7 @@ import numpy as np
 
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.msgpack_decode cimport utf8_valid
-from dqcep._kernels.msgpack_encode cimport put_int
+from dqcep._kernels.msgpack_encode cimport put_be, put_bin_header, put_int, put_str_header
 
 cdef enum Stop:  # what frame() stopped at
     STOP_MORE       # an incomplete packet starts at pos (detail: its full size once known, else 0)
@@ -89,42 +89,6 @@ cdef uint32_t crc32_update(uint32_t crc, const uint8_t* p, idx_t n) noexcept nog
 def crc32(const uint8_t[::1] data, uint32_t crc=0):
     """``zlib.crc32`` (for the tests: the kernel's checksum is zlib's)."""
     return crc32_update(crc, &data[0] if data.shape[0] else NULL, data.shape[0])
-
-
-cdef inline void put_be(uint8_t* out, uint64_t v, int nbytes) noexcept nogil:
-    cdef int i
-    for i in range(nbytes):
-        out[i] = <uint8_t>(v >> (8 * (nbytes - 1 - i)))
-
-
-cdef inline idx_t put_str_header(uint8_t* out, idx_t n) noexcept nogil:
-    """msgpack str header as msgpack-python writes it (fixstr, str8, str16, str32)."""
-    if n < 32:
-        out[0] = 0xa0 | <uint8_t>n
-        return 1
-    if n <= 0xff:
-        out[0], out[1] = 0xd9, <uint8_t>n
-        return 2
-    if n <= 0xffff:
-        out[0] = 0xda
-        put_be(out + 1, <uint64_t>n, 2)
-        return 3
-    out[0] = 0xdb
-    put_be(out + 1, <uint64_t>n, 4)
-    return 5
-
-
-cdef inline idx_t put_bin_header(uint8_t* out, idx_t n) noexcept nogil:
-    if n <= 0xff:
-        out[0], out[1] = 0xc4, <uint8_t>n
-        return 2
-    if n <= 0xffff:
-        out[0] = 0xc5
-        put_be(out + 1, <uint64_t>n, 2)
-        return 3
-    out[0] = 0xc6
-    put_be(out + 1, <uint64_t>n, 4)
-    return 5
 
 
 cdef inline void put_le32(uint8_t* out, uint32_t v) noexcept nogil:

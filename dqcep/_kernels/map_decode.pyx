@@ -33,7 +33,7 @@ import numpy as np
 
 from dqcep._kernels._types cimport idx_t
 from dqcep._kernels.msgpack_decode cimport BytesTable, ColumnDecoder, bytes_hash, utf8_valid
-from dqcep._kernels.msgpack_encode cimport put_float, put_int
+from dqcep._kernels.msgpack_encode cimport put_be, put_float, put_int, put_str_header
 from dqcep._kernels.store cimport KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR
 
 cdef enum:
@@ -173,29 +173,9 @@ cdef idx_t read_literal(const uint8_t* p, idx_t i, idx_t end, Value* v) noexcept
 
 
 # ------------------------------------------------------------------ events as msgpack
-cdef inline void put_be(uint8_t* out, uint64_t v, int nbytes) noexcept nogil:
-    cdef int i
-    for i in range(nbytes):
-        out[i] = <uint8_t>(v >> (8 * (nbytes - 1 - i)))
-
-
 cdef inline idx_t put_str(uint8_t* out, const uint8_t* s, idx_t n) noexcept nogil:
-    """A msgpack str as msgpack-python writes it (fixstr, str8, str16, str32)."""
-    cdef idx_t h
-    if n < 32:
-        out[0] = 0xa0 | <uint8_t>n
-        h = 1
-    elif n <= 0xff:
-        out[0], out[1] = 0xd9, <uint8_t>n
-        h = 2
-    elif n <= 0xffff:
-        out[0] = 0xda
-        put_be(out + 1, <uint64_t>n, 2)
-        h = 3
-    else:
-        out[0] = 0xdb
-        put_be(out + 1, <uint64_t>n, 4)
-        h = 5
+    """A msgpack str as msgpack-python writes it."""
+    cdef idx_t h = put_str_header(out, n)
     memcpy(out + h, s, n)
     return h + n
 
@@ -318,6 +298,18 @@ cdef class MapDecoder:
         self.topics[topic] = t
         self.n_topics += 1
 
+    cdef int64_t _topic(self, const uint8_t* p, const int64_t[:, ::1] spans,
+                        idx_t i) noexcept nogil:
+        """Record i's topic index; -1: not registered yet; -2: the record is for Python
+        (its topic's rule, a payload refused or empty, no arrival time)."""
+        cdef int64_t topic = self.topics.get(p + spans[i, 0], spans[i, 1],
+                                             bytes_hash(p + spans[i, 0], spans[i, 1]))
+        if topic < 0:
+            return -1
+        if not self.t_kernel[topic] or spans[i, 3] <= 0 or spans[i, 4] < 0:  # (INT64_MIN)
+            return -2
+        return topic
+
     cdef int _cell(self, idx_t base, int32_t col, Value* v) except -2 nogil:
         if col < 0:
             return 0
@@ -388,15 +380,11 @@ cdef class MapDecoder:
         cdef Value level
         with nogil:
             while i < n:
-                topic = self.topics.get(p + spans[i, 0], spans[i, 1],
-                                        bytes_hash(p + spans[i, 0], spans[i, 1]))
+                topic = self._topic(p, spans, i)
                 if topic < 0:
-                    why = STOP_TOPIC
+                    why = STOP_TOPIC if topic == -1 else STOP_PYTHON
                     break
                 plen = spans[i, 3]
-                if not self.t_kernel[topic] or plen <= 0 or spans[i, 4] < 0:  # (none: INT64_MIN)
-                    why = STOP_PYTHON
-                    break
                 pos, end = spans[i, 2], spans[i, 2] + plen
                 d._reserve(1)
                 base = d.rows * d.n_attrs
@@ -536,15 +524,11 @@ cdef class MapDecoder:
         cdef const uint8_t* p = &data[0] if data.shape[0] else NULL
         with nogil:
             while i < n:
-                topic = self.topics.get(p + spans[i, 0], spans[i, 1],
-                                        bytes_hash(p + spans[i, 0], spans[i, 1]))
+                topic = self._topic(p, spans, i)
                 if topic < 0:
-                    why = STOP_TOPIC
+                    why = STOP_TOPIC if topic == -1 else STOP_PYTHON
                     break
                 plen = spans[i, 3]
-                if not self.t_kernel[topic] or plen <= 0 or spans[i, 4] < 0:
-                    why = STOP_PYTHON
-                    break
                 need = 64 + self.t_name_len[topic] + 2 * plen
                 for j in range(self.t_first[topic], self.t_first[topic] + self.t_count[topic]):
                     need += 12 + self.l_name_len[j] + self.l_length[j]

@@ -27,12 +27,6 @@ cdef enum:  # malformed markers, as in dqcep.core.batch.Malformed
     M_UNDECODABLE = 3
 
 
-cdef inline void put_be(uint8_t* out, uint64_t v, int nbytes) noexcept nogil:
-    cdef int i
-    for i in range(nbytes):
-        out[i] = <uint8_t>(v >> (8 * (nbytes - 1 - i)))
-
-
 cdef idx_t put_int(uint8_t* out, int64_t v) noexcept nogil:
     """msgpack's minimal encoding of an integer; returns the bytes written."""
     if v >= 0:
