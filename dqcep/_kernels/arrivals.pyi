@@ -2,5 +2,7 @@
 import numpy as np
 import numpy.typing as npt
 
-def latest_arrivals(ids: "npt.NDArray[np.int64]", arrival: "npt.NDArray[np.float64]",
-                    candidates: "npt.NDArray[np.int64]") -> "npt.NDArray[np.float64]": ...
+class ArrivalIndex:
+    def __init__(self, ids: "npt.NDArray[np.int64]",
+                 arrival: "npt.NDArray[np.float64]") -> None: ...
+    def latest(self, candidates: "npt.NDArray[np.int64]") -> "npt.NDArray[np.float64]": ...

@@ -16,35 +16,49 @@ from dqcep._kernels._table cimport Int64Table, table_free, table_get, table_init
 from dqcep._kernels._types cimport idx_t
 
 
-def latest_arrivals(const int64_t[::1] ids, const double[::1] arrival,
-                    const int64_t[:, ::1] candidates):
-    """float64 per row of ``candidates`` (match x its candidate ids, -1: none): the
-    latest ``arrival[i]`` of the candidates found as ``ids[i]``; -inf when none is found
-    or none of their arrivals is known (NaN)."""
-    cdef idx_t n = ids.shape[0], rows = candidates.shape[0], width = candidates.shape[1]
-    cdef idx_t i, r, c
-    cdef int64_t at, x
-    cdef double best, t
+cdef class ArrivalIndex:
+    """ArrivalIndex(ids, arrival): a batch's events by id (``arrival[i]`` when event
+    ``ids[i]`` arrived, NaN: unknown), built once a batch for every query's matches."""
+
     cdef Int64Table table
-    out = np.empty(rows, np.float64)
-    cdef double[::1] latest = out
-    table_init(&table, 2 * n)
-    try:
+    cdef const double[::1] arrival
+    cdef bint ready
+
+    def __cinit__(self, const int64_t[::1] ids, const double[::1] arrival):
+        cdef idx_t i, n = ids.shape[0]
+        if arrival.shape[0] != n:
+            raise ValueError("ids and arrival differ in length")
+        self.arrival = arrival
+        table_init(&self.table, 2 * n)
+        self.ready = True
         with nogil:
             for i in range(n):
                 if ids[i] >= 0:
-                    table_set(&table, ids[i], i)
+                    table_set(&self.table, ids[i], i)
+
+    def __dealloc__(self):
+        if self.ready:
+            table_free(&self.table)
+
+    def latest(self, const int64_t[:, ::1] candidates):
+        """float64 per row of ``candidates`` (match x its candidate ids, -1: none): the
+        latest known arrival of the candidates that are in the batch; -inf when none
+        is, or none of their arrivals is known."""
+        cdef idx_t rows = candidates.shape[0], width = candidates.shape[1], r, c
+        cdef int64_t at, x
+        cdef double best, t
+        out = np.empty(rows, np.float64)
+        cdef double[::1] latest = out
+        with nogil:
             for r in range(rows):
                 best = -INFINITY
                 for c in range(width):
                     x = candidates[r, c]
                     if x >= 0:
-                        at = table_get(&table, x)
+                        at = table_get(&self.table, x)
                         if at >= 0:
-                            t = arrival[at]
+                            t = self.arrival[at]
                             if t > best:  # (NaN: never)
                                 best = t
                 latest[r] = best
-    finally:
-        table_free(&table)
-    return out
+        return out

@@ -9,14 +9,15 @@ the batch that emitted them (held for a trailing NOT or released by the watermar
 later) and events whose arrival is unknown (a replay after a restart) are counted as
 ``unmeasured``, not guessed.
 
-The work per batch is one pass of a kernel per query over its matches' candidate
-events (``dqcep._kernels.arrivals``): no Python work per event or per match.
+The work per batch is a hash table of its events' ids and one pass of a kernel per
+query over its matches' candidates (``dqcep._kernels.arrivals``): no Python work per
+event or per match.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from dqcep._kernels.arrivals import latest_arrivals
+from dqcep._kernels.arrivals import ArrivalIndex
 
 from dqcep.runtime.eventtime import MatchBatch
 
@@ -74,12 +75,10 @@ class ResponseTimes:
         # matches far outnumber a batch's events (10 example queries: 45 a message):
         # each match's candidates are looked up in a hash table of the batch's ids
         # (a kernel); sorting them (np.unique) was a third of the service's thread
-        ids = np.ascontiguousarray(ids, np.int64)
-        arrival = np.ascontiguousarray(arrival, np.float64)
+        index = ArrivalIndex(np.ascontiguousarray(ids, np.int64),
+                             np.ascontiguousarray(arrival, np.float64))
         for q, _, ids_, lists in batch.parts:
-            cand = np.ascontiguousarray(_candidates(ids_, lists), np.int64)
-            latest = latest_arrivals(ids, arrival, cand) if cand.shape[1] else \
-                np.full(len(cand), -np.inf)
+            latest = index.latest(np.ascontiguousarray(_candidates(ids_, lists), np.int64))
             measured = latest > -np.inf
             delays = now - latest[measured]
             name = batch.queries[q][0]
