@@ -32,10 +32,6 @@ class RecordBlock:
         self.data, self.first, self.spans = data, first, spans
         self.count = len(spans)
 
-    @property
-    def offsets(self) -> np.ndarray:
-        return np.arange(self.first, self.first + self.count, dtype=np.int64)
-
     def arrival_ms(self) -> np.ndarray:
         """Each record's arrival in ms (-1: unknown)."""
         arrival = self.spans[:, ARRIVAL]

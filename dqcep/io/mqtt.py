@@ -407,8 +407,8 @@ class MqttSource:
         import os
         import socket
 
-        from dqcep.io.mqtt_wire import (CONNACK, CONNACK_REFUSALS, connect_packet,
-                                        subscribe_packet)
+        from dqcep.io.mqtt_wire import (CONNACK, CONNACK_REFUSALS, ProtocolError,
+                                        connect_packet, subscribe_packet)
         sock = socket.create_connection((self.host, self.port), timeout=timeout)
         try:
             if self.url.tls:
@@ -419,24 +419,23 @@ class MqttSource:
                                         password))
             self.intake.reset()
             deadline = time.monotonic() + timeout
-            while True:
-                found = self._first_packet()
-                if found is not None:
-                    break
+            controls = []
+            while not controls:  # (what follows the CONNACK in a read is taken as usual)
                 sock.settimeout(max(0.01, deadline - time.monotonic()))
                 n = sock.recv_into(self.intake.view())
                 if not n:
                     raise ConnectionError("the broker closed the connection before its CONNACK")
-                self.intake.filled += n
-            kind, body, end = found
+                try:
+                    controls = self.intake.received_bytes(n, time.time())
+                except ProtocolError as err:
+                    raise ConnectionError(str(err)) from None
+            (kind, _, body), *later = controls
             if kind != CONNACK or len(body) != 2:
                 raise ConnectionError(f"the broker answered CONNECT with a packet of type {kind}")
             if body[1]:
                 raise UserError(f"the MQTT broker at {self.host}:{self.port} refused the "
                                 f"connection: {CONNACK_REFUSALS.get(body[1], body[1])}")
-            rest = self.intake.filled - end
-            self.intake.buffer[:rest] = self.intake.buffer[end:self.intake.filled]
-            self.intake.filled = rest
+            self._answer(later)
             sock.sendall(subscribe_packet(1, self.topics))
             sock.settimeout(READ_TIMEOUT)
         except BaseException:
@@ -444,12 +443,6 @@ class MqttSource:
             raise
         self._sock = sock
         self._last_sent = self._last_received = time.monotonic()
-
-    def _first_packet(self):
-        from dqcep.io.mqtt_wire import control_packet
-        found = control_packet(self.intake.buffer.data, 0, self.intake.filled) \
-            if self.intake.filled >= 2 else None
-        return None if found is None else (found[0], found[2], found[3])
 
     def _send(self, data: bytes) -> None:
         try:
