@@ -214,11 +214,15 @@ def _grown(array, need: int):
 
 
 cdef class MapDecoder:
-    """MapDecoder(decoder): compiled topics appending rows to ``decoder`` (a
-    ``ColumnDecoder``: its attribute columns, event types and string codes), or
-    writing each record's event as a msgpack map (``encode``)."""
+    """MapDecoder(decoder, events_column=-1): compiled topics appending rows to
+    ``decoder`` (a ``ColumnDecoder``: its attribute columns, event types and string
+    codes; ``events_column``: the column of an attribute ``events``), or writing each
+    record's event as a msgpack map (``encode``)."""
 
     cdef ColumnDecoder decoder
+    # the decoder's key table gives "events" a code of its own (a msgpack batch's key);
+    # to the map it is an attribute like any other: its column, -1 if no query reads it
+    cdef int32_t events_key, events_column
     cdef BytesTable topics       # topic -> its index
     cdef readonly idx_t n_topics, n_levels, n_bytes
     # per topic: event type code, format, 0 if its records are for Python, its level
@@ -241,8 +245,9 @@ cdef class MapDecoder:
     cdef int64_t[::1] l_length
     cdef uint8_t[::1] arena
 
-    def __cinit__(self, ColumnDecoder decoder):
+    def __cinit__(self, ColumnDecoder decoder, int32_t events_column=-1):
         self.decoder = decoder
+        self.events_key, self.events_column = decoder.keys[b"events"], events_column
         self.topics = BytesTable()
         self.n_topics = self.n_levels = self.n_bytes = 0
         self.type_a, self.format_a = np.zeros(16, np.int32), np.zeros(16, np.int8)
@@ -343,8 +348,10 @@ cdef class MapDecoder:
             if i < 0:
                 return -1
             col = self.decoder.keys.get(key.s, key.n, bytes_hash(key.s, key.n))
-            # "type", "ts", "id" and "events" members are no attributes here (the
-            # map drops them; the type and time come from the rule and the arrival)
+            if col == self.events_key:
+                col = self.events_column
+            # "type", "ts" and "id" members are no attributes here (the map drops
+            # them; the type and time come from the rule and the arrival)
             self._cell(base, col, &v)
             i = skip_space(p, i, end)
             if i < end and p[i] == 0x2c:  # ,

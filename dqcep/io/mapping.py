@@ -432,16 +432,10 @@ class MappedColumns:
     def __init__(self, topic_map: TopicMap, decoder, types: list[str], attrs: list[str]):
         from dqcep._kernels.map_decode import DETECT, JSON, VALUE, MapDecoder
         self.map, self.decoder = topic_map, decoder
-        self.kernel = MapDecoder(decoder)
         self._type_code = {t: i for i, t in enumerate(types)}
         self._column = {a: i for i, a in enumerate(attrs)}
+        self.kernel = MapDecoder(decoder, self._column.get("events", -1))
         self._formats = {None: DETECT, "json": JSON, "value": VALUE}
-
-    @staticmethod
-    def usable(attrs: list[str]) -> bool:
-        """Whether the kernel reads for queries of these attributes: an attribute
-        ``events`` is a batch's key to the msgpack decoder whose tables it shares."""
-        return "events" not in attrs
 
     def decode(self, block, start: int, rows) -> int:
         from dqcep._kernels.map_decode import NEW_TOPIC

@@ -154,10 +154,8 @@ class JournalConsumer:
 
     def _mapped_columns(self) -> MappedColumns | None:
         """The compiled map over the engine's decoder (made again when the decoder is),
-        or None: no map, RETURN values (which need the events), or a query that reads
-        an attribute ``events`` (``MappedColumns.usable``)."""
-        if self.reader.map is None or self.returns is not None \
-                or not MappedColumns.usable(self.engine.attrs):
+        or None: no map, or RETURN values (which need the events)."""
+        if self.reader.map is None or self.returns is not None:
             return None
         if self._mapped is None or self._mapped.decoder is not self.decoder:
             self._mapped = MappedColumns(self.reader.map, self.decoder, self.engine.types,

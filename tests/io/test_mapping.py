@@ -275,7 +275,8 @@ def test_a_map_nested_too_deeply_is_refused_with_a_line_not_a_traceback(tmp_path
 
 # ------------------------------------------------------------------ the compiled map
 KERNEL_QUERY = ("PATTERN SEQ(Temperature a, Humidity b) WHERE a.value > b.value AND "
-                "a.room = b.room AND a.unit = 'C' AND b.ok = true WITHIN 10")
+                "a.room = b.room AND a.unit = 'C' AND b.ok = true AND b.events >= 0 "
+                "WITHIN 10")  # (events: a msgpack batch's key, an attribute to the map)
 KERNEL_MAP = """
 [[topic]]
 filter = "sensors/+/+"
