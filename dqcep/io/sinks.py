@@ -13,6 +13,8 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -178,6 +180,23 @@ class MqttMatchSink:
         self.publisher.close()
 
 
+class _Synced:
+    """A point in a BackgroundSink's queue where the writer syncs (``synced``)."""
+
+    def __init__(self, then: Callable[[int | None], object]):
+        self.then, self.future = then, Future()
+
+    def run(self, owner: "BackgroundSink") -> None:
+        if owner.failure is not None:  # what it would record was not written
+            self.future.set_exception(owner.failure)
+            return
+        try:
+            self.future.set_result(self.then(owner.sink.sync()))
+        except BaseException as err:
+            self.future.set_exception(err)
+            raise
+
+
 def open_match_sink(target: str | None, fmt: str = "json", keep: int | None = None,
                     with_returns: bool = False):
     """A file or stdout, an MQTT topic, or a database table (``dqcep.io.database``)."""
@@ -193,8 +212,10 @@ class BackgroundSink:
     """A sink whose batches are formatted and written by a thread of their own, so the
     output of one batch overlaps the matching of the next (the formatting kernel and
     file writes release the GIL). At most ``depth`` batches wait; a failed write is
-    raised by the next ``write_batch``, ``sync`` or ``close``; ``sync`` waits for
-    every batch given so far (a checkpoint records what is on disk)."""
+    raised by the next ``write_batch``, ``sync``, ``synced`` or ``close``; ``sync``
+    waits for every batch given so far (a checkpoint records what is on disk);
+    ``synced`` has the writer thread sync at this point while the caller goes on (an
+    asynchronous checkpoint)."""
 
     def __init__(self, sink, depth: int = 4):
         import queue
@@ -210,7 +231,9 @@ class BackgroundSink:
             try:
                 if item is None:
                     return
-                if self.failure is None:
+                if isinstance(item, _Synced):
+                    item.run(self)
+                elif self.failure is None:
                     self.sink.write_batch(*item)
             except BaseException as err:  # handed to the caller's thread
                 self.failure = err
@@ -238,6 +261,17 @@ class BackgroundSink:
         """Every batch given so far written, then the sink's own sync (its length)."""
         self.drain()
         return self.sink.sync()
+
+    def synced(self, then: Callable[[int | None], object]) -> Future:
+        """``then(length)`` called by the writer thread once every batch given so far is
+        written and the sink synced (``length``: what ``sync`` returns), while the
+        caller goes on giving batches; the future holds what ``then`` returns. A
+        failure (an earlier write's, the sync's or ``then``'s) fails the future and is
+        raised by the next call, as a write's."""
+        self._raise()
+        done = _Synced(then)
+        self.queue.put(done)
+        return done.future
 
     def close(self) -> None:
         self.queue.put(None)

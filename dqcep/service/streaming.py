@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from dqcep._kernels.recent_ids import RecentIds
@@ -171,7 +172,8 @@ class StreamingService(JournalConsumer):
         self.response = ResponseTimes([q.name for q in queries])
         self.service_times = ServiceTimes(time.monotonic())
         self.checkpointed_at: float | None = None  # time.monotonic() of the last one
-        self._checkpoint_seconds = 0.0                 # ... and the time it took
+        self._checkpoint_seconds = 0.0  # ... and the time it held the service thread
+        self._in_flight: tuple[Future, int] | None = None  # one being written, its offset
         self.last_matches: deque = deque(maxlen=LAST_MATCHES)  # for the HTTP side
         self._recent: dict = {}  # the last stats line's figures of its period
         self._load(state)
@@ -352,7 +354,11 @@ class StreamingService(JournalConsumer):
             self._replaying = False
 
     def _unload(self) -> None:
-        """Let go of the sinks and the tail without writing (after a failed write)."""
+        """Let go of the sinks and the tail without writing (after a failed write). A
+        checkpoint in flight is written or not when the output's writer ends; a start
+        or a recovery reads whichever file is there, and its offset is told to the
+        journal with the next one."""
+        self._in_flight = None
         for sink in (self.out, self.dead, self.late):
             if sink is None:
                 continue
@@ -382,14 +388,17 @@ class StreamingService(JournalConsumer):
         output stays exactly once). Issue 49 item 13: an 857 MB state was rewritten
         every second. (An idle service still writes its own: `dqcep calibrate` measures
         those.)"""
+        if not self.checkpoint_done():
+            return False  # the last one is still being written
         last = self.checkpointed_at if self.checkpointed_at is not None else self._loaded_at
         wait = max(self.cfg.checkpoint_every,
                    self._checkpoint_seconds * (1 - CHECKPOINT_SHARE) / CHECKPOINT_SHARE)
         return now - last >= wait
 
     def timed_checkpoint(self) -> None:
-        """``checkpoint``, its time counted in ``service_times``."""
-        self.checkpoint()
+        """A periodic ``checkpoint``, written while the service goes on; the time it
+        held the service thread counted in ``service_times``."""
+        self.checkpoint(wait=False)
         self.service_times.add_checkpoint(self._checkpoint_seconds)
 
     def _change(self, record: Record) -> None:
@@ -507,16 +516,22 @@ class StreamingService(JournalConsumer):
         self._stopped(out.stopped, self.offset)
         self.ended_at = self.offset
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, wait: bool = True) -> None:
+        """A checkpoint: the journal offset consumed, the engine's snapshot and the
+        length of every sink, written once the matches before it are on disk. The state
+        is taken now; where the output has a writer thread (``BackgroundSink``) that
+        thread syncs the output and writes the file when it gets there. ``wait``
+        False: the service goes on meanwhile (Flink's asynchronous part of a snapshot)
+        and ``checkpoint_done`` finishes it; one is in flight at a time, in order."""
+        self.checkpoint_done(wait=True)
         started = time.monotonic()
-        sinks = {"output": self.out.sync(), "dead_letter": self.dead.sync(),
-                 "late": self.late.sync()}
-        write_checkpoint(self.cfg.checkpoint, CHECKPOINT_VERSION, {
+        state = {
             "offset": self.offset, "journal_end": self.journal.durable_offset,
             "engine": self.engine.snapshot(),
             "recent": recent_to_bytes(self.recent),
             "admission_at": self._admission_at,
-            "counts": self.counts, "sinks": sinks, "stream": self.stream,
+            "counts": dict(self.counts), "stream": self.stream,
+            "sinks": {"dead_letter": self.dead.sync(), "late": self.late.sync()},
             "ended_at": self.ended_at, "db_written": self.db_written,
             "returns": None if self.returns is None else self.returns.snapshot(),
             # after a live change: the query set; after a change or a move: the codes
@@ -526,11 +541,40 @@ class StreamingService(JournalConsumer):
             [list(u) for u in self.program.universe],
             # how the engine runs its queries (moved between joins and a chain), and the
             # rates it was planned with (a restart plans the same program)
-            "constructions": self.engine.overrides, "rates": self.engine.source.rates})
-        self.journal.checkpointed(self.cfg.consumer, self.offset)
+            "constructions": dict(self.engine.overrides),
+            "rates": dict(self.engine.source.rates)}
+
+        def write(output_length: int | None) -> None:
+            state["sinks"]["output"] = output_length
+            write_checkpoint(self.cfg.checkpoint, CHECKPOINT_VERSION, state)
+
+        if isinstance(self.out, BackgroundSink):
+            written = self.out.synced(write)
+        else:
+            written = Future()
+            write(self.out.sync())
+            written.set_result(None)
+        self._in_flight = (written, self.offset)
+        # the service thread's part: what a periodic checkpoint holds it up
+        self._checkpoint_seconds = time.monotonic() - started
+        if wait:
+            self.checkpoint_done(wait=True)
+
+    def checkpoint_done(self, wait: bool = False) -> bool:
+        """Whether no checkpoint is in flight: the one in flight, once written, finished
+        (its offset told to the journal, retention applied); ``wait``: until it is.
+        Raises what failed it (an OSError: back to the last checkpoint)."""
+        if self._in_flight is None:
+            return True
+        written, offset = self._in_flight
+        if not wait and not written.done():
+            return False
+        self._in_flight = None
+        written.result()
+        self.journal.checkpointed(self.cfg.consumer, offset)
         self.journal.trim(self.cfg.journal_retention)
         self.checkpointed_at = time.monotonic()
-        self._checkpoint_seconds = self.checkpointed_at - started
+        return True
 
     def recover(self, err: OSError, stop: threading.Event) -> None:
         """After a failed write: back to the last checkpoint (sinks cut back, engine

@@ -238,6 +238,67 @@ def test_background_sink_keeps_the_order_and_raises_a_failed_write():
     assert inner.got == [[0], [1], [2]] and inner.closed and not sink.thread.is_alive()
 
 
+def test_background_sink_syncs_where_synced_was_asked_while_the_caller_goes_on():
+    """``synced``: the writer thread syncs once every batch given before is written,
+    and hands the length to ``then`` (an asynchronous checkpoint); batches given after
+    it are not in it. A failed write before it fails it; a failing ``then`` fails it
+    and is raised by the next call."""
+    import threading
+    from dqcep.io.sinks import BackgroundSink
+
+    class Sink:
+        def __init__(self, fail_at=None):
+            self.got, self.fail_at, self.gate = [], fail_at, threading.Event()
+
+        def write_batch(self, batch):
+            self.gate.wait(10)  # the writer is slow until the test lets it go
+            if len(self.got) == self.fail_at:
+                raise OSError(28, "No space left on device", "m.jsonl")
+            self.got.append(batch)
+
+        def sync(self):
+            return len(self.got)
+
+        def close(self):
+            pass
+
+    inner = Sink()
+    sink = BackgroundSink(inner, depth=8)
+    seen = []
+    sink.write_batch([0])
+    sink.write_batch([1])
+    done = sink.synced(lambda length: seen.append(length) or "written")
+    sink.write_batch([2])  # the caller went on: not held up by the sync
+    assert not done.done()
+    inner.gate.set()
+    assert done.result(10) == "written" and seen == [2]
+    sink.close()
+    assert inner.got == [[0], [1], [2]]
+
+    inner = Sink(fail_at=1)
+    inner.gate.set()
+    sink = BackgroundSink(inner, depth=8)
+    sink.write_batch([0])
+    sink.write_batch([1])
+    done = sink.synced(lambda length: seen.append(length))
+    with pytest.raises(OSError, match="No space left"):
+        done.result(10)
+    assert seen == [2]  # then was not called
+    with pytest.raises(OSError, match="No space left"):
+        sink.close()
+
+    sink = BackgroundSink(Sink(), depth=8)
+    sink.sink.gate.set()
+
+    def failing(length):
+        raise OSError(5, "Input/output error", "ck")
+    with pytest.raises(OSError, match="Input/output"):
+        sink.synced(failing).result(10)
+    with pytest.raises(OSError, match="Input/output"):
+        sink.write_batch([3])
+    sink.close()
+
+
 @settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(st.tuples(
     st.integers(-2**63, 2**63 - 1), st.lists(st.integers(-1, 2**63 - 1), min_size=2, max_size=2),

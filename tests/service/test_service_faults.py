@@ -353,7 +353,9 @@ def test_processed_segments_are_deleted_but_the_retention(tmp_path):
 def test_checkpoints_keep_their_interval_while_a_backlog_drains(mosquitto, tmp_path,
                                                                 monkeypatch):
     """A backlog once held checkpoints back for its whole length (11-16 s apart). (The
-    pace of a slow checkpoint off: the test below has it.)"""
+    pace of a slow checkpoint off: the test below has it.) A periodic checkpoint is
+    written while the service goes on and the next is due once it is written, so how
+    many fall within the drain depends on the machine: more than one, each further on."""
     import threading
     import dqcep.service.streaming as streaming
     monkeypatch.setattr(streaming, "CHECKPOINT_SHARE", 1.0)
@@ -365,9 +367,9 @@ def test_checkpoints_keep_their_interval_while_a_backlog_drains(mosquitto, tmp_p
     lags = []
     checkpoint = svc.checkpoint
 
-    def recording():
+    def recording(**how):
         lags.append(svc.journal.durable_offset - svc.offset)
-        checkpoint()
+        checkpoint(**how)
     svc.checkpoint = recording
     stop = threading.Event()
     worker = threading.Thread(target=svc.run, args=(stop,))
@@ -377,7 +379,8 @@ def test_checkpoints_keep_their_interval_while_a_backlog_drains(mosquitto, tmp_p
         time.sleep(0.01)
     stop.set()
     worker.join(30)
-    assert len([lag for lag in lags if lag > 0]) >= 4, lags
+    during = [lag for lag in lags if lag > 0]
+    assert len(during) >= 2 and during == sorted(during, reverse=True), lags
 
 
 def test_a_slow_checkpoint_is_paced(tmp_path):
