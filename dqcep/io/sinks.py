@@ -221,6 +221,7 @@ class BackgroundSink:
         import queue
         import threading
         self.sink, self.failure = sink, None
+        self.given = self.written = 0  # matches given, and written by the thread
         self.queue: queue.Queue = queue.Queue(depth)
         self.thread = threading.Thread(target=self._run, name="match-writer", daemon=True)
         self.thread.start()
@@ -234,7 +235,7 @@ class BackgroundSink:
                 if isinstance(item, _Synced):
                     item.run(self)
                 elif self.failure is None:
-                    self.sink.write_batch(*item)
+                    self.written += self.sink.write_batch(*item) or 0
             except BaseException as err:  # handed to the caller's thread
                 self.failure = err
             finally:
@@ -249,8 +250,14 @@ class BackgroundSink:
         """The batch (and what else the sink's write_batch takes), written in order."""
         self._raise()
         if len(batch):
+            self.given += len(batch)
             self.queue.put((batch, *args))
         return len(batch)
+
+    @property
+    def backlog(self) -> int:
+        """Matches given and not yet written (the stats' ``output_backlog``)."""
+        return self.given - self.written
 
     def drain(self) -> None:
         """Every batch given so far handed to the sink (written, not synced)."""

@@ -536,6 +536,7 @@ class Coordinator:
                  if not self.query_set.epochs.get(q)] or reports
         return {"events_in": min((r.get("events_in", 0) for r in whole), default=0),
                 "matches_out": sum(r.get("matches_out", 0) for r in reports),
+                "output_backlog": sum(r.get("output_backlog", 0) for r in reports),
                 "lag_records": self.journal.durable_offset - min(
                     (r.get("offset", 0) for r in reports), default=0),
                 "workers": [list(w.queries) for w in self.workers],  # in step order

@@ -621,6 +621,8 @@ class StreamingService(JournalConsumer):
                 "state_total_bytes": self.engine.state_bytes(),
                 "checkpoint_age_s": None if self.checkpointed_at is None
                 else now - self.checkpointed_at,
+                "output_backlog": self.out.backlog if isinstance(self.out, BackgroundSink)
+                else 0,
                 **stream_figures(names=names, events_in=self.counts["events_in"],
                                  stopped=stopped, error=self.error, started=self.started,
                                  now=now, inputs=self.cfg.inputs, state=self.cfg.state,

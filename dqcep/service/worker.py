@@ -305,7 +305,7 @@ def _report(svc: StreamingService) -> dict:
     return {**{k: s[k] for k in ("events_in", "payloads", "matches_out", "malformed", "late",
                                  "error", "stopped", "duplicates", "journal_lost",
                                  "dead_letters", "state_total_bytes", "checkpoint_age_s",
-                                 "watermark")},
+                                 "watermark", "output_backlog")},
             "offset": svc.offset, "response": s["response"][q],
             "response_recent": svc.response.take_recent()[q],
             "service": svc.service_times.totals(now),

@@ -284,6 +284,7 @@ def test_metrics_are_the_status_and_dqcep_status_prints_them(http_service):
     assert one("dqcep_journal_bytes") == s["journal_bytes"] > 0
     assert one("dqcep_engine_state_bytes") == s["state_total_bytes"] > 0
     assert one("dqcep_checkpoint_age_seconds") == s["checkpoint_age_s"]
+    assert one("dqcep_output_backlog_matches") == s["output_backlog"] == 0  # quiet: written
     assert one("dqcep_status_time_seconds") == s["time"]
     assert one("dqcep_queries") == len(s["queries"]) == len(parse_file(QUERIES).queries)
     assert {r: one("dqcep_dead_letters_total", reason=r) for r in s["dead_letters"]} == \
