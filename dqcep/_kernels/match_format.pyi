@@ -14,3 +14,25 @@ def format_matches(
     tail: bytes = b"}}\n",              # after them
     with_detected: bool = True,         # False: no detection time after head
 ) -> bytes: ...  # one line per match (the spec's JSON line by default)
+
+class MatchLines:
+    n: int  # rows
+    def __init__(
+        self,
+        head: bytes,
+        keys: list[bytes],
+        detected: "npt.NDArray[np.int64]",
+        ids: "npt.NDArray[np.int64]",
+        list_of: "npt.ArrayLike | None" = None,
+        offsets: "npt.ArrayLike | None" = None,
+        values: "npt.ArrayLike | None" = None,
+        mid: bytes = b', "events": {',
+        tail: bytes = b"}}\n",
+        with_detected: bool = True,
+    ) -> None: ...  # as format_matches, checked once
+    def all(self) -> bytes: ...  # every row's line
+    def write_into(
+        self, out: "npt.NDArray[np.uint8]", row: int  # uint8_t[::1]
+    ) -> tuple[int, int]: ...  # (next row, bytes written): whole lines while they fit
+    @property
+    def longest(self) -> int: ...  # the most bytes one row's line can take

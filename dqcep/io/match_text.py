@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from dqcep._kernels.match_format import format_matches
+from dqcep._kernels.match_format import MatchLines
 from dqcep.core.events import Match
 
 
@@ -16,12 +16,15 @@ def match_line(m: Match, with_returns: bool = False) -> str:
     return json.dumps(m.to_json_obj(with_returns), ensure_ascii=False)
 
 
-def formatted_parts(batch, head_of, **framing):
-    """(query name, detected times, bytes) per part of a MatchBatch: each match's
+LINES_BUFFER = 1 << 20  # bytes a sink formats matches into before each write
+
+
+def part_lines(batch, head_of, **framing):
+    """(query name, detected times, MatchLines) per part of a MatchBatch: each match's
     events object (the spec's ``"events"``: variable -> id, a Kleene list as an
-    array) framed by ``format_matches`` (``head_of(name)``, ``mid``, ``tail``, ...),
-    one line per match. A kernel writes them, without a Match or a dict per match:
-    what keeps output cheap when queries match often."""
+    array) framed by ``MatchLines`` (``head_of(name)``, ``mid``, ``tail``, ...; see
+    ``format_matches``), one line per match. A kernel writes them, without a Match
+    or a dict per match: what keeps output cheap when queries match often."""
     for q, detected, ids, lists in batch.parts:
         name, variables = batch.queries[q]
         keys = [(json.dumps(v, ensure_ascii=False) + ": ").encode() for v in variables]
@@ -31,12 +34,33 @@ def formatted_parts(batch, head_of, **framing):
             list_of[list(lists.columns)] = np.arange(len(lists.columns))
             list_args = (list_of, lists.offsets, lists.values)
         detected = np.ascontiguousarray(detected)
-        yield name, detected, format_matches(head_of(name), keys, detected,
-                                             np.ascontiguousarray(ids), *list_args,
-                                             **framing)
+        yield name, detected, MatchLines(head_of(name), keys, detected,
+                                         np.ascontiguousarray(ids), *list_args, **framing)
+
+
+def formatted_parts(batch, head_of, **framing):
+    """``part_lines`` with each part's lines as one bytes object."""
+    for name, detected, lines in part_lines(batch, head_of, **framing):
+        yield name, detected, lines.all()
+
+
+def json_head(name: str) -> bytes:
+    """The start of a match's JSON line, up to its detection time."""
+    return f'{{"query": {json.dumps(name, ensure_ascii=False)}, "detected_at": '.encode()
 
 
 def match_lines(batch) -> bytes:
     """Every match of a MatchBatch as ``match_line`` writes it, one per line, in order."""
-    return b"".join(text for _, _, text in formatted_parts(batch, lambda name: (
-        f'{{"query": {json.dumps(name, ensure_ascii=False)}, "detected_at": ').encode()))
+    return b"".join(text for _, _, text in formatted_parts(batch, json_head))
+
+
+def write_match_lines(batch, write, buffer: np.ndarray) -> None:
+    """``match_lines(batch)`` handed to ``write`` a buffer at a time: formatted into
+    ``buffer`` (uint8, the caller's, used again and again; a line longer than it gets
+    a buffer of its own), never the whole batch's text at once."""
+    for _, _, lines in part_lines(batch, json_head):
+        out = buffer if lines.longest <= len(buffer) else np.empty(lines.longest, np.uint8)
+        row = 0
+        while row < lines.n:
+            row, size = lines.write_into(out, row)
+            write(out[:size])

@@ -19,10 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import msgpack
+import numpy as np
 
 from dqcep.core.errors import UserError
 from dqcep.core.events import Match
-from dqcep.io.match_text import match_lines
+from dqcep.io.match_text import LINES_BUFFER, write_match_lines
 
 MATCH_FORMATS = ("json", "msgpack")
 
@@ -106,6 +107,7 @@ class FileMatchSink:
         # again, so its close is a plain one (the fsync of 219 MB of matches took 88 ms
         # of a 1.3 s run under cProfile).
         self.sync_on_close = keep is not None
+        self._lines = None  # the buffer matches are formatted into (write_batch)
         if target in (None, "-"):
             self.f, self.path = sys.stdout.buffer, None
             return
@@ -129,8 +131,10 @@ class FileMatchSink:
         """Write every match of a MatchBatch (RETURN values need ``write``); returns how many."""
         if self.with_returns:
             raise ValueError("a sink with RETURN values writes Match objects one by one")
+        if self._lines is None:
+            self._lines = np.empty(LINES_BUFFER, np.uint8)
         with naming(self.path):
-            self.f.write(match_lines(batch))
+            write_match_lines(batch, self.f.write, self._lines)
         return len(batch)
 
     def sync(self) -> int | None:

@@ -130,10 +130,12 @@ def test_format_selection(tmp_path):
 @settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.lists(st.tuples(
     st.integers(-2**63, 2**63 - 1), st.lists(st.integers(-1, 2**63 - 1), min_size=3,
-                                             max_size=3)), max_size=6)), max_size=4))
-def test_match_lines_writes_what_match_line_writes(parts):
+                                             max_size=3)), max_size=6)), max_size=4),
+       st.integers(1, 400))
+def test_match_lines_writes_what_match_line_writes(parts, buffer_size):
     """The columnar formatter and the per-Match one agree byte for byte, unbound
-    variables (OR branches) left out, names escaped as JSON."""
+    variables (OR branches) left out, names escaped as JSON; written a buffer at a
+    time (``write_match_lines``, as a file sink writes) too."""
     from dqcep.io.match_text import match_line, match_lines
     from dqcep.runtime import MatchBatch
     queries = (("q", ("a", "b", "c")), ('quoted "q" ü', ("x", "é", "z_1")), ("r", ("u", "v", "w")))
@@ -143,6 +145,21 @@ def test_match_lines_writes_what_match_line_writes(parts):
         for q, rows in parts])
     assert match_lines(batch).decode() == "".join(match_line(m) + "\n"
                                                   for m in batch.to_matches())
+    assert written_a_buffer_at_a_time(batch, buffer_size) == match_lines(batch)
+
+
+def written_a_buffer_at_a_time(batch, buffer_size: int) -> bytes:
+    """What ``write_match_lines`` hands over through a buffer of ``buffer_size`` bytes:
+    whole lines each time, no more than the buffer holds (or, where a line is longer,
+    than a buffer of the longest line's bound)."""
+    from dqcep.io.match_text import json_head, part_lines, write_match_lines
+    pieces = []
+    write_match_lines(batch, lambda view: pieces.append(bytes(view)),
+                      np.empty(buffer_size, np.uint8))
+    room = max([buffer_size] + [lines.longest for _, _, lines in part_lines(batch, json_head)])
+    for piece in pieces:
+        assert piece.endswith(b"\n") and len(piece) <= room
+    return b"".join(pieces)
 
 
 @pytest.mark.integration
@@ -303,8 +320,8 @@ def test_background_sink_syncs_where_synced_was_asked_while_the_caller_goes_on()
 @given(st.lists(st.lists(st.tuples(
     st.integers(-2**63, 2**63 - 1), st.lists(st.integers(-1, 2**63 - 1), min_size=2, max_size=2),
     st.lists(st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=5), min_size=2,
-             max_size=2)), max_size=5), max_size=3))
-def test_match_lines_writes_kleene_lists_as_match_line_does(parts):
+             max_size=2)), max_size=5), max_size=3), st.integers(1, 400))
+def test_match_lines_writes_kleene_lists_as_match_line_does(parts, buffer_size):
     """Kleene lists (spec 5.1): the kernel writes each list as a JSON array of its ids,
     byte for byte what the per-Match formatter writes, beside plain and unbound ids."""
     from dqcep.io.match_text import match_line, match_lines
@@ -323,6 +340,7 @@ def test_match_lines_writes_kleene_lists_as_match_line_does(parts):
     batch = MatchBatch(queries, built)
     assert match_lines(batch).decode() == "".join(match_line(m) + "\n"
                                                   for m in batch.to_matches())
+    assert written_a_buffer_at_a_time(batch, buffer_size) == match_lines(batch)
 
 
 @pytest.mark.integration
