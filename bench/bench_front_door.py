@@ -269,20 +269,6 @@ class MappedService(Service):
         self.proc = subprocess.Popen(self.cmd, stderr=open(self.log, "w"), text=True)
         self.proc.stderr = open(self.log)  # rate_until reads it if the service stops
 
-    def rate_until_written(self, total: int) -> tuple[float, dict]:
-        """messages/s from the first event taken in until ``total`` are in and every
-        match the service has found is written (its stats' ``output_backlog`` is 0)."""
-        first = None
-        while (s := self.read()).get("events_in", 0) < total or s.get("output_backlog"):
-            if s.get("events_in") and first is None:
-                first = (time.perf_counter(), s["events_in"])
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the service stopped: {self.proc.stderr.read()}")
-            time.sleep(0.005)
-        last = time.perf_counter()
-        t0, n0 = first or (last, total)
-        return (total - n0) / max(last - t0, 1e-9), s
-
 
 def service(port: int, client_id: str, n: int, tmp: Path, queries: Path, workers: int = 0
             ) -> float:
@@ -292,7 +278,7 @@ def service(port: int, client_id: str, n: int, tmp: Path, queries: Path, workers
                         queries, extra)
     try:
         svc.start()
-        rate, stats = svc.rate_until_written(n)
+        rate, stats = svc.rate_until(n, written=True)
         if stats.get("malformed"):
             raise SystemExit(f"{client_id}: {stats['malformed']} payloads dead-lettered")
         return rate

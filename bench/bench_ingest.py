@@ -93,10 +93,12 @@ class Service:
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
-    def rate_until(self, total: int) -> tuple[float, dict]:
-        """events/s from the first event taken in until ``total`` are in."""
+    def rate_until(self, total: int, written: bool = False) -> tuple[float, dict]:
+        """events/s from the first event taken in until ``total`` are in (``written``:
+        and every match found is written, the stats' ``output_backlog`` 0)."""
         first = None
-        while (s := self.read()).get("events_in", 0) < total:
+        while (s := self.read()).get("events_in", 0) < total or \
+                (written and s.get("output_backlog")):
             if s.get("events_in") and first is None:
                 first = (time.perf_counter(), s["events_in"])
             if self.proc.poll() is not None:
