@@ -7,13 +7,20 @@ writes integers in decimal, so a line is byte for byte what
 compare the two).
 
 ``format_matches`` returns every row as one bytes object; ``MatchLines.write_into``
-writes the rows from a given one into a caller's buffer while they fit, so that a
-sink writes a large batch through one small buffer it keeps (no buffer of the
-batch's size to allocate, fill and copy).
+writes the rows from a given one into a caller's buffer while they fit, and
+``MatchLines.write_to`` writes them all to a file descriptor through such a buffer
+in one call without the GIL, so that a sink writes a large batch through one small
+buffer it keeps (no buffer of the batch's size to allocate, fill and copy) and
+needs the GIL once a part, not once a buffer (a thread waits up to the interpreter's
+switch interval, 5 ms, each time it takes the GIL back from a busy one).
 """
+from libc.errno cimport EINTR, errno
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+from posix.unistd cimport write
+
+import os
 
 from dqcep._kernels._types cimport idx_t
 
@@ -210,6 +217,36 @@ cdef class MatchLines:
         with nogil:
             pos = self.write_rows(&out[0], out.shape[0], &at)
         return at, pos
+
+    def write_to(self, int fd, uint8_t[::1] buffer) -> int:
+        """Every row's line written to the file descriptor ``fd``, formatted into
+        ``buffer`` (at least ``longest`` bytes) a buffer at a time, all without the
+        GIL; returns the bytes written. A failed write is an OSError with its errno
+        (what went before it is written)."""
+        cdef idx_t row = 0, size, done, total = 0
+        cdef ssize_t w
+        cdef int err = 0
+        if self.n == 0:
+            return 0
+        if self.longest > buffer.shape[0]:
+            raise ValueError(f"a line needs {self.longest} bytes at most; the buffer has "
+                             f"{buffer.shape[0]}")
+        with nogil:
+            while row < self.n and err == 0:
+                size = self.write_rows(&buffer[0], buffer.shape[0], &row)
+                done = 0
+                while done < size:
+                    w = write(fd, &buffer[0] + done, size - done)
+                    if w < 0:
+                        if errno == EINTR:
+                            continue
+                        err = errno
+                        break
+                    done += w
+                total += done
+        if err:
+            raise OSError(err, os.strerror(err))
+        return total
 
     @property
     def longest(self) -> int:

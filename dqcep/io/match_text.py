@@ -54,13 +54,14 @@ def match_lines(batch) -> bytes:
     return b"".join(text for _, _, text in formatted_parts(batch, json_head))
 
 
-def write_match_lines(batch, write, buffer: np.ndarray) -> None:
-    """``match_lines(batch)`` handed to ``write`` a buffer at a time: formatted into
+def write_match_lines(batch, fd: int, buffer: np.ndarray) -> int:
+    """``match_lines(batch)`` written to the file descriptor ``fd``: formatted into
     ``buffer`` (uint8, the caller's, used again and again; a line longer than it gets
-    a buffer of its own), never the whole batch's text at once."""
+    a buffer of its own) and written a buffer at a time by the kernel, without the GIL
+    (``MatchLines.write_to``), never the whole batch's text at once. Returns the
+    bytes written."""
+    written = 0
     for _, _, lines in part_lines(batch, json_head):
         out = buffer if lines.longest <= len(buffer) else np.empty(lines.longest, np.uint8)
-        row = 0
-        while row < lines.n:
-            row, size = lines.write_into(out, row)
-            write(out[:size])
+        written += lines.write_to(fd, out)
+    return written

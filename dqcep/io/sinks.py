@@ -134,7 +134,8 @@ class FileMatchSink:
         if self._lines is None:
             self._lines = np.empty(LINES_BUFFER, np.uint8)
         with naming(self.path):
-            write_match_lines(batch, self.f.write, self._lines)
+            self.f.flush()  # what went through the file object first (write_match_lines
+            write_match_lines(batch, self.f.fileno(), self._lines)  # writes to its fd)
         return len(batch)
 
     def sync(self) -> int | None:

@@ -134,8 +134,8 @@ def test_format_selection(tmp_path):
        st.integers(1, 400))
 def test_match_lines_writes_what_match_line_writes(parts, buffer_size):
     """The columnar formatter and the per-Match one agree byte for byte, unbound
-    variables (OR branches) left out, names escaped as JSON; written a buffer at a
-    time (``write_match_lines``, as a file sink writes) too."""
+    variables (OR branches) left out, names escaped as JSON; written to a file a
+    buffer at a time (``write_match_lines``, as a file sink writes) too."""
     from dqcep.io.match_text import match_line, match_lines
     from dqcep.runtime import MatchBatch
     queries = (("q", ("a", "b", "c")), ('quoted "q" ü', ("x", "é", "z_1")), ("r", ("u", "v", "w")))
@@ -148,18 +148,42 @@ def test_match_lines_writes_what_match_line_writes(parts, buffer_size):
     assert written_a_buffer_at_a_time(batch, buffer_size) == match_lines(batch)
 
 
+def test_a_failed_write_of_match_lines_is_an_oserror_with_its_errno(tmp_path):
+    """The kernel writes without the GIL: a write the system refuses comes back as the
+    OSError a Python write would raise (the sink names the file)."""
+    import errno
+    import os
+    from dqcep.io.match_text import write_match_lines
+    from dqcep.io.sinks import FileMatchSink
+    from dqcep.runtime import MatchBatch
+    batch = MatchBatch((("q", ("a",)),), [(0, np.array([5], np.int64),
+                                            np.array([[7]], np.int64), None)])
+    fd = os.open(tmp_path / "read-only", os.O_RDONLY | os.O_CREAT)
+    try:
+        with pytest.raises(OSError) as err:
+            write_match_lines(batch, fd, np.empty(64, np.uint8))
+        assert err.value.errno == errno.EBADF
+    finally:
+        os.close(fd)
+    sink = FileMatchSink(str(tmp_path / "m.jsonl"))
+    sink.f.close()
+    sink.f = open(tmp_path / "m.jsonl", "rb")  # a file the sink cannot write
+    with pytest.raises(OSError) as err:
+        sink.write_batch(batch)
+    assert err.value.filename == str(tmp_path / "m.jsonl")
+
+
 def written_a_buffer_at_a_time(batch, buffer_size: int) -> bytes:
-    """What ``write_match_lines`` hands over through a buffer of ``buffer_size`` bytes:
-    whole lines each time, no more than the buffer holds (or, where a line is longer,
-    than a buffer of the longest line's bound)."""
-    from dqcep.io.match_text import json_head, part_lines, write_match_lines
-    pieces = []
-    write_match_lines(batch, lambda view: pieces.append(bytes(view)),
-                      np.empty(buffer_size, np.uint8))
-    room = max([buffer_size] + [lines.longest for _, _, lines in part_lines(batch, json_head)])
-    for piece in pieces:
-        assert piece.endswith(b"\n") and len(piece) <= room
-    return b"".join(pieces)
+    """What ``write_match_lines`` writes to a file through a buffer of ``buffer_size``
+    bytes (as a file sink writes), and says it wrote."""
+    import tempfile
+    from dqcep.io.match_text import write_match_lines
+    with tempfile.TemporaryFile() as f:
+        written = write_match_lines(batch, f.fileno(), np.empty(buffer_size, np.uint8))
+        f.seek(0)
+        text = f.read()
+    assert written == len(text)
+    return text
 
 
 @pytest.mark.integration
