@@ -45,6 +45,38 @@ class RecordBlock:
                       None if arrival == NO_ARRIVAL else arrival, None if mid < 0 else mid)
 
 
+class BlockCache:
+    """Blocks one tail scanned, for the other tails of its process that follow the same
+    journal (a worker's query consumers each read every record): a tail at the place a
+    block starts takes it and its place after it, so a run of records is read from the
+    file and scanned once a process. The newest ``keep`` blocks are kept."""
+
+    def __init__(self, keep: int = 16):
+        self.keep = keep
+        # first offset -> (segment, start and end position in it, stop topic, block)
+        self._blocks: dict[int, tuple[int, int, int, str, RecordBlock]] = {}
+
+    def put(self, segment: int, start: int, end: int, stop_topic: str,
+            block: RecordBlock) -> None:
+        self._blocks.pop(block.first, None)
+        self._blocks[block.first] = (segment, start, end, stop_topic, block)
+        while len(self._blocks) > self.keep:
+            del self._blocks[next(iter(self._blocks))]
+
+    def get(self, segment: int, start: int, first: int, upto: int, max_records: int,
+            stop_topic: str) -> tuple[int, RecordBlock] | None:
+        """(end position, block) of the block at record ``first``, position ``start``
+        of ``segment``, if it was cut as this call would cut it or shorter."""
+        entry = self._blocks.get(first)
+        if entry is None:
+            return None
+        seg, at, end, stop, block = entry
+        if (seg, at, stop) != (segment, start, stop_topic) or block.count > max_records \
+                or first + block.count > upto:
+            return None
+        return end, block
+
+
 class JournalTail:
     """Follows a journal from an offset: keeps its file and position between calls.
 
@@ -56,10 +88,12 @@ class JournalTail:
     so a consumer reports them and goes on with the records after them.
     """
 
-    def __init__(self, directory: str | Path, offset: int = 0):
+    def __init__(self, directory: str | Path, offset: int = 0,
+                 cache: BlockCache | None = None):
         self.dir = Path(directory)
         check_format(self.dir)
         self.offset = offset
+        self.cache = cache  # blocks shared with the process's other tails (``block``)
         self._file: BinaryIO | None = None
         self._first = 0           # name (first offset) of the segment being read
         self._last = -1           # offset of the last record read from that segment
@@ -130,18 +164,26 @@ class JournalTail:
                 or self.offset >= upto:
             return None
         start = f.tell()
-        data = f.read(BLOCK_BYTES)
-        limit = min(upto - self.offset, max_records)
-        spans = np.empty((min(limit, len(data) // HEADER.size + 1), 6), np.int64)
-        end, count, _ = scan_records(data, 0, self.offset, len(spans),
-                                     stop_topic.encode(), spans)
-        f.seek(start + end)
-        if not count:
-            return None
-        block = RecordBlock(data[:end] if end < len(data) else data, self.offset,
-                            spans[:count])
-        self._last = self.offset + count - 1
-        self.offset += count
+        hit = None if self.cache is None else \
+            self.cache.get(self._first, start, self.offset, upto, max_records, stop_topic)
+        if hit is not None:
+            end, block = hit
+            f.seek(end)
+        else:
+            data = f.read(BLOCK_BYTES)
+            limit = min(upto - self.offset, max_records)
+            spans = np.empty((min(limit, len(data) // HEADER.size + 1), 6), np.int64)
+            end, count, _ = scan_records(data, 0, self.offset, len(spans),
+                                         stop_topic.encode(), spans)
+            f.seek(start + end)
+            if not count:
+                return None
+            block = RecordBlock(data[:end] if end < len(data) else data, self.offset,
+                                spans[:count])
+            if self.cache is not None:
+                self.cache.put(self._first, start, start + end, stop_topic, block)
+        self._last = self.offset + block.count - 1
+        self.offset += block.count
         return block
 
     def read(self, upto: int) -> Iterator[Record]:

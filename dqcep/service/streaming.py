@@ -46,7 +46,7 @@ from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import CheckpointError, recovery_hint, write_checkpoint
 from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader
 from dqcep.io.journal import Journal, JournalView, Record, read_journal
-from dqcep.io.journal_tail import JournalTail
+from dqcep.io.journal_tail import BlockCache, JournalTail
 from dqcep.io.mapping import TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.readers import SAMPLE_EVENTS, rates_of
@@ -134,8 +134,10 @@ class StreamingService(JournalConsumer):
     another process writes (a worker of ``dqcep.service.worker``, which calls
     ``timed_step`` and ``timed_checkpoint`` itself)."""
 
-    def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None):
+    def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None,
+                 blocks: BlockCache | None = None):
         self.cfg = cfg
+        self.blocks = blocks  # journal blocks shared with the process's other consumers
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
         own = [u.topic for u in self.urls if u.topic.startswith(CONTROL_TOPIC.split("/")[0])]
         if own:  # the service's own records: no device may write them
@@ -295,7 +297,7 @@ class StreamingService(JournalConsumer):
             self.out = BackgroundSink(self.out)  # output overlaps matching; sync waits
         self.dead = Sink(cfg.dead_letter, sizes["dead_letter"])
         self.late = Sink(cfg.late, sizes["late"])
-        self.tail = JournalTail(cfg.journal, self.offset)
+        self.tail = JournalTail(cfg.journal, self.offset, self.blocks)
         self._replaying = False
         self.pipeline = Pipeline(engine, self.out, recent=self.recent, returns=self.returns,
                                  tables=self.tables, counts=self.counts)

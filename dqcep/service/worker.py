@@ -19,6 +19,7 @@ from multiprocessing import shared_memory
 from pathlib import Path
 
 from dqcep.io.journal import JournalView
+from dqcep.io.journal_tail import BlockCache
 from dqcep.io.mqtt import ArrivalTimes
 from dqcep.io.sinks import is_mqtt
 from dqcep.service.streaming import ServiceConfig, StreamingService
@@ -189,6 +190,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
     memory = shared_memory.SharedMemory(arrivals_name)
     arrivals = ArrivalTimes(ARRIVALS, memory.buf, fresh=False)
     view = JournalView(cfg.journal, lambda: durable.value)
+    # every consumer reads every record: each run of records is read and scanned once
+    blocks = BlockCache()
     hosted: dict[str, StreamingService] = {}
     last_stats = time.monotonic()
     # with the HTTP side on, the coordinator's page wants fresh figures
@@ -199,7 +202,7 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                 message = conn.recv()
                 if isinstance(message, Host):
                     q = message.query
-                    svc = StreamingService(query_config(cfg, q), journal=view)
+                    svc = StreamingService(query_config(cfg, q), journal=view, blocks=blocks)
                     svc.arrivals = arrivals
                     hosted[q] = svc
                     conn.send(Hosted(q, svc.offset))

@@ -345,11 +345,12 @@ def test_a_segment_closed_while_a_tail_lists_the_journal_is_not_lost(tmp_path, m
     assert [o for o, *_ in seen] == list(range(12, raced[0]))
 
 
-def blocks_and_records(directory, upto, start=0, max_records=7, stop_topic="stop"):
+def blocks_and_records(directory, upto, start=0, max_records=7, stop_topic="stop",
+                       cache=None):
     """What a kernel consumer reads: blocks where ``block`` gives them, else one record
-    from ``read``; as records, in order."""
+    from ``read``; as records, in order (``cache``: blocks shared with other tails)."""
     from dqcep.io.journal_tail import JournalTail
-    tail, out = JournalTail(directory, start), []
+    tail, out = JournalTail(directory, start, cache), []
     while True:
         block = tail.block(upto, max_records, stop_topic)
         if block is not None:
@@ -385,3 +386,63 @@ def test_blocks_read_what_records_read_around_damage_and_segment_ends(tmp_path, 
     want = tail_all(tmp_path, j.durable_offset, start)
     assert blocks_and_records(tmp_path, j.durable_offset, start) == want
     assert blocks_and_records(tmp_path, 60, start) == tail_all(tmp_path, 60, start)
+    # tails that share their blocks (a worker's consumers): one up to 60 first, then
+    # one to the end, one with smaller blocks, one from the start: the same records
+    from dqcep.io.journal_tail import BlockCache
+    cache = BlockCache(keep=1000)
+    assert blocks_and_records(tmp_path, 60, start, cache=cache) == \
+        tail_all(tmp_path, 60, start)
+    assert blocks_and_records(tmp_path, j.durable_offset, start, cache=cache) == want
+    assert blocks_and_records(tmp_path, j.durable_offset, start, max_records=3,
+                              cache=cache) == want
+    assert blocks_and_records(tmp_path, j.durable_offset, 0, cache=cache) == \
+        tail_all(tmp_path, j.durable_offset, 0)
+    assert blocks_and_records(tmp_path, 60, start, cache=cache) == \
+        tail_all(tmp_path, 60, start)  # (the cache holds blocks past 60 now)
+
+
+def test_tails_that_share_blocks_scan_each_run_of_records_once(tmp_path):
+    """A worker's consumers read every record each: with a BlockCache a run of records
+    is read and scanned by the first tail at it; the next takes the same block."""
+    import dqcep.io.journal_tail as journal_tail
+    from dqcep.io.journal_tail import BlockCache, JournalTail
+    j = Journal(tmp_path)
+    for i in range(100):
+        j.append(f"t/{i % 3}", f"payload {i}".encode())
+    j.commit()
+    scanned = []
+    real = journal_tail.scan_records
+
+    def counting(data, *args):
+        scanned.append(len(data))
+        return real(data, *args)
+    journal_tail.scan_records = counting
+    try:
+        cache = BlockCache()
+        tails = [JournalTail(tmp_path, 0, cache) for _ in range(3)]
+        got = [[], [], []]
+        for upto in (40, 100):
+            for i, tail in enumerate(tails):
+                while (block := tail.block(upto, 16, "stop")) is not None:
+                    got[i].append((block.first, block.count))
+        plain = JournalTail(tmp_path, 0)
+        alone = []
+        for upto in (40, 100):
+            while (block := plain.block(upto, 16, "stop")) is not None:
+                alone.append((block.first, block.count))
+    finally:
+        journal_tail.scan_records = real
+    assert got[0] == got[1] == got[2] == alone
+    assert len(scanned) == 2 * len(alone)  # the shared tails' scans, then plain's own
+    # a block is taken only where it fits: below the caller's upto, within its
+    # max_records, from the same place of the same segment
+    short = JournalTail(tmp_path, 0, cache)
+    assert [(b.first, b.count) for b in iter(lambda: short.block(30, 16, "stop"), None)] \
+        == [(0, 16), (16, 14)]
+    small = JournalTail(tmp_path, 0, cache)
+    assert small.block(100, 8, "stop").count == 8
+    elsewhere = BlockCache()
+    first = JournalTail(tmp_path, 0, elsewhere).block(100, 16, "stop")
+    segment, start, end, stop, block = elsewhere._blocks[0]
+    elsewhere._blocks[0] = (segment, start + 1, end, stop, block)  # as if another place
+    assert JournalTail(tmp_path, 0, elsewhere).block(100, 16, "stop") is not first
