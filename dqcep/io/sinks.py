@@ -23,7 +23,7 @@ import numpy as np
 
 from dqcep.core.errors import UserError
 from dqcep.core.events import Match
-from dqcep.io.match_text import LINES_BUFFER, write_match_lines
+from dqcep.io.match_text import LINES_BUFFER, match_lines, write_match_lines
 
 MATCH_FORMATS = ("json", "msgpack")
 
@@ -108,6 +108,7 @@ class FileMatchSink:
         # of a 1.3 s run under cProfile).
         self.sync_on_close = keep is not None
         self._lines = None  # the buffer matches are formatted into (write_batch)
+        self._fd: int | None = None  # ... and the descriptor they are written to
         if target in (None, "-"):
             self.f, self.path = sys.stdout.buffer, None
             return
@@ -131,11 +132,18 @@ class FileMatchSink:
         """Write every match of a MatchBatch (RETURN values need ``write``); returns how many."""
         if self.with_returns:
             raise ValueError("a sink with RETURN values writes Match objects one by one")
-        if self._lines is None:
-            self._lines = np.empty(LINES_BUFFER, np.uint8)
         with naming(self.path):
-            self.f.flush()  # what went through the file object first (write_match_lines
-            write_match_lines(batch, self.f.fileno(), self._lines)  # writes to its fd)
+            if self._lines is None:
+                self._lines = np.empty(LINES_BUFFER, np.uint8)
+                try:
+                    self._fd = self.f.fileno()
+                except (OSError, ValueError):  # a stream without one (captured stdout)
+                    self._fd = None
+            if self._fd is None:
+                self.f.write(match_lines(batch))
+            else:
+                self.f.flush()  # what went through the file object first (the kernel
+                write_match_lines(batch, self._fd, self._lines)  # writes to its fd)
         return len(batch)
 
     def sync(self) -> int | None:

@@ -150,7 +150,8 @@ def test_match_lines_writes_what_match_line_writes(parts, buffer_size):
 
 def test_a_failed_write_of_match_lines_is_an_oserror_with_its_errno(tmp_path):
     """The kernel writes without the GIL: a write the system refuses comes back as the
-    OSError a Python write would raise (the sink names the file)."""
+    OSError a Python write would raise (the sink names the file). A stream without a
+    descriptor (stdout captured by an embedding program) is written as before."""
     import errno
     import os
     from dqcep.io.match_text import write_match_lines
@@ -165,8 +166,13 @@ def test_a_failed_write_of_match_lines_is_an_oserror_with_its_errno(tmp_path):
         assert err.value.errno == errno.EBADF
     finally:
         os.close(fd)
+    import io
     sink = FileMatchSink(str(tmp_path / "m.jsonl"))
     sink.f.close()
+    sink.f = io.BytesIO()  # a stream without a descriptor (a captured stdout)
+    sink.write_batch(batch)
+    assert sink.f.getvalue() == b'{"query": "q", "detected_at": 5, "events": {"a": 7}}\n'
+    sink._lines = None
     sink.f = open(tmp_path / "m.jsonl", "rb")  # a file the sink cannot write
     with pytest.raises(OSError) as err:
         sink.write_batch(batch)
