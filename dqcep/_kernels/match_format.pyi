@@ -31,11 +31,8 @@ class MatchLines:
         with_detected: bool = True,
     ) -> None: ...  # as format_matches, checked once
     def all(self) -> bytes: ...  # every row's line
-    def write_into(
-        self, out: "npt.NDArray[np.uint8]", row: int  # uint8_t[::1]
-    ) -> tuple[int, int]: ...  # (next row, bytes written): whole lines while they fit
     def write_to(
-        self, fd: int, buffer: "npt.NDArray[np.uint8]"  # uint8_t[::1], >= longest bytes
-    ) -> int: ...  # every line written to fd through buffer, without the GIL; bytes
+        self, fd: int, buffer: "npt.NDArray[np.uint8]"  # uint8_t[::1]; a longer line
+    ) -> int: ...  # gets its own; every line written to fd without the GIL; bytes
     @property
     def longest(self) -> int: ...  # the most bytes one row's line can take

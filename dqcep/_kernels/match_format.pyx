@@ -6,10 +6,9 @@ writes integers in decimal, so a line is byte for byte what
 ``json.dumps(match.to_json_obj(), ensure_ascii=False)`` writes (the tests
 compare the two).
 
-``format_matches`` returns every row as one bytes object; ``MatchLines.write_into``
-writes the rows from a given one into a caller's buffer while they fit, and
-``MatchLines.write_to`` writes them all to a file descriptor through such a buffer
-in one call without the GIL, so that a sink writes a large batch through one small
+``format_matches`` returns every row as one bytes object; ``MatchLines.write_to``
+writes them all to a file descriptor through a caller's buffer in one call without
+the GIL, so that a sink writes a large batch through one small
 buffer it keeps (no buffer of the batch's size to allocate, fill and copy) and
 needs the GIL once a part, not once a buffer (a thread waits up to the interpreter's
 switch interval, 5 ms, each time it takes the GIL back from a busy one).
@@ -77,7 +76,7 @@ cdef class MatchLines:
     mid=b', "events": {', tail=b'}}\n', with_detected=True)
 
     The lines of a part of a MatchBatch, as ``format_matches`` describes them, checked
-    once and written by rows (``write_into``) or whole (``all``)."""
+    once and written to a file (``write_to``) or whole (``all``)."""
     cdef const int64_t[::1] detected
     cdef const int64_t[:, ::1] ids
     cdef const int64_t[::1] lof, off, val
@@ -202,35 +201,19 @@ cdef class MatchLines:
         finally:
             free(out)
 
-    def write_into(self, uint8_t[::1] out, idx_t row) -> tuple:
-        """The lines of rows ``row``, ``row + 1``, ... written into ``out`` while they
-        fit: ``(next row, bytes written)``. A row that cannot fit in an empty ``out``
-        is a ValueError (``longest`` bytes always fit)."""
-        cdef idx_t pos, at = row
-        if not 0 <= row <= self.n:
-            raise ValueError(f"row {row} out of 0..{self.n}")
-        if row < self.n and self.row_bound(row) > out.shape[0]:
-            raise ValueError(f"row {row} needs {self.row_bound(row)} bytes at most; the "
-                             f"buffer has {out.shape[0]}")
-        if row == self.n:
-            return row, 0
-        with nogil:
-            pos = self.write_rows(&out[0], out.shape[0], &at)
-        return at, pos
-
     def write_to(self, int fd, uint8_t[::1] buffer) -> int:
         """Every row's line written to the file descriptor ``fd``, formatted into
-        ``buffer`` (at least ``longest`` bytes) a buffer at a time, all without the
-        GIL; returns the bytes written. A failed write is an OSError with its errno
-        (what went before it is written)."""
-        cdef idx_t row = 0, size, done, total = 0
+        ``buffer`` a buffer at a time (a line longer than it gets a buffer of its
+        own), all without the GIL; returns the bytes written. A failed write is an
+        OSError with its errno (what went before it is written)."""
+        cdef idx_t row = 0, size, done, total = 0, need
         cdef ssize_t w
         cdef int err = 0
         if self.n == 0:
             return 0
-        if self.longest > buffer.shape[0]:
-            raise ValueError(f"a line needs {self.longest} bytes at most; the buffer has "
-                             f"{buffer.shape[0]}")
+        need = self.longest
+        if need > buffer.shape[0]:
+            buffer = np.empty(need, np.uint8)
         with nogil:
             while row < self.n and err == 0:
                 size = self.write_rows(&buffer[0], buffer.shape[0], &row)

@@ -56,12 +56,7 @@ def match_lines(batch) -> bytes:
 
 def write_match_lines(batch, fd: int, buffer: np.ndarray) -> int:
     """``match_lines(batch)`` written to the file descriptor ``fd``: formatted into
-    ``buffer`` (uint8, the caller's, used again and again; a line longer than it gets
-    a buffer of its own) and written a buffer at a time by the kernel, without the GIL
-    (``MatchLines.write_to``), never the whole batch's text at once. Returns the
-    bytes written."""
-    written = 0
-    for _, _, lines in part_lines(batch, json_head):
-        out = buffer if lines.longest <= len(buffer) else np.empty(lines.longest, np.uint8)
-        written += lines.write_to(fd, out)
-    return written
+    ``buffer`` (uint8, the caller's, used again and again) and written a buffer at a
+    time by the kernel, without the GIL (``MatchLines.write_to``), never the whole
+    batch's text at once. Returns the bytes written."""
+    return sum(lines.write_to(fd, buffer) for _, _, lines in part_lines(batch, json_head))
