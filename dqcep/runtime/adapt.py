@@ -21,7 +21,9 @@ until it holds none (those records are written in the old root's slots).
 
 How it decides (``AdaptiveEngine.adapt``, after each slice): each vertex counts its
 time (``VertexStats.ns``). Once ``LOOK_EVENTS`` events (and ``STORE_SHARE`` times
-what the store holds) have been stored since a switchable query's last look and its
+what the store holds then: after a first trial, a look waits while a window fills
+and the store holds most of the run) have been stored since a switchable query's last
+look and its
 vertices took ``LOOK_MIN_NS`` or more in them (times the cost model's estimate of the
 other construction's work over its own, when that is more: a trial runs the other
 for a while, and a query is not made to pay 10x for a guess the model was sure of
@@ -344,6 +346,8 @@ class AdaptiveEngine(Engine):
         for name, look in self.looks.items():
             if store_next < look.due and not self._clearly_slower(name, look, store_next):
                 continue
+            if look.before is None and self._store_outgrew(look, store_next):
+                continue
             spent = self._spent(name)
             took, events = spent - look.ns_at, store_next - look.seq_at
             look.ns_at, look.seq_at = spent, store_next
@@ -400,6 +404,18 @@ class AdaptiveEngine(Engine):
         events = store_next - look.seq_at
         return look.before is not None and events >= EARLY_EVENTS and \
             (self._spent(name) - look.ns_at) / events > EARLY_FACTOR * look.before
+
+    def _store_outgrew(self, look, store_next: int) -> bool:
+        """After the query's first trial: has the store grown past a share of what came
+        since its last look (a window filling up: it then holds most of the run)? A
+        trial replays the store, so the look then waits until ``STORE_SHARE`` times
+        what it holds has come (``_due`` counted what it held at the last look). The
+        first trial replays what the run has stored so far, once."""
+        need = STORE_SHARE * len(self.state.store)
+        if look.trials == 0 or store_next - look.seq_at >= need:
+            return False
+        look.due = look.seq_at + need
+        return True
 
     def _due(self, wait: int) -> int:
         """The store's next seq at which to look again: ``wait`` stored events on, and

@@ -159,6 +159,31 @@ def test_a_faster_construction_is_kept_after_its_probation(no_clock):
     assert as_set(out.to_matches()) == as_set(unmoved.to_matches())
 
 
+def test_after_a_first_trial_a_look_waits_while_the_store_holds_most_of_the_run(
+        no_clock):
+    """A trial replays the whole store: while a window fills (the store holds most of
+    what came since the last look) a look would cost more than its share of the run,
+    so after the first trial it waits until STORE_SHARE times what the store holds has
+    come since. Here the chain's replay goes over its cap at every look (the next one
+    BACKOFF times later): a window longer than the stream is tried once, one that
+    fills twice."""
+    rnd = random.Random(3)
+    events = [Event(i + 1, rnd.choice("ABCD"), i, {"p": rnd.randint(0, 9999)})
+              for i in range(52_000)]  # 1 ms apart: 39,000 stored
+
+    def engine(within):
+        return Measured(parse("QUERY k PATTERN SEQ(A a, B b, C c) WHERE b.p = a.p AND "
+                              f"c.p = a.p WITHIN {within}").queries,
+                        {"joins": 2000.0, "chain": 1000.0}, replay={"chain": 5000.0})
+    longer = engine("2 min")
+    run(longer, events)
+    fills = engine("2 s")  # the store keeps 4 s for a move: about 3,000 events
+    run(fills, events)
+    assert fills.tried == [("chain", True)] * 2
+    assert longer.tried == [("chain", True)] and not longer.moves
+    assert longer.looks["k"].due > longer.state.store.next_seq  # and waits on
+
+
 def test_a_move_slower_on_probation_is_taken_back_and_the_next_look_waits(no_clock):
     qs = parse(KLEENE).queries
     events = stream(40_000, seed=6)  # 30,000 stored
