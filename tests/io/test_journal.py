@@ -401,6 +401,42 @@ def test_blocks_read_what_records_read_around_damage_and_segment_ends(tmp_path, 
         tail_all(tmp_path, 60, start)  # (the cache holds blocks past 60 now)
 
 
+def test_a_block_read_is_sized_by_the_records_it_takes(tmp_path, monkeypatch):
+    """A block reads about as many bytes as its records took before (at least
+    MIN_BLOCK_BYTES), and a record longer than that read gets a read as long as a
+    block may be: every record comes in a block, as ``read`` gives it."""
+    import dqcep.io.journal_tail as jt
+    monkeypatch.setattr(jt, "MIN_BLOCK_BYTES", 64)
+    j = Journal(tmp_path)
+    for i in range(200):
+        j.append(f"t/{i % 3}", b"x" * (5000 if i % 50 == 49 else 1 + i % 20), 1_000 + i)
+    j.commit()
+    tail = jt.JournalTail(tmp_path, 0)
+    tail._open(sorted(tmp_path.glob("*.open"))[0])
+    tail._file = counted = CountedReads(tail._file)
+    got = []
+    while (block := tail.block(j.durable_offset, 16, "stop")) is not None:
+        got += [block.record(i) for i in range(block.count)]
+    assert got == tail_all(tmp_path, j.durable_offset, 0)
+    reads = counted.reads
+    assert max(reads) == jt.BLOCK_BYTES and reads.count(jt.BLOCK_BYTES) <= 2 * 4
+    assert sorted(reads)[len(reads) // 2] < 1024  # 16 records of ~15 bytes: not 4 MiB
+
+
+class CountedReads:
+    """A file whose reads are counted (the sizes asked for)."""
+
+    def __init__(self, f):
+        self.f, self.reads = f, []
+
+    def read(self, n=-1):
+        self.reads.append(n)
+        return self.f.read(n)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
 def test_tails_that_share_blocks_scan_each_run_of_records_once(tmp_path):
     """A worker's consumers read every record each: with a BlockCache a run of records
     is read and scanned by the first tail at it; the next takes the same block."""
