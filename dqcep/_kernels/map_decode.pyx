@@ -553,3 +553,42 @@ cdef class MapDecoder:
                 ends[i] = at
                 i += 1
         return i, why, at
+
+
+def recode(const int32_t[::1] types, const double[:, ::1] val, const int8_t[:, ::1] kind,
+           const int32_t[::1] type_map, const int64_t[::1] columns,
+           const int64_t[::1] strings):
+    """Rows a ``SharedReading`` decoded, in one consumer's codes (``Recoding``): each
+    type through ``type_map`` (-1 past its end), the attribute columns ``columns`` of
+    ``val`` and ``kind``, each string cell's code through ``strings``. Returns (types,
+    val, kind), or None where a string has no code of ours yet (past the end of
+    ``strings``, or -1 there): the caller codes the new strings and calls again."""
+    cdef idx_t n = types.shape[0], m = columns.shape[0], r, j, c
+    cdef int64_t code, n_types = type_map.shape[0], n_strings = strings.shape[0]
+    out_types = np.empty(n, np.int32)
+    out_val = np.empty((n, m), np.float64)
+    out_kind = np.empty((n, m), np.int8)
+    cdef int32_t[::1] ot = out_types
+    cdef double[:, ::1] ov = out_val
+    cdef int8_t[:, ::1] ok = out_kind
+    cdef bint missing = False
+    for j in range(m):
+        if not 0 <= columns[j] < val.shape[1]:
+            raise ValueError(f"column {columns[j]} is not one of the {val.shape[1]} decoded")
+    with nogil:
+        for r in range(n):
+            ot[r] = type_map[types[r]] if 0 <= types[r] < n_types else -1
+            for j in range(m):
+                c = columns[j]
+                ok[r, j] = kind[r, c]
+                if kind[r, c] == KIND_STR:
+                    code = <int64_t>val[r, c]
+                    if code < 0 or code >= n_strings or strings[code] < 0:
+                        missing = True
+                        break
+                    ov[r, j] = <double>strings[code]
+                else:
+                    ov[r, j] = val[r, c]
+            if missing:
+                break
+    return None if missing else (out_types, out_val, out_kind)

@@ -45,7 +45,9 @@ import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 
 from dqcep.core.errors import UserError
 from dqcep.core.events import Event, EventError, event_from_mapping
@@ -429,10 +431,14 @@ class MappedColumns:
     as msgpack maps (``dqcep spark stream``'s rows). Both return where they stopped:
     the block's end, or a record the map must ``read`` in Python."""
 
-    def __init__(self, topic_map: TopicMap, decoder, types: list[str], attrs: list[str]):
+    def __init__(self, topic_map: TopicMap, decoder, types: list[str], attrs: list[str],
+                 type_code=None):
         from dqcep._kernels.map_decode import DETECT, JSON, VALUE, MapDecoder
         self.map, self.decoder = topic_map, decoder
+        # an event type's code (-1: no query reads it); ``type_code``: codes given as
+        # types come (a ``SharedReading``'s)
         self._type_code = {t: i for i, t in enumerate(types)}
+        self.type_code = type_code or (lambda t: self._type_code.get(t, -1))
         self._column = {a: i for i, a in enumerate(attrs)}
         self.kernel = MapDecoder(decoder, self._column.get("events", -1))
         self._formats = {None: DETECT, "json": JSON, "value": VALUE}
@@ -469,6 +475,121 @@ class MappedColumns:
             self.kernel.register(topic, None, 0, [])
             return
         etype, _, levels = reading
-        self.kernel.register(topic, self._type_code.get(etype, -1), self._formats[fmt],
+        self.kernel.register(topic, self.type_code(etype), self._formats[fmt],
                              [(self._column.get(a, -1), a, v) for a, v in levels.items()],
                              etype)
+
+
+class DecodedRun(NamedTuple):
+    """Records ``start``..``stop - 1`` of a block as the compiled map read them
+    (``rows``: the rows each gave, over the whole block) and their rows' columns (ts,
+    id, type, val, kind) in a ``SharedReading``'s codes; read-only, shared."""
+    stop: int
+    rows: np.ndarray
+    columns: tuple
+
+
+class SharedReading:
+    """The compiled map's reading of journal blocks, once a process for every consumer
+    in it (a worker's query consumers each read every record, each in the codes of its
+    own engine): a run of records is decoded once, into columns of this reading's own
+    codes (event types as they come, the attributes its consumers read, its own string
+    dictionary), and each consumer takes them in its codes (``Recoding``). The runs of
+    the newest ``keep`` blocks are kept (``BlockCache`` shares the blocks)."""
+
+    def __init__(self, topic_map: TopicMap, keep: int = 16):
+        self.map, self.keep = topic_map, keep
+        self.types: list[str] = []
+        self._types: dict[str, int] = {}
+        self.attrs: list[str] = []
+        self.attr_index: dict[str, int] = {}
+        self.values: list[str] = []  # the strings met, by code (the decoder's dictionary)
+        self._values: dict[str, int] = {}
+        self._mapped: MappedColumns | None = None
+        self._runs: dict[tuple[int, int], tuple[object, DecodedRun]] = {}
+
+    def code(self, value: str) -> int:
+        """A string's code here (the decoder asks once per distinct string)."""
+        c = self._values.get(value)
+        if c is None:
+            c = self._values[value] = len(self.values)
+            self.values.append(value)
+        return c
+
+    def _type(self, name: str) -> int:
+        c = self._types.get(name)
+        if c is None:
+            c = self._types[name] = len(self.types)
+            self.types.append(name)
+        return c
+
+    def read_attributes(self, attrs) -> None:
+        """A consumer reads these attributes: new ones make the decoder again (and the
+        runs read without them go)."""
+        new = [a for a in attrs if a not in self.attr_index]
+        if new:
+            for a in new:
+                self.attr_index[a] = len(self.attrs)
+                self.attrs.append(a)
+            self._mapped = None
+            self._runs.clear()
+
+    def read(self, block, start: int) -> DecodedRun:
+        """Records ``start``.. of ``block`` as the compiled map reads them, up to the
+        block's end or a record the map must read in Python (``DecodedRun.stop``)."""
+        key = (block.first, start)
+        hit = self._runs.get(key)
+        if hit is not None and hit[0] is block:
+            return hit[1]
+        if self._mapped is None:
+            from dqcep._kernels.msgpack_decode import ColumnDecoder
+            self._mapped = MappedColumns(self.map, ColumnDecoder([], self.attrs, self),
+                                         [], self.attrs, type_code=self._type)
+        rows = np.zeros(block.count, np.int64)
+        stop = self._mapped.decode(block, start, rows)
+        columns = self._mapped.decoder.take()
+        for a in (rows, *columns):
+            a.flags.writeable = False
+        run = DecodedRun(stop, rows, columns)
+        self._runs.pop(key, None)
+        self._runs[key] = (block, run)
+        while len(self._runs) > self.keep:
+            del self._runs[next(iter(self._runs))]
+        return run
+
+
+class Recoding:
+    """A ``SharedReading``'s columns in one consumer's codes: the event types, attribute
+    columns and string dictionary of its engine (made again with them: the decoder
+    the consumer would read with, ``decoder``, tells when)."""
+
+    def __init__(self, shared: SharedReading, decoder, types, attrs, dictionary):
+        self.shared, self.decoder, self.dictionary = shared, decoder, dictionary
+        shared.read_attributes(attrs)
+        self._code = {t: i for i, t in enumerate(types)}
+        self._types = np.zeros(0, np.int32)  # shared type code -> ours (-1: none)
+        self._columns = np.array([shared.attr_index[a] for a in attrs], np.int64)
+        self._strings = np.zeros(0, np.int64)  # shared string code -> ours (-1: not yet)
+        self._sweeps = dictionary.sweeps
+
+    def columns(self, run: DecodedRun) -> tuple:
+        """(ts, id, type, val, kind) of the run's rows in our codes."""
+        from dqcep._kernels.map_decode import recode
+        from dqcep._kernels.store import KINDS
+        ts, ids, types, val, kind = run.columns
+        shared = self.shared
+        if len(self._types) < len(shared.types):
+            self._types = np.array([self._code.get(t, -1) for t in shared.types], np.int32)
+        if self.dictionary.sweeps != self._sweeps:  # codes freed: looked up again
+            self._strings, self._sweeps = self._strings[:0], self.dictionary.sweeps
+        while (out := recode(types, val, kind, self._types, self._columns,
+                             self._strings)) is None:
+            # strings new to us: coded as they come, as a decoder codes them
+            codes = val[kind == KINDS["STR"]].astype(np.int64)
+            if len(self._strings) <= codes.max():
+                self._strings = np.concatenate(
+                    (self._strings, np.full(codes.max() + 1 - len(self._strings), -1)))
+            new, first = np.unique(codes[self._strings[codes] < 0], return_index=True)
+            for c in new[np.argsort(first)].tolist():
+                self._strings[c] = self.dictionary.code(shared.values[c])
+        return (ts, ids, *out)

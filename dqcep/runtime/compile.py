@@ -45,6 +45,7 @@ class StringDictionary:
         self.values: list[str | None] = list(values)
         self.codes: dict[str, int] = {v: i for i, v in enumerate(self.values) if v is not None}
         self.free: list[int] = [i for i, v in enumerate(self.values) if v is None][::-1]
+        self.sweeps = 0  # sweeps that freed codes (a cache of codes is stale after one)
         self.pin(pinned)
 
     def pin(self, pinned: int | Sequence[int]) -> None:
@@ -84,6 +85,7 @@ class StringDictionary:
                 self.values[c] = None
                 self.free.append(c)
                 freed += 1
+        self.sweeps += freed > 0
         return freed
 
 

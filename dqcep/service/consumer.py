@@ -27,7 +27,7 @@ from dqcep.io.database import Progress
 from dqcep.io.ingest import ahead_reason, ahead_rows
 from dqcep.io.journal import Gap, Record
 from dqcep.io.journal_tail import RecordBlock
-from dqcep.io.mapping import MappedColumns
+from dqcep.io.mapping import MappedColumns, Recoding
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter
 from dqcep.runtime import EventColumns
 from dqcep.service.changes import CONTROL_TOPIC
@@ -68,7 +68,7 @@ class JournalConsumer:
         Python (``_read_events``, which become columns together: one conversion per
         run of them, ``_close_read``)."""
         self._pending: list[Pending | PendingBlock] = []
-        self._mapped: MappedColumns | None = None  # made on first use (_mapped_columns)
+        self._mapped: MappedColumns | Recoding | None = None  # made on first use
         self._pending_rows = 0
         self._decoded_rows = 0  # of them, decoded by the kernel (not checked for --max-future)
         self._columns: list[EventColumns] = []
@@ -155,26 +155,37 @@ class JournalConsumer:
         if self._pending_rows >= CHUNK_ROWS:
             self._run_batch()
 
-    def _mapped_columns(self) -> MappedColumns | None:
+    def _mapped_columns(self) -> MappedColumns | Recoding | None:
         """The compiled map over the engine's decoder (made again when the decoder is),
-        or None: no map, or RETURN values (which need the events)."""
+        or, with a reading shared by the process's consumers (a worker's), its runs in
+        our codes; None: no map, or RETURN values (which need the events)."""
         if self.reader.map is None or self.returns is not None:
             return None
         if self._mapped is None or self._mapped.decoder is not self.decoder:
-            self._mapped = MappedColumns(self.reader.map, self.decoder, self.engine.types,
-                                         self.engine.attrs)
+            engine = self.engine
+            self._mapped = MappedColumns(self.reader.map, self.decoder, engine.types,
+                                         engine.attrs) if self.reading is None else \
+                Recoding(self.reading, self.decoder, engine.types, engine.attrs,
+                         engine.dictionary)
         return self._mapped
 
-    def _take_block(self, mapped: MappedColumns, block: RecordBlock) -> None:
+    def _take_block(self, mapped: MappedColumns | Recoding, block: RecordBlock) -> None:
         """A block's records: runs the compiled map reads, each record it leaves read by
         the map in Python (``_ingest``), all in their places."""
         self.counts["payloads"] += block.count
-        rows = np.zeros(block.count, np.int64)
+        shared = isinstance(mapped, Recoding)
+        rows = None if shared else np.zeros(block.count, np.int64)
         lo = 0
         while lo < block.count:
             if self._read_events:  # read before the kernel's rows: a piece first
                 self._close_read()
-            hi = mapped.decode(block, lo, rows)
+            if shared:  # decoded once for the process's consumers: a piece of ours
+                run = self.reading.read(block, lo)
+                hi, rows = run.stop, run.rows
+                if hi > lo:
+                    self._columns.append(EventColumns(*mapped.columns(run)))
+            else:
+                hi = mapped.decode(block, lo, rows)
             if hi > lo:
                 self._pending.append(PendingBlock(block, lo, hi, rows[lo:hi]))
                 self._pending_rows += hi - lo

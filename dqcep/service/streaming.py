@@ -47,7 +47,7 @@ from dqcep.io.checkpoint import CheckpointError, recovery_hint, write_checkpoint
 from dqcep.io.ingest import MAX_FUTURE_MS, PayloadReader
 from dqcep.io.journal import Journal, JournalView, Record, read_journal
 from dqcep.io.journal_tail import BlockCache, JournalTail
-from dqcep.io.mapping import TopicMap
+from dqcep.io.mapping import SharedReading, TopicMap
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
 from dqcep.io.readers import SAMPLE_EVENTS, rates_of
 from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
@@ -135,9 +135,10 @@ class StreamingService(JournalConsumer):
     ``timed_step`` and ``timed_checkpoint`` itself)."""
 
     def __init__(self, cfg: ServiceConfig, journal: JournalView | None = None,
-                 blocks: BlockCache | None = None):
+                 blocks: BlockCache | None = None, reading: SharedReading | None = None):
         self.cfg = cfg
         self.blocks = blocks  # journal blocks shared with the process's other consumers
+        self.reading = reading  # ... and the compiled map's reading of them (``--map``)
         self.urls = [MqttUrl.parse(u, subscribe=True) for u in cfg.inputs]
         own = [u.topic for u in self.urls if u.topic.startswith(CONTROL_TOPIC.split("/")[0])]
         if own:  # the service's own records: no device may write them

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dqcep.io.journal import JournalView
 from dqcep.io.journal_tail import BlockCache
+from dqcep.io.mapping import SharedReading
 from dqcep.io.mqtt import ArrivalTimes
 from dqcep.io.sinks import is_mqtt
 from dqcep.service.streaming import ServiceConfig, StreamingService
@@ -192,6 +193,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
     view = JournalView(cfg.journal, lambda: durable.value)
     # every consumer reads every record: each run of records is read and scanned once
     blocks = BlockCache()
+    # ... and, with a map, the compiled map reads each run of them once
+    reading = SharedReading(cfg.topic_map) if cfg.topic_map is not None else None
     hosted: dict[str, StreamingService] = {}
     last_stats = time.monotonic()
     # with the HTTP side on, the coordinator's page wants fresh figures
@@ -202,7 +205,8 @@ def worker_main(index: int, cfg: ServiceConfig, durable, wake, arrivals_name: st
                 message = conn.recv()
                 if isinstance(message, Host):
                     q = message.query
-                    svc = StreamingService(query_config(cfg, q), journal=view, blocks=blocks)
+                    svc = StreamingService(query_config(cfg, q), journal=view, blocks=blocks,
+                                           reading=reading)
                     svc.arrivals = arrivals
                     hosted[q] = svc
                     conn.send(Hosted(q, svc.offset))

@@ -8,7 +8,7 @@ import sys
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dqcep.core.errors import UserError
@@ -380,6 +380,70 @@ def test_the_compiled_map_reads_what_the_map_reads(tmp_path_factory, records):
         got, rejected = topic_map.read(block.record(k))
         assert len(got) == 1 and not rejected
         assert blob == msgpack.packb(got[0].as_mapping()), (block.record(k), got)
+    journal.close()
+
+
+OTHER_QUERY = ("PATTERN SEQ(Humidity h, Other o) WHERE o.unit = h.unit AND o.value > 1 "
+               "WITHIN 10")  # other types, other columns in another order
+
+
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.sampled_from(KERNEL_TOPICS), kernel_payloads(),
+                          st.sampled_from([ARRIVAL_US, None]), st.booleans()),
+                min_size=1, max_size=25), st.integers(0, 3))
+@example([("sensors/r1/Temperature", b'{"value": 1}', ARRIVAL_US, False),
+          ("sensors/r1/Temperature", b"", ARRIVAL_US, False),  # for Python: two runs
+          ("sensors/r1/Temperature", b'{"value": 2}', ARRIVAL_US, False)], 1)
+def test_a_shared_reading_gives_each_consumer_what_its_own_compiled_map_gives(
+        tmp_path_factory, records, sweep_at):
+    """A worker's consumers share one reading of a block (``SharedReading``), each taking
+    it in its engine's codes (``Recoding``): the same stops, rows and columns as its own
+    ``MappedColumns`` over its own decoder, for engines of other types, columns and
+    strings, and after its dictionary freed codes (a sweep) between two runs."""
+    from dqcep.io.journal import Journal
+    from dqcep.io.journal_tail import JournalTail
+    from dqcep._kernels.store import KINDS
+    from dqcep.io.mapping import MappedColumns, Recoding, SharedReading
+    from dqcep.lang import parse
+    from dqcep.plan import build_plan
+    from dqcep.runtime import Engine
+    topic_map = TopicMap.parse(KERNEL_MAP, "map.toml")
+    directory = tmp_path_factory.mktemp("journal")
+    journal = Journal(directory, fsync="never")
+    for topic, payload, arrival, refused in records:
+        journal.append(topic, Refused(len(payload)) if refused else payload, arrival, 1)
+    journal.commit()
+    block = JournalTail(directory).block(journal.durable_offset, 1 << 20, "$dqcep/control")
+    shared = SharedReading(topic_map)
+    for text in (KERNEL_QUERY, OTHER_QUERY):
+        own, mine = (Engine(build_plan(parse(text).queries)) for _ in range(2))
+        for engine in (own, mine):  # a string coded before: codes differ from the shared
+            engine.dictionary.code("r9")
+        mapped = MappedColumns(topic_map, own.column_decoder(), own.types, own.attrs)
+        recoding = Recoding(shared, mine.column_decoder(), mine.types, mine.attrs,
+                            mine.dictionary)
+        rows, i, runs = np.zeros(block.count, np.int64), 0, 0
+        while i < block.count:
+            j = mapped.decode(block, i, rows)
+            run = shared.read(block, i)
+            assert run.stop == j and np.array_equal(run.rows[i:j], rows[i:j])
+            if j > i:  # the same cells; strings by value (coded in another order)
+                expect, got = own.column_decoder().take(), recoding.columns(run)
+                for name, a, b in zip(("ts", "id", "type", "val", "kind"), expect, got):
+                    assert a.dtype == b.dtype and a.shape == b.shape, name
+                    if name != "val":
+                        assert np.array_equal(a, b), name
+                text = expect[4] == KINDS["STR"]
+                assert np.array_equal(expect[3][~text], got[3][~text])
+                assert [own.dictionary.values[int(c)] for c in expect[3][text]] == \
+                    [mine.dictionary.values[int(c)] for c in got[3][text]]
+                runs += 1
+                if runs == sweep_at:  # every string code freed in both engines, and
+                    for engine in (own, mine):  # one taken again by another string
+                        if engine.dictionary.sweep(np.zeros(0, np.int64)):
+                            engine.column_decoder().forget_strings()
+                        engine.dictionary.code("after the sweep")
+            i = j + 1
     journal.close()
 
 
