@@ -24,3 +24,9 @@ class MapDecoder:
                out: "npt.NDArray[np.uint8]", at: int, ends: "npt.NDArray[np.int64]",
                ids: "npt.NDArray[np.int64]", ts: "npt.NDArray[np.int64]"
                ) -> tuple[int, int, int]: ...  # (record, why, byte after the last event)
+
+def recode(types: "npt.NDArray[np.int32]", val: "npt.NDArray[np.float64]",
+           kind: "npt.NDArray[np.int8]", type_map: "npt.NDArray[np.int32]",
+           columns: "npt.NDArray[np.int64]", strings: "npt.NDArray[np.int64]"
+           ) -> tuple["npt.NDArray[np.int32]", "npt.NDArray[np.float64]",
+                      "npt.NDArray[np.int8]"] | None: ...  # None: a string not coded yet

@@ -489,6 +489,21 @@ class DecodedRun(NamedTuple):
     columns: tuple
 
 
+class _Codes(list):
+    """Names in the order they came, each coded by its place (``index``: name -> code)."""
+
+    def __init__(self):
+        super().__init__()
+        self.index: dict[str, int] = {}
+
+    def code(self, name: str) -> int:
+        c = self.index.get(name)
+        if c is None:
+            c = self.index[name] = len(self)
+            self.append(name)
+        return c
+
+
 class SharedReading:
     """The compiled map's reading of journal blocks, once a process for every consumer
     in it (a worker's query consumers each read every record, each in the codes of its
@@ -499,38 +514,22 @@ class SharedReading:
 
     def __init__(self, topic_map: TopicMap, keep: int = 16):
         self.map, self.keep = topic_map, keep
-        self.types: list[str] = []
-        self._types: dict[str, int] = {}
-        self.attrs: list[str] = []
-        self.attr_index: dict[str, int] = {}
-        self.values: list[str] = []  # the strings met, by code (the decoder's dictionary)
-        self._values: dict[str, int] = {}
+        self.types = _Codes()   # event types as they come
+        self.attrs = _Codes()   # the attributes its consumers read
+        self.values = _Codes()  # the strings met (the decoder's dictionary: ``code``)
         self._mapped: MappedColumns | None = None
         self._runs: dict[tuple[int, int], tuple[object, DecodedRun]] = {}
 
     def code(self, value: str) -> int:
         """A string's code here (the decoder asks once per distinct string)."""
-        c = self._values.get(value)
-        if c is None:
-            c = self._values[value] = len(self.values)
-            self.values.append(value)
-        return c
-
-    def _type(self, name: str) -> int:
-        c = self._types.get(name)
-        if c is None:
-            c = self._types[name] = len(self.types)
-            self.types.append(name)
-        return c
+        return self.values.code(value)
 
     def read_attributes(self, attrs) -> None:
         """A consumer reads these attributes: new ones make the decoder again (and the
         runs read without them go)."""
-        new = [a for a in attrs if a not in self.attr_index]
-        if new:
-            for a in new:
-                self.attr_index[a] = len(self.attrs)
-                self.attrs.append(a)
+        if any(a not in self.attrs.index for a in attrs):
+            for a in attrs:
+                self.attrs.code(a)
             self._mapped = None
             self._runs.clear()
 
@@ -544,7 +543,7 @@ class SharedReading:
         if self._mapped is None:
             from dqcep._kernels.msgpack_decode import ColumnDecoder
             self._mapped = MappedColumns(self.map, ColumnDecoder([], self.attrs, self),
-                                         [], self.attrs, type_code=self._type)
+                                         [], self.attrs, type_code=self.types.code)
         rows = np.zeros(block.count, np.int64)
         stop = self._mapped.decode(block, start, rows)
         columns = self._mapped.decoder.take()
@@ -568,7 +567,7 @@ class Recoding:
         shared.read_attributes(attrs)
         self._code = {t: i for i, t in enumerate(types)}
         self._types = np.zeros(0, np.int32)  # shared type code -> ours (-1: none)
-        self._columns = np.array([shared.attr_index[a] for a in attrs], np.int64)
+        self._columns = np.array([shared.attrs.index[a] for a in attrs], np.int64)
         self._strings = np.zeros(0, np.int64)  # shared string code -> ours (-1: not yet)
         self._sweeps = dictionary.sweeps
 

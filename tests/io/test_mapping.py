@@ -326,6 +326,20 @@ def kernel_payloads(draw):
                                  b"\x0b7", b"7\x1f", b" 7 x", "\u00a07".encode()]))
 
 
+def journal_block(tmp_path_factory, records):
+    """A journal of ``records`` (topic, payload, arrival, refused) and one block of all
+    of them, as a consumer reads it."""
+    from dqcep.io.journal import Journal
+    from dqcep.io.journal_tail import JournalTail
+    journal = Journal(tmp_path_factory.mktemp("journal"), fsync="never")
+    for topic, payload, arrival, refused in records:
+        journal.append(topic, Refused(len(payload)) if refused else payload, arrival, 1)
+    journal.commit()
+    block = JournalTail(journal.dir).block(journal.durable_offset, 1 << 20, "$dqcep/control")
+    assert block is not None and block.count == len(records)
+    return journal, block
+
+
 @settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.sampled_from(KERNEL_TOPICS), kernel_payloads(),
                           st.sampled_from([ARRIVAL_US, ARRIVAL_US + 1999, None]),
@@ -334,21 +348,13 @@ def test_the_compiled_map_reads_what_the_map_reads(tmp_path_factory, records):
     """MappedColumns on a RecordBlock against TopicMap.read and the engine's columns:
     every record it takes gives the row the map's one event gives; it leaves to Python
     every record the map rejects or reads otherwise."""
-    from dqcep.io.journal import Journal
-    from dqcep.io.journal_tail import JournalTail
     from dqcep.io.mapping import MappedColumns
     from dqcep.lang import parse
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine
     engine = Engine(build_plan(parse(KERNEL_QUERY).queries))
     topic_map = TopicMap.parse(KERNEL_MAP, "map.toml")
-    directory = tmp_path_factory.mktemp("journal")
-    journal = Journal(directory, fsync="never")
-    for topic, payload, arrival, refused in records:
-        journal.append(topic, Refused(len(payload)) if refused else payload, arrival, 1)
-    journal.commit()
-    block = JournalTail(directory).block(journal.durable_offset, 1 << 20, "$dqcep/control")
-    assert block is not None and block.count == len(records)
+    journal, block = journal_block(tmp_path_factory, records)
     decoder = engine.column_decoder()
     mapped = MappedColumns(topic_map, decoder, engine.types, engine.attrs)
     rows = np.zeros(block.count, np.int64)
@@ -400,20 +406,13 @@ def test_a_shared_reading_gives_each_consumer_what_its_own_compiled_map_gives(
     it in its engine's codes (``Recoding``): the same stops, rows and columns as its own
     ``MappedColumns`` over its own decoder, for engines of other types, columns and
     strings, and after its dictionary freed codes (a sweep) between two runs."""
-    from dqcep.io.journal import Journal
-    from dqcep.io.journal_tail import JournalTail
     from dqcep._kernels.store import KINDS
     from dqcep.io.mapping import MappedColumns, Recoding, SharedReading
     from dqcep.lang import parse
     from dqcep.plan import build_plan
     from dqcep.runtime import Engine
     topic_map = TopicMap.parse(KERNEL_MAP, "map.toml")
-    directory = tmp_path_factory.mktemp("journal")
-    journal = Journal(directory, fsync="never")
-    for topic, payload, arrival, refused in records:
-        journal.append(topic, Refused(len(payload)) if refused else payload, arrival, 1)
-    journal.commit()
-    block = JournalTail(directory).block(journal.durable_offset, 1 << 20, "$dqcep/control")
+    journal, block = journal_block(tmp_path_factory, records)
     shared = SharedReading(topic_map)
     for text in (KERNEL_QUERY, OTHER_QUERY):
         own, mine = (Engine(build_plan(parse(text).queries)) for _ in range(2))
