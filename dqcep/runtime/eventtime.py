@@ -497,10 +497,12 @@ class EventTimeEngine:
     # ------------------------------------------------------------ processing
 
     def _release(self, upto: int | None) -> MatchBatch:
-        """Process buffered events with ts <= upto (all when None), in ts order."""
-        out = MatchBatch(self.match_queries)
+        """Process buffered events with ts <= upto (all when None), in ts order; the
+        engine's time is then ``upto``: no event below it can come any more (the late
+        rule), so what that makes final comes out now, not with a later event
+        (spec section 7, output by finality)."""
         if not self.state.buffer:
-            return out
+            return self._time_moves(upto)
         buffer = self.state.buffer
         # in ts order, arrival order among equal ts; most batches come in order: then
         # one batch is taken as it is (its rest copied below, not kept as the caller's)
@@ -517,10 +519,11 @@ class EventTimeEngine:
         self.state.buffer = [tuple(c[cut:] if copied else c[cut:].copy() for c in cols)] \
             if cut < n else []
         if cut == 0:
-            return out
+            return self._time_moves(upto)
         # in slices of RELEASE_SLICE events, the watermark moved after each: what one
         # slice adds to the state is evicted as a slice would be, however many events
         # a batch brings (the budget bounds the window's state, not the batch's)
+        out = MatchBatch(self.match_queries)
         step = self._release_slice()
         for a in range(0, cut, step):
             ts, ids, types, val, kind = (c[a:min(a + step, cut)] for c in cols)
@@ -537,9 +540,16 @@ class EventTimeEngine:
                                           np.ascontiguousarray(kind), types)
                 seqs = np.arange(first, first + len(ts_u), dtype=np.int64)
                 out += self._match(seqs, ts_u, types)
-            last = int(ts[-1])
+            last = int(ts[-1]) if a + step < cut or upto is None else max(int(ts[-1]), upto)
             if self.wm is None or last > self.wm:
                 self.wm = last
             out += self._after_watermark()
         return out
+
+    def _time_moves(self, upto: int | None) -> MatchBatch:
+        """Nothing to release up to ``upto``: the engine's time moves to it all the same."""
+        if upto is None or (self.wm is not None and upto <= self.wm):
+            return MatchBatch(self.match_queries)
+        self.wm = upto
+        return self._after_watermark()
 
