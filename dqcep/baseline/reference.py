@@ -517,8 +517,12 @@ class ReferenceMatcher:
     def __init__(self, queries: Sequence[ast.Query],
                  schemas: Sequence[ast.EventSchema] = (),
                  tables: Sequence[ast.LookupTable] = (),
-                 lookup_source: LookupSource | None = None):
+                 lookup_source: LookupSource | None = None, lateness: int | None = None):
         self.queries = list(queries)
+        # spec section 7: events later than this are not admitted, as in a run of the
+        # engines; None: the events as a closed set, in any order (an oracle's input)
+        self.lateness = lateness
+        self.late_ids: list[int] = []  # the events of the last run that were late
         self._matchers = [_QueryMatcher(q) for q in queries]
         # lookups read one snapshot of each table per run (the whole input)
         self.tables = {t.name: t for t in tables}
@@ -543,12 +547,26 @@ class ReferenceMatcher:
                 return False
         return True
 
+    def _admitted(self, events: list[Event]) -> list[Event]:
+        """Spec section 7 with one timeline and no ticks, in arrival order: an event is
+        late iff its ts is below G - L, G the largest ts admitted before it."""
+        admitted, self.late_ids, g = [], [], None
+        if self.lateness is None:
+            return events
+        for e in events:
+            if g is not None and e.ts < g - self.lateness:
+                self.late_ids.append(e.id)
+                continue
+            admitted.append(e)
+            g = e.ts if g is None else max(g, e.ts)
+        return admitted
+
     def run(self, events: Iterable[Event]) -> list[Match]:
         self.rejected = []
         if self.read:
             snapshots = {t: self.lookup_source.snapshot(t) for t in self.read}
             self._matchers = [_QueryMatcher(q, snapshots, self.tables) for q in self.queries]
-        events = [e for e in events if self._fits(e)]
+        events = self._admitted([e for e in events if self._fits(e)])
         by_type, stream = _index(events), _Stream(events)
         out: list[Match] = []
         by_id = {e.id: e for e in events} if any(q.after_match for q in self.queries) else {}

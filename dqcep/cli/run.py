@@ -44,8 +44,9 @@ def add_parser(sub) -> None:
                      f"measures faster (default {RUN_ADAPT}; same matches "
                      "either way; docs/planner.md)")
     run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
-                     help="native, sase: events may arrive up to MS ms out of event-time order "
-                     "(a K-slack buffer); later ones are counted and left out (default 0)")
+                     help="events may arrive up to MS ms out of event-time order (a K-slack "
+                     "buffer); later ones are counted and left out, by every engine "
+                     "(default 0)")
     run.add_argument("--chunk-size", type=COUNT.option, default=65_536, metavar="N",
                      help="native, sase: events read and processed per step (default 65536)")
     run.add_argument("--max-partial-matches", type=NON_NEGATIVE_COUNT.option, default=STATE_BUDGET,
@@ -198,9 +199,12 @@ def command(args) -> int:
                 fresh = pipeline.fresh(np.fromiter((e.id for e in chunk), np.int64, len(chunk)))
                 events += chunk if fresh is None else [e for e, f in zip(chunk, fresh) if f]
             view.processed(len(events))
-            matcher = ReferenceMatcher(queries, query_file.schemas, query_file.tables, tables)
+            matcher = ReferenceMatcher(queries, query_file.schemas, query_file.tables, tables,
+                                       lateness=args.lateness)
             found = matcher.run(events)
             _report_rejected(matcher.rejected, bad, args.input)
+            late = len(matcher.late_ids)
+            _report_late(late, args.lateness)
             for m in found:
                 view.matches[m.query] = view.matches.get(m.query, 0) + 1
             sink.write_matches(found)  # one batch: the whole input
@@ -260,9 +264,7 @@ def command(args) -> int:
             view.count(pipeline.end().matches)
             elapsed = time.perf_counter() - started
             late = engine.late
-            if engine.late:
-                print(f"dqcep run: {engine.late} event(s) arrived more than --lateness "
-                      f"{args.lateness} ms late and were left out", file=sys.stderr)
+            _report_late(late, args.lateness)
             if args.stats:
                 _print_stats(engine, elapsed)
             seen = engine.seen()
@@ -345,6 +347,12 @@ def _event_chunks(args, bad, chunk_size: int, engine=None, view: _RunView | None
     for piece in read_columns(args.input, args.format, engine, bad, chunk_size, progress,
                               csv_text_attrs(schemas)):
         yield EventColumns(*piece) if isinstance(piece, tuple) else piece
+
+
+def _report_late(late: int, lateness: int) -> None:
+    if late:
+        print(f"dqcep run: {late} event(s) arrived more than --lateness {lateness} ms late "
+              "and were left out", file=sys.stderr)
 
 
 def _report_rejected(rejected: list[tuple[int, str]], bad, source: str) -> None:

@@ -116,6 +116,25 @@ def test_engines_print_the_same_matches(tmp_path):
                                                "reference").stdout.splitlines())
 
 
+def test_every_engine_leaves_out_the_same_late_events(tmp_path):
+    """--lateness on every engine, the reference matcher too (it ignored it): event 5
+    (ts 250 after 400, lateness 100) is late; the same matches and the same count."""
+    events = tmp_path / "late.jsonl"
+    events.write_text("".join(f'{{"id": {i}, "type": "{t}", "ts": {ts}, "p": 1}}\n' for i, t, ts in
+                              [(1, "A", 100), (2, "B", 200), (3, "A", 150), (4, "B", 400),
+                               (5, "A", 250), (6, "B", 420)]))
+    queries = tmp_path / "q.cep"
+    queries.write_text("QUERY q PATTERN SEQ(A a, B b) WHERE b.p = a.p WITHIN 1 s")
+    outputs = set()
+    for engine in ("native", "sase", "reference"):
+        r = dqcep("run", queries, "--input", events, "--engine", engine, "--lateness", 100)
+        assert r.returncode == 0, r.stderr
+        assert "1 event(s) arrived more than --lateness 100 ms late" in r.stderr, engine
+        outputs.add(tuple(sorted(r.stdout.splitlines())))
+    (out,) = outputs
+    assert len(out) == 6 and not any('"a": 5' in line for line in out)
+
+
 def test_stats_and_lateness(tmp_path):
     r = dqcep("run", EXAMPLES / "fire.cep", "--input", EXAMPLES / "fire-events.jsonl",
               "--stats")
