@@ -596,3 +596,35 @@ def test_events_a_schema_refuses_are_dead_letters(mosquitto, tmp_path, fmt):
     want = {json.dumps(m.to_json_obj())
             for m in ReferenceMatcher(parsed.queries, parsed.schemas).run(fitting)}
     assert svc.output() == want and want
+
+
+@pytest.mark.parametrize("workers", [None, 2], ids=["service", "workers"])
+def test_a_held_alert_comes_out_with_the_message_that_makes_it_final(mosquitto, tmp_path,
+                                                                     workers):
+    """Spec section 7, output by finality, through the broker: door-3 opens at 1 s
+    (lateness 1 s, its alert final once G - L > 9 s); door-9 opens at 16 s and stays
+    in the reorder buffer, yet makes door-3's alert final: it is written with that
+    message, no third one needed (issue 52 found it waiting for one)."""
+    from tests.support.service import Workers
+    host, port = mosquitto
+    queries = tmp_path / "doors.cep"
+    queries.write_text("QUERY left_open PATTERN SEQ(Door o, NOT Door c) WHERE o.open = true "
+                       "AND c.open = false AND c.device = o.device WITHIN 8 s")
+    svc = Workers(tmp_path, f"mqtt://{host}:{port}/doors", "--lateness", "1000",
+                  "--client-id", f"doors-{workers}",
+                  *(["--workers", str(workers)] if workers else []), queries=queries)
+    out = tmp_path / ("out.left_open.jsonl" if workers else "out.jsonl")
+    svc.start()
+    try:
+        for i, ts, device in ((1, 1000, "door-3"), (2, 16000, "door-9")):
+            publish_all(host, port, "doors", [json.dumps(
+                {"id": i, "type": "Door", "ts": ts, "device": device, "open": True})])
+            svc.wait_for(i)
+        deadline = time.monotonic() + 30
+        while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert out.exists() and [json.loads(line) for line in out.read_text().splitlines()] \
+            == [{"query": "left_open", "detected_at": 9000, "events": {"o": 1}}], svc.stderr()
+    finally:
+        svc.proc.terminate()
+        svc.proc.wait(30)
