@@ -23,9 +23,8 @@ How it decides (``AdaptiveEngine.adapt``, after each slice): each vertex counts 
 time (``VertexStats.ns``). Once ``LOOK_EVENTS`` events (and ``STORE_SHARE`` times
 what the store holds then: after a first trial, a look waits while a window fills
 and the store holds most of the run) have been stored since a switchable query's last
-look and its
-vertices took ``LOOK_MIN_NS`` or more in them (times the cost model's estimate of the
-other construction's work over its own, when that is more: a trial runs the other
+look and its vertices took ``LOOK_MIN_NS`` or more in them (times the cost model's
+estimate of the other construction's work over its own, when that is more: a trial runs the other
 for a while, and a query is not made to pay 10x for a guess the model was sure of
 while the time it could save is small; a query under it is looked at again as many
 times later, at most ``BACKOFF``, and needs as many times the time), the other

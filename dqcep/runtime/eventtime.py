@@ -540,7 +540,8 @@ class EventTimeEngine:
                                           np.ascontiguousarray(kind), types)
                 seqs = np.arange(first, first + len(ts_u), dtype=np.int64)
                 out += self._match(seqs, ts_u, types)
-            last = int(ts[-1]) if a + step < cut or upto is None else max(int(ts[-1]), upto)
+            # after the last slice the engine's time is upto (>= every ts released)
+            last = int(ts[-1]) if a + step < cut or upto is None else upto
             if self.wm is None or last > self.wm:
                 self.wm = last
             out += self._after_watermark()
