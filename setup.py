@@ -36,6 +36,7 @@ DIRECTIVES = {
 KERNELS = {f"dqcep._kernels.{name}": f"dqcep/_kernels/{name}.pyx" for name in [
     "ring", "store", "predicates", "leaves", "joins", "guards", "lists", "runs", "chains",
     "msgpack_encode", "msgpack_decode", "map_decode", "journal_records", "recent_ids",
+    "timelines",
     "match_format", "arrivals", "sase"]}
 KERNELS["dqcep.generator._walk"] = "generator/_walk.pyx"
 

@@ -42,6 +42,7 @@ from typing import Iterable, Sequence
 
 from dqcep.baseline.expressions import (Binding, TableLookup, bind_tables, cell, holds,
                                         members, value_kind)
+from dqcep.core.admission import Admission, Tick
 from dqcep.core.events import Event, Match, declared_type_problem, list_aggregate
 from dqcep.core.tables import LookupSource, TableSnapshot
 from dqcep.lang import ast
@@ -517,12 +518,14 @@ class ReferenceMatcher:
     def __init__(self, queries: Sequence[ast.Query],
                  schemas: Sequence[ast.EventSchema] = (),
                  tables: Sequence[ast.LookupTable] = (),
-                 lookup_source: LookupSource | None = None, lateness: int | None = None):
+                 lookup_source: LookupSource | None = None,
+                 lateness: "Admission | int | None" = None):
         self.queries = list(queries)
-        # spec section 7: events later than this are not admitted, as in a run of the
-        # engines; None: the events as a closed set, in any order (an oracle's input)
-        self.lateness = lateness
-        self.late_ids: list[int] = []  # the events of the last run that were late
+        # spec section 7: the events a run of the engines admits (an Admission, or a
+        # lateness in ms); None: the events as a closed set, in any order (an oracle's)
+        self.admission = None if lateness is None else Admission.of(lateness)
+        self.late_ids: list[int] = []  # the events of the last run that were late ...
+        self.late_why: list[str] = []  # ... and why (LATE_REASONS)
         self._matchers = [_QueryMatcher(q) for q in queries]
         # lookups read one snapshot of each table per run (the whole input)
         self.tables = {t.name: t for t in tables}
@@ -547,26 +550,41 @@ class ReferenceMatcher:
                 return False
         return True
 
-    def _admitted(self, events: list[Event]) -> list[Event]:
-        """Spec section 7 with one timeline and no ticks, in arrival order: an event is
-        late iff its ts is below G - L, G the largest ts admitted before it."""
-        admitted, self.late_ids, g = [], [], None
-        if self.lateness is None:
-            return events
-        for e in events:
-            if g is not None and e.ts < g - self.lateness:
-                self.late_ids.append(e.id)
+    def _admitted(self, records: list) -> list[Event]:
+        """Spec section 7, in arrival order, as it is written: T(k) and G over the
+        admitted events (G over the ticks too); an event is late iff ts < T(k) - L
+        (reason ``lateness``) or ts < G - D (``skew``)."""
+        self.late_ids, self.late_why = [], []
+        if self.admission is None:
+            return [r for r in records if not isinstance(r, Tick)]
+        lateness, skew, k_attr = (self.admission.lateness, self.admission.tolerance,
+                                  self.admission.timeline)
+        admitted, last, g = [], {}, None
+        for r in records:
+            if isinstance(r, Tick):
+                g = r.at if g is None else max(g, r.at)
                 continue
-            admitted.append(e)
-            g = e.ts if g is None else max(g, e.ts)
+            k = _timeline_of(r, k_attr)
+            t = last.get(k)
+            why = "lateness" if t is not None and r.ts < t - lateness else \
+                "skew" if g is not None and r.ts < g - skew else None
+            if why is not None:
+                self.late_ids.append(r.id)
+                self.late_why.append(why)
+                continue
+            admitted.append(r)
+            last[k] = r.ts if t is None else max(t, r.ts)
+            g = r.ts if g is None else max(g, r.ts)
         return admitted
 
-    def run(self, events: Iterable[Event]) -> list[Match]:
+    def run(self, events: Iterable[Event | Tick]) -> list[Match]:
+        """The matches of ``events`` (in arrival order; a stream's ``Tick`` records
+        among them move time, spec section 7)."""
         self.rejected = []
         if self.read:
             snapshots = {t: self.lookup_source.snapshot(t) for t in self.read}
             self._matchers = [_QueryMatcher(q, snapshots, self.tables) for q in self.queries]
-        events = self._admitted([e for e in events if self._fits(e)])
+        events = self._admitted([e for e in events if isinstance(e, Tick) or self._fits(e)])
         by_type, stream = _index(events), _Stream(events)
         out: list[Match] = []
         by_id = {e.id: e for e in events} if any(q.after_match for q in self.queries) else {}
@@ -576,3 +594,15 @@ class ReferenceMatcher:
             out += after_match(qm.q, found, by_id)
         out.sort(key=lambda m: (m.detected_at, m.query, m.events))
         return out
+
+
+def _timeline_of(e: Event, attr: str | None):
+    """The timeline of ``e`` under ``--timeline attr``: the value itself (a number, a
+    string and a boolean are never the same value); None: it lacks the attribute."""
+    if attr is None:
+        return None
+    v = e.attrs.get(attr)
+    if v is None:
+        return None
+    return ("bool", v) if isinstance(v, bool) else \
+        ("num", float(v)) if isinstance(v, (int, float)) else ("str", v)

@@ -25,8 +25,9 @@ from dqcep.runtime.lookups import LookupFiller
 
 from dqcep._kernels.msgpack_decode import ColumnDecoder
 from dqcep._kernels.store import EventStore
+from dqcep._kernels.timelines import Timelines
+from dqcep.core.admission import LATE_REASONS, Admission
 from dqcep.core.batch import MISSING_INT, EventBatch
-from dqcep.core.errors import UserError
 from dqcep.core.events import DECLARED_VALUES, Event, Match, declared_kind_problem
 from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
                                    StringDictionary)
@@ -48,6 +49,9 @@ def late_rule(before: np.ndarray, ts: np.ndarray, lateness: int) -> np.ndarray:
     gap = before.view(np.uint64) - ts.view(np.uint64)
     return (before > ts) & (gap > np.uint64(lateness))
 
+
+NO_TIME = int(np.iinfo(np.int64).min)  # no G yet, no watermark (for the kernel)
+_ONE_TIMELINE = (np.empty(0, np.int8), np.empty(0, np.float64))  # no --timeline
 
 # Released events are matched this many at a time, the watermark moved after each slice
 RELEASE_SLICE = 4096
@@ -192,26 +196,44 @@ class TimeState:
     type_counts: np.ndarray           # events in, per type code
     attr_seen: np.ndarray             # per attribute column: a cell was ever present
     wm: int | None = None             # every future event has ts >= wm
-    max_seen: int | None = None
+    max_seen: int | None = None       # G: the largest ts of the events and ticks taken
     buffer: list = field(default_factory=list)  # reorder buffer: (ts, ids, types, val, kind)
     events_in: int = 0
     late: int = 0
     late_ids: list = field(default_factory=list)
+    late_why: list = field(default_factory=list)  # per late id: its LATE_REASONS code
+    late_by: list = field(default_factory=lambda: [0] * len(LATE_REASONS))  # per reason
+    skew: int | None = None           # D (None: D = lateness)
+    timeline: str | None = None       # K (None: one timeline)
+    timelines: Timelines = field(default_factory=Timelines)  # T(k) per timeline (one
+    # without K)
+    ticks: int = 0                    # ticks taken
+    timelines_kept: int = 512         # timelines after the last forget (forget at 2x)
     peak_state_bytes: int = 0         # largest state_bytes() after a batch
     sweep_at: int = SWEEP_MIN_STRINGS  # dictionary size that triggers the next sweep
     decoder: ColumnDecoder | None = None  # caches codes of this dictionary; not state
 
     @classmethod
-    def fresh(cls, n_types: int, n_attrs: int, lateness: int,
+    def fresh(cls, n_types: int, n_attrs: int, admission: "Admission | int",
               constants: Sequence[str] = (), pinned: Sequence[int] | None = None
               ) -> "TimeState":
-        """An empty state; ``constants``: the dictionary's first values (compiled
-        string constants), ``pinned`` the codes of those never freed (default all)."""
-        if lateness < 0:
-            raise UserError(f"lateness must be >= 0 ms, got {lateness}")
-        return cls(lateness, StringDictionary(
+        """An empty state admitting by ``admission`` (or a lateness in ms);
+        ``constants``: the dictionary's first values (compiled string constants),
+        ``pinned`` the codes of those never freed (default all)."""
+        admission = Admission.of(admission)
+        return cls(admission.lateness, StringDictionary(
             constants, len(constants) if pinned is None else pinned), EventStore(n_attrs),
-                   np.zeros(n_types, np.int64), np.zeros(n_attrs, bool))
+                   np.zeros(n_types, np.int64), np.zeros(n_attrs, bool),
+                   skew=admission.skew, timeline=admission.timeline)
+
+    @property
+    def admission(self) -> Admission:
+        return Admission(self.lateness, self.skew, self.timeline)
+
+    @property
+    def tolerance(self) -> int:
+        """D: the skew tolerance (the lateness when none is given)."""
+        return self.lateness if self.skew is None else self.skew
 
 
 def _state_field(name: str) -> property:
@@ -229,16 +251,24 @@ class EventTimeEngine:
     """
 
     def __init__(self, types: Sequence[str], attrs: Sequence[str],
-                 match_queries: tuple[tuple[str, tuple[str, ...]], ...], lateness: int = 0,
+                 match_queries: tuple[tuple[str, tuple[str, ...]], ...],
+                 lateness: "Admission | int" = 0,
                  state: "TimeState | None" = None, schemas: Sequence = (),
                  lookups: Sequence = (), tables: Sequence = (), lookup_source=None):
         self.types = list(types)
         self.type_code = {t: i for i, t in enumerate(self.types)}
         self.attrs = list(attrs)
-        self.attr_index = {a: i for i, a in enumerate(self.attrs)}
         self.match_queries = match_queries
         self.state = state if state is not None else \
             TimeState.fresh(len(self.types), len(self.attrs), lateness)
+        # the input's columns: the stored ones, and the timeline attribute after them
+        # when no query reads it (admission reads it; it is dropped before the buffer)
+        self.stored_attrs = len(self.attrs)
+        timeline = self.state.timeline
+        if timeline is not None and timeline not in self.attrs:
+            self.attrs.append(timeline)
+        self.attr_index = {a: i for i, a in enumerate(self.attrs)}
+        self.timeline_col = None if timeline is None else self.attr_index[timeline]
         self.every_event = False  # store events of types no query names too
         # the ts from which the engine still holds every event a match to come may name
         # (its store's last eviction; None: it has evicted nothing since it was built):
@@ -308,6 +338,7 @@ class EventTimeEngine:
         decoder forgets its cached codes, some of which are free now."""
         live = [self.store.string_codes()]
         live += [b[3][b[4] == KIND_STR].astype(np.int64) for b in self.state.buffer]
+        live.append(self.state.timelines.string_codes())
         if self.dictionary.sweep(np.concatenate(live)) and self.state.decoder is not None:
             self.state.decoder.forget_strings()
         self.state.sweep_at = max(SWEEP_MIN_STRINGS, 2 * len(self.dictionary))
@@ -399,19 +430,24 @@ class EventTimeEngine:
         n = len(cols[0])
         self.events_in += n
         if n:
+            why = self._late(cols)
+            if self.stored_attrs < len(self.attrs):  # the timeline column is read
+                cols = cols[:3] + (cols[3][:, :self.stored_attrs], cols[4][:, :self.stored_attrs])
             known = cols[2][cols[2] >= 0]
             self.state.type_counts += np.bincount(known, minlength=len(self.types))
             self.state.attr_seen |= (cols[4] != KIND_MISSING).any(axis=0)
-            late = self._late(cols[0])
-            self.max_seen = int(cols[0].max()) if self.max_seen is None else \
-                max(self.max_seen, int(cols[0].max()))
+            timelines = self.state.timelines
+            if len(timelines) > 2 * self.state.timelines_kept:
+                # a timeline with T(k) - L <= G - D says nothing the skew test does not
+                timelines.forget_at_most(self.max_seen - self.state.tolerance + self.lateness)
+                self.state.timelines_kept = max(512, len(timelines))
+            late = why != 0
             if late.any():
-                self.late += int(late.sum())
-                self.late_ids.extend(cols[1][late].tolist())
+                self._count_late(cols[1][late], why[late])
                 cols = tuple(c[~late] for c in cols)
             if len(cols[0]):
                 self.state.buffer.append(cols)
-                out += self._release(self.max_seen - self.lateness)
+                out += self._release(self.max_seen - self.state.tolerance)
         if len(self.dictionary) > self.state.sweep_at:
             self._sweep_strings()
         return out
@@ -452,26 +488,31 @@ class EventTimeEngine:
         out, self.rejected_events = self.rejected_events, []
         return out
 
-    def _late(self, ts: np.ndarray) -> np.ndarray:
-        """Which events of a batch, in arrival order, are late.
+    def _late(self, cols) -> np.ndarray:
+        """Why each event of a batch, in arrival order, is late: 0 (admitted) or a
+        code of ``LATE_REASONS`` (spec section 7): on its timeline ``k``, late iff
+        ts < T(k) - L (T(k): the largest ts before it on k; ``lateness``) or ts < G - D
+        (G: the largest ts before it on any timeline, or of a tick; ``skew``).
 
-        An event is late when its ts is more than ``lateness`` below the largest
-        ts that arrived before it, or below an explicit watermark. Decided per
-        event, not per batch, so the same stream gives the same late events and
-        the same matches however it is cut into batches (the service, the file
-        runner and a replay of the journal all agree).
-        """
-        before = np.empty_like(ts)
-        np.maximum.accumulate(ts[:-1], out=before[1:])
-        if self.max_seen is None:
-            before[0] = ts[0]
-        else:
-            before[0] = self.max_seen
-            np.maximum(before, self.max_seen, out=before)
-        late = late_rule(before, ts, self.lateness)
-        if self.wm is not None:
-            late |= ts < self.wm
-        return late
+        Decided per event, not per batch, so the same stream gives the same late
+        events and the same matches however it is cut into batches (the service, the
+        file runner and a replay of the journal all agree). G (``max_seen``) takes the
+        admitted events; an explicit watermark (``advance_watermark``) is a bound too."""
+        c = self.timeline_col
+        keys = (np.ascontiguousarray(cols[4][:, c]), np.ascontiguousarray(cols[3][:, c])) \
+            if c is not None else _ONE_TIMELINE
+        why, g = self.state.timelines.admit(
+            *keys, cols[0], NO_TIME if self.max_seen is None else self.max_seen,
+            self.lateness, self.state.tolerance, NO_TIME if self.wm is None else self.wm)
+        self.max_seen = None if g == NO_TIME else g
+        return why
+
+    def _count_late(self, ids: np.ndarray, why: np.ndarray) -> None:
+        self.late += len(ids)
+        self.late_ids.extend(ids.tolist())
+        self.state.late_why.extend(why.tolist())
+        for code in np.unique(why).tolist():
+            self.state.late_by[code - 1] += int((why == code).sum())
 
     def advance_watermark(self, ts: int) -> MatchBatch:
         """No event with ts < ``ts`` will come any more (e.g. an idle source)."""
@@ -480,6 +521,15 @@ class EventTimeEngine:
             self.wm = ts
             out += self._after_watermark()
         return out
+
+    def tick(self, at: int) -> MatchBatch:
+        """A tick of the stream at time ``at`` ms (spec section 7): G = max(G, at); what
+        that makes final comes out."""
+        self.state.ticks += 1
+        if self.max_seen is not None and at <= self.max_seen:
+            return MatchBatch(self.match_queries)
+        self.max_seen = at
+        return self._release(at - self.state.tolerance)
 
     def flush(self) -> MatchBatch:
         """End of stream: everything buffered is processed, every held match released."""
@@ -491,8 +541,18 @@ class EventTimeEngine:
 
 
     def take_late(self) -> list[int]:
+        """The late events' ids since the last call (their reasons: ``take_late_why``)."""
         ids, self.late_ids = self.late_ids, []
         return ids
+
+    def take_late_why(self) -> list[str]:
+        """Why each event ``take_late`` gave was late, in the same order."""
+        why, self.state.late_why = self.state.late_why, []
+        return [LATE_REASONS[c - 1] for c in why]
+
+    def late_counts(self) -> dict[str, int]:
+        """Late events so far, per reason."""
+        return dict(zip(LATE_REASONS, self.state.late_by))
 
     # ------------------------------------------------------------ processing
 

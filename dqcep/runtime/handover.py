@@ -106,7 +106,7 @@ def hand_over(engine, program: Program, added=(), *, upto: int | None = None,
     ``refuse_over_budget``, over the budget; otherwise a query whose rebuilt vertices
     go over the budget is stopped as it would be while running."""
     old, old_prog = engine.state, engine.program
-    state = EngineState.fresh(program, old.lateness)
+    state = EngineState.fresh(program, old.admission)
     _take_time(state, old, old_prog, program)
     old_of = state.take_vertices(old, old_prog, program)
     if old.lists is not None and state.lists is not None:
@@ -176,7 +176,7 @@ def replay(engine, program: Program, lists, only: frozenset[int], seqs,
     if len(types) and types.min() < 0:
         raise ValueError("a stored event has no type code (restored from a snapshot "
                          "that kept none): nothing to replay")
-    state = EngineState.fresh(program, engine.state.lateness)
+    state = EngineState.fresh(program, engine.state.admission)
     state.store, state.dictionary, state.lists = store, engine.state.dictionary, lists
     side = Engine(program, state=state, budget=engine.budget,
                   lookup_source=engine.lookup_source)
@@ -192,6 +192,11 @@ def replay(engine, program: Program, lists, only: frozenset[int], seqs,
     if engine.wm is not None:
         side._evict_vertices(int(engine.wm))
     return state, spent
+
+
+# what a state's time and counters are, apart from its events and strings
+TIME_COUNTERS = ("wm", "max_seen", "timelines", "timelines_kept", "ticks",
+                 "events_in", "late", "late_ids", "late_why", "late_by")
 
 
 def _take_time(state: EngineState, old: EngineState, old_prog: Program,
@@ -216,8 +221,8 @@ def _take_time(state: EngineState, old: EngineState, old_prog: Program,
                     for b_ts, b_ids, b_types, b_val, b_kind in old.buffer]
     state.type_counts[:len(old.type_counts)] = old.type_counts
     state.attr_seen[:] = _columns(old.attr_seen[None, :], was, now, False)[0]
-    state.wm, state.max_seen = old.wm, old.max_seen
-    state.events_in, state.late, state.late_ids = old.events_in, old.late, old.late_ids
+    for name in TIME_COUNTERS:
+        setattr(state, name, getattr(old, name))
     state.peak_state_bytes, state.sweep_at = old.peak_state_bytes, old.sweep_at
 
 

@@ -20,6 +20,7 @@ from dqcep._kernels.chains import ChainStacks
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.runs import RunTable
 from dqcep._kernels.store import ListStore
+from dqcep.core.admission import Admission
 from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.runtime.compile import StringDictionary
@@ -120,8 +121,9 @@ class EngineState(TimeState):
     excluded: dict[int, tuple[int, np.ndarray, int]] = field(default_factory=dict)
 
     @classmethod
-    def fresh(cls, program, lateness: int = 0) -> "EngineState":
-        """An empty state for ``program`` (a ``dqcep.runtime.program.Program``)."""
+    def fresh(cls, program, lateness: "Admission | int" = 0) -> "EngineState":
+        """An empty state for ``program`` (a ``dqcep.runtime.program.Program``) that
+        admits by ``lateness`` (an ``Admission``, or a lateness in ms)."""
         state = super().fresh(len(program.types), len(program.attrs), lateness,
                               program.constants, program.pinned)
         n_slots, children = program.n_slots, program.children
@@ -227,6 +229,9 @@ class EngineState(TimeState):
             "stats": {str(v): [s.inputs, s.outputs, s.evictions, s.ns]
                       for v, s in self.stats.items()},
             "counters": [self.events_in, self.late],
+            "time": {"skew": self.skew, "timeline": self.timeline, "ticks": self.ticks,
+                     "late_by": self.late_by,
+                     "timelines": [arr(a) for a in self.timelines.arrays()]},
             "lists": _dumped(self.lists, arr),
             "growing": {str(v): queue(q) for v, q in self.growing.items()},
             "runs": {str(v): arr(r.dump()) for v, r in self.runs.items()},
@@ -263,7 +268,12 @@ class EngineState(TimeState):
         def arr(x):  # kept as numpy: owned and writable
             return view(x).copy()
 
-        state = cls.fresh(program, body["lateness"])
+        time = body.get("time", {})  # none: a snapshot before spec section 7
+        state = cls.fresh(program, Admission(body["lateness"], time.get("skew"),
+                                             time.get("timeline")))
+        if time:
+            state.ticks, state.late_by = time["ticks"], list(time["late_by"])
+            state.timelines.add(*(arr(a) for a in time["timelines"]))
         state.wm, state.max_seen = body["wm"], body["max_seen"]
         state.dictionary = StringDictionary(body["dictionary"], program.pinned)
         base, ts, ids, val, kind, *types = body["store"]  # no types: a snapshot before them
