@@ -25,7 +25,7 @@ class PublishFramer:
 END: int         # scan_records: the data ends
 LIMIT: int       # max_records scanned
 IRREGULAR: int   # the record at pos is for the Python reader
-STOP_TOPIC: int  # the record at pos has the stop topic
+STOP_TOPIC: int  # the record at pos has a topic starting with the stop prefix
 
-def scan_records(data: bytes, pos: int, offset: int, max_records: int, stop_topic: bytes,
+def scan_records(data: bytes, pos: int, offset: int, max_records: int, stop_prefix: bytes,
                  out: "npt.NDArray[np.int64]") -> tuple[int, int, int]: ...  # (pos, n, why)

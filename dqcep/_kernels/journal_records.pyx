@@ -275,7 +275,7 @@ cdef enum Scan:  # why scan_records stopped
     SCAN_END        # the data ends (a record may be cut there: still being written)
     SCAN_LIMIT      # max_records records
     SCAN_IRREGULAR  # the record at pos is for the Python reader
-    SCAN_STOP_TOPIC # the record at pos has the stop topic
+    SCAN_STOP_TOPIC # the record at pos has a topic that starts with the stop prefix
 
 END, LIMIT, IRREGULAR, STOP_TOPIC = SCAN_END, SCAN_LIMIT, SCAN_IRREGULAR, SCAN_STOP_TOPIC
 
@@ -353,7 +353,7 @@ cdef int read_len(const uint8_t* p, idx_t* pos, idx_t end, uint8_t fix_mask, uin
 
 
 def scan_records(const uint8_t[::1] data, idx_t pos, int64_t offset, idx_t max_records,
-                 const uint8_t[::1] stop_topic, int64_t[:, ::1] out):
+                 const uint8_t[::1] stop_prefix, int64_t[:, ::1] out):
     """Scan records from byte ``pos``; the first must have journal offset ``offset``,
     each next one the next offset. Per record, a row of ``out`` (which has at least
     ``max_records`` rows of 6): topic start and length, payload start and length (a
@@ -361,12 +361,12 @@ def scan_records(const uint8_t[::1] data, idx_t pos, int64_t offset, idx_t max_r
     id (-1: none). Returns (pos after the last record scanned, records, why it stopped:
     END, LIMIT, IRREGULAR or STOP_TOPIC)."""
     cdef idx_t end = data.shape[0], n = 0, body, body_end, q, length, tlen, plen
-    cdef idx_t stop_len = stop_topic.shape[0]
+    cdef idx_t stop_len = stop_prefix.shape[0]
     cdef int64_t value, arrival, mid
     cdef uint32_t size
     cdef int why = SCAN_END
     cdef const uint8_t* p = &data[0] if end else NULL
-    cdef const uint8_t* stop = &stop_topic[0] if stop_len else NULL
+    cdef const uint8_t* stop = &stop_prefix[0] if stop_len else NULL
     with nogil:
         while True:
             if n >= max_records:
@@ -394,7 +394,7 @@ def scan_records(const uint8_t[::1] data, idx_t pos, int64_t offset, idx_t max_r
                     or q + tlen > body_end or not utf8_valid(p + q, tlen):
                 why = SCAN_IRREGULAR
                 break
-            if stop_len == tlen and memcmp(p + q, stop, tlen) == 0:
+            if stop_len and stop_len <= tlen and memcmp(p + q, stop, stop_len) == 0:
                 why = SCAN_STOP_TOPIC
                 break
             out[n, 0], out[n, 1] = q, tlen

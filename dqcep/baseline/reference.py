@@ -42,7 +42,7 @@ from typing import Iterable, Sequence
 
 from dqcep.baseline.expressions import (Binding, TableLookup, bind_tables, cell, holds,
                                         members, value_kind)
-from dqcep.core.admission import Admission, Tick
+from dqcep.core.admission import AdmissionRule, Tick
 from dqcep.core.events import Event, Match, declared_type_problem, list_aggregate
 from dqcep.core.tables import LookupSource, TableSnapshot
 from dqcep.lang import ast
@@ -519,11 +519,11 @@ class ReferenceMatcher:
                  schemas: Sequence[ast.EventSchema] = (),
                  tables: Sequence[ast.LookupTable] = (),
                  lookup_source: LookupSource | None = None,
-                 lateness: "Admission | int | None" = None):
+                 lateness: "AdmissionRule | int | None" = None):
         self.queries = list(queries)
-        # spec section 7: the events a run of the engines admits (an Admission, or a
+        # spec section 7: the events a run of the engines admits (an AdmissionRule, or a
         # lateness in ms); None: the events as a closed set, in any order (an oracle's)
-        self.admission = None if lateness is None else Admission.of(lateness)
+        self.rule = None if lateness is None else AdmissionRule.of(lateness)
         self.late_ids: list[int] = []  # the events of the last run that were late ...
         self.late_why: list[str] = []  # ... and why (LATE_REASONS)
         self._matchers = [_QueryMatcher(q) for q in queries]
@@ -555,10 +555,10 @@ class ReferenceMatcher:
         admitted events (G over the ticks too); an event is late iff ts < T(k) - L
         (reason ``lateness``) or ts < G - D (``skew``)."""
         self.late_ids, self.late_why = [], []
-        if self.admission is None:
+        if self.rule is None:
             return [r for r in records if not isinstance(r, Tick)]
-        lateness, skew, k_attr = (self.admission.lateness, self.admission.tolerance,
-                                  self.admission.timeline)
+        lateness, skew, k_attr = (self.rule.lateness, self.rule.tolerance,
+                                  self.rule.timeline)
         admitted, last, g = [], {}, None
         for r in records:
             if isinstance(r, Tick):

@@ -33,6 +33,12 @@ def byte_size(text: str) -> int:
     return int(value)
 
 
+def admission_rule_of(args):
+    """The run's ``AdmissionRule`` (spec section 7) from --lateness, --skew, --timeline."""
+    from dqcep.core.admission import AdmissionRule
+    return AdmissionRule(args.lateness, args.skew, args.timeline)
+
+
 def load_queries(path: str):
     from dqcep.lang import parse_file
     return parse_file(path)

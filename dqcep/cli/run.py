@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from dqcep.cli.common import (RUN_ADAPT, RUN_MATERIALIZE, adapt_of, byte_size, load_queries, load_rates,
-                              materialize_of, planner_options, warn_plan)
+from dqcep.cli.common import (RUN_ADAPT, RUN_MATERIALIZE, adapt_of, admission_rule_of, byte_size,
+                              load_queries, load_rates, materialize_of, planner_options,
+                              warn_plan)
+from dqcep.core.admission import LATE_REASONS, TICK_MS
 from dqcep.core.errors import UserError
 from dqcep.core.events import MAX_FUTURE_MS, RECENT_IDS, STATE_BUDGET
 from dqcep.core.limits import (ANY, COUNT, MILLISECONDS, NON_NEGATIVE, NON_NEGATIVE_COUNT,
@@ -44,9 +46,18 @@ def add_parser(sub) -> None:
                      f"measures faster (default {RUN_ADAPT}; same matches "
                      "either way; docs/planner.md)")
     run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
-                     help="events may arrive up to MS ms out of event-time order (a K-slack "
-                     "buffer); later ones are counted and left out, by every engine "
-                     "(default 0)")
+                     help="events may arrive up to MS ms out of event-time order on their "
+                     "timeline (a K-slack buffer); later ones are counted and left out, by "
+                     "every engine (default 0; spec section 7)")
+    run.add_argument("--skew", type=MILLISECONDS.option, metavar="MS",
+                     help="how far timelines (device clocks, arrival-timed sources, a "
+                     "backlog) may trail the most advanced one before their events are "
+                     "late; also how long a silent stream waits before an absence is "
+                     "final (default: --lateness)")
+    run.add_argument("--timeline", metavar="ATTR",
+                     help="events with the same value of ATTR share a timeline (events "
+                     "without it share one more), each with its own --lateness; needs "
+                     "--skew above --lateness (docs/streaming.md)")
     run.add_argument("--chunk-size", type=COUNT.option, default=65_536, metavar="N",
                      help="native, sase: events read and processed per step (default 65536)")
     run.add_argument("--max-partial-matches", type=NON_NEGATIVE_COUNT.option, default=STATE_BUDGET,
@@ -113,6 +124,11 @@ def add_parser(sub) -> None:
     service.add_argument("--client-id", default="dqcep-engine", metavar="ID",
                          help="MQTT client id of the persistent session (default "
                          "dqcep-engine); every service on a broker needs its own")
+    service.add_argument("--tick", type=MILLISECONDS.option, metavar="MS",
+                         help="journal a tick (the service clock's time) after MS ms with "
+                         "no message, and every MS ms while none comes: time passes in a "
+                         "silent stream, so an absence alert comes out once final "
+                         f"(default {TICK_MS}; 0: off; a busy stream writes none)")
     service.add_argument("--until-idle", type=NON_NEGATIVE.option, metavar="S",
                          help="end the stream after S seconds without input: release the "
                          "matches held for a trailing NOT, checkpoint, exit 0 (SIGUSR1 does "
@@ -166,7 +182,11 @@ def command(args) -> int:
     if args.topic_map or args.max_future is not None:
         raise UserError(f"{'--map' if args.topic_map else '--max-future'} is for MQTT input "
                         "(an event file holds events with their ids and times)")
+    if args.tick is not None:
+        raise UserError("--tick is for the streaming service (an MQTT --input): an event "
+                        "file has no ticks")
     args.input = args.input[0]
+    rule = admission_rule_of(args)
     query_file = load_queries(args.queries)
     queries = query_file.queries
     if args.chunk_size < 1:
@@ -200,11 +220,11 @@ def command(args) -> int:
                 events += chunk if fresh is None else [e for e, f in zip(chunk, fresh) if f]
             view.processed(len(events))
             matcher = ReferenceMatcher(queries, query_file.schemas, query_file.tables, tables,
-                                       lateness=args.lateness)
+                                       lateness=rule)
             found = matcher.run(events)
             _report_rejected(matcher.rejected, bad, args.input)
             late = len(matcher.late_ids)
-            _report_late(late, args.lateness)
+            _report_late({r: matcher.late_why.count(r) for r in LATE_REASONS}, rule)
             for m in found:
                 view.matches[m.query] = view.matches.get(m.query, 0) + 1
             sink.write_matches(found)  # one batch: the whole input
@@ -213,7 +233,7 @@ def command(args) -> int:
             if args.engine == "sase":
                 from dqcep.baseline import SaseEngine
 
-                engine = SaseEngine(queries, args.lateness, source=query_file.source,
+                engine = SaseEngine(queries, rule, source=query_file.source,
                                     schemas=query_file.schemas, tables=query_file.tables,
                                     lookup_source=tables)
             else:
@@ -227,7 +247,7 @@ def command(args) -> int:
 
                     engine = AdaptiveEngine(queries, rates=rates, materialize=materialize,
                                             schemas=query_file.schemas,
-                                            tables=query_file.tables, lateness=args.lateness,
+                                            tables=query_file.tables, lateness=rule,
                                             lookup_source=tables,
                                             budget=args.max_partial_matches)
                 else:
@@ -237,7 +257,7 @@ def command(args) -> int:
                     engine = Engine(build_plan(queries, rates, materialize=materialize,
                                                schemas=query_file.schemas,
                                                tables=query_file.tables),
-                                    lateness=args.lateness, lookup_source=tables,
+                                    lateness=rule, lookup_source=tables,
                                     budget=args.max_partial_matches)
             from dqcep.runtime import ReturnValues
             returns = ReturnValues(queries, engine, query_file.tables, tables) \
@@ -264,7 +284,7 @@ def command(args) -> int:
             view.count(pipeline.end().matches)
             elapsed = time.perf_counter() - started
             late = engine.late
-            _report_late(late, args.lateness)
+            _report_late(engine.late_counts(), rule)
             if args.stats:
                 _print_stats(engine, elapsed)
             seen = engine.seen()
@@ -349,10 +369,18 @@ def _event_chunks(args, bad, chunk_size: int, engine=None, view: _RunView | None
         yield EventColumns(*piece) if isinstance(piece, tuple) else piece
 
 
-def _report_late(late: int, lateness: int) -> None:
-    if late:
-        print(f"dqcep run: {late} event(s) arrived more than --lateness {lateness} ms late "
-              "and were left out", file=sys.stderr)
+def _report_late(counts: dict[str, int], rule) -> None:
+    """One line for the events left out as late, by reason (spec section 7)."""
+    parts = []
+    if counts.get("lateness"):
+        parts.append(f"{counts['lateness']} more than --lateness {rule.lateness} ms "
+                     f"behind {'their timeline' if rule.timeline else 'the stream'}")
+    if counts.get("skew"):
+        parts.append(f"{counts['skew']} more than --skew {rule.tolerance} ms behind "
+                     "the most advanced timeline")
+    if parts:
+        print(f"dqcep run: {sum(counts.values())} event(s) arrived late and were left "
+              f"out: {'; '.join(parts)}", file=sys.stderr)
 
 
 def _report_rejected(rejected: list[tuple[int, str]], bad, source: str) -> None:

@@ -2,8 +2,10 @@
 and the service (or its workers) started."""
 from __future__ import annotations
 
-from dqcep.cli.common import (MAX_WORKERS, adapt_of, check_water_marks, load_queries, load_rates,
-                              materialize_of, named_values, warn_plan)
+from dqcep.cli.common import (MAX_WORKERS, adapt_of, admission_rule_of, check_water_marks,
+                              load_queries, load_rates, materialize_of, named_values,
+                              warn_plan)
+from dqcep.core.admission import TICK_MS
 from dqcep.core.errors import UserError
 from dqcep.core.events import MAX_FUTURE_MS
 from dqcep.service.scaling.model import Calibration
@@ -58,6 +60,7 @@ def start_service(args) -> int:
     if args.http:
         from dqcep.service.http import http_access
         http = http_access(args.http, args.http_token_file, args.http_host or ())
+    rule = admission_rule_of(args)  # refused before anything starts
     query_file = load_queries(args.queries)  # positioned errors before anything starts
     warn_plan(query_file, load_rates(args.rates))
     cfg = ServiceConfig(
@@ -66,7 +69,8 @@ def start_service(args) -> int:
         checkpoint=args.checkpoint or str(named / "checkpoint.bin"), output=args.output,
         dead_letter=args.dead_letter or str(named / "dead-letter.jsonl"),
         late=args.late or str(named / "late.jsonl"), state=state and str(state),
-        fmt=fmt, lateness=args.lateness, topic_map=topic_map,
+        fmt=fmt, lateness=rule.lateness, skew=rule.skew, timeline=rule.timeline,
+        tick=TICK_MS if args.tick is None else args.tick, topic_map=topic_map,
         max_future=MAX_FUTURE_MS if args.max_future is None else args.max_future,
         output_format=args.output_format, client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,

@@ -1,6 +1,6 @@
 """Which events a run admits (spec section 7): the lateness, the skew and the timelines.
 
-``Admission(lateness=L, skew=D, timeline=K)`` is parsed from the options once and handed
+``AdmissionRule(lateness=L, skew=D, timeline=K)`` is parsed from the options once and handed
 to every engine, the reference matcher, the service and the Spark jobs. An event on
 timeline ``k`` is late iff ``ts < T(k) - L`` (reason ``lateness``: behind its own
 timeline) or ``ts < G - D`` (reason ``skew``: behind every timeline by more than the
@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dqcep.core.errors import UserError
+
+# A streaming service's default tick interval (--tick): an absence alert comes out
+# within about this long of becoming final in a silent stream.
+TICK_MS = 1000
 
 # Why an event was late, by code (0: admitted): the option that would have admitted it.
 LATE_REASONS = ("lateness", "skew")
@@ -27,7 +31,7 @@ class Tick:
 
 
 @dataclass(frozen=True)
-class Admission:
+class AdmissionRule:
     """``lateness`` L ms; ``skew`` D ms (None: D = L); ``timeline`` K, an attribute
     (None: every event on one timeline)."""
 
@@ -63,9 +67,9 @@ class Admission:
         return self.lateness if self.skew is None else self.skew
 
     @classmethod
-    def of(cls, value: "Admission | int | None") -> "Admission":
-        """An ``Admission``, or one of lateness ``value`` ms (None: 0)."""
-        if isinstance(value, Admission):
+    def of(cls, value: "AdmissionRule | int | None") -> "AdmissionRule":
+        """An ``AdmissionRule``, or one of lateness ``value`` ms (None: 0)."""
+        if isinstance(value, AdmissionRule):
             return value
         return cls(int(value or 0))
 

@@ -71,6 +71,23 @@ _BODY_START = (0x95, 0x93, 0x92)
 FORMAT_VERSION = 2
 FORMAT_FILE = "FORMAT"
 
+# Records of the service's own, among the messages: their topics start with this (no
+# MQTT input may subscribe to it). A tick (spec section 7) says that no message came for
+# a while: its payload is the service clock's time in ms, as ASCII digits.
+SERVICE_TOPICS = "$dqcep/"
+TICK_TOPIC = SERVICE_TOPICS + "tick"
+
+
+def tick_payload(at_ms: int) -> bytes:
+    return str(int(at_ms)).encode()
+
+
+def tick_time(payload) -> int | None:
+    """The time of a tick record's payload; None when it is no tick's (damage)."""
+    if not isinstance(payload, bytes) or not payload.isdigit() or len(payload) > 19:
+        return None
+    return int(payload)
+
 
 @dataclass(frozen=True)
 class Refused:

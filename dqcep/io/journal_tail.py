@@ -61,22 +61,22 @@ class BlockCache:
         # first offset -> (segment, start and end position in it, stop topic, block)
         self._blocks: dict[int, tuple[int, int, int, str, RecordBlock]] = {}
 
-    def put(self, segment: int, start: int, end: int, stop_topic: str,
+    def put(self, segment: int, start: int, end: int, stop_prefix: str,
             block: RecordBlock) -> None:
         self._blocks.pop(block.first, None)
-        self._blocks[block.first] = (segment, start, end, stop_topic, block)
+        self._blocks[block.first] = (segment, start, end, stop_prefix, block)
         while len(self._blocks) > self.keep:
             del self._blocks[next(iter(self._blocks))]
 
     def get(self, segment: int, start: int, first: int, upto: int, max_records: int,
-            stop_topic: str) -> tuple[int, RecordBlock] | None:
+            stop_prefix: str) -> tuple[int, RecordBlock] | None:
         """(end position, block) of the block at record ``first``, position ``start``
         of ``segment``, if it was cut as this call would cut it or shorter."""
         entry = self._blocks.get(first)
         if entry is None:
             return None
         seg, at, end, stop, block = entry
-        if (seg, at, stop) != (segment, start, stop_topic) or block.count > max_records \
+        if (seg, at, stop) != (segment, start, stop_prefix) or block.count > max_records \
                 or first + block.count > upto:
             return None
         return end, block
@@ -156,11 +156,11 @@ class JournalTail:
         f.seek(start + (len(data) if nxt is None else nxt))
         return self._next_record() if nxt is not None else "eof"
 
-    def block(self, upto: int, max_records: int, stop_topic: str) -> RecordBlock | None:
+    def block(self, upto: int, max_records: int, stop_prefix: str) -> RecordBlock | None:
         """The next run of plain records below offset ``upto`` (at most ``max_records``)
         as one block, or None where ``read`` must take the next record: a gap, damage,
         a record of an older format or still being written, a segment's end, or a
-        record on ``stop_topic``."""
+        record whose topic starts with ``stop_prefix``."""
         if self._file is None and self.offset < upto:
             holding = [p for p in segments(self.dir) if int(p.stem) <= self.offset]
             if holding:
@@ -171,7 +171,7 @@ class JournalTail:
             return None
         start = f.tell()
         hit = None if self.cache is None else \
-            self.cache.get(self._first, start, self.offset, upto, max_records, stop_topic)
+            self.cache.get(self._first, start, self.offset, upto, max_records, stop_prefix)
         if hit is not None:
             end, block = hit
             f.seek(end)
@@ -182,7 +182,7 @@ class JournalTail:
                 data = f.read(want)
                 spans = np.empty((min(limit, len(data) // HEADER.size + 1), 6), np.int64)
                 end, count, _ = scan_records(data, 0, self.offset, len(spans),
-                                             stop_topic.encode(), spans)
+                                             stop_prefix.encode(), spans)
                 if count or len(data) < want or want == BLOCK_BYTES:
                     break
                 f.seek(start)  # a record longer than the read: as much as a block takes
@@ -195,7 +195,7 @@ class JournalTail:
             block = RecordBlock(data[:end] if end < len(data) else data, self.offset,
                                 spans[:count])
             if self.cache is not None:
-                self.cache.put(self._first, start, start + end, stop_topic, block)
+                self.cache.put(self._first, start, start + end, stop_prefix, block)
         self._last = self.offset + block.count - 1
         self.offset += block.count
         return block

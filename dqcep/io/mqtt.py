@@ -322,6 +322,8 @@ class MqttSource:
         self._sock = None
         self._retry_at = 0.0
         self._last_sent = self._last_received = time.monotonic()
+        self._received_at_look, self._quiet_since = 0, self._last_received  # (ticks)
+        self.ticks_written = 0
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name="mqtt-source")
 
@@ -386,7 +388,7 @@ class MqttSource:
         return True
 
     def journal_record(self, topic: str, payload: bytes) -> int:
-        """A record of the service's own (a change of its query set) journaled among
+        """A record of the service's own (a change of its query set, a tick) journaled among
         the messages and committed before this returns: its journal offset. A journal
         that cannot be written raises ``JournalWriteError`` (nothing was journaled)."""
         with self._lock:
@@ -397,6 +399,25 @@ class MqttSource:
         for hook in self.on_commit:
             hook(durable)
         self.committed.set()
+        return offset
+
+    def tick_if_silent(self, every_ms: int) -> int | None:
+        """Spec section 7's tick: when no message has come for ``every_ms`` ms (and again
+        every ``every_ms`` while none does), a tick record with this clock's time is
+        journaled (``journal_record``); its offset, or None (none due; 0: never)."""
+        now = time.monotonic()
+        if self.received != self._received_at_look:
+            self._received_at_look, self._quiet_since = self.received, now
+            return None
+        if not every_ms or now - self._quiet_since < every_ms / 1000 or self.write_error:
+            return None  # (while the journal cannot be written, time waits with it)
+        from dqcep.io.journal import TICK_TOPIC, JournalWriteError, tick_payload
+        self._quiet_since = now
+        try:
+            offset = self.journal_record(TICK_TOPIC, tick_payload(time.time() * 1000))
+        except JournalWriteError:  # kept, committed with the next records
+            return None
+        self.ticks_written += 1
         return offset
 
     # ------------------------------------------------------------------ connection

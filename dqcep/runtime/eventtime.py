@@ -26,7 +26,7 @@ from dqcep.runtime.lookups import LookupFiller
 from dqcep._kernels.msgpack_decode import ColumnDecoder
 from dqcep._kernels.store import EventStore
 from dqcep._kernels.timelines import Timelines
-from dqcep.core.admission import LATE_REASONS, Admission
+from dqcep.core.admission import LATE_REASONS, AdmissionRule
 from dqcep.core.batch import MISSING_INT, EventBatch
 from dqcep.core.events import DECLARED_VALUES, Event, Match, declared_kind_problem
 from dqcep.runtime.compile import (KIND_BOOL, KIND_MISSING, KIND_NUM, KIND_STR,
@@ -214,21 +214,21 @@ class TimeState:
     decoder: ColumnDecoder | None = None  # caches codes of this dictionary; not state
 
     @classmethod
-    def fresh(cls, n_types: int, n_attrs: int, admission: "Admission | int",
+    def fresh(cls, n_types: int, n_attrs: int, admission: "AdmissionRule | int",
               constants: Sequence[str] = (), pinned: Sequence[int] | None = None
               ) -> "TimeState":
         """An empty state admitting by ``admission`` (or a lateness in ms);
         ``constants``: the dictionary's first values (compiled string constants),
         ``pinned`` the codes of those never freed (default all)."""
-        admission = Admission.of(admission)
+        admission = AdmissionRule.of(admission)
         return cls(admission.lateness, StringDictionary(
             constants, len(constants) if pinned is None else pinned), EventStore(n_attrs),
                    np.zeros(n_types, np.int64), np.zeros(n_attrs, bool),
                    skew=admission.skew, timeline=admission.timeline)
 
     @property
-    def admission(self) -> Admission:
-        return Admission(self.lateness, self.skew, self.timeline)
+    def admission_rule(self) -> AdmissionRule:
+        return AdmissionRule(self.lateness, self.skew, self.timeline)
 
     @property
     def tolerance(self) -> int:
@@ -252,7 +252,7 @@ class EventTimeEngine:
 
     def __init__(self, types: Sequence[str], attrs: Sequence[str],
                  match_queries: tuple[tuple[str, tuple[str, ...]], ...],
-                 lateness: "Admission | int" = 0,
+                 lateness: "AdmissionRule | int" = 0,
                  state: "TimeState | None" = None, schemas: Sequence = (),
                  lookups: Sequence = (), tables: Sequence = (), lookup_source=None):
         self.types = list(types)

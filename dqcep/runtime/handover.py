@@ -106,7 +106,7 @@ def hand_over(engine, program: Program, added=(), *, upto: int | None = None,
     ``refuse_over_budget``, over the budget; otherwise a query whose rebuilt vertices
     go over the budget is stopped as it would be while running."""
     old, old_prog = engine.state, engine.program
-    state = EngineState.fresh(program, old.admission)
+    state = EngineState.fresh(program, old.admission_rule)
     _take_time(state, old, old_prog, program)
     old_of = state.take_vertices(old, old_prog, program)
     if old.lists is not None and state.lists is not None:
@@ -176,7 +176,7 @@ def replay(engine, program: Program, lists, only: frozenset[int], seqs,
     if len(types) and types.min() < 0:
         raise ValueError("a stored event has no type code (restored from a snapshot "
                          "that kept none): nothing to replay")
-    state = EngineState.fresh(program, engine.state.admission)
+    state = EngineState.fresh(program, engine.state.admission_rule)
     state.store, state.dictionary, state.lists = store, engine.state.dictionary, lists
     side = Engine(program, state=state, budget=engine.budget,
                   lookup_source=engine.lookup_source)

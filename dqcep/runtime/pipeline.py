@@ -47,7 +47,8 @@ class Outcome:
     matches: MatchBatch | None
     refused: list[tuple[int, str]] = field(default_factory=list)  # (event id, why)
     stopped: list[tuple[str, str]] = field(default_factory=list)  # (query, why)
-    late: list[int] = field(default_factory=list)                 # event ids
+    late: list[int] = field(default_factory=list)                 # event ids ...
+    late_why: list[str] = field(default_factory=list)             # ... and why each
 
 
 class BadEvents:
@@ -122,6 +123,12 @@ class Pipeline:
         matches = self.engine.process(events)
         return self._after(Outcome(events, kept, matches), write, through)
 
+    def tick(self, at: int, write: bool = True, through=None) -> Outcome:
+        """A stream's tick at ``at`` ms (spec section 7): time passes; the matches that
+        makes final come out."""
+        return self._after(Outcome(EventColumns.empty(0), None, self.engine.tick(at)), write,
+                           through)
+
     def end(self, write: bool = True, through=None) -> Outcome:
         """The end of the stream: the matches held for a trailing NOT (and a policy's
         waiting ones) released."""
@@ -132,7 +139,7 @@ class Pipeline:
         engine = self.engine
         out.refused = engine.take_rejected()
         out.stopped = engine.take_stopped() if hasattr(engine, "take_stopped") else []
-        out.late = engine.take_late()
+        out.late, out.late_why = engine.take_late(), engine.take_late_why()
         self.counts["late"] += len(out.late)
         if self.report is not None:
             self.report(out)

@@ -20,7 +20,7 @@ from dqcep._kernels.chains import ChainStacks
 from dqcep._kernels.ring import KeyedQueue, RingBuffer
 from dqcep._kernels.runs import RunTable
 from dqcep._kernels.store import ListStore
-from dqcep.core.admission import Admission
+from dqcep.core.admission import AdmissionRule
 from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.runtime.compile import StringDictionary
@@ -121,9 +121,9 @@ class EngineState(TimeState):
     excluded: dict[int, tuple[int, np.ndarray, int]] = field(default_factory=dict)
 
     @classmethod
-    def fresh(cls, program, lateness: "Admission | int" = 0) -> "EngineState":
+    def fresh(cls, program, lateness: "AdmissionRule | int" = 0) -> "EngineState":
         """An empty state for ``program`` (a ``dqcep.runtime.program.Program``) that
-        admits by ``lateness`` (an ``Admission``, or a lateness in ms)."""
+        admits by ``lateness`` (an ``AdmissionRule``, or a lateness in ms)."""
         state = super().fresh(len(program.types), len(program.attrs), lateness,
                               program.constants, program.pinned)
         n_slots, children = program.n_slots, program.children
@@ -269,7 +269,7 @@ class EngineState(TimeState):
             return view(x).copy()
 
         time = body.get("time", {})  # none: a snapshot before spec section 7
-        state = cls.fresh(program, Admission(body["lateness"], time.get("skew"),
+        state = cls.fresh(program, AdmissionRule(body["lateness"], time.get("skew"),
                                              time.get("timeline")))
         if time:
             state.ticks, state.late_by = time["ticks"], list(time["late_by"])

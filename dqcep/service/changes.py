@@ -27,10 +27,11 @@ from pathlib import Path
 import msgpack
 
 from dqcep.core.errors import UserError
+from dqcep.io.journal import SERVICE_TOPICS
 from dqcep.lang import ast, parse
 from dqcep.lang.printer import schema_to_source, table_to_source
 
-CONTROL_TOPIC = "$dqcep/control"
+CONTROL_TOPIC = SERVICE_TOPICS + "control"
 CHANGE_WAIT = 60.0  # s a change request waits to be applied before it answers 202
 _TRAILING_COMMENTS = re.compile(r"(?:\s*--[^\n]*)+\s*\Z")  # comments that end a text
 _QUERY_KEYWORD = re.compile(r"QUERY\b", re.IGNORECASE)
@@ -53,15 +54,18 @@ class Admission:
     max_seen: int | None
     wm: int | None
     recent: bytes  # int64 little-endian ids, oldest first
+    # T(k) per timeline: [value kind, value (a string as itself: each consumer codes
+    # strings its own way), T]
+    timelines: list = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         return msgpack.packb({"max_seen": self.max_seen, "wm": self.wm,
-                              "recent": self.recent})
+                              "recent": self.recent, "timelines": self.timelines})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Admission":
         obj = msgpack.unpackb(data)
-        return cls(obj["max_seen"], obj["wm"], obj["recent"])
+        return cls(obj["max_seen"], obj["wm"], obj["recent"], obj.get("timelines", []))
 
 
 def admission_path(journal_dir: str | Path, offset: int) -> Path:

@@ -25,7 +25,7 @@ import numpy as np
 
 from dqcep.io.database import Progress
 from dqcep.io.ingest import ahead_reason, ahead_rows
-from dqcep.io.journal import Gap, Record
+from dqcep.io.journal import SERVICE_TOPICS, TICK_TOPIC, Gap, Record, tick_time
 from dqcep.io.journal_tail import RecordBlock
 from dqcep.io.mapping import MappedColumns, Recoding
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter
@@ -113,7 +113,7 @@ class JournalConsumer:
         rest (gaps, control records, damage) one record at a time."""
         n = checked = 0
         while True:
-            block = self.tail.block(upto, BLOCK_RECORDS, CONTROL_TOPIC)
+            block = self.tail.block(upto, BLOCK_RECORDS, SERVICE_TOPICS)
             if block is not None:
                 self._take_block(mapped, block)
                 n += block.count
@@ -140,6 +140,10 @@ class JournalConsumer:
         if record.topic == CONTROL_TOPIC:  # a change of the query set, in its place
             self._flush()
             self._change(record)
+            return
+        if record.topic == TICK_TOPIC:  # time passes, in its place
+            self._flush()
+            self._tick(record)
             return
         self.counts["payloads"] += 1
         rows = self.decoder.decode(payload) if kernel and isinstance(
@@ -253,7 +257,7 @@ class JournalConsumer:
                 int(record[np.flatnonzero(cols.id == event_id)[0]]))[0].offset)
             self._stopped(out.stopped, end)
             if out.late:
-                late = set(out.late)
+                late = dict(zip(out.late, out.late_why))
                 for r in np.unique(record[np.isin(cols.id, out.late)]).tolist():
                     self._write_late(*pending.record(r), late)
         self.offset = end + 1
@@ -356,15 +360,39 @@ class JournalConsumer:
         key = DEAD + reason
         self.counts[key] = self.counts.get(key, 0) + n
 
-    def _write_late(self, record: Record, events: list | None, late: set[int]) -> None:
-        """The events of a pending record that came late, as they were read. A payload
-        a kernel decoded holds no ``Event`` objects (its columns keep only what the
+    def _write_late(self, record: Record, events: list | None, late: dict[int, str]) -> None:
+        """The events of a pending record that came late, as they were read, with why
+        (``lateness``: behind its timeline; ``skew``: behind the stream). A payload a
+        kernel decoded holds no ``Event`` objects (its columns keep only what the
         queries read): it is read again, whole, for its late events (rare)."""
         if events is None:
             events = self.reader.read(record)[0]
         for e in events:
             if e.id in late:
-                self.late.write({"offset": record.offset, "event": e.as_mapping()})
+                self.late.write({"offset": record.offset, "event": e.as_mapping(),
+                                 "reason": late[e.id]})
+
+    def _tick(self, record: Record) -> None:
+        """A tick: the engine's time moves to its time (spec section 7); what that makes
+        final comes out now, its response time measured from the tick's arrival."""
+        at = tick_time(record.payload)
+        if at is None:  # damage that kept the record whole: passed over, said once
+            self._dead_count("tick")
+            self.dead.write({"offset": record.offset, "reason": "a tick record without "
+                             "a time"})
+        else:
+            through = Progress(record.offset + 1, False) if self.database else None
+            out = self.pipeline.tick(at, not self._replaying, through)
+            if len(out.matches):
+                if through and not self._replaying:
+                    self.db_written = record.offset + 1
+                self._keep_last(out.matches)
+                if self.arrivals is not None:
+                    self.response.observe_finalised(out.matches,
+                                                    self.arrivals.of(record.offset),
+                                                    time.time())
+        self.counts["ticks"] = self.counts.get("ticks", 0) + 1
+        self.offset = record.offset + 1
 
 
 class PendingRecords:

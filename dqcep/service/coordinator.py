@@ -534,7 +534,18 @@ class Coordinator:
         # from its start (one added live counts only what came after it)
         whole = [self.reports.get(q, {}) for q in self.names
                  if not self.query_set.epochs.get(q)] or reports
+        # time as the consumer furthest behind sees it (the others have taken as much)
+        slowest = min((r for r in reports if r.get("watermark") is not None),
+                      key=lambda r: r["watermark"], default={})
+        reasons = {k for r in reports for k in r.get("late_by_reason") or {}}
         return {"events_in": min((r.get("events_in", 0) for r in whole), default=0),
+                "ticks": max((r.get("ticks", 0) for r in reports), default=0),
+                "event_time": slowest.get("event_time"),
+                "watermark": slowest.get("watermark"),
+                "watermark_lag_s": slowest.get("watermark_lag_s"),
+                "slowest_timelines": slowest.get("slowest_timelines", []),
+                "late_by_reason": {k: max((r.get("late_by_reason") or {}).get(k, 0)
+                                          for r in reports) for k in sorted(reasons)},
                 "matches_out": sum(r.get("matches_out", 0) for r in reports),
                 "output_backlog": sum(r.get("output_backlog", 0) for r in reports),
                 "lag_records": self.journal.durable_offset - min(
@@ -576,8 +587,6 @@ class Coordinator:
             "state_total_bytes": sum(r.get("state_total_bytes", 0)
                                      for r in reports.values()),
             "checkpoint_age_s": max(ages) if ages else None,
-            "watermark": min((r["watermark"] for r in reports.values()
-                              if r.get("watermark") is not None), default=None),
             **stream_figures(names=self.names, events_in=s["events_in"],
                              stopped=s["stopped"], error=s["error"], started=self.started,
                              now=now, inputs=self.cfg.inputs, state=self.cfg.state,
@@ -636,8 +645,9 @@ class Coordinator:
                 if self.failure is not None:
                     break
                 now = time.monotonic()
-                if self.journal.durable_offset != seen:
-                    seen, last_input = self.journal.durable_offset, now
+                source.tick_if_silent(self.cfg.tick)
+                if self.journal.durable_offset - source.ticks_written != seen:  # not a tick
+                    seen, last_input = self.journal.durable_offset - source.ticks_written, now
                 elif self.cfg.until_idle is not None and \
                         now - last_input >= self.cfg.until_idle:
                     end_of_stream.set()

@@ -24,7 +24,11 @@ METRICS = [
      "Dead letters written, by reason (payload, event, ahead, schema, journal_lost, "
      "stopped, change)", "dead_letters"),
     ("dqcep_late_events_total", "counter",
-     "Events later than --lateness, left out (the late file)", "late"),
+     "Events left out as late (the late file), by reason: lateness (behind their "
+     "timeline by more than --lateness), skew (behind the stream by more than --skew)",
+     "late_by_reason"),
+    ("dqcep_ticks_total", "counter",
+     "Ticks taken: no message came for --tick ms, time passed (spec section 7)", "ticks"),
     ("dqcep_repeated_events_total", "counter",
      "Events dropped for repeating the id of an earlier one", "duplicates"),
     ("dqcep_journal_records_lost_total", "counter",
@@ -44,8 +48,14 @@ METRICS = [
     ("dqcep_output_backlog_matches", "gauge",
      "Matches found and not yet written to the output (its writer thread's queue)",
      "output_backlog"),
-    ("dqcep_watermark_milliseconds", "gauge", "The engine's watermark (event time, ms)",
+    ("dqcep_watermark_milliseconds", "gauge",
+     "The engine's watermark (event time, ms): G - D, below it nothing is admitted",
      "watermark"),
+    ("dqcep_event_time_milliseconds", "gauge",
+     "G: the largest event time and tick time taken (ms)", "event_time"),
+    ("dqcep_watermark_lag_seconds", "gauge",
+     "How far the watermark is behind this machine's clock (a stalled feed grows it)",
+     "watermark_lag_s"),
     ("dqcep_query_stopped", "gauge", "1 for a query stopped by its partial-match budget",
      "stopped_by_query"),
     ("dqcep_budget_stops_total", "counter", "Queries stopped by their budget",
@@ -58,6 +68,7 @@ METRICS = [
      "When these figures were taken (Unix time; /status's time)", "time"),
 ]
 LABELS = {"matches_by_query": "query", "dead_letters": "reason", "state_bytes": "query",
+          "late_by_reason": "reason",
           "stopped_by_query": "query", "workers_up": "worker"}
 HISTOGRAM = ("dqcep_response_time_seconds",
              "From the arrival of the event that completed a match to its output, per "

@@ -86,6 +86,17 @@ class ResponseTimes:
             self.total[name].add(delays, unmeasured)
             self.recent[name].add(delays, unmeasured)
 
+    def observe_finalised(self, batch: MatchBatch, arrival: float, now: float) -> None:
+        """``batch``: matches a record without events of theirs made final (a tick),
+        handed to the output at ``now``; ``arrival``: when that record arrived (NaN
+        unknown): each is measured from it."""
+        for q, detected, _, _ in batch.parts:
+            name, n = batch.queries[q][0], len(detected)
+            known = not np.isnan(arrival)
+            delays = np.full(n if known else 0, max(0.0, now - arrival))
+            self.total[name].add(delays, 0 if known else n)
+            self.recent[name].add(delays, 0 if known else n)
+
     def rename(self, names: list[str]) -> None:
         """The queries measured from now on (a live change): a query that stays keeps
         its figures, a new one starts at none."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 
@@ -30,6 +31,39 @@ def stream_figures(*, names: list[str], events_in: int, stopped, error: str | No
             "budget_stops": len(stopped), "failing": int(error is not None),
             "query_count": len(names), "uptime_s": elapsed,
             "inputs": list(inputs), "state": state}
+
+
+SLOWEST_TIMELINES = 5  # the timelines /status names, the furthest behind first
+
+
+def time_figures(engine) -> dict:
+    """Spec section 7 as an operator sees it: G (``event_time``, the largest ts and
+    tick time taken), the watermark (G - D: below it nothing more is admitted), how far
+    the watermark lags this machine's clock, late events by reason, and with
+    ``--timeline`` the timelines furthest behind G (value, T(k), ms behind)."""
+    g, wm = engine.max_seen, engine.wm
+    out = {"event_time": g, "watermark": wm,
+           "watermark_lag_s": None if wm is None else round(time.time() - wm / 1000, 3),
+           "late_by_reason": engine.late_counts(), "slowest_timelines": []}
+    if engine.state.timeline is not None and g is not None:
+        kinds, vals, tmax = engine.state.timelines.arrays()
+        for i in np.argsort(tmax, kind="stable")[:SLOWEST_TIMELINES].tolist():
+            out["slowest_timelines"].append({
+                "timeline": _timeline_value(int(kinds[i]), float(vals[i]), engine),
+                "time": int(tmax[i]), "behind_ms": g - int(tmax[i])})
+    return out
+
+
+def _timeline_value(kind: int, value: float, engine):
+    """A timeline's value as the events carry it (None: they lack the attribute)."""
+    from dqcep.runtime.compile import KIND_BOOL, KIND_NUM, KIND_STR
+    if kind == KIND_STR:
+        return engine.dictionary.values[int(value)]
+    if kind == KIND_BOOL:
+        return bool(value)
+    if kind == KIND_NUM:
+        return int(value) if value.is_integer() else value
+    return None
 
 
 def query_entries(query_set, texts: dict[str, str], names: list[str]) -> list[dict]:

@@ -39,8 +39,12 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import numpy as np
+
 from dqcep._kernels.recent_ids import RecentIds
+from dqcep.runtime.compile import KIND_STR
 from dqcep.runtime.duplicates import RECENT_IDS, admit_bytes, recent_to_bytes
+from dqcep.core.admission import TICK_MS, AdmissionRule
 from dqcep.core.errors import UserError
 from dqcep.io.database import DatabaseTables, Progress, is_database
 from dqcep.io.checkpoint import CheckpointError, recovery_hint, write_checkpoint
@@ -63,8 +67,8 @@ from dqcep.service.http import LAST_MATCHES, PUBLISH_EVERY, Board, HttpAccess, H
 from dqcep.service.recovery import (CHECKPOINT_VERSION, SINKS, Sink, check_fresh_start,
                                     check_table, read_state)
 from dqcep.service.response import ResponseTimes, ServiceTimes
-from dqcep.service.stats import (query_entries, source_figures,
-                                 stream_figures, write_stats_file)
+from dqcep.service.stats import (query_entries, source_figures, stream_figures,
+                                 time_figures, write_stats_file)
 from dqcep.runtime import STATE_BUDGET
 from dqcep.runtime.adapt import AdaptiveEngine
 from dqcep.runtime.pipeline import Pipeline
@@ -88,7 +92,10 @@ class ServiceConfig:
     fmt: str | None = None            # payload format; None: each payload's own (detected)
     topic_map: TopicMap | None = None  # the --map file's rules: topics and payloads -> events
     max_future: int = MAX_FUTURE_MS   # ms an event's ts may be ahead of its arrival
-    lateness: int = 0
+    lateness: int = 0                 # spec section 7: L, D (None: L) and K ...
+    skew: int | None = None
+    timeline: str | None = None
+    tick: int = TICK_MS               # ... and a tick after this many ms of silence (0: off)
     checkpoint_every: float = 1.0
     stats_every: float = 10.0
     stats_file: str | None = None
@@ -112,6 +119,30 @@ class ServiceConfig:
                                       # query added live to workers: its control record)
     admission_at: int | None = None   # ... and the control record whose admission it
                                       # takes (``changes.Admission``) before it starts
+
+
+    @property
+    def admission_rule(self) -> AdmissionRule:
+        return AdmissionRule(self.lateness, self.skew, self.timeline)
+
+
+def timelines_out(engine) -> list:
+    """The engine's T(k) per timeline, strings as themselves (for ``changes.Admission``)."""
+    kinds, vals, tmax = engine.state.timelines.arrays()
+    strings = engine.dictionary.values
+    return [[k, strings[int(v)] if k == KIND_STR else v, t]
+            for k, v, t in zip(kinds.tolist(), vals.tolist(), tmax.tolist())]
+
+
+def timelines_in(engine, timelines: list) -> None:
+    """``timelines_out``'s list into this engine's timelines (its own string codes)."""
+    if not timelines:
+        return
+    kinds, vals, tmax = zip(*timelines)
+    codes = [float(engine.dictionary.code(v)) if k == KIND_STR else float(v)
+             for k, v in zip(kinds, vals)]
+    engine.state.timelines.add(np.asarray(kinds, np.int8), np.asarray(codes, np.float64),
+                               np.asarray(tmax, np.int64))
 
 
 def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
@@ -225,7 +256,7 @@ class StreamingService(JournalConsumer):
             rates = self._journal_rates()
         engine = AdaptiveEngine(
             query_set.queries, rates=rates, materialize=cfg.materialize,
-            schemas=query_set.schemas, tables=query_set.tables, lateness=cfg.lateness,
+            schemas=query_set.schemas, tables=query_set.tables, lateness=cfg.admission_rule,
             lookup_source=self.tables, budget=cfg.budget, adapt=cfg.adapt,
             constructions=(state or {}).get("constructions") or None,
             epochs=query_set.live_epochs, universe=universe)
@@ -276,7 +307,8 @@ class StreamingService(JournalConsumer):
         if self.returns is not None and state is not None and state.get("returns"):
             self.returns.restore(state["returns"])
         self.counts = {"payloads": 0, "events_in": 0, "matches_out": 0, "malformed": 0,
-                       "duplicates": 0, "late": 0, "journal_lost": 0, **self.counts}
+                       "duplicates": 0, "late": 0, "journal_lost": 0, "ticks": 0,
+                       **self.counts}
         self.decoder = engine.column_decoder()  # after restore, which replaces it
         self._loaded_at = time.monotonic()  # (``checkpoint_due`` before the first one)
         self._nothing_pending()
@@ -458,7 +490,7 @@ class StreamingService(JournalConsumer):
             return  # dead-lettered by the coordinator
         write_admission(self.cfg.journal, record.offset, Admission(
             self.engine.max_seen, self.engine.wm,
-            recent_to_bytes(self.recent)))
+            recent_to_bytes(self.recent), timelines_out(self.engine)))
 
     def _take_admission(self) -> bool:
         """A query added live to workers, before its first record: the admission its
@@ -468,6 +500,7 @@ class StreamingService(JournalConsumer):
         if found is None:
             return False
         self.engine.max_seen, self.engine.wm = found.max_seen, found.wm
+        timelines_in(self.engine, found.timelines)
         admit_bytes(self.recent, found.recent)
         self._admission_at = None
         return True
@@ -613,7 +646,7 @@ class StreamingService(JournalConsumer):
                  if not k.startswith((DEAD, MATCHES))}
         stopped = self.engine.stopped
         return {**plain, "lag_records": self.journal.durable_offset - self.offset,
-                "watermark": self.engine.wm, "error": self.error,
+                **time_figures(self.engine), "error": self.error,
                 "stopped": stopped,
                 "response": self.response.totals(histogram=True),
                 "service": self.service_times.totals(now),
@@ -694,6 +727,7 @@ class StreamingService(JournalConsumer):
                     failure = source.failure
                     break
                 now = time.monotonic()
+                ticks_before = self.counts.get("ticks", 0)
                 try:
                     n = self.timed_step(deadline=now + self.cfg.checkpoint_every)
                     now = time.monotonic()
@@ -709,12 +743,12 @@ class StreamingService(JournalConsumer):
                 if self.board is not None and now - last_publish >= PUBLISH_EVERY:
                     self.board.publish(self.status(source))
                     last_publish = now
-                if n:
+                if n > self.counts.get("ticks", 0) - ticks_before:  # not only ticks
                     last_input = now
                 elif self.cfg.until_idle is not None and \
                         now - last_input >= self.cfg.until_idle:
                     end_of_stream.set()
-                else:
+                elif source.tick_if_silent(self.cfg.tick) is None:
                     source.committed.wait(0.02)  # new records, or a look at stop
         finally:
             committed = source.stop()

@@ -345,14 +345,14 @@ def test_a_segment_closed_while_a_tail_lists_the_journal_is_not_lost(tmp_path, m
     assert [o for o, *_ in seen] == list(range(12, raced[0]))
 
 
-def blocks_and_records(directory, upto, start=0, max_records=7, stop_topic="stop",
+def blocks_and_records(directory, upto, start=0, max_records=7, stop_prefix="stop",
                        cache=None):
     """What a kernel consumer reads: blocks where ``block`` gives them, else one record
     from ``read``; as records, in order (``cache``: blocks shared with other tails)."""
     from dqcep.io.journal_tail import JournalTail
     tail, out = JournalTail(directory, start, cache), []
     while True:
-        block = tail.block(upto, max_records, stop_topic)
+        block = tail.block(upto, max_records, stop_prefix)
         if block is not None:
             assert block.first == tail.offset - block.count
             out += [block.record(i) for i in range(block.count)]
@@ -369,7 +369,7 @@ def test_blocks_read_what_records_read_around_damage_and_segment_ends(tmp_path, 
     from dqcep.io.journal import Refused
     j = Journal(tmp_path, segment_bytes=2048)
     for i in range(120):
-        topic = "stop" if i % 17 == 5 else f"t/{i % 3}"
+        topic = ("stop", "stop/tick")[i % 2] if i % 17 == 5 else f"t/{i % 3}"
         payload = Refused(1000 + i) if i % 13 == 4 else f"payload {i}".encode() * (1 + i % 5)
         j.append(topic, payload, None if i % 11 == 3 else 1_000_000 + i,
                  None if i % 7 == 2 else i % 65536)

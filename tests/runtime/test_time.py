@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from dqcep.baseline import SaseEngine
 from dqcep.baseline.reference import ReferenceMatcher
-from dqcep.core.admission import Admission, Tick
+from dqcep.core.admission import AdmissionRule, Tick
 from dqcep.core.errors import UserError
 from dqcep.core.events import Event
 from dqcep.lang import parse
@@ -112,7 +112,7 @@ def test_every_engine_admits_by_timeline_skew_and_ticks(records, lateness, extra
               Event(i + 1, r[0], r[1], {"p": r[2]} | ({} if r[3] is None else {"d": r[3]}))
               for i, r in enumerate(records)]
     skew = lateness + extra if extra or not by_device else lateness + 1
-    admission = Admission(lateness, skew, "d" if by_device else None)
+    admission = AdmissionRule(lateness, skew, "d" if by_device else None)
     qs = parse(f"QUERY q PATTERN {pattern}").queries
     reference = ReferenceMatcher(qs, lateness=admission)
     expected = sorted(m.events for m in reference.run(stream))
@@ -154,11 +154,11 @@ def _runs(records):
 
 def test_a_timeline_needs_a_skew_above_the_lateness():
     with pytest.raises(UserError, match="--timeline device needs --skew"):
-        Admission(1000, None, "device")
+        AdmissionRule(1000, None, "device")
     with pytest.raises(UserError, match="needs --skew above --lateness"):
-        Admission(1000, 1000, "device")
+        AdmissionRule(1000, 1000, "device")
     with pytest.raises(UserError, match="below --lateness"):
-        Admission(1000, 500)
+        AdmissionRule(1000, 500)
 
 
 def test_a_device_behind_keeps_its_in_order_readings_on_its_own_timeline():
@@ -170,9 +170,9 @@ def test_a_device_behind_keeps_its_in_order_readings_on_its_own_timeline():
     backlog = [Event(i, "T", 10_000 + i * 100, {"device": "ha", "v": i}) for i in range(1, 51)]
     sensor = [Event(100 + i, "T", 5_000 + i * 100, {"device": "shelly", "v": i})
               for i in range(1, 11)]
-    for admission, late in ((Admission(500, 11_000, "device"), {"lateness": 0, "skew": 0}),
-                            (Admission(500, 6000, "device"), {"lateness": 0, "skew": 10}),
-                            (Admission(500), {"lateness": 10, "skew": 0})):
+    for admission, late in ((AdmissionRule(500, 11_000, "device"), {"lateness": 0, "skew": 0}),
+                            (AdmissionRule(500, 6000, "device"), {"lateness": 0, "skew": 10}),
+                            (AdmissionRule(500), {"lateness": 10, "skew": 0})):
         for name, make in ENGINES.items():
             e = make(qs, admission)
             out = e.process(backlog).to_matches() + e.process(sensor).to_matches()

@@ -278,7 +278,11 @@ def test_metrics_are_the_status_and_dqcep_status_prints_them(http_service):
     assert one("dqcep_events_in_total") == s["events_in"]
     assert one("dqcep_payloads_total") == s["payloads"]
     assert one("dqcep_matches_out_total") == s["matches_out"] > 0
-    assert one("dqcep_late_events_total") == s["late"] > 0
+    assert {r: one("dqcep_late_events_total", reason=r) for r in s["late_by_reason"]} == \
+        s["late_by_reason"] and sum(s["late_by_reason"].values()) == s["late"] > 0
+    assert one("dqcep_ticks_total") == s["ticks"]
+    assert one("dqcep_watermark_milliseconds") == s["watermark"]
+    assert one("dqcep_event_time_milliseconds") == s["event_time"] > s["watermark"] - 1
     assert one("dqcep_repeated_events_total") == s["duplicates"] > 0
     assert one("dqcep_lag_records") == s["lag_records"] == 0
     assert one("dqcep_journal_bytes") == s["journal_bytes"] > 0
@@ -371,7 +375,9 @@ def test_the_live_page_shows_what_status_says(http_service):
         reasons = {r: cells[1] for r, cells in table_rows(browser, "#reasons tbody tr",
                                                           "data-reason")}
         assert reasons == {**{k: f"{v:,}" for k, v in s["dead_letters"].items()},
-                           "late": f"{s['late']:,}", "repeated": f"{s['duplicates']:,}"}
+                           "late": f"{s['late']:,}", "repeated": f"{s['duplicates']:,}",
+                           **{f"late-{k}": f"{v:,}" for k, v in s["late_by_reason"].items()}}
+        assert text("ticks") == f"{s['ticks']:,}"
         last = table_rows(browser, "#last-matches tbody tr", "data-query")
         assert len(last) == len(s["last_matches"]) > 0
         assert last[0][1][0] == s["last_matches"][-1]["query"]

@@ -273,13 +273,16 @@ def test_worker_options_are_checked(tmp_path, extra, message):
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
-def test_a_query_added_to_workers_admits_what_the_single_service_does(tmp_path):
+@pytest.mark.parametrize("timelines", [False, True], ids=["one-timeline", "by-device"])
+def test_a_query_added_to_workers_admits_what_the_single_service_does(tmp_path, timelines):
     """Issue 49 item 6: an event late by the records before a live add (and a repeat of
     an event id from before it) was left out by the single service and matched by the
     added query's worker consumer, which started at its control record knowing nothing
     of the stream before it: the same journal gave 1 match and 2. A running consumer
     writes the admission down at the record; the new one waits for it and starts from
-    it."""
+    it. By device (--timeline, spec section 7) the admission is each device's timeline
+    too: d1's Motion at 46 s is late on d1's timeline (T = 50 s), though the stream
+    admits d2's Door at 45 s."""
     from dqcep.io.journal import Journal, JournalView
     from dqcep.service.changes import CONTROL_TOPIC, control_record
     from dqcep.service.streaming import ServiceConfig, StreamingService
@@ -287,15 +290,18 @@ def test_a_query_added_to_workers_admits_what_the_single_service_does(tmp_path):
     (tmp_path / "q.cep").write_text("QUERY d PATTERN Door x WITHIN 1 s;\n")
     added = "QUERY later PATTERN SEQ(Door x, Motion y) WITHIN 10 s\n"
 
-    def ev(i, etype, ts):
-        return msgpack.packb({"events": [{"type": etype, "ts": ts, "id": i}]})
+    def ev(i, etype, ts, device="d1"):
+        return msgpack.packb({"events": [{"type": etype, "ts": ts, "id": i,
+                                          "device": device}]})
     journal = Journal(tmp_path / "journal")
     journal.append("s", ev(1, "Door", 50_000), 1)
     control = journal.append(CONTROL_TOPIC, control_record("add", text=added), 2)
-    for i, etype, ts in [(2, "Door", 1_000), (3, "Motion", 2_000),  # late by id 1
-                         (1, "Door", 50_000),                       # id 1 again
-                         (4, "Door", 55_000), (5, "Motion", 56_000), (6, "Door", 90_000)]:
-        journal.append("s", ev(i, etype, ts), 3)
+    stream = [(7, "Door", 45_000, "d2"), (3, "Motion", 46_000, "d1")] if timelines else \
+        [(2, "Door", 1_000, "d1"), (3, "Motion", 2_000, "d1")]  # late by id 1
+    for i, etype, ts, device in stream + [(1, "Door", 50_000, "d1"),  # id 1 again
+                                          (4, "Door", 55_000, "d1"), (5, "Motion", 56_000, "d1"),
+                                          (6, "Door", 90_000, "d1")]:
+        journal.append("s", ev(i, etype, ts, device), 3)
     journal.commit()
     end = journal.durable_offset
     journal.close()
@@ -303,7 +309,9 @@ def test_a_query_added_to_workers_admits_what_the_single_service_does(tmp_path):
                          journal=str(tmp_path / "journal"), checkpoint=str(tmp_path / "ck"),
                          output=str(tmp_path / "single.jsonl"),
                          dead_letter=str(tmp_path / "dead.jsonl"),
-                         late=str(tmp_path / "late.jsonl"), state=str(tmp_path / "state"))
+                         late=str(tmp_path / "late.jsonl"), state=str(tmp_path / "state"),
+                         **({"lateness": 1000, "skew": 10_000, "timeline": "device"}
+                            if timelines else {}))
 
     def later_matches(path):
         return sorted(tuple(json.loads(x)["events"].values()) for x in Path(path).read_text()
