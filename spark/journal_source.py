@@ -13,8 +13,8 @@ what it has not read.
 
 Rows have the batch source's columns (``dqcep.spark.source``): ``file_index`` is
 the segment's name, ``where`` is ``journal:offset N [event i]``, and
-``file_before`` is the largest ts of the events that came before the row in the
-whole journal — the engine's late rule needs that maximum, and a task only
+``file_before`` is the largest ts of the events (and ticks: a tick is a row with
+a ts and neither an event nor a reason) that came before the row in the whole journal — the engine's late rule needs that maximum, and a task only
 sees its own segment. So each task, after reading a segment, writes the
 running maximum through it to ``index/<name of the following segment>.max``
 (atomically); the driver hands the next segment's task the maximum stored
@@ -85,9 +85,9 @@ def read_segment(n: int, path: str, earlier, reader, index: str, after: int):
     out = _Batches(n, earlier)
     decoder = ColumnDecoder([], [], None)
     journal = str(Path(path).parent)
-    blocks = _record_blocks(path) if reader.map is not None else None
-    if blocks is not None:
-        yield from _mapped_blocks(blocks, out, decoder, reader, journal)
+    items = _record_blocks(path) if reader.map is not None else None
+    if items is not None:
+        yield from _mapped_blocks(items, out, decoder, reader, journal)
     else:
         for record in segment_items(path):
             _read_record(out, record, decoder, reader, journal)
@@ -103,28 +103,43 @@ EVENTS_BYTES = 4 << 20  # bytes of encoded events written before they become row
 
 
 def _record_blocks(path: str):
-    """The segment's records as ``RecordBlock``s, or None unless every byte of it is
-    an intact record in order (damage, gaps: the Python reader reports them)."""
-    from dqcep._kernels.journal_records import END, LIMIT, scan_records
+    """The segment's records as ``RecordBlock``s, and the service's own records (a tick)
+    each alone, in order; None unless every byte of it is an intact record in order
+    (damage, gaps: the Python reader reports them)."""
+    from dqcep._kernels.journal_records import END, LIMIT, STOP_TOPIC, scan_records
+    from dqcep.io.journal import SERVICE_TOPICS
     from dqcep.io.journal_tail import RecordBlock
     data = Path(path).read_bytes()
-    blocks, pos, offset = [], 0, int(Path(path).stem)
+    items, pos, offset = [], 0, int(Path(path).stem)
+    stop = SERVICE_TOPICS.encode()
     while pos < len(data):
         spans = np.empty((BLOCK_RECORDS, 6), np.int64)
-        end, count, why = scan_records(data, pos, offset, BLOCK_RECORDS, b"", spans)
-        if not count or why not in (END, LIMIT) or (why == END and end != len(data)):
+        end, count, why = scan_records(data, pos, offset, BLOCK_RECORDS, stop, spans)
+        if count:
+            items.append(RecordBlock(data, offset, spans[:count]))
+            pos, offset = end, offset + count
+        if why == STOP_TOPIC:  # one record of the service's own, read by the scanner
+            one = np.empty((1, 6), np.int64)
+            end, count, _ = scan_records(data, pos, offset, 1, b"", one)
+            if count != 1:
+                return None
+            items.append(RecordBlock(data, offset, one).record(0))
+            pos, offset = end, offset + 1
+        elif not count or why not in (END, LIMIT) or (why == END and end != len(data)):
             return None
-        blocks.append(RecordBlock(data, offset, spans[:count]))
-        pos, offset = end, offset + count
-    return blocks
+    return items
 
 
 def _mapped_blocks(blocks, out, decoder, reader, journal: str):
     from dqcep._kernels.map_decode import FULL
+    from dqcep.io.journal_tail import RecordBlock
     from dqcep.io.mapping import MappedColumns
     mapped = MappedColumns(reader.map, decoder, [], [])
     events = np.empty(EVENTS_BYTES, np.uint8)
     for block in blocks:
+        if not isinstance(block, RecordBlock):  # a tick
+            _read_record(out, block, decoder, reader, journal)
+            continue
         ends = np.zeros(block.count, np.int64)
         ids, ts = np.zeros(block.count, np.int64), np.zeros(block.count, np.int64)
         lo = 0
@@ -147,12 +162,19 @@ def _mapped_blocks(blocks, out, decoder, reader, journal: str):
 def _read_record(out, record, decoder, reader, journal: str) -> None:
     """One record into ``out`` as the streaming service reads it."""
     from dqcep.io.ingest import ahead_rows
-    from dqcep.io.journal import Gap
+    from dqcep.io.journal import TICK_TOPIC, Gap, tick_time
     from dqcep.io.payloads import MAX_PAYLOAD
     payload = record.payload
     prefix = f"{journal}:offset {record.offset}"
     if isinstance(payload, Gap):  # damaged records: reported where they were
         out.bad(prefix, f"{payload.count} journal record(s) lost: {payload.reason}")
+        return
+    if record.topic == TICK_TOPIC:  # time passes (spec section 7): G moves, no event
+        at = tick_time(payload)
+        if at is None:
+            out.bad(prefix, "a tick record without a time")
+        else:
+            out.tick(prefix, at)
         return
     if reader.event_payloads and isinstance(payload, bytes) and \
             len(payload) <= MAX_PAYLOAD and decoder.decode(payload) >= 0:

@@ -57,7 +57,7 @@ class _Batches:
 
     def _reset(self):
         self.where, self.reason = [], []
-        self.ids, self.ts, self.valid = [], [], []
+        self.ids, self.ts, self.valid, self.timed = [], [], [], []
         self.data, self.offsets, self.size = [], [0], 0
         self.rows = 0
 
@@ -75,6 +75,11 @@ class _Batches:
     def bad(self, where: str, reason: str) -> None:
         self._rows([where], [reason], [0], [0], [False], b"", [0])
 
+    def tick(self, where: str, at: int) -> None:
+        """A journal's tick (spec section 7): a row with its time as ts, no event and
+        no reason; later rows count it in ``file_before``."""
+        self._rows([where], [None], [0], [at], [False], b"", [0], timed=True)
+
     def record(self, prefix: str, payload: bytes, ids, ts, spans) -> None:
         """The n events of one well-formed record (``ColumnDecoder`` output)."""
         if not len(ids):
@@ -89,12 +94,13 @@ class _Batches:
             [f"{prefix} event {i}" for i in range(len(ids))]
         self._rows(where, [None] * len(ids), ids, ts, [True] * len(ids), region, lengths)
 
-    def _rows(self, where, reason, ids, ts, valid, blob, lengths) -> None:
+    def _rows(self, where, reason, ids, ts, valid, blob, lengths, timed=False) -> None:
         self.where += where
         self.reason += reason
         self.ids.append(np.asarray(ids, np.int64))
         self.ts.append(np.asarray(ts, np.int64))
         self.valid.append(np.asarray(valid, bool))
+        self.timed.append(np.full(len(where), timed))
         self.data.append(blob)
         ends = self.size + np.cumsum(np.asarray(lengths, np.int64))
         self.offsets.append(ends)
@@ -129,8 +135,10 @@ class _Batches:
 
     def take(self):
         pa, n = self.pa, self.rows
-        ids, ts, valid = (np.concatenate(x) for x in (self.ids, self.ts, self.valid))
-        before = self._before(np.where(valid, ts, _MIN))
+        ids, ts, valid, timed = (np.concatenate(x) for x in (self.ids, self.ts, self.valid,
+                                                             self.timed))
+        timed |= valid  # rows with a time: events and ticks
+        before = self._before(np.where(timed, ts, _MIN))
         known = before != _MIN
         offsets = np.concatenate([np.zeros(1, np.int64)] + self.offsets[1:]).astype(np.int32)
         events = pa.Array.from_buffers(pa.binary(), n, [
@@ -140,7 +148,7 @@ class _Batches:
             pa.array(np.full(n, self.index, np.int64)),
             pa.array(np.arange(self.seq, self.seq + n, dtype=np.int64)),
             pa.array(self.where, pa.string()),
-            pa.array(ids, mask=~valid), pa.array(ts, mask=~valid),
+            pa.array(ids, mask=~valid), pa.array(ts, mask=~timed),
             pa.array(before, mask=~known), events,
             pa.array(self.reason, pa.string())], names=NAMES)
         self.seq += n

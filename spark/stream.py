@@ -72,10 +72,11 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
                 reason[rows[bad]] = [why for _, _, why in found]
                 df = df.assign(reason=reason)
         dead = df["reason"].notna()
-        late = ~dead.to_numpy() & late_flags(df["file_before"], df["ts"], lateness)
+        tick = df["event"].isna().to_numpy() & ~dead.to_numpy()  # only moves the clock
+        late = ~dead.to_numpy() & ~tick & late_flags(df["file_before"], df["ts"], lateness)
         out = [df[dead].assign(group=GROUP_DEAD, part=0),
                df[late].assign(group=GROUP_LATE, part=0)]
-        events, n_needed = df[~dead & ~late], 0
+        events, n_needed = df[~dead & ~late & ~tick], 0
         if len(events):
             cols = event_columns(engine, events["event"].tolist())
             needed = engine.needed(cols)

@@ -245,6 +245,7 @@ class JournalConsumer:
                 cols, record = cols.take(~ahead), record[~ahead]
         events = pending.events() if self.returns is not None else None
         end = pending.last_offset
+        before = self.engine.max_seen  # G before the batch: what it made final
         out = self._run(cols, end, events)
         if out.matches is not None:
             cols = out.events
@@ -252,7 +253,8 @@ class JournalConsumer:
                 record = record[out.kept]
             if len(out.matches) and self.arrivals is not None:
                 self.response.observe(out.matches, cols.id,
-                                      self.arrivals.at(pending.offsets())[record], time.time())
+                                      self.arrivals.at(pending.offsets())[record], time.time(),
+                                      cols.ts, before, self.engine.state.tolerance)
             self._misdeclared(out.refused, lambda event_id: pending.record(
                 int(record[np.flatnonzero(cols.id == event_id)[0]]))[0].offset)
             self._stopped(out.stopped, end)
@@ -390,7 +392,7 @@ class JournalConsumer:
                 if self.arrivals is not None:
                     self.response.observe_finalised(out.matches,
                                                     self.arrivals.of(record.offset),
-                                                    time.time())
+                                                    time.time(), at)
         self.counts["ticks"] = self.counts.get("ticks", 0) + 1
         self.offset = record.offset + 1
 

@@ -1,13 +1,16 @@
 """Measured response times: per query, from the arrival of the event that completed a
-match to the match's output.
+match, or of the record that made it final, to the match's output.
 
 A match is completed by its latest-arriving event (a bound event or the last element
 of a Kleene list). Its response time is the wall-clock time the service handed it to
 its output minus the time the MQTT payload holding that event arrived (before the
-journal, so the journal's commit is part of it). Matches none of whose events are in
-the batch that emitted them (held for a trailing NOT or released by the watermark
-later) and events whose arrival is unknown (a replay after a restart) are counted as
-``unmeasured``, not guessed.
+journal, so the journal's commit is part of it). A match none of whose events is in
+the batch that emitted it was held (for --lateness/--skew, a trailing NOT, a policy)
+and made final by the batch: it is measured from the arrival of the record that did
+that (the first event that took G to its ``detected_at`` + D, or a tick), with the
+event time it was held for beside (``held``, ``held_mean_ms``). Matches whose record
+arrived at an unknown time (a replay after a restart) or that an end of stream
+released are counted as ``unmeasured``, not guessed.
 
 The work per batch is a hash table of its events' ids and one pass of a kernel per
 query over its matches' candidates (``dqcep._kernels.arrivals``): no Python work per
@@ -31,11 +34,18 @@ class Tally:
     """Count, sum, maximum and histogram of response times (s), and matches not
     measured."""
 
-    __slots__ = ("count", "total", "longest", "unmeasured", "buckets")
+    __slots__ = ("count", "total", "longest", "unmeasured", "buckets", "held_count",
+                 "held_total")
 
     def __init__(self):
         self.count, self.total, self.longest, self.unmeasured = 0, 0.0, 0.0, 0
         self.buckets = np.zeros(len(BUCKETS) + 1, np.int64)  # per bucket, not cumulative
+        self.held_count, self.held_total = 0, 0.0  # matches held, event-time ms they waited
+
+    def add_held(self, held_ms: np.ndarray) -> None:
+        if len(held_ms):
+            self.held_count += len(held_ms)
+            self.held_total += float(held_ms.sum())
 
     def add(self, delays: np.ndarray, unmeasured: int) -> None:
         if len(delays):
@@ -50,7 +60,10 @@ class Tally:
     def as_dict(self, histogram: bool = False) -> dict:
         out = {"matches": self.count, "unmeasured": self.unmeasured,
                "mean_ms": round(1e3 * self.total / self.count, 3) if self.count else None,
-               "max_ms": round(1e3 * self.longest, 3) if self.count else None}
+               "max_ms": round(1e3 * self.longest, 3) if self.count else None,
+               "held": self.held_count,
+               "held_mean_ms": round(self.held_total / self.held_count, 3)
+               if self.held_count else None}
         if histogram:  # le None: +Inf
             out["histogram"] = {"le": [*BUCKETS, None],
                                 "cumulative": np.cumsum(self.buckets).tolist(),
@@ -67,9 +80,18 @@ class ResponseTimes:
         self.recent = {n: Tally() for n in self.names}
 
     def observe(self, batch: MatchBatch, ids: np.ndarray, arrival: np.ndarray,
-                now: float) -> None:
+                now: float, ts: np.ndarray | None = None, before: int | None = None,
+                tolerance: int = 0) -> None:
         """``batch``: the matches a batch of events (ids ``ids``) emitted, handed to the
-        output at ``now``; ``arrival[i]`` when event ``ids[i]`` arrived (NaN unknown)."""
+        output at ``now``; ``arrival[i]`` when event ``ids[i]`` arrived (NaN unknown).
+
+        A match none of whose events is in the batch was held (by the reorder buffer
+        for ``--lateness``/``--skew``, a trailing NOT, a policy) and came out because
+        the batch moved the engine's time: given the batch's ``ts`` (arrival order),
+        G ``before`` it and the engine's D (``tolerance``), it is measured from the
+        arrival of the first event that took G to ``detected_at + D`` (the record
+        that made it final, spec section 7); ``held_ms`` is how far event time moved
+        past ``detected_at`` by then."""
         if not len(batch):
             return
         # matches far outnumber a batch's events (10 example queries: 45 a message):
@@ -77,25 +99,43 @@ class ResponseTimes:
         # (a kernel); sorting them (np.unique) was a third of the service's thread
         index = ArrivalIndex(np.ascontiguousarray(ids, np.int64),
                              np.ascontiguousarray(arrival, np.float64))
-        for q, _, ids_, lists in batch.parts:
+        g = None
+        if ts is not None and len(ts):
+            g = np.maximum.accumulate(ts)  # G after each event of the batch
+            if before is not None:
+                np.maximum(g, before, out=g)
+        for q, detected, ids_, lists in batch.parts:
             latest = index.latest(np.ascontiguousarray(_candidates(ids_, lists), np.int64))
             measured = latest > -np.inf
-            delays = now - latest[measured]
+            delays, held = now - latest[measured], np.zeros(0)
+            if g is not None and not measured.all():  # finalised by an event of the batch
+                due = detected[~measured] + tolerance
+                row = np.searchsorted(g, due, side="left")
+                found = row < len(g)
+                at = arrival[row[found]]
+                known = ~np.isnan(at)
+                delays = np.concatenate([delays, now - at[known]])
+                held = (g[row[found]] - detected[~measured][found])[known].astype(np.float64)
+                measured[np.flatnonzero(~measured)[found][known]] = True
             name = batch.queries[q][0]
             unmeasured = int(len(latest) - measured.sum())
-            self.total[name].add(delays, unmeasured)
-            self.recent[name].add(delays, unmeasured)
+            for tally in (self.total[name], self.recent[name]):
+                tally.add(delays, unmeasured)
+                tally.add_held(held)
 
-    def observe_finalised(self, batch: MatchBatch, arrival: float, now: float) -> None:
-        """``batch``: matches a record without events of theirs made final (a tick),
-        handed to the output at ``now``; ``arrival``: when that record arrived (NaN
-        unknown): each is measured from it."""
+    def observe_finalised(self, batch: MatchBatch, arrival: float, now: float,
+                          at: int) -> None:
+        """``batch``: matches a record without events made final (a tick at time
+        ``at``), handed to the output at ``now``; ``arrival``: when that record
+        arrived (NaN unknown): each is measured from it, held ``at - detected_at``."""
         for q, detected, _, _ in batch.parts:
             name, n = batch.queries[q][0], len(detected)
             known = not np.isnan(arrival)
             delays = np.full(n if known else 0, max(0.0, now - arrival))
-            self.total[name].add(delays, 0 if known else n)
-            self.recent[name].add(delays, 0 if known else n)
+            for tally in (self.total[name], self.recent[name]):
+                tally.add(delays, 0 if known else n)
+                if known:
+                    tally.add_held((at - detected).astype(np.float64))
 
     def rename(self, names: list[str]) -> None:
         """The queries measured from now on (a live change): a query that stays keeps

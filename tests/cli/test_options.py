@@ -86,15 +86,17 @@ def test_calibration_file_fields(capsys, capacity_files, tmp_path_factory, field
 
 @settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lateness=HOSTILE, chunk=HOSTILE, budget=HOSTILE)
-def test_run_options(capsys, tmp_path_factory, lateness, chunk, budget):
+@given(lateness=HOSTILE, chunk=HOSTILE, budget=HOSTILE, skew=HOSTILE,
+       timeline=st.sampled_from([None, "device", "", "ts", "x y"]))
+def test_run_options(capsys, tmp_path_factory, lateness, chunk, budget, skew, timeline):
     d = tmp_path_factory.mktemp("run")
     (d / "q.cep").write_text("QUERY a PATTERN SEQ(A x, B y) WITHIN 1 s")
     (d / "e.jsonl").write_text('{"id": 1, "type": "A", "ts": 1}\n'
                                '{"id": 2, "type": "B", "ts": 2}\n')
     code, out, err = run(capsys, ["run", d / "q.cep", "--input", d / "e.jsonl", "--lateness",
                                   lateness, "--chunk-size", chunk, "--max-partial-matches",
-                                  budget])
+                                  budget, "--skew", skew,
+                                  *(["--timeline", timeline] if timeline is not None else [])])
     one_line_or_fine(code, out, err)
 
 
@@ -117,6 +119,20 @@ def test_spark_options_are_checked_before_spark_starts(capsys, tmp_path_factory,
                                   "--output", d / "out", "--checkpoint", d / "ck", "--trigger",
                                   trigger, "--master", master])
     one_line_or_fine(code, out, err, (2,))
+
+
+def test_the_spark_jobs_refuse_timelines_before_spark_starts(capsys, tmp_path):
+    (tmp_path / "q.cep").write_text("QUERY a PATTERN SEQ(A x, B y) WITHIN 1 s")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "e.jsonl").write_text('{"id": 1, "type": "A", "ts": 1}\n')
+    for job in (["spark", "run", tmp_path / "q.cep", "--input", tmp_path / "in", "--output",
+                 tmp_path / "out"],
+                ["spark", "stream", tmp_path / "q.cep", "--input", tmp_path / "in",
+                 "--output", tmp_path / "out", "--checkpoint", tmp_path / "ck"]):
+        for extra, said in ((["--timeline", "device", "--skew", "5000"], "--timeline"),
+                            (["--skew", "5000"], "--skew")):
+            code, out, err = run(capsys, [*job, *extra])
+            assert code == 2 and f"{said} is not supported by the Spark jobs yet" in err, err
 
 
 @settings(max_examples=examples(60), deadline=None,

@@ -27,13 +27,40 @@ def test_the_latest_arriving_event_of_a_match_sets_its_response_time():
     rt = ResponseTimes(["a", "b", "c"])
     rt.observe(batch, batch_ids, arrival, now=4.0)
     got = rt.totals()
-    assert got["a"] == {"matches": 2, "unmeasured": 1, "mean_ms": 1750.0, "max_ms": 2000.0}
-    assert got["b"] == {"matches": 2, "unmeasured": 0, "mean_ms": 2250.0, "max_ms": 3000.0}
-    assert got["c"] == {"matches": 0, "unmeasured": 0, "mean_ms": None, "max_ms": None}
+    none_held = {"held": 0, "held_mean_ms": None}
+    assert got["a"] == {"matches": 2, "unmeasured": 1, "mean_ms": 1750.0, "max_ms": 2000.0,
+                        **none_held}
+    assert got["b"] == {"matches": 2, "unmeasured": 0, "mean_ms": 2250.0, "max_ms": 3000.0,
+                        **none_held}
+    assert got["c"] == {"matches": 0, "unmeasured": 0, "mean_ms": None, "max_ms": None,
+                        **none_held}
     assert rt.take_recent()["a"]["matches"] == 2
     assert rt.take_recent()["a"]["matches"] == 0  # a new period
     rt.observe(batch, batch_ids, arrival, now=5.0)
     assert rt.totals()["a"]["matches"] == 4 and rt.take_recent()["a"]["mean_ms"] == 2750.0
+
+
+def test_a_held_match_is_measured_from_the_record_that_made_it_final():
+    """Spec section 7: a match held (its events in earlier batches: the reorder buffer,
+    a trailing NOT) comes out because an event of this batch took G to its
+    detected_at + D; it is measured from that event's arrival, and held for the event
+    time G moved past detected_at by then. A tick does the same for what it makes
+    final. Nothing took G far enough: unmeasured (an end of stream released it)."""
+    batch_ids = np.array([21, 22, 23], np.int64)
+    ts = np.array([100, 2000, 5000], np.int64)       # G before the batch: 50
+    arrival = np.array([1.0, 2.0, 3.0])
+    batch = MatchBatch((("a", ("x",)),))
+    batch.parts.append((0, np.array([1200, 900, 9000], np.int64), ids([5], [6], [7]), None))
+    rt = ResponseTimes(["a"])
+    rt.observe(batch, batch_ids, arrival, now=4.0, ts=ts, before=50, tolerance=1000)
+    # 1200 + 1000 first reached by ts 5000 (arrived 3.0), 900 + 1000 by 2000 (2.0)
+    assert rt.totals()["a"] == {"matches": 2, "unmeasured": 1, "mean_ms": 1500.0,
+                                "max_ms": 2000.0, "held": 2,
+                                "held_mean_ms": ((5000 - 1200) + (2000 - 900)) / 2}
+    ticked = MatchBatch((("a", ("x",)),))
+    ticked.parts.append((0, np.array([9000], np.int64), ids([7]), None))
+    rt.observe_finalised(ticked, 3.5, now=4.0, at=10_500)
+    assert rt.totals()["a"]["matches"] == 3 and rt.totals()["a"]["held"] == 3
 
 
 def test_arrival_times_forget_offsets_older_than_the_ring():

@@ -62,6 +62,10 @@ def test_a_door_left_open_in_a_silent_building_alerts_once_it_is_final(
         time.sleep(2 * TICK / 1000)  # more ticks: nothing more
         assert len(lines_of(out)) == 1
         assert svc.stats()["ticks"] >= 1
+        # measured from the tick's arrival, held W + D or more in event time
+        response = svc.stats()["response"]["left_open"]
+        assert response["matches"] == 1 and response["held"] == 1, response
+        assert response["held_mean_ms"] > D and response["max_ms"] < 1000 + TICK
     finally:
         svc.finish()
     assert len(lines_of(out)) == 1

@@ -14,6 +14,7 @@ import pytest
 from dqcep.io.mapping import TopicMap
 from dqcep.io.readers import read_events
 from dqcep.lang import parse
+from dqcep.baseline.reference import ReferenceMatcher
 from tests.support.examples import examples
 from tests.support.workloads import (FORCED_DOOR_EVENTS, FORCED_DOOR_MATCHES, MISDECLARED_EVENTS,
                                      MISDECLARED_QUERY, SECTION5)
@@ -816,3 +817,49 @@ def test_a_task_over_the_budget_fails_the_job_with_the_line(spark, tmp_path):
             run_batch(spark, RUNAWAY_QUERIES, [str(path)], str(tmp_path / "out"), partitions=2,
                       budget=4096)
 
+
+
+def test_stream_job_takes_the_journals_ticks_as_the_service_does(spark, tmp_path):
+    """Spec section 7's ticks in a journal: the service and `dqcep spark stream` over
+    the same journal give the same rows, and the reference's. door-3 opens at 1 s; a
+    tick at 20 s makes its alert final (lateness 1 s), so door-3's close at 5 s that
+    comes after it is late: without the tick it would be admitted and block the alert."""
+    import msgpack
+
+    from dqcep.core.admission import Tick
+    from dqcep.core.events import Event
+    from dqcep.io.journal import TICK_TOPIC, Journal, tick_payload
+    from dqcep.spark.stream import run_stream
+    from tests.support.journal_service import config, finish, lines
+
+    text = ("QUERY left_open PATTERN SEQ(Door o, NOT Door c) WHERE o.open = true AND "
+            "c.open = false AND c.device = o.device WITHIN 8 s")
+    queries = tmp_path / "doors.cep"
+    queries.write_text(text)
+    records = [Event(1, "Door", 1000, {"device": "d3", "open": True}), Tick(20_000),
+               Event(2, "Door", 5000, {"device": "d3", "open": False}),
+               Event(3, "Door", 19_500, {"device": "d4", "open": True}),
+               Event(4, "Door", 21_000, {"device": "d4", "open": False}), Tick(40_000),
+               Event(5, "Door", 40_500, {"device": "d5", "open": True})]
+    journal = Journal(tmp_path / "journal", segment_bytes=120, fsync="never")
+    for r in records:
+        if isinstance(r, Tick):
+            journal.append(TICK_TOPIC, tick_payload(r.at))
+        else:
+            journal.append("t", msgpack.packb(r.as_mapping()))
+        journal.commit()
+    journal.close()
+    reference = ReferenceMatcher(parse(text).queries, lateness=1000)
+    want = {json.dumps(m.to_json_obj()) for m in reference.run(records)}
+    assert len(want) == 2 and reference.late_ids == [2]
+    run_stream(spark, text, str(tmp_path / "journal"), str(tmp_path / "out"),
+               str(tmp_path / "ck"), partitions=2, lateness=1000, until_idle=True,
+               trigger_seconds=0.5)
+    assert set(stream_lines(tmp_path / "out")) == want
+    assert [json.loads(x)["event"]["id"] for x in stream_lines(tmp_path / "out", "late")] \
+        == [2]
+    # (the service last: it deletes the closed segments it has checkpointed past)
+    svc = finish(config(tmp_path, fmt=None, lateness=1000, queries=queries))
+    assert {json.dumps(m) for m in lines(Path(svc.cfg.output))} == want
+    assert [e["event"]["id"] for e in lines(Path(svc.cfg.late))] == [2]
+    assert svc.counts["ticks"] == 2
