@@ -50,6 +50,16 @@ def late_rule(before: np.ndarray, ts: np.ndarray, lateness: int) -> np.ndarray:
     return (before > ts) & (gap > np.uint64(lateness))
 
 
+def in_ts_order(cols: tuple) -> tuple:
+    """Columns (ts first) in ts order, arrival order among equal ts: a run of the reorder
+    buffer (the same columns when they are in order already)."""
+    ts = cols[0]
+    if len(ts) > 1 and (ts[1:] < ts[:-1]).any():
+        order = np.argsort(ts, kind="stable")
+        return tuple(c[order] for c in cols)
+    return cols
+
+
 NO_TIME = int(np.iinfo(np.int64).min)  # no G yet, no watermark (for the kernel)
 _ONE_TIMELINE = (np.empty(0, np.int8), np.empty(0, np.float64))  # no --timeline
 
@@ -446,8 +456,12 @@ class EventTimeEngine:
                 self._count_late(cols[1][late], why[late])
                 cols = tuple(c[~late] for c in cols)
             if len(cols[0]):
-                self.state.buffer.append(cols)
+                run = in_ts_order(cols)
+                self.state.buffer.append(run)
                 out += self._release(self.max_seen - self.state.tolerance)
+                buffer = self.state.buffer
+                if buffer and run is cols and np.may_share_memory(buffer[-1][0], cols[0]):
+                    buffer[-1] = tuple(c.copy() for c in buffer[-1])  # not the caller's
         if len(self.dictionary) > self.state.sweep_at:
             self._sweep_strings()
         return out
@@ -560,26 +574,31 @@ class EventTimeEngine:
         """Process buffered events with ts <= upto (all when None), in ts order; the
         engine's time is then ``upto``: no event below it can come any more (the late
         rule), so what that makes final comes out now, not with a later event
-        (spec section 7, output by finality)."""
-        if not self.state.buffer:
-            return self._time_moves(upto)
+        (spec section 7, output by finality).
+
+        The reorder buffer is a list of runs, one per batch, each in ts order (arrival
+        order among equal ts, ``in_ts_order``): a release takes the prefix of each run
+        up to ``upto`` and merges only those; the rest of each run stays where it is.
+        With a long --skew most of the buffer waits through many batches: it is
+        neither copied nor sorted again for each."""
         buffer = self.state.buffer
-        # in ts order, arrival order among equal ts; most batches come in order: then
-        # one batch is taken as it is (its rest copied below, not kept as the caller's)
-        if len(buffer) == 1:
-            cols, copied = buffer[0], False
-        else:
-            cols, copied = tuple(np.concatenate([b[i] for b in buffer]) for i in range(5)), True
-        arrived = cols[0]
-        if len(arrived) > 1 and (arrived[1:] < arrived[:-1]).any():
-            order = np.argsort(arrived, kind="stable")
-            cols, copied = tuple(c[order] for c in cols), True
-        n = len(arrived)
-        cut = n if upto is None else int(np.searchsorted(cols[0], upto, "right"))
-        self.state.buffer = [tuple(c[cut:] if copied else c[cut:].copy() for c in cols)] \
-            if cut < n else []
-        if cut == 0:
+        if not buffer:
             return self._time_moves(upto)
+        cuts = [len(run[0]) if upto is None else int(np.searchsorted(run[0], upto, "right"))
+                for run in buffer]
+        if not any(cuts):
+            return self._time_moves(upto)
+        taken = [tuple(c[:k] for c in run) for run, k in zip(buffer, cuts) if k]
+        self.state.buffer = [tuple(c[k:] for c in run) for run, k in zip(buffer, cuts)
+                             if k < len(run[0])]
+        if len(taken) == 1:
+            cols = taken[0]
+        else:  # runs in arrival order: a stable sort keeps it among equal ts
+            cols = tuple(np.concatenate([t[i] for t in taken]) for i in range(5))
+            if (cols[0][1:] < cols[0][:-1]).any():
+                order = np.argsort(cols[0], kind="stable")
+                cols = tuple(c[order] for c in cols)
+        cut = len(cols[0])
         # in slices of RELEASE_SLICE events, the watermark moved after each: what one
         # slice adds to the state is evicted as a slice would be, however many events
         # a batch brings (the budget bounds the window's state, not the batch's)

@@ -24,7 +24,7 @@ from dqcep.core.admission import AdmissionRule
 from dqcep.core.errors import UserError
 from dqcep.lang import ast
 from dqcep.runtime.compile import StringDictionary
-from dqcep.runtime.eventtime import NOTHING_WAITING, TimeState
+from dqcep.runtime.eventtime import NOTHING_WAITING, TimeState, in_ts_order
 from dqcep.runtime.policy import PolicyState
 
 SNAPSHOT_MAGIC = b"DQCEPSNP"
@@ -279,7 +279,8 @@ class EngineState(TimeState):
         base, ts, ids, val, kind, *types = body["store"]  # no types: a snapshot before them
         state.store.load(base, view(ts), view(ids), view(val), view(kind),
                          view(types[0]) if types else None)
-        state.buffer = [tuple(arr(c) for c in b) for b in body["buffer"]]
+        # runs in ts order (a snapshot before the runs kept batches as they came)
+        state.buffer = [in_ts_order(tuple(arr(c) for c in b)) for b in body["buffer"]]
         for side, queues in (("left", state.left_q), ("right", state.right_q)):
             for v_str, (evicted, s, e, k, ids_) in body[side].items():
                 queues[int(v_str)].load(evicted, view(s), view(e), view(k),
