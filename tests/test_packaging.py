@@ -25,11 +25,13 @@ LIBRARY = {
     "dqcep.core.events": set(),
     "dqcep.core.batch": {"dqcep.core.events"},
     "dqcep.core.tables": {"dqcep.core.events"},  # lookup tables' snapshots: data, like events
+    "dqcep.core.admission": {"dqcep.core.errors"},  # spec section 7's parameters and ticks
     "dqcep._kernels": set(),
     "dqcep.lang": {"dqcep.core.errors"},
     "dqcep.plan": {"dqcep.lang", "dqcep.core.errors", "dqcep._kernels"},  # the bytecode's opcodes
     "dqcep.runtime": {"dqcep.plan", "dqcep.lang", "dqcep._kernels", "dqcep.core.batch",
-                      "dqcep.core.errors", "dqcep.core.events", "dqcep.core.tables"},
+                      "dqcep.core.errors", "dqcep.core.events", "dqcep.core.tables",
+                      "dqcep.core.admission"},
     "dqcep.io": {"dqcep._kernels", "dqcep.core.batch", "dqcep.core.errors", "dqcep.core.events",
                  "dqcep.core.tables"},
 }
