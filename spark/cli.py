@@ -79,7 +79,7 @@ def cmd_spark_run(args) -> int:
 
     _native_queries(parse_file(args.queries))  # positioned errors, missing inputs, a full
     check_batch_paths(args.input, args.output, args.overwrite)  # all before Spark starts
-    _one_timeline(args, "run")
+    _admission(args, "run")
     _require_spark()
     from dqcep.spark.batch import run_batch
     from dqcep.spark.session import spark_session
@@ -119,15 +119,17 @@ def _progress(command: str):
     return say
 
 
-def _one_timeline(args, command: str) -> None:
-    """The Spark jobs admit by one timeline and --lateness (spec section 7 without K
-    and D); the rest is refused before Spark starts."""
-    given = "--timeline" if args.timeline is not None else \
-        "--skew" if args.skew is not None and args.skew != args.lateness else None
-    if given:
-        raise UserError(f"dqcep spark {command}: {given} is not supported by the Spark "
-                        "jobs yet; per-device timelines and a skew tolerance run in dqcep "
-                        "run and its streaming service (docs/streaming.md)")
+def _admission(args, command: str):
+    """The job's ``AdmissionRule`` (spec section 7), checked before Spark starts. The
+    batch job reads files, which have no ticks: with one timeline the skew test adds
+    nothing there, and per-device timelines are the streaming job's and dqcep run's."""
+    from dqcep.cli.common import admission_rule_of
+    rule = admission_rule_of(args)
+    if command == "run" and rule.timeline is not None:
+        raise UserError("dqcep spark run: --timeline is not supported by the batch job "
+                        "yet; per-device timelines run in dqcep spark stream, dqcep run "
+                        "and its streaming service (docs/spark.md)")
+    return rule
 
 
 def _summary(command: str, stats, output: str) -> None:
@@ -142,7 +144,7 @@ def cmd_spark_stream(args) -> int:
 
     _native_queries(parse_file(args.queries))  # positioned errors and a missing journal
     # before Spark starts
-    _one_timeline(args, "stream")
+    rule = _admission(args, "stream")
     if not Path(args.input).is_dir():
         raise UserError(f"no journal directory at {args.input}")
     from dqcep.io.mapping import TopicMap
@@ -158,7 +160,7 @@ def cmd_spark_stream(args) -> int:
     try:
         with _executor_errors():
             query = run_stream(spark, text, args.input, args.output, args.checkpoint,
-                               partitions=args.partitions, lateness=args.lateness,
+                               partitions=args.partitions, lateness=rule,
                                fmt=args.format, strategy=args.partitioning,
                                topic_map=topic_map, max_future=args.max_future,
                                slice_ms=args.slice_ms, trigger_seconds=args.trigger,
@@ -239,10 +241,12 @@ def add_spark_parser(sub, parser_class) -> None:
     run.add_argument("--format", choices=FORMATS,
                      help="input format (default: from each file's extension)")
     run.add_argument("--skew", type=MILLISECONDS.option, metavar="MS",
-                        help="not in the Spark jobs yet: see --timeline")
+                        help="how far a timeline may trail the most advanced one (default "
+                        "--lateness; as for dqcep run)")
     run.add_argument("--timeline", metavar="ATTR",
-                        help="not in the Spark jobs yet (spec section 7's timelines and skew "
-                        "run in dqcep run and its streaming service; docs/spark.md)")
+                        help="events with the same value of ATTR share a timeline; needs "
+                        "--skew above --lateness (as for dqcep run; not in the batch job "
+                        "yet: dqcep spark stream has it)")
     run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                      help="allowed out-of-orderness in arrival order (default 0)")
     run.add_argument("--output-format", choices=("json", "parquet"), default="json",
@@ -289,10 +293,11 @@ def add_spark_parser(sub, parser_class) -> None:
                         f"arrival by more than MS ms are dead-lettered (default {MAX_FUTURE_MS:,}; "
                         "0: off)")
     stream.add_argument("--skew", type=MILLISECONDS.option, metavar="MS",
-                        help="not in the Spark jobs yet: see --timeline")
+                        help="how far a timeline may trail the most advanced one (default "
+                        "--lateness; as for dqcep run)")
     stream.add_argument("--timeline", metavar="ATTR",
-                        help="not in the Spark jobs yet (spec section 7's timelines and skew "
-                        "run in dqcep run and its streaming service; docs/spark.md)")
+                        help="events with the same value of ATTR share a timeline; needs "
+                        "--skew above --lateness (as for dqcep run; docs/spark.md)")
     stream.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                         help="allowed out-of-orderness in arrival order (default 0)")
     stream.add_argument("--partitioning", choices=("auto", "time"), default="auto")

@@ -75,13 +75,15 @@ def event_columns(engine: Engine, events) -> EventColumns:
 
 def record_lines(df, kind: str) -> list[str]:
     """The JSON lines of the dead-letter (``where``, ``reason``) or late (``where``,
-    ``event``) outputs, for the batch and the streaming job alike; ``df`` maps those
+    ``event``, and the streaming job's ``reason``: lateness or skew) outputs, for the batch and the streaming job alike; ``df`` maps those
     column names to sequences (a pandas DataFrame, or a dict of lists)."""
     if kind == "dead":
         return [json.dumps({"where": w, "reason": r}, ensure_ascii=False)
                 for w, r in zip(df["where"], df["reason"])]
-    return [json.dumps({"where": w, "event": msgpack.unpackb(e, raw=False)}, ensure_ascii=False)
-            for w, e in zip(df["where"], df["event"])]
+    return [json.dumps({"where": w, "event": msgpack.unpackb(e, raw=False)} |
+                       ({} if r is None else {"reason": r}), ensure_ascii=False)
+            for w, e, r in zip(df["where"], df["event"],
+                               df["reason"] if "reason" in df else [None] * len(df["where"]))]
 
 
 def _mix(h: np.ndarray) -> np.ndarray:
@@ -194,9 +196,11 @@ def slices_of(ts: np.ndarray, length: int, overlap: int) -> tuple[np.ndarray, np
 class Assigner:
     """Where each event must go: once per (group, part) that may need it."""
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: JobSpec, rule=None):
+        """``rule``: the stream's ``AdmissionRule`` (its engine then reads the timeline
+        attribute too, and admits by it: ``Engine.admit_columns``)."""
         self.spec = spec
-        self.engine = spec.engine()
+        self.engine = spec.engine(lateness=rule or 0)
         code = self.engine.type_code
         queries = parse(spec.queries_text).queries
 

@@ -12,11 +12,17 @@
          micro-batch, overwritten whole when Spark re-runs the batch after a
          crash (exactly once)
 
-Late events follow the engine's per-event rule: a row is late when its ts is
-more than the lateness below ``file_before`` (the largest earlier ts of the
-whole journal). ``clock = max(file_before, ts)`` never decreases along the
-journal, so it is the watermark column: Spark's own late-row filter never
-drops a row, and the watermark is the largest ts seen in earlier batches.
+Late events follow the engines' rule (spec section 7: ``--lateness``, ``--skew``,
+``--timeline``), applied by the router in journal order with the engines' own kernel
+(``Engine.admit_columns``): G and each timeline's T(k) run on from segment to segment
+through the job's index directory (``TimelineChain``), and a tick row moves G. The
+part engines behind the router then only hold events for D (``--skew``): an event
+the router admitted is at most D behind any part's latest. ``clock = max(file_before,
+ts)`` never decreases along the journal, so it is the watermark column, with a delay
+of 1 ms: Spark's stateful operator drops a row at the watermark itself, and a
+segment whose events are all behind G (a device far behind, a skew) leaves the clock
+where it was, so that the next one's first rows would sit at it and be lost. The
+watermark is the largest clock of earlier batches less 1 ms.
 """
 from __future__ import annotations
 
@@ -30,11 +36,12 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from dqcep.core.admission import LATE_REASONS, AdmissionRule
 from dqcep.core.events import MAX_FUTURE_MS
 from dqcep.io.mapping import TopicMap
 from dqcep.runtime import STATE_BUDGET
 from dqcep.spark.executor import (GROUP_KEYED, GROUP_SLICED, GROUP_WHOLE, Assigner, JobSpec, PartRunner,
-                                  event_columns, late_flags, read_tables, record_lines)
+                                  event_columns, read_tables, record_lines)
 from dqcep.spark.journal_source import END_WHERE
 from dqcep.spark.source import SCHEMA
 
@@ -45,21 +52,33 @@ ROUTED_SCHEMA = SCHEMA + ", group int, part long, clock long, counts string"
 OUTPUT_SCHEMA = "kind string, line string"
 
 
-def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame]):
+def route_batches(spec: JobSpec, rule: AdmissionRule, chain: "TimelineChain",
+                  batches: Iterator[pd.DataFrame]):
     """Source rows -> rows keyed by (group, part); one clock row per batch keeps the
-    watermark moving even when every event of the batch is dropped."""
-    assigner = Assigner(spec)
+    watermark moving even when every event of the batch is dropped.
+
+    Events are admitted by spec section 7 in journal order (``Engine.admit_columns``,
+    the engines' one rule), from G and the timelines that the segment before left in
+    ``chain``; a tick row moves G. Late events go to the late output with their reason."""
+    assigner = Assigner(spec, rule)
     engine = assigner.engine
+    segment = g = None
     for df in batches:
         if not len(df):
             continue
         df = df.assign(counts=None)
         end = (df["where"] == END_WHERE) & df["reason"].isna()
         if end.any():  # the stream is closed: every part that may hold state flushes
-            yield _end_rows(spec, lateness, df[end].iloc[[0]])
+            yield _end_rows(spec, rule.tolerance, df[end].iloc[[0]])
             df = df[~end]
             if not len(df):
                 continue
+        if segment is None:  # the segment's first rows: where the one before left time
+            segment = int(df["file_index"].iloc[0])
+            g, timelines = chain.load(segment)
+            engine.add_timelines(timelines)
+            if g is None:  # no chain (the first segment): G as the source counted it
+                g = int(df["file_before"].iloc[0])
         # run_stream filled the nulls of ts and file_before, so both are exact int64
         clock = np.maximum(df["file_before"], df["ts"])
         df = df.assign(clock=clock)
@@ -71,14 +90,27 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
                 reason = df["reason"].to_numpy(object).copy()
                 reason[rows[bad]] = [why for _, _, why in found]
                 df = df.assign(reason=reason)
-        dead = df["reason"].notna()
-        tick = df["event"].isna().to_numpy() & ~dead.to_numpy()  # only moves the clock
-        late = ~dead.to_numpy() & ~tick & late_flags(df["file_before"], df["ts"], lateness)
-        out = [df[dead].assign(group=GROUP_DEAD, part=0),
-               df[late].assign(group=GROUP_LATE, part=0)]
-        events, n_needed = df[~dead & ~late & ~tick], 0
-        if len(events):
-            cols = event_columns(engine, events["event"].tolist())
+        dead = df["reason"].notna().to_numpy()
+        tick = df["event"].isna().to_numpy() & ~dead  # only moves the clock and G
+        rows = np.flatnonzero(~dead & ~tick)
+        why = np.zeros(len(rows), np.int8)
+        cols = event_columns(engine, df["event"].iloc[rows].tolist()) if len(rows) else None
+        start = 0
+        ts = df["ts"].to_numpy()
+        for p in np.flatnonzero(tick).tolist() + [len(df)]:  # events between the ticks
+            stop = int(np.searchsorted(rows, p))
+            if stop > start:
+                why[start:stop], g = engine.admit_columns(cols.take(slice(start, stop)), g)
+            if p < len(df):
+                g = int(ts[p]) if g is None else max(g, int(ts[p]))
+            start = stop
+        late_rows = rows[why != 0]
+        late = df.iloc[late_rows].assign(
+            group=GROUP_LATE, part=0, reason=[LATE_REASONS[w - 1] for w in why[why != 0]])
+        out = [df[dead].assign(group=GROUP_DEAD, part=0), late]
+        n_needed = 0
+        if len(rows) and (why == 0).any():
+            events, cols = df.iloc[rows[why == 0]], cols.take(why == 0)
             needed = engine.needed(cols)
             n_needed = int(needed.sum())
             if n_needed:  # each row keeps its clock; None: no part wants them
@@ -87,9 +119,45 @@ def route_batches(spec: JobSpec, lateness: int, batches: Iterator[pd.DataFrame])
         counts = json.dumps({"records": len(df), "needed": n_needed})
         out.append(marker.assign(group=GROUP_CLOCK, part=0, event=None, counts=counts))
         yield pd.concat(out, ignore_index=True)
+    if segment is not None:
+        chain.save(segment, g, engine)
 
 
-def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
+class TimelineChain:
+    """What admission needs from the segments before one (spec section 7): G and T(k)
+    per timeline, kept in the job's index directory, ``<segment>.timelines`` for the
+    state before each. A micro-batch's router reads its segment's and writes the next
+    one's (one segment a micro-batch, in order, as the source's ``.max`` chain): a
+    micro-batch run again reads the same and writes the same."""
+
+    def __init__(self, index: str, journal: str):
+        self.index, self.journal = Path(index), journal
+
+    def _path(self, segment: int) -> Path:
+        return self.index / f"{segment:012d}.timelines"
+
+    def load(self, segment: int) -> tuple[int | None, list]:
+        """(G, timelines) before ``segment`` ((None, []): none written)."""
+        import msgpack
+        try:
+            state = msgpack.unpackb(self._path(segment).read_bytes())
+        except FileNotFoundError:
+            return None, []
+        return state["g"], state["timelines"]
+
+    def save(self, segment: int, g: int | None, engine) -> None:
+        import msgpack
+        from dqcep.spark.journal_source import following
+        if g is not None:  # a timeline within the skew of G says nothing more
+            engine.state.timelines.forget_at_most(g - engine.state.tolerance + engine.lateness)
+        self.index.mkdir(parents=True, exist_ok=True)
+        path = self._path(following(self.journal, Path(f"{segment:020d}.seg")))
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(msgpack.packb({"g": g, "timelines": engine.timeline_values()}))
+        os.replace(tmp, path)
+
+
+def _end_rows(spec: JobSpec, tolerance: int, row: pd.DataFrame) -> pd.DataFrame:
     """The end-of-stream row, once for each (group, part) that may hold state: every
     key partition; the slices near the end of event time; the part of the queries not
     split."""
@@ -100,7 +168,7 @@ def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
         keys += [(GROUP_KEYED, k) for k in range(spec.partitions)]
     if p.sliced:
         w, length = p.slice_window, spec.slice_ms
-        lo, hi = (clock - lateness - 2 * w) // length - 1, (clock + w) // length + 1
+        lo, hi = (clock - tolerance - 2 * w) // length - 1, (clock + w) // length + 1
         keys += [(GROUP_SLICED, k) for k in range(lo, hi + 1)]
     if p.whole:
         keys.append((GROUP_WHOLE, 0))
@@ -114,7 +182,8 @@ def _end_rows(spec: JobSpec, lateness: int, row: pd.DataFrame) -> pd.DataFrame:
 
 def processor_class(spec: JobSpec, lateness: int):
     """The StatefulProcessor for transformWithStateInPandas (built here so pyspark is
-    imported only when a streaming job runs)."""
+    imported only when a streaming job runs). ``lateness``: how far behind a part's
+    latest event one admitted by the router may come: the stream's D (--skew)."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     class EngineProcessor(StatefulProcessor):
@@ -205,7 +274,8 @@ def processor_class(spec: JobSpec, lateness: int):
 
 
 def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: str, *,
-               partitions: int = 4, lateness: int = 0, fmt: str | None = None,
+               partitions: int = 4, lateness: "AdmissionRule | int" = 0,
+               fmt: str | None = None,
                topic_map: TopicMap | None = None, max_future: int = MAX_FUTURE_MS,
                strategy: str = "auto", slice_ms: int | None = None,
                trigger_seconds: float = 1.0, until_idle: bool = False,
@@ -242,11 +312,13 @@ def run_stream(spark, queries_text: str, journal: str, output: str, checkpoint: 
     # (only its where and reason are used).
     rows = (rows.withColumn("file_before", F.coalesce("file_before", "ts", F.lit(0)))
             .withColumn("ts", F.coalesce("ts", F.lit(0))))
-    routed = (rows.mapInPandas(lambda it: route_batches(spec, lateness, it), ROUTED_SCHEMA)
+    rule = AdmissionRule.of(lateness)
+    chain = TimelineChain(str(ck / "journal-index"), str(Path(journal).resolve()))
+    routed = (rows.mapInPandas(lambda it: route_batches(spec, rule, chain, it), ROUTED_SCHEMA)
               .withColumn("clock", F.timestamp_millis("clock"))
-              .withWatermark("clock", "0 seconds"))
+              .withWatermark("clock", "1 millisecond"))
     results = routed.groupBy("group", "part").transformWithStateInPandas(
-        processor_class(spec, lateness)(), OUTPUT_SCHEMA, "Append", "EventTime")
+        processor_class(spec, rule.tolerance)(), OUTPUT_SCHEMA, "Append", "EventTime")
 
     def write(batch, batch_id: int) -> None:
         batch = batch.persist()

@@ -512,14 +512,41 @@ class EventTimeEngine:
         events and the same matches however it is cut into batches (the service, the
         file runner and a replay of the journal all agree). G (``max_seen``) takes the
         admitted events; an explicit watermark (``advance_watermark``) is a bound too."""
+        why, g = self.admit_columns(cols, self.max_seen, self.wm)
+        self.max_seen = g
+        return why
+
+    def admit_columns(self, cols, g: int | None, floor: int | None = None
+                      ) -> tuple[np.ndarray, int | None]:
+        """The admission rule over columns in arrival order from G = ``g`` (None: no
+        time yet), the engine's timelines taking the admitted events in: (why each is
+        late, 0 admitted; G after them). ``floor``: an explicit watermark. The engine's
+        own G is the caller's (``_late``; a Spark router keeps its own)."""
         c = self.timeline_col
         keys = (np.ascontiguousarray(cols[4][:, c]), np.ascontiguousarray(cols[3][:, c])) \
             if c is not None else _ONE_TIMELINE
         why, g = self.state.timelines.admit(
-            *keys, cols[0], NO_TIME if self.max_seen is None else self.max_seen,
-            self.lateness, self.state.tolerance, NO_TIME if self.wm is None else self.wm)
-        self.max_seen = None if g == NO_TIME else g
-        return why
+            *keys, np.ascontiguousarray(cols[0]), NO_TIME if g is None else g,
+            self.lateness, self.state.tolerance, NO_TIME if floor is None else floor)
+        return why, None if g == NO_TIME else g
+
+    def timeline_values(self) -> list:
+        """T(k) per timeline as [value kind, value (a string as itself), T]: what another
+        engine, with other string codes, takes in (``add_timelines``)."""
+        kinds, vals, tmax = self.state.timelines.arrays()
+        strings = self.dictionary.values
+        return [[k, strings[int(v)] if k == KIND_STR else v, t]
+                for k, v, t in zip(kinds.tolist(), vals.tolist(), tmax.tolist())]
+
+    def add_timelines(self, values: list) -> None:
+        """``timeline_values()`` of another engine into this one's timelines."""
+        if not values:
+            return
+        kinds, vals, tmax = zip(*values)
+        codes = [float(self.dictionary.code(v)) if k == KIND_STR else float(v)
+                 for k, v in zip(kinds, vals)]
+        self.state.timelines.add(np.asarray(kinds, np.int8), np.asarray(codes, np.float64),
+                                 np.asarray(tmax, np.int64))
 
     def _count_late(self, ids: np.ndarray, why: np.ndarray) -> None:
         self.late += len(ids)

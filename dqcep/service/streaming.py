@@ -39,10 +39,7 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import numpy as np
-
 from dqcep._kernels.recent_ids import RecentIds
-from dqcep.runtime.compile import KIND_STR
 from dqcep.runtime.duplicates import RECENT_IDS, admit_bytes, recent_to_bytes
 from dqcep.core.admission import TICK_MS, AdmissionRule
 from dqcep.core.errors import UserError
@@ -124,25 +121,6 @@ class ServiceConfig:
     @property
     def admission_rule(self) -> AdmissionRule:
         return AdmissionRule(self.lateness, self.skew, self.timeline)
-
-
-def timelines_out(engine) -> list:
-    """The engine's T(k) per timeline, strings as themselves (for ``changes.Admission``)."""
-    kinds, vals, tmax = engine.state.timelines.arrays()
-    strings = engine.dictionary.values
-    return [[k, strings[int(v)] if k == KIND_STR else v, t]
-            for k, v, t in zip(kinds.tolist(), vals.tolist(), tmax.tolist())]
-
-
-def timelines_in(engine, timelines: list) -> None:
-    """``timelines_out``'s list into this engine's timelines (its own string codes)."""
-    if not timelines:
-        return
-    kinds, vals, tmax = zip(*timelines)
-    codes = [float(engine.dictionary.code(v)) if k == KIND_STR else float(v)
-             for k, v in zip(kinds, vals)]
-    engine.state.timelines.add(np.asarray(kinds, np.int8), np.asarray(codes, np.float64),
-                               np.asarray(tmax, np.int64))
 
 
 def hosted_queries(query_file, hosted: list[str] | None, source: str) -> list:
@@ -490,7 +468,7 @@ class StreamingService(JournalConsumer):
             return  # dead-lettered by the coordinator
         write_admission(self.cfg.journal, record.offset, Admission(
             self.engine.max_seen, self.engine.wm,
-            recent_to_bytes(self.recent), timelines_out(self.engine)))
+            recent_to_bytes(self.recent), self.engine.timeline_values()))
 
     def _take_admission(self) -> bool:
         """A query added live to workers, before its first record: the admission its
@@ -500,7 +478,7 @@ class StreamingService(JournalConsumer):
         if found is None:
             return False
         self.engine.max_seen, self.engine.wm = found.max_seen, found.wm
-        timelines_in(self.engine, found.timelines)
+        self.engine.add_timelines(found.timelines)
         admit_bytes(self.recent, found.recent)
         self._admission_at = None
         return True

@@ -863,3 +863,58 @@ def test_stream_job_takes_the_journals_ticks_as_the_service_does(spark, tmp_path
     assert {json.dumps(m) for m in lines(Path(svc.cfg.output))} == want
     assert [e["event"]["id"] for e in lines(Path(svc.cfg.late))] == [2]
     assert svc.counts["ticks"] == 2
+
+
+def test_stream_job_admits_by_timeline_and_skew_as_the_service_does(spark, tmp_path):
+    """--timeline device --skew (spec section 7) over a journal of many segments: device
+    clocks 0, 3, 5 and 8 s behind, each up to 1.2 s out of order, and ticks. The stream
+    job's router admits with the engines' kernel, the timelines running on from segment
+    to segment: the same matches, late events and reasons as the service over the same
+    journal and the reference matcher."""
+    import random
+
+    import msgpack
+
+    from dqcep.core.admission import AdmissionRule, Tick
+    from dqcep.core.events import Event
+    from dqcep.io.journal import TICK_TOPIC, Journal, tick_payload
+    from dqcep.spark.stream import run_stream
+    from tests.support.journal_service import config, finish, lines
+
+    text = ("QUERY rise PATTERN SEQ(T a, T b) WHERE b.device = a.device AND b.v > a.v "
+            "WITHIN 3 s;\nQUERY quiet PATTERN SEQ(T a, NOT T n) WHERE n.device = a.device "
+            "WITHIN 2 s")
+    queries = tmp_path / "q.cep"
+    queries.write_text(text)
+    rng = random.Random(11)
+    behind = {"d1": 0, "d2": 3000, "d3": 5000, "d4": 8000}
+    records, i = [], 0
+    for step in range(120):
+        device = rng.choice(list(behind))
+        i += 1
+        ts = 20_000 + step * 150 - behind[device] - rng.randrange(0, 1200)
+        records.append(Event(i, "T", ts, {"device": device, "v": rng.randrange(10)}))
+        if step % 40 == 39:
+            records.append(Tick(20_000 + step * 150 + 500))
+    rule = AdmissionRule(500, 6000, "device")
+    journal = Journal(tmp_path / "journal", segment_bytes=300, fsync="never")
+    for r in records:
+        journal.append(TICK_TOPIC, tick_payload(r.at)) if isinstance(r, Tick) else \
+            journal.append("t", msgpack.packb(r.as_mapping()))
+        journal.commit()
+    journal.close()
+    reference = ReferenceMatcher(parse(text).queries, lateness=rule)
+    want = {json.dumps(m.to_json_obj()) for m in reference.run(records)}
+    late = sorted(zip(reference.late_ids, reference.late_why))
+    assert want and {w for _, w in late} == {"lateness", "skew"}  # both reasons occur
+    run_stream(spark, text, str(tmp_path / "journal"), str(tmp_path / "out"),
+               str(tmp_path / "ck"), partitions=2, lateness=rule, until_idle=True,
+               trigger_seconds=0.5)
+    got = stream_lines(tmp_path / "out")
+    assert len(got) == len(set(got)) and set(got) == want
+    assert sorted((json.loads(x)["event"]["id"], json.loads(x)["reason"])
+                  for x in stream_lines(tmp_path / "out", "late")) == late
+    svc = finish(config(tmp_path, fmt=None, lateness=500, skew=6000, timeline="device",
+                        queries=queries))
+    assert {json.dumps(m) for m in lines(Path(svc.cfg.output))} == want
+    assert sorted((e["event"]["id"], e["reason"]) for e in lines(Path(svc.cfg.late))) == late
