@@ -123,8 +123,8 @@ def _admission(args, command: str):
     """The job's ``AdmissionRule`` (spec section 7), checked before Spark starts. The
     batch job reads files, which have no ticks: with one timeline the skew test adds
     nothing there, and per-device timelines are the streaming job's and dqcep run's."""
-    from dqcep.cli.common import admission_rule_of
-    rule = admission_rule_of(args)
+    from dqcep.core.admission import AdmissionRule
+    rule = AdmissionRule(args.lateness, args.skew, args.timeline)
     if command == "run" and rule.timeline is not None:
         raise UserError("dqcep spark run: --timeline is not supported by the batch job "
                         "yet; per-device timelines run in dqcep spark stream, dqcep run "

@@ -176,18 +176,6 @@ def broadcast_tables(spark, parsed):
 
 # ------------------------------------------------------------------ the rules
 
-def late_flags(before: pd.Series, ts: pd.Series, lateness: int) -> np.ndarray:
-    """The engine's late rule (``dqcep.runtime.late_rule``) over Spark rows: ``before``
-    is the largest ts that arrived before each row (its own ts where nothing did).
-
-    Both must come as int64, so the caller fills nulls in Spark SQL: a null turns a
-    pandas column of longs into float64, which holds a ts exactly only up to 2**53."""
-    if before.dtype != np.int64 or ts.dtype != np.int64:
-        raise TypeError(f"late_flags needs int64 columns without nulls, got {before.dtype} "
-                        f"and {ts.dtype}")
-    return late_rule(before.to_numpy(), ts.to_numpy(), lateness)
-
-
 def slices_of(ts: np.ndarray, length: int, overlap: int) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) slice index per event: slice i holds iL - W <= ts < (i+1)L + W."""
     return np.floor_divide(ts - overlap, length), np.floor_divide(ts + overlap, length)

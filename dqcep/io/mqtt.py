@@ -324,6 +324,7 @@ class MqttSource:
         self._last_sent = self._last_received = time.monotonic()
         self._received_at_look, self._quiet_since = 0, self._last_received  # (ticks)
         self.ticks_written = 0
+        self._framing = False  # the reader has bytes whose arrival time is taken (ticks)
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name="mqtt-source")
 
@@ -387,13 +388,25 @@ class MqttSource:
             self._send(b"".join(acks))
         return True
 
-    def journal_record(self, topic: str, payload: bytes) -> int:
+    def journal_record(self, topic: str, payload) -> int | None:
         """A record of the service's own (a change of its query set, a tick) journaled among
         the messages and committed before this returns: its journal offset. A journal
-        that cannot be written raises ``JournalWriteError`` (nothing was journaled)."""
+        that cannot be written raises ``JournalWriteError`` (nothing was journaled).
+
+        ``payload``: bytes, or a function of the time (s) that makes them, called under
+        the journal's lock: a tick's time is then never ahead of a message journaled
+        after it. None (nothing journaled) while bytes the reader took from the socket
+        wait to be journaled: their arrival time was taken before this one."""
         with self._lock:
-            offset = self.journal.append(topic, payload, int(time.time() * 1e6))
-            self.arrivals.stamp(offset, time.time())
+            if callable(payload):
+                if self._framing:
+                    return None
+                at = time.time()
+                payload = payload(at)
+            else:
+                at = time.time()
+            offset = self.journal.append(topic, payload, int(at * 1e6))
+            self.arrivals.stamp(offset, at)
             self.journal.commit()
             durable = self.journal.durable_offset
         for hook in self.on_commit:
@@ -414,10 +427,11 @@ class MqttSource:
         from dqcep.io.journal import TICK_TOPIC, JournalWriteError, tick_payload
         self._quiet_since = now
         try:
-            offset = self.journal_record(TICK_TOPIC, tick_payload(time.time() * 1000))
+            offset = self.journal_record(TICK_TOPIC, lambda at: tick_payload(at * 1000))
         except JournalWriteError:  # kept, committed with the next records
             return None
-        self.ticks_written += 1
+        if offset is not None:
+            self.ticks_written += 1
         return offset
 
     # ------------------------------------------------------------------ connection
@@ -503,7 +517,13 @@ class MqttSource:
             raise ConnectionError("the broker closed the connection")
         if n > 0:
             self._last_received = now
-            self._answer(self.intake.received_bytes(n, time.time()))
+            # set before the arrival time is taken: a tick waits until these bytes are
+            # journaled, so that none is journaled after a later tick (journal_record)
+            self._framing = True
+            try:
+                self._answer(self.intake.received_bytes(n, time.time()))
+            finally:
+                self._framing = False
         elif now - self._last_received > 1.5 * self.keepalive:
             raise ConnectionError(f"the broker said nothing for {1.5 * self.keepalive:g} s")
         if (self.write_error is None or now >= self._retry_at) and \

@@ -304,18 +304,6 @@ def test_routing_late_rule_is_the_engines_at_the_limits_of_time():
     assert [json.loads(x)["event"]["id"] for x in lines["late"]] == want == [2, 4, 5, 6]
 
 
-def test_late_flags_refuse_longs_that_pandas_turned_into_floats():
-    """A null in a column of longs makes pandas carry it as float64, which holds a ts
-    only to 2**53: the Spark side of the late rule refuses such a column."""
-    import pandas as pd
-
-    from dqcep.spark.executor import late_flags
-    ts = pd.Series([10, 3], dtype=np.int64)
-    assert late_flags(pd.Series([10, 10], dtype=np.int64), ts, 5).tolist() == [False, True]
-    with pytest.raises(TypeError, match="int64"):
-        late_flags(pd.Series([None, 10.0]), ts, 5)
-
-
 def test_source_rows_keep_positions_and_running_maxima(tmp_path):
     """The msgpack fast path and the readers' path give the same rows."""
     import msgpack
