@@ -60,6 +60,10 @@ def in_ts_order(cols: tuple) -> tuple:
     return cols
 
 
+# Timelines are looked over for ones to forget once they are twice as many as the last
+# look left, and at least this many: amortized O(1) a new timeline.
+TIMELINES_KEPT = 512
+
 NO_TIME = int(np.iinfo(np.int64).min)  # no G yet, no watermark (for the kernel)
 _ONE_TIMELINE = (np.empty(0, np.int8), np.empty(0, np.float64))  # no --timeline
 
@@ -218,7 +222,7 @@ class TimeState:
     timelines: Timelines = field(default_factory=Timelines)  # T(k) per timeline (one
     # without K)
     ticks: int = 0                    # ticks taken
-    timelines_kept: int = 512         # timelines after the last forget (forget at 2x)
+    timelines_kept: int = TIMELINES_KEPT  # timelines after the last forget (forget at 2x)
     peak_state_bytes: int = 0         # largest state_bytes() after a batch
     sweep_at: int = SWEEP_MIN_STRINGS  # dictionary size that triggers the next sweep
     decoder: ColumnDecoder | None = None  # caches codes of this dictionary; not state
@@ -242,8 +246,8 @@ class TimeState:
 
     @property
     def tolerance(self) -> int:
-        """D: the skew tolerance (the lateness when none is given)."""
-        return self.lateness if self.skew is None else self.skew
+        """D: the skew tolerance (``AdmissionRule.tolerance``)."""
+        return self.admission_rule.tolerance
 
 
 def _state_field(name: str) -> property:
@@ -450,7 +454,7 @@ class EventTimeEngine:
             if len(timelines) > 2 * self.state.timelines_kept:
                 # a timeline with T(k) - L <= G - D says nothing the skew test does not
                 timelines.forget_at_most(self.max_seen - self.state.tolerance + self.lateness)
-                self.state.timelines_kept = max(512, len(timelines))
+                self.state.timelines_kept = max(TIMELINES_KEPT, len(timelines))
             late = why != 0
             if late.any():
                 self._count_late(cols[1][late], why[late])

@@ -246,7 +246,8 @@ class JournalConsumer:
         events = pending.events() if self.returns is not None else None
         end = pending.last_offset
         before = self.engine.max_seen  # G before the batch: what it made final
-        out = self._run(cols, end, events)
+        out = self._run(end, lambda write, through: self.pipeline.process(
+            cols, write, through, records=events))
         if out.matches is not None:
             cols = out.events
             if out.kept is not None:
@@ -303,13 +304,13 @@ class JournalConsumer:
         self._pending.append((record, len(events), events))
         self._pending_rows += len(events)
 
-    def _run(self, cols: EventColumns, end: int, events: list | None):
-        """A batch of the journal's records up to offset ``end`` through the pipeline
-        (``events``: its ``Event`` objects, for RETURN values). A database output
-        commits that progress with the batch's matches; while catching up to it
-        (``_catch_up``) they are already there."""
+    def _run(self, end: int, step):
+        """The journal's records up to offset ``end`` through the pipeline: ``step(write,
+        through)`` runs it (``Pipeline.process`` for a batch, ``Pipeline.tick`` for a
+        tick). A database output commits that progress with the matches; while catching
+        up to it (``_catch_up``) they are already there."""
         through = Progress(end + 1, False) if self.database else None
-        out = self.pipeline.process(cols, not self._replaying, through, records=events)
+        out = step(not self._replaying, through)
         if out.matches is not None and len(out.matches):
             if through and not self._replaying:
                 self.db_written = end + 1  # committed once the sink is synced (a checkpoint)
@@ -378,21 +379,16 @@ class JournalConsumer:
         """A tick: the engine's time moves to its time (spec section 7); what that makes
         final comes out now, its response time measured from the tick's arrival."""
         at = tick_time(record.payload)
-        if at is None:  # damage that kept the record whole: passed over, said once
+        if at is None:  # damage that kept the record whole: a dead letter, passed over
             self._dead_count("tick")
             self.dead.write({"offset": record.offset, "reason": "a tick record without "
                              "a time"})
         else:
-            through = Progress(record.offset + 1, False) if self.database else None
-            out = self.pipeline.tick(at, not self._replaying, through)
-            if len(out.matches):
-                if through and not self._replaying:
-                    self.db_written = record.offset + 1
-                self._keep_last(out.matches)
-                if self.arrivals is not None:
-                    self.response.observe_finalised(out.matches,
-                                                    self.arrivals.of(record.offset),
-                                                    time.time(), at)
+            out = self._run(record.offset,
+                            lambda write, through: self.pipeline.tick(at, write, through))
+            if len(out.matches) and self.arrivals is not None:
+                self.response.observe_finalised(out.matches, self.arrivals.of(record.offset),
+                                                time.time(), at)
         self.counts["ticks"] = self.counts.get("ticks", 0) + 1
         self.offset = record.offset + 1
 

@@ -22,7 +22,7 @@ METRICS = [
      "matches_by_query"),
     ("dqcep_dead_letters_total", "counter",
      "Dead letters written, by reason (payload, event, ahead, schema, journal_lost, "
-     "stopped, change)", "dead_letters"),
+     "stopped, change, tick)", "dead_letters"),
     ("dqcep_late_events_total", "counter",
      "Events left out as late (the late file), by reason: lateness (behind their "
      "timeline by more than --lateness), skew (behind the stream by more than --skew)",
