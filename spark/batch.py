@@ -19,7 +19,8 @@ Under DIR:
 - ``matches/``: the spec's match lines (JSON Lines part files), or Parquet
   (``query``, ``detected_at``, ``events`` map) with ``--output-format parquet``;
 - ``dead-letter/``: ``{"where", "reason"}`` per record that is not an event;
-- ``late/``: ``{"where", "event"}`` per event beyond the lateness;
+- ``late/``: ``{"where", "event", "reason"}`` per late event (spec section 7; reason
+  ``lateness`` or, with ``--timeline``, ``skew``);
 - ``_stats.json``: counts of each, summed from the tasks' own counts, and where the
   tasks ran (``executors``: each Python, its prefix and the dqcep it imported).
 """
@@ -37,8 +38,9 @@ from pyspark.sql import functions as F
 
 from dqcep.runtime import STATE_BUDGET
 from dqcep.core.errors import UserError
+from dqcep.core.admission import AdmissionRule
 from dqcep.spark.executor import (OUTPUT_SCHEMA, STATS, JobSpec, Router, broadcast_tables,
-                                  engine_batches, sum_task_counts)
+                                  chain_timelines, engine_batches, sum_task_counts)
 from dqcep.spark.paths import check_output_dir
 from dqcep.spark.partitioning import plan_partitioning
 from dqcep.spark.source import event_units, load_events
@@ -75,6 +77,7 @@ class Index:
     first_seq: np.ndarray
     units: list           # the source's units (``event_units``)
     kept: list | None     # the units to read (None: all); a broken file's later ones are not
+    timelines: dict = field(default_factory=dict)  # ``Router.timelines`` (a timeline attribute)
 
 
 REPEATS_SQL = """
@@ -83,15 +86,19 @@ FROM {view} GROUP BY id HAVING n > 1
 """
 
 
-def job_index(spark, inputs: list[str], fmt: str | None, units: list | None = None) -> Index:
+def job_index(spark, inputs: list[str], fmt: str | None, units: list | None = None,
+              router: Router | None = None) -> Index:
     """One row per unit (a file, or a run of a Parquet file's row groups), read in the
     executors (no shuffle): its ts range, its id range and the ids it holds more than
     once. Only units whose id ranges overlap another's can share an id; for those
     alone, one aggregate by id finds the repeats across them. A file whose read broke
     off (a Parquet row group that cannot be read) ends there: its later units are left
-    out (``Index.kept``), as a read of the whole file would stop."""
+    out (``Index.kept``), as a read of the whole file would stop. Given a ``router``
+    whose rule has a timeline attribute, each unit's timelines too, chained here
+    (``chain_timelines``: ``Index.timelines``)."""
     units = units if units is not None else event_units(inputs, fmt)
-    rows = sorted(load_events(spark, inputs, fmt, mode="index", units=units).collect())
+    rows = sorted(load_events(spark, inputs, fmt, mode="index", units=units,
+                              router=router).collect())
     read, ended = [], set()
     for r in rows:  # in arrival order: a file's units are contiguous
         path = units[r.file_index][0]
@@ -122,8 +129,13 @@ def job_index(spark, inputs: list[str], fmt: str | None, units: list | None = No
     repeats.sort()
     repeated, first_file, first_seq = (np.array(c, np.int64).reshape(-1) for c in
                                        (zip(*repeats) if repeats else ([], [], [])))
+    timelines = {}
+    if router is not None:
+        import msgpack
+        timelines = chain_timelines([(r.file_index, msgpack.unpackb(r.timelines))
+                                     for r in rows], router.rule, earlier)
     return Index(earlier, min((r.lo for r in rows if r.lo is not None), default=None),
-                 running, repeated, first_file, first_seq, units, kept)
+                 running, repeated, first_file, first_seq, units, kept, timelines)
 
 
 def _overlapping(ranges: list[tuple[int, int, int]]) -> set[int]:
@@ -147,7 +159,8 @@ def slice_length(index: Index, window: int, tasks: int) -> int:
 
 
 def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
-              fmt: str | None = None, partitions: int = 4, lateness: int = 0,
+              fmt: str | None = None, partitions: int = 4,
+              lateness: "AdmissionRule | int" = 0,
               output_format: str = "json", strategy: str = "auto",
               slice_ms: int | None = None, overwrite: bool = False,
               count_copies: bool = False, say=lambda line: None,
@@ -164,17 +177,20 @@ def run_batch(spark, queries_text: str, inputs: list[str], output: str, *,
 
     say(f"stage 1 of 2: indexing {len(inputs)} input(s) (repeats, lateness, which "
         "events each query needs)")
-    index = job_index(spark, inputs, fmt)
-    say(f"stage 2 of 2: routing the events to {partitions} partition(s), matching, "
-        "writing")
+    rule = AdmissionRule.of(lateness)
     tables = broadcast_tables(spark, parsed)
     spec = JobSpec(queries_text, plan, partitions, tables=tables, budget=budget)
+    empty = np.zeros(0, np.int64)
+    index = job_index(spark, inputs, fmt, router=None if rule.timeline is None
+                      else Router(spec, rule, {}, empty, empty, empty))
+    say(f"stage 2 of 2: routing the events to {partitions} partition(s), matching, "
+        "writing")
     if plan.sliced:
         spec = JobSpec(queries_text, plan, partitions,
                        slice_ms or slice_length(index, plan.slice_window, partitions), tables,
                        budget)
-    router = Router(spec, lateness, index.earlier, index.repeated, index.first_file,
-                    index.first_seq)
+    router = Router(spec, rule, index.earlier, index.repeated, index.first_file,
+                    index.first_seq, index.timelines)
     lines = (load_events(spark, inputs, fmt, mode="route", router=router, only=index.kept,
                          units=index.units)
              .repartition(partitions, "group", "part")

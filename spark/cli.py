@@ -79,7 +79,7 @@ def cmd_spark_run(args) -> int:
 
     _native_queries(parse_file(args.queries))  # positioned errors, missing inputs, a full
     check_batch_paths(args.input, args.output, args.overwrite)  # all before Spark starts
-    _admission(args, "run")
+    rule = _admission(args)
     _require_spark()
     from dqcep.spark.batch import run_batch
     from dqcep.spark.session import spark_session
@@ -97,7 +97,7 @@ def cmd_spark_run(args) -> int:
     try:
         with _executor_errors():
             stats = run_batch(spark, text, args.input, args.output, fmt=args.format,
-                              partitions=partitions, lateness=args.lateness,
+                              partitions=partitions, lateness=rule,
                               output_format=args.output_format, strategy=args.partitioning,
                               slice_ms=args.slice_ms, overwrite=args.overwrite, say=say,
                               budget=args.max_partial_matches)
@@ -119,17 +119,10 @@ def _progress(command: str):
     return say
 
 
-def _admission(args, command: str):
-    """The job's ``AdmissionRule`` (spec section 7), checked before Spark starts. The
-    batch job reads files, which have no ticks: with one timeline the skew test adds
-    nothing there, and per-device timelines are the streaming job's and dqcep run's."""
+def _admission(args):
+    """The job's ``AdmissionRule`` (spec section 7), checked before Spark starts."""
     from dqcep.core.admission import AdmissionRule
-    rule = AdmissionRule(args.lateness, args.skew, args.timeline)
-    if command == "run" and rule.timeline is not None:
-        raise UserError("dqcep spark run: --timeline is not supported by the batch job "
-                        "yet; per-device timelines run in dqcep spark stream, dqcep run "
-                        "and its streaming service (docs/spark.md)")
-    return rule
+    return AdmissionRule(args.lateness, args.skew, args.timeline)
 
 
 def _summary(command: str, stats, output: str) -> None:
@@ -144,7 +137,7 @@ def cmd_spark_stream(args) -> int:
 
     _native_queries(parse_file(args.queries))  # positioned errors and a missing journal
     # before Spark starts
-    rule = _admission(args, "stream")
+    rule = _admission(args)
     if not Path(args.input).is_dir():
         raise UserError(f"no journal directory at {args.input}")
     from dqcep.io.mapping import TopicMap
@@ -245,8 +238,7 @@ def add_spark_parser(sub, parser_class) -> None:
                         "--lateness; as for dqcep run)")
     run.add_argument("--timeline", metavar="ATTR",
                         help="events with the same value of ATTR share a timeline; needs "
-                        "--skew above --lateness (as for dqcep run; not in the batch job "
-                        "yet: dqcep spark stream has it)")
+                        "--skew above --lateness (as for dqcep run)")
     run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
                      help="allowed out-of-orderness in arrival order (default 0)")
     run.add_argument("--output-format", choices=("json", "parquet"), default="json",

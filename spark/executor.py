@@ -26,6 +26,8 @@ from dqcep.runtime import STATE_BUDGET, Engine, EventColumns, late_rule
 from dqcep.runtime.program import program_for
 from dqcep.core.tables import StaticTables
 from dqcep.runtime.compile import KIND_MISSING, KIND_STR
+from dqcep._kernels.timelines import Timelines
+from dqcep.core.admission import LATE_REASONS, AdmissionRule
 from dqcep.spark.partitioning import BROADCAST, Partitioning
 
 GROUP_KEYED, GROUP_SLICED, GROUP_WHOLE = 0, 1, 2
@@ -75,8 +77,9 @@ def event_columns(engine: Engine, events) -> EventColumns:
 
 def record_lines(df, kind: str) -> list[str]:
     """The JSON lines of the dead-letter (``where``, ``reason``) or late (``where``,
-    ``event``, and the streaming job's ``reason``: lateness or skew) outputs, for the batch and the streaming job alike; ``df`` maps those
-    column names to sequences (a pandas DataFrame, or a dict of lists)."""
+    ``event``, ``reason``: lateness or skew) outputs, for the batch and the streaming
+    job alike; ``df`` maps those column names to sequences (a pandas DataFrame, or a
+    dict of lists)."""
     if kind == "dead":
         return [json.dumps({"where": w, "reason": r}, ensure_ascii=False)
                 for w, r in zip(df["where"], df["reason"])]
@@ -429,7 +432,7 @@ _BLOCK_HEAD = np.dtype([("n", "<i8"), ("attrs", "<i8"), ("strings", "<i8")])
 def encode_block(engine: Engine, cols: EventColumns, files, seq) -> bytes:
     """Events (sorted by ts, arrival) -> one block: their columns, arrival, and the
     strings of their string cells (the part engines code strings their own way)."""
-    n, attrs = len(cols.ts), len(engine.attrs)
+    n, attrs = cols.val.shape  # the stored attributes (no timeline column: stored_columns)
     val = cols.val.copy()
     strings = cols.kind == KIND_STR
     words = b""
@@ -560,26 +563,71 @@ class Router:
     (``dqcep.spark.batch``); called on the source's Arrow batches in the executors."""
 
     spec: JobSpec
-    lateness: int
+    lateness: "AdmissionRule | int"  # spec section 7's rule (an int: the lateness alone)
     earlier: dict       # file index -> the largest ts of the files before it (none: absent)
     repeated: np.ndarray  # sorted ids seen more than once
     first_file: np.ndarray  # the (file index, seq) of each repeated id's first copy
     first_seq: np.ndarray
+    # with a timeline attribute: file index -> T(k) of the timelines before it that
+    # still say more than the skew test there (``timeline_values`` rows; ``job_index``)
+    timelines: dict = dataclasses.field(default_factory=dict)
 
     def __getstate__(self):
         # The router travels in the event source's options (plain pickle, read where no
         # broadcast is registered): it carries the lookup tables' snapshots by value.
-        state = {k: v for k, v in self.__dict__.items() if k != "_assigner"}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_assigner", "_units")}
         if self.spec.tables is not None and not isinstance(self.spec.tables, Snapshots):
             state["spec"] = dataclasses.replace(self.spec,
                                                 tables=Snapshots(self.spec.tables.value))
         return state
 
     @property
+    def rule(self) -> AdmissionRule:
+        return AdmissionRule.of(self.lateness)
+
+    @property
     def assigner(self) -> Assigner:
         if "_assigner" not in self.__dict__:
-            self._assigner = Assigner(self.spec)
+            # with a timeline, its engine reads the timeline attribute too
+            self._assigner = Assigner(self.spec, self.rule if self.rule.timeline else None)
         return self._assigner
+
+    def admit(self, unit: int, cols: EventColumns) -> np.ndarray:
+        """With a timeline attribute: why each event of ``cols`` (a unit's next events,
+        in arrival order) is late, 0 admitted (spec section 7, ``Engine.admit_columns``).
+        A unit is read in one task, in order: its G and timelines run on from batch to
+        batch, starting from the largest ts of the units before it (``earlier``) and
+        their timelines (``timelines``: ``job_index`` chained them)."""
+        engine = self.assigner.engine
+        units = self.__dict__.setdefault("_units", {})
+        if unit not in units:
+            engine.state.timelines = Timelines()
+            engine.add_timelines(self.timelines.get(unit, []))
+            units[unit] = [engine.state.timelines, self.earlier.get(unit)]
+        engine.state.timelines, g = units[unit]
+        why, units[unit][1] = engine.admit_columns(cols, g)
+        return why
+
+    def unit_timelines(self, unit: int, batches) -> list:
+        """The index's summary of a unit (a router with no ``earlier``): the largest ts
+        per timeline of its events that pass the skew test within the unit alone
+        (``timeline_values`` rows). Since an event late by its timeline is behind that
+        timeline's largest ts already, T(k) after the unit is the largest of T(k)
+        before it and this one's, when that is not behind G - D at the unit's start
+        (``chain_timelines``): units are indexed in parallel. ``batches``: the unit's
+        event columns in arrival order."""
+        engine = self.assigner.engine
+        for cols in batches:
+            if engine.schema_checks:  # misdeclared events are dead letters: not admitted
+                bad, _ = engine.misdeclared(cols)
+                cols = cols.take(np.flatnonzero(~bad))
+            if len(cols.ts):
+                self.admit(unit, cols)
+        if unit not in self.__dict__.get("_units", {}):
+            return []
+        engine.state.timelines = self._units[unit][0]
+        return engine.timeline_values()
+
 
     def schema(self) -> str:
         return ROUTED_SCHEMA
@@ -597,9 +645,14 @@ class Router:
             return event_columns(self.assigner.engine, events.take(pa.array(rows)))
 
         def lines(rows, kind, reasons=None):
-            pick, field = pa.array(rows), "reason" if kind == "dead" else "event"
+            pick = pa.array(rows)
+            if kind == "dead":
+                return record_lines({"where": where.take(pick).to_pylist(),
+                                     "reason": reasons or c["reason"].take(pick).to_pylist()},
+                                    kind)
             return record_lines({"where": where.take(pick).to_pylist(),
-                                 field: reasons or c[field].take(pick).to_pylist()}, kind)
+                                 "event": c["event"].take(pick).to_pylist(),
+                                 "reason": reasons}, kind)
 
         return self._route(dead, c["file_index"].to_numpy(), c["seq"].to_numpy(),
                            pc.fill_null(c["id"], 0).to_numpy(), pc.fill_null(c["ts"], 0).to_numpy(),
@@ -611,15 +664,15 @@ class Router:
         whole, for their lines."""
         cols, n = piece.columns, len(piece.seq)
 
-        def lines(rows, kind, reasons=None):  # late lines, and misdeclared events'
+        def lines(rows, kind, reasons):  # late lines, and misdeclared events'
             read = piece.records()  # the piece's rows again, once
             records = [read[i] for i in rows]
             where = [f"{piece.path}:{w}" for w, _ in records]
             if kind == "dead":
                 return record_lines({"where": where, "reason": reasons}, kind)
             return record_lines({"where": where,
-                                 "event": [msgpack.packb(e.as_mapping()) for _, e in records]},
-                                kind)
+                                 "event": [msgpack.packb(e.as_mapping()) for _, e in records],
+                                 "reason": reasons}, kind)
 
         return self._route(np.zeros(n, bool), np.full(n, piece.file_index, np.int64), piece.seq,
                            cols.id, cols.ts, piece.before.copy(), cols.take, lines)
@@ -627,8 +680,16 @@ class Router:
     def _route(self, dead, files, seq, ids, ts, before, columns, lines):
         """The rules, on a batch's rows: ``dead`` marks the records that are not events;
         ``before`` the largest ts before each row in its file (``_MIN``: none);
-        ``columns(rows)`` the engine columns of those (event) rows; ``lines(rows, kind)``
-        the dead-letter or late lines of those rows."""
+        ``columns(rows)`` the engine columns of those (event) rows; ``lines(rows, kind,
+        reasons)`` the dead-letter or late lines of those rows (a dead row's reason: its
+        own when None).
+
+        Late (spec section 7): without a timeline attribute files have no ticks and one
+        timeline, so an event is late iff ts < G - L, G the largest ts before it
+        (``before``: the source's within its file, ``earlier`` across files), reason
+        ``lateness``; with one, by the engines' kernel (``admit``), the events of the
+        unit in arrival order (repeats too, as G counts them; not the misdeclared,
+        which are dead letters)."""
         n = len(dead)
         for f in np.unique(files).tolist():
             if (e := self.earlier.get(f)) is not None:
@@ -643,19 +704,31 @@ class Router:
                 ((self.first_file[at] != files) | (self.first_seq[at] != seq))
         first = ~dead & ~repeat
         engine = self.assigner.engine
+        timeline = self.rule.timeline is not None
+        events = ~dead  # what admission takes in: with a timeline, the repeats too
         misdeclared, whys = np.zeros(0, np.int64), []
         if engine.schema_checks and first.any():  # as the service: before lateness
-            rows = np.flatnonzero(first)
+            rows = np.flatnonzero(events if timeline else first)
             bad, found = engine.misdeclared(columns(rows))
-            misdeclared, whys = rows[bad], [why for _, _, why in found]
+            events[rows[bad]] = False
+            keep = first[rows[bad]]  # a repeat's is no line: the repeat is dropped
+            misdeclared = rows[bad][keep]
+            whys = [why for (_, _, why), k in zip(found, keep.tolist()) if k]
             first[misdeclared] = False
-        late = np.zeros(n, bool)
-        late[first] = late_rule(before[first], ts[first], self.lateness)
+        why = np.zeros(n, np.int8)
+        if not timeline:
+            why[first] = late_rule(before[first], ts[first], self.rule.lateness)
+        else:
+            for f in np.unique(files[events]).tolist():
+                rows = np.flatnonzero(events & (files == f))
+                why[rows] = self.admit(f, columns(rows))
+            why[~first] = 0
+        late = why != 0
         on_time = np.flatnonzero(first & ~late)
 
         needed, targets = np.zeros(0, np.int64), None
         if len(on_time):
-            cols = columns(on_time)
+            cols = engine.stored_columns(columns(on_time))
             keep = engine.needed(cols)
             needed, cols = on_time[keep], cols.take(np.flatnonzero(keep))
             targets = self.assigner.targets(cols)
@@ -664,10 +737,13 @@ class Router:
             rows, groups, parts = targets
             at = needed[rows]
             out.append(_block_rows(engine, cols.take(rows), groups, parts, files[at], seq[at]))
-        for mask, kind, name in ((dead, "dead", "dead-letter"), (late, "late", "late")):
-            if mask.any():
-                out.append(_line_rows(lines(np.flatnonzero(mask), kind), name, files[mask],
-                                      seq[mask]))
+        if dead.any():
+            out.append(_line_rows(lines(np.flatnonzero(dead), "dead"), "dead-letter",
+                                  files[dead], seq[dead]))
+        if late.any():
+            out.append(_line_rows(lines(np.flatnonzero(late), "late",
+                                        [LATE_REASONS[w - 1] for w in why[late].tolist()]),
+                                  "late", files[late], seq[late]))
         if len(misdeclared):
             out.append(_line_rows(lines(misdeclared, "dead", whys), "dead-letter",
                                   files[misdeclared], seq[misdeclared]))
@@ -679,6 +755,30 @@ class Router:
         at = np.zeros(1, np.int64) + (files[0] if n else 0)
         out.append(_line_rows([json.dumps(counts)], STATS, at, at * 0, GROUP_STATS))
         return _concat(out, routed_arrow_schema())
+
+
+def chain_timelines(units: list, rule: AdmissionRule, earlier: dict) -> dict:
+    """``Router.timelines`` from the index: ``units`` (file index, ``unit_timelines``)
+    in arrival order -> per unit, T(k) of the timelines before it on which its events
+    may still be late beyond the skew test there (T(k) - L > G - D; the others say
+    nothing more).
+
+    T(k) is the largest ts of the events on k that pass the skew test (an event that
+    passes it but is late on its timeline is below T(k) already), so it is the largest
+    of the units' shares. A share that is behind G - D at its unit's start would not
+    count, but it says nothing either: T(k) - L is then below G - D for good."""
+    running: dict = {}
+    out = {}
+    for unit, summary in units:
+        g = earlier.get(unit)
+        floor = None if g is None else g - rule.tolerance + rule.lateness
+        here = [[k, v, running[(k, v)]] for k, v, _ in summary
+                if (k, v) in running and (floor is None or running[(k, v)] > floor)]
+        if here:
+            out[unit] = here
+        for k, v, t in summary:
+            running[(k, v)] = max(running.get((k, v), t), t)
+    return out
 
 
 def _line_rows(lines, output: str, files, seq, group: int = GROUP_LINES) -> dict:

@@ -371,29 +371,40 @@ NAMES = ["file_index", "seq", "where", "id", "ts", "file_before", "event", "reas
 
 
 # mode=index: one row per unit (its events' count, ts and id ranges, the ids it holds more
-# than once with the seq of their first copy, and whether its read broke off); mode=ids:
+# than once with the seq of their first copy, whether its read broke off, and given a
+# router, its timelines: ``Router.unit_timelines``); mode=ids:
 # (unit, seq, id) per event
 INDEX_SCHEMA = ("file_index long, events long, lo long, hi long, min_id long, max_id long, "
-                "repeated array<long>, first_seq array<long>, broken boolean")
+                "repeated array<long>, first_seq array<long>, broken boolean, "
+                "timelines binary")
 IDS_SCHEMA = "file_index long, seq long, id long"
 SCHEMAS = {"rows": SCHEMA, "index": INDEX_SCHEMA, "ids": IDS_SCHEMA}
 
 
-def file_index_row(index: int, batches, out: _Batches | None = None):
+def file_index_row(index: int, batches, out: _Batches | None = None, router=None):
     """The index row of one unit from its rows (``positions=False`` batches), and from
-    ``out``, the ``_Batches`` they came through, whether its read broke off."""
+    ``out``, the ``_Batches`` they came through, whether its read broke off. Given a
+    ``router`` (a timeline attribute: its engine's columns, events in the batches),
+    ``timelines``: the unit's ``Router.unit_timelines`` as msgpack."""
+    import msgpack
     import pyarrow as pa
-    ids, seq, ts = [], [], []
+    ids, seq, ts, cols = [], [], [], []
     for b in batches:
         if isinstance(b, ColumnPiece):
             ids.append(b.columns.id)
             seq.append(b.seq)
             ts.append(b.columns.ts)
+            cols.append(b.columns)
             continue
         valid = b.column("reason").is_null()
         ids.append(b.column("id").filter(valid).to_numpy())
         seq.append(b.column("seq").filter(valid).to_numpy())
         ts.append(b.column("ts").filter(valid).to_numpy())
+        if router is not None and len(ids[-1]):
+            from dqcep.spark.executor import event_columns
+            cols.append(event_columns(router.assigner.engine,
+                                      b.column("event").filter(valid).to_pylist()))
+    timelines = None if router is None else msgpack.packb(router.unit_timelines(index, cols))
     ids, seq, ts = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (ids, seq, ts))
     distinct, first, count = np.unique(ids, return_index=True, return_counts=True)
     more = count > 1
@@ -403,11 +414,12 @@ def file_index_row(index: int, batches, out: _Batches | None = None):
         "lo": int(ts.min()) if some else None, "hi": int(ts.max()) if some else None,
         "min_id": int(ids.min()) if some else None, "max_id": int(ids.max()) if some else None,
         "repeated": distinct[more].tolist(), "first_seq": seq[first[more]].tolist(),
-        "broken": bool(out and out.broken)}],
+        "broken": bool(out and out.broken), "timelines": timelines}],
         schema=pa.schema([("file_index", pa.int64()), ("events", pa.int64()),
                           ("lo", pa.int64()), ("hi", pa.int64()), ("min_id", pa.int64()),
                           ("max_id", pa.int64()), ("repeated", pa.list_(pa.int64())),
-                          ("first_seq", pa.list_(pa.int64())), ("broken", pa.bool_())]))
+                          ("first_seq", pa.list_(pa.int64())), ("broken", pa.bool_()),
+                          ("timelines", pa.binary())]))
 
 
 class EventFilesReader(DataSourceReader):
@@ -415,7 +427,8 @@ class EventFilesReader(DataSourceReader):
         self.units = json.loads(options["units"])
         self.only = json.loads(options.get("only") or "null")
         self.mode = options.get("mode") or "rows"
-        self.router = _unpickle(options["router"]) if self.mode == "route" else None
+        # route: every row through it; index: given, a timeline's summary per unit
+        self.router = _unpickle(options["router"]) if "router" in options else None
 
     def partitions(self):
         return [InputPartition((i, *unit)) for i, unit in enumerate(self.units)
@@ -424,15 +437,15 @@ class EventFilesReader(DataSourceReader):
     def read(self, partition):
         import pyarrow as pa
         index, path, fmt, lo, hi, first_row = partition.value
-        engine = {"rows": None, "route": self.router and self.router.assigner.engine}.get(
-            self.mode, IdsAndTs)
-        positions = self.mode in ("rows", "route")
+        engine = {"rows": None, "ids": IdsAndTs}.get(
+            self.mode, self.router.assigner.engine if self.router else IdsAndTs)
+        positions = self.mode in ("rows", "route") or self.router is not None
         out = _Batches(index, positions=positions, seq=first_row)
         batches = read_file(index, path, fmt, positions=positions, engine=engine,
                             row_groups=None if lo is None else (lo, hi), first_row=first_row,
                             out=out)
         if self.mode == "index":
-            yield file_index_row(index, batches, out)
+            yield file_index_row(index, batches, out, self.router)
             return
         for batch in batches:
             if isinstance(batch, ColumnPiece):

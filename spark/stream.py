@@ -110,7 +110,8 @@ def route_batches(spec: JobSpec, rule: AdmissionRule, chain: "TimelineChain",
         out = [df[dead].assign(group=GROUP_DEAD, part=0), late]
         n_needed = 0
         if len(rows) and (why == 0).any():
-            events, cols = df.iloc[rows[why == 0]], cols.take(why == 0)
+            events = df.iloc[rows[why == 0]]
+            cols = engine.stored_columns(cols.take(np.flatnonzero(why == 0)))
             needed = engine.needed(cols)
             n_needed = int(needed.sum())
             if n_needed:  # each row keeps its clock; None: no part wants them

@@ -445,8 +445,7 @@ class EventTimeEngine:
         self.events_in += n
         if n:
             why = self._late(cols)
-            if self.stored_attrs < len(self.attrs):  # the timeline column is read
-                cols = cols[:3] + (cols[3][:, :self.stored_attrs], cols[4][:, :self.stored_attrs])
+            cols = self.stored_columns(cols)
             known = cols[2][cols[2] >= 0]
             self.state.type_counts += np.bincount(known, minlength=len(self.types))
             self.state.attr_seen |= (cols[4] != KIND_MISSING).any(axis=0)
@@ -519,6 +518,14 @@ class EventTimeEngine:
         why, g = self.admit_columns(cols, self.max_seen, self.wm)
         self.max_seen = g
         return why
+
+    def stored_columns(self, cols):
+        """The columns as the store keeps them: without the timeline attribute when no
+        query reads it (it is read for admission alone)."""
+        if self.stored_attrs == len(self.attrs):
+            return cols
+        out = (*cols[:3], cols[3][:, :self.stored_attrs], cols[4][:, :self.stored_attrs])
+        return EventColumns(*out) if isinstance(cols, EventColumns) else out
 
     def admit_columns(self, cols, g: int | None, floor: int | None = None
                       ) -> tuple[np.ndarray, int | None]:

@@ -147,10 +147,16 @@ def routed(router, batches):
 
 
 def block_events(router, row):
-    """(ts, file_index, seq, EventColumns) of a routed row's block, in the router's layout."""
+    """(ts, file_index, seq, EventColumns) of a routed row's block, in the layout of a
+    part engine of the router's spec (the router's, without a timeline column)."""
     from dqcep.spark.executor import decode_block
-    engine = router.assigner.engine
-    return decode_block(engine, engine, row["block"])
+    return decode_block(router.assigner.engine, part_engine(router), row["block"])
+
+
+def part_engine(router):
+    if "_part_engine" not in router.__dict__:
+        router._part_engine = router.spec.engine()
+    return router._part_engine
 
 
 def test_index_and_routing_late_and_duplicates(spark, tmp_path):
@@ -190,13 +196,17 @@ def test_index_and_routing_late_and_duplicates(spark, tmp_path):
     assert sum(c["duplicates"] for c in counts) == 1 and sum(c["records"] for c in counts) == 6
 
 
+@pytest.mark.parametrize("timeline", [None, "device"])
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
-def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
+def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt, timeline):
     """JSON Lines, CSV and Parquet read by the kernels and Arrow (``ColumnPiece``s, in
     small blocks so that clean blocks take the fast path and others fall back) give the
-    index and the routed rows the validator's path gives, late lines included."""
+    index and the routed rows the validator's path gives, late lines and their reasons
+    included; with --timeline, the index's timelines too."""
+    import msgpack
     import pyarrow as pa
 
+    from dqcep.core.admission import AdmissionRule
     from dqcep.io import columnar
     from dqcep.runtime.compile import KIND_STR
     from dqcep.spark.executor import JobSpec, Router, sum_task_counts
@@ -210,13 +220,22 @@ def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
     text = QUERIES.read_text()
     spec = JobSpec(text, plan_partitioning(parse(text).queries, "auto"), 3)
 
+    rule = AdmissionRule(LATENESS, 3 * LATENESS, timeline) if timeline else LATENESS
+    empty = np.zeros(0, np.int64)
+
     def run(fast):
-        row = file_index_row(0, read_file(0, str(path), fmt, positions=False,
-                                          engine=IdsAndTs if fast else None)).to_pylist()[0]
+        if timeline:  # the index reads every event's columns, its timeline among them
+            indexer = Router(spec, rule, {}, empty, empty, empty)
+            row = file_index_row(0, read_file(0, str(path), fmt, engine=indexer.assigner.engine
+                                              if fast else None), router=indexer)
+        else:
+            row = file_index_row(0, read_file(0, str(path), fmt, positions=False,
+                                              engine=IdsAndTs if fast else None))
+        row = row.to_pylist()[0]
         # one file: the repeats are those within it, found by the index
         repeated = np.array(row["repeated"], np.int64)
         order = np.argsort(repeated)
-        router = Router(spec, LATENESS, {}, repeated[order], np.zeros(len(repeated), np.int64),
+        router = Router(spec, rule, {}, repeated[order], np.zeros(len(repeated), np.int64),
                         np.array(row["first_seq"], np.int64)[order])
         batches = list(read_file(0, str(path), fmt,
                                  engine=router.assigner.engine if fast else None))
@@ -228,7 +247,7 @@ def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
             if r["group"] >= 0:
                 ts, files, _, cols = block_events(router, r)
                 # a string cell by its string: each run's dictionary codes them its own way
-                words = router.assigner.engine.dictionary.values
+                words = part_engine(router).dictionary.values
                 cells = [tuple(words[int(v)] if k == KIND_STR else v for v, k in zip(vs, ks))
                          for vs, ks in zip(cols.val.tolist(), cols.kind.tolist())]
                 events += zip([r["group"]] * len(ts), [r["part"]] * len(ts), ts.tolist(),
@@ -247,6 +266,10 @@ def test_fast_paths_route_what_the_readers_route(tmp_path, monkeypatch, fmt):
     assert slow[:4] == fast[:4]
     assert slow[4] == 0 and fast[4] > 3  # fast pieces and fallbacks both taken
     assert len(fast[2]["late"]) > 3 and len(fast[2]["dead-letter"]) > 3
+    reasons = {json.loads(x)["reason"] for x in fast[2]["late"]}
+    assert reasons == ({"lateness", "skew"} if timeline else {"lateness"})
+    assert (len(msgpack.unpackb(fast[0]["timelines"])) > 10) if timeline \
+        else fast[0]["timelines"] is None
     assert fast[3]["duplicates"] > 3 and fast[3]["records"] == 3000 + fast[3]["duplicates"]
 
 
@@ -906,3 +929,77 @@ def test_stream_job_admits_by_timeline_and_skew_as_the_service_does(spark, tmp_p
                         queries=queries))
     assert {json.dumps(m) for m in lines(Path(svc.cfg.output))} == want
     assert sorted((e["event"]["id"], e["reason"]) for e in lines(Path(svc.cfg.late))) == late
+
+
+def test_batch_job_admits_by_timeline_and_skew_across_files(spark, tmp_path):
+    """dqcep spark run --timeline device --skew (spec section 7) over 22 files read in
+    parallel (JSON Lines, msgpack and Parquet), device clocks 0, 3, 5 and 8 s behind,
+    each up to 1.2 s out of order, a repeated id and a misdeclared event: the index
+    chains each file's timelines to the next, so the matches, late events and reasons
+    are the reference's over the files in order (and dqcep run's)."""
+    import random
+
+    import msgpack
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dqcep.core.admission import AdmissionRule
+    from dqcep.core.events import Event
+    from dqcep.spark.batch import run_batch
+
+    text = ("EVENT T(device STRING, v INT);\n"
+            "QUERY rise PATTERN SEQ(T a, T b) WHERE b.device = a.device AND b.v > a.v "
+            "WITHIN 3 s;\nQUERY quiet PATTERN SEQ(T a, NOT T n) WHERE n.device = a.device "
+            "WITHIN 2 s")
+    rng = random.Random(5)
+    behind = {"d1": 0, "d2": 3000, "d3": 5000, "d4": 8000}
+    events = []
+    for step in range(240):
+        device = rng.choice(list(behind))
+        ts = 20_000 + step * 150 - behind[device] - rng.randrange(0, 1200)
+        events.append({"id": step + 1, "type": "T", "ts": ts, "device": device,
+                       "v": rng.randrange(10)})
+    events.insert(100, dict(events[60], v=99))       # a repeat: the first copy wins
+    events.insert(150, dict(events[149], id=1000, v="x"))  # misdeclared: a dead letter
+    rule = AdmissionRule(500, 6000, "device")
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for f in range(22):  # short files: a device's T(k) often comes from a file before
+        chunk = events[f * 11:(f + 1) * 11]
+        name = inputs / f"{f:02d}.{('jsonl', 'msgpack', 'parquet')[f % 3]}"  # in name order
+        if f % 3 == 0:
+            name.write_text("".join(json.dumps(e) + "\n" for e in chunk))
+        elif f % 3 == 1:
+            name.write_bytes(b"".join(msgpack.packb(e) for e in chunk))
+        else:
+            pq.write_table(pa.Table.from_pylist(chunk), name)
+    seen, records = set(), []
+    for e in events:
+        if e["id"] not in seen and isinstance(e["v"], int):
+            seen.add(e["id"])
+            records.append(Event(e["id"], "T", e["ts"], {"device": e["device"], "v": e["v"]}))
+    parsed = parse(text)
+    reference = ReferenceMatcher(parsed.queries, (), parsed.tables, lateness=rule)
+    want = {json.dumps(m.to_json_obj()) for m in reference.run(records)}
+    late = sorted(zip(reference.late_ids, reference.late_why))
+    assert want and {w for _, w in late} == {"lateness", "skew"}  # both reasons occur
+    stats = run_batch(spark, text, [str(inputs)], str(tmp_path / "out"), partitions=2,
+                      lateness=rule)
+    got = job_lines(tmp_path / "out")
+    assert len(got) == len(set(got)) and set(got) == want
+    assert sorted((json.loads(x)["event"]["id"], json.loads(x)["reason"])
+                  for x in job_lines(tmp_path / "out", "late")) == late
+    assert stats.duplicates == 1 and stats.dead_letter == 1 and stats.late == len(late)
+    (tmp_path / "q.cep").write_text(text)  # dqcep run: one file, the 22 in order
+    (tmp_path / "all.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    run = subprocess.run([sys.executable, "-m", "dqcep", "run", str(tmp_path / "q.cep"),
+                          "--input", str(tmp_path / "all.jsonl"), "--on-bad-event", "skip",
+                          "--lateness", "500", "--skew", "6000", "--timeline", "device",
+                          "--output", str(tmp_path / "run.jsonl")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert set((tmp_path / "run.jsonl").read_text().splitlines()) == want
+    reasons = [w for _, w in late]
+    assert (f"{len(late)} event(s) arrived late and were left out: "
+            f"{reasons.count('lateness')} more than --lateness 500 ms behind their timeline; "
+            f"{reasons.count('skew')} more than --skew 6000 ms") in run.stderr, run.stderr
