@@ -1003,3 +1003,42 @@ def test_batch_job_admits_by_timeline_and_skew_across_files(spark, tmp_path):
     assert (f"{len(late)} event(s) arrived late and were left out: "
             f"{reasons.count('lateness')} more than --lateness 500 ms behind their timeline; "
             f"{reasons.count('skew')} more than --skew 6000 ms") in run.stderr, run.stderr
+
+
+def test_stream_router_admits_by_a_timeline_no_query_reads():
+    """The timeline attribute is read for admission alone when no query names it: the
+    stream's router drops it before pushdown and routing (it reached the pushdown,
+    whose store has one column fewer)."""
+    import msgpack
+    import pandas as pd
+
+    from dqcep.core.admission import AdmissionRule
+    from dqcep.spark.executor import JobSpec
+    from dqcep.spark.partitioning import plan_partitioning
+    from dqcep.spark.stream import GROUP_LATE, route_batches
+
+    class FirstSegment:  # the chain of a journal's first segment, its last too
+        def load(self, segment):
+            return None, []
+
+        def save(self, segment, g, engine):
+            pass
+
+    text = "QUERY rise PATTERN SEQ(T a, T b) WHERE b.v > a.v WITHIN 3 s"
+    spec = JobSpec(text, plan_partitioning(parse(text).queries, "auto"), 2, 1000)
+    events = [(1, 10_000, "d1"), (2, 6_000, "d2"), (3, 10_100, "d1"), (4, 9_000, "d1"),
+              (5, 6_100, "d2")]
+    df = pd.DataFrame({
+        "file_index": 0, "seq": range(len(events)), "where": [f"s:{i}" for i, *_ in events],
+        "id": [i for i, *_ in events], "ts": [t for _, t, _ in events],
+        "file_before": [max([t for _, t, _ in events[:n]] or [t])
+                        for n, (_, t, _) in enumerate(events)],
+        "event": [msgpack.packb({"id": i, "type": "T", "ts": t, "device": d, "v": i})
+                  for i, t, d in events],
+        "reason": None})
+    rule = AdmissionRule(500, 5000, "device")
+    out = pd.concat(route_batches(spec, rule, FirstSegment(), iter([df])))
+    late = out[out["group"] == GROUP_LATE]
+    assert sorted(zip(late["id"], late["reason"])) == [(4, "lateness")]
+    routed = out[out["group"] >= 0]
+    assert sorted(set(routed["id"].dropna().astype(int))) == [1, 2, 3, 5]
