@@ -28,6 +28,7 @@ COMMANDS = {"explain": "dqcep.cli.explain", "calibrate": "dqcep.cli.calibrate",
             "spark": "dqcep.spark.cli", "generate": "dqcep.cli.generate",
             "publish": "dqcep.cli.publish", "run": "dqcep.cli.run",
             "status": "dqcep.cli.status", "queries": "dqcep.cli.queries",
+            "map": "dqcep.cli.map",
             "experiment": "dqcep.cli.experiment"}
 
 

@@ -16,6 +16,33 @@ filter matches a record's topic reads it::
     id = "seq"               # a payload field: the device's own number of the reading
                              # (unique per topic); omitted: derived from the journal
 
+Rules may also read a payload by its content, and one payload may give several
+events, each of its own type::
+
+    [[topic]]
+    filter = "shellies/+/events/rpc"
+    levels = "_/device/_/_"          # a level may be a pattern: "{room}_co2" captures room
+    when = { method = "NotifyStatus" }  # payload fields equal to these values (dotted paths)
+    has = ["params"]                 # payload fields present
+    attrs = { src = "src" }          # attribute = payload field, for every event of the rule
+    names = "clean"                  # keys that are no identifiers: other characters -> _
+    ts = "params.ts"
+    ts_unit = "s"
+
+    [[topic.event]]                  # each event table that applies gives one event
+    type = "Temperature"
+    from = "params.temperature:0"    # its attributes: this object's fields (default: all)
+    when = { ... }                   # and has, attrs, rename: as the rule's
+
+A rule applies when its filter matches the topic, its level patterns fit the topic's
+levels and its ``when`` and ``has`` hold; the first that applies reads the payload
+(each item of an array payload on its own). A rule with event tables gives one event
+per table that applies (its ``from`` field present and its own conditions true); none
+applying is a dead letter that says why. A payload key that is no identifier
+(``temperature:0``) cannot be named by a query: with ``names = "clean"`` it becomes one
+(``temperature_0``); else it stays as it is, and is counted (``TopicMap.unnamable``:
+``dqcep map test`` and the service say which, once).
+
 A payload is one event (an object / map, or a bare value: the attribute
 ``value``) or several (an array of them). Nested objects flatten to
 ``parent_child`` attributes, nested arrays to ``parent_0``, ``parent_1``...; a
@@ -59,11 +86,15 @@ ID_SHIFT = 24          # a derived id is offset << ID_SHIFT | index: 16 Mi event
 MAX_EVENTS = 1 << ID_SHIFT
 FORMATS = ("json", "msgpack", "value")
 TS_UNITS = {"s": 1000, "ms": 1, "us": 0.001, "ns": 0.000001, "iso8601": None}
-RULE_KEYS = ("filter", "levels", "format", "ts", "ts_unit", "ts_zone", "type", "rename", "id")
+RULE_KEYS = ("filter", "levels", "format", "ts", "ts_unit", "ts_zone", "type", "rename", "id",
+             "when", "has", "attrs", "names", "event")
+EVENT_KEYS = ("type", "from", "when", "has", "attrs", "rename")
+NAMES = ("keep", "clean")  # what becomes of a payload key that is no identifier
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 EVENT_FIELDS = ("id", "ts", "type")
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TOPIC_CACHE = 1 << 16  # topics whose rule and level attributes are kept
+MAX_UNNAMABLE = 256    # (rule, key) pairs counted by ``TopicMap.unnamable``
 
 
 def derived_id(offset: int, index: int) -> int:
@@ -71,13 +102,14 @@ def derived_id(offset: int, index: int) -> int:
     return (offset << ID_SHIFT) | index
 
 
-def device_id(topic: str, number: int) -> int:
+def device_id(topic: str, number: int, table: int = 0) -> int:
     """The id of the reading a device numbered ``number`` on ``topic``: 64 bits of
     BLAKE2b over both (the same in every process and run; two readings collide with
     probability 2**-62) in 2**62 .. 2**63 - 1, above ``derived_id``'s (below 2**62 up
-    to journal offset 2**38)."""
-    digest = hashlib.blake2b(f"{topic}\0{number}".encode("utf-8", "surrogatepass"),
-                             digest_size=8).digest()
+    to journal offset 2**38). ``table``: the rule's event table (1-based; 0: a rule
+    without tables), so that the events one message gives have ids of their own."""
+    key = f"{topic}\0{number}" if not table else f"{topic}\0{number}\0{table}"
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return (1 << 62) | (int.from_bytes(digest, "little") >> 2)
 
 
@@ -98,6 +130,77 @@ def _path(text: str) -> tuple[str, ...]:
     return tuple(text.split("."))
 
 
+_PRESENT = object()  # a ``has`` condition: the field is there, whatever it holds
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A payload field (a dotted path) present (``has``) or equal to a value (``when``)."""
+    path: tuple[str, ...]
+    value: object = _PRESENT
+
+    def failure(self, item) -> str | None:
+        """Why the condition does not hold on ``item``, or None when it does."""
+        try:
+            found = _lookup(item, self.path)
+        except EventError:
+            return f"no field {'.'.join(self.path)!r}"
+        if self.value is _PRESENT or _same(found, self.value):
+            return None
+        return f"field {'.'.join(self.path)!r} is {_short(found)}, not {_short(self.value)}"
+
+
+def _same(a, b) -> bool:
+    """Equality as the language has it (spec section 2): numbers by value (1 = 1.0),
+    booleans apart from numbers, strings as strings."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and isinstance(a, str) and a == b
+
+
+def _short(value) -> str:
+    """A payload value as a reason names it."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class EventTable:
+    """One ``[[topic.event]]`` of a rule: an event of its own from each payload it
+    applies to."""
+    number: int                       # 1-based place in the rule
+    type: str | None
+    source: tuple[str, ...] | None    # ``from``: the object whose fields it takes
+    conditions: tuple[Condition, ...]
+    attrs: dict = field(default_factory=dict)   # attribute -> path
+    rename: dict = field(default_factory=dict)  # flattened name -> attribute
+
+    def failure(self, item) -> str | None:
+        if self.source is not None:
+            try:
+                _lookup(item, self.source)
+            except EventError:
+                return f"no field {'.'.join(self.source)!r}"
+        for c in self.conditions:
+            why = c.failure(item)
+            if why is not None:
+                return why
+        return None
+
+    @property
+    def name(self) -> str:
+        return f"event {self.number}" + (f" ({self.type})" if self.type else "")
+
+
 @dataclass(frozen=True)
 class TopicRule:
     number: int                       # 1-based place in the file
@@ -110,10 +213,42 @@ class TopicRule:
     type: str | None
     rename: dict = field(default_factory=dict)  # flattened name -> attribute
     id: tuple[str, ...] | None = None
+    conditions: tuple[Condition, ...] = ()      # when and has
+    attrs: dict = field(default_factory=dict)   # attribute -> path
+    names: str = "keep"                         # NAMES
+    events: tuple[EventTable, ...] = ()         # [[topic.event]]
 
     @property
     def name(self) -> str:
         return f"rule {self.number} ({self.filter})"
+
+    @property
+    def plain(self) -> bool:
+        """Reads every payload of its topics alike (no content condition, no event
+        tables, no attributes from fields, no names made): what the kernel may read."""
+        return not (self.conditions or self.attrs or self.events or self.names != "keep")
+
+    @property
+    def reads_fields(self) -> bool:
+        """Names fields of the payload: a payload that is no object cannot serve it."""
+        return bool(self.ts or self.id or self.conditions or self.attrs or
+                    any(e.source or e.conditions or e.attrs for e in self.events))
+
+    def fit(self, parts: list[str]) -> dict | None:
+        """The attributes the topic's levels give (a ``type`` among them), or None when a
+        level pattern does not fit its level."""
+        attrs = {}
+        for i, level in enumerate(self.levels):
+            if level is None or i >= len(parts):
+                continue
+            if isinstance(level, str):
+                attrs[level] = parts[i]
+                continue
+            m = level.fullmatch(parts[i])
+            if m is None:
+                return None
+            attrs.update(m.groupdict())
+        return attrs
 
 
 def _rule(number: int, raw, source: str) -> TopicRule:
@@ -147,17 +282,8 @@ def _rule(number: int, raw, source: str) -> TopicRule:
                 (wild and len(spec) < len(flt_levels) - 1):
             raise UserError(f"{where}: levels {raw['levels']!r} names {len(spec)} levels, "
                             f"the filter has {len(flt_levels)}")
-        seen = set()
-        for name in spec:
-            if name == "_":
-                continue
-            if not NAME.match(name) or name in ("id", "ts"):
-                raise UserError(f"{where}: levels: {name!r} is no attribute name (letters, "
-                                "digits and _, not id or ts; _ skips a level)")
-            if name in seen:
-                raise UserError(f"{where}: levels names {name!r} twice")
-            seen.add(name)
-        levels = tuple(None if n == "_" else n for n in spec)
+        seen: set = set()
+        levels = tuple(None if n == "_" else _level(n, where, seen) for n in spec)
     fmt = text("format")
     if fmt is not None and fmt not in FORMATS:
         raise UserError(f"{where}: format {fmt!r} is not one of {', '.join(FORMATS)} "
@@ -175,16 +301,120 @@ def _rule(number: int, raw, source: str) -> TopicRule:
     except (ValueError, OSError, LookupError) as err:
         raise UserError(f"{where}: ts_zone {zone_name!r} is no time zone ({err})") from None
     rename = raw.get("rename", {})
+    names = text("names", "keep")
+    if names not in NAMES:
+        raise UserError(f"{where}: names {names!r} is not one of {', '.join(NAMES)} (what "
+                        "becomes of a payload key that is no identifier)")
+    events = raw.get("event", [])
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise UserError(f"{where}: event must be [[topic.event]] tables")
+    etype = text("type")
+    if etype is not None:
+        _check_type(etype, f"{where}: type")
+    return TopicRule(number, flt, levels, fmt, None if ts is None else _path(ts), unit, zone,
+                     etype, _renames(rename, where),
+                     None if raw.get("id") is None else _path(text("id")),
+                     _conditions(raw, where), _attrs(raw.get("attrs", {}), where), names,
+                     tuple(_table(j + 1, e, f"{where} [[topic.event]] {j + 1}")
+                           for j, e in enumerate(events)))
+
+
+def _level(spec: str, where: str, seen: set):
+    """A ``levels`` entry: an attribute name (the whole level) or a pattern of literal
+    text and ``{name}`` captures (a compiled regex with named groups); a capture takes
+    as much of the level as it can, from the left (``{room}_{type}`` reads
+    ``living_room_temperature`` as living_room and temperature)."""
+    def name_ok(name: str) -> str:
+        if not NAME.match(name) or name in ("id", "ts"):
+            raise UserError(f"{where}: levels: {name!r} is no attribute name (letters, "
+                            "digits and _, not id or ts; _ skips a level; {name} captures "
+                            "part of one)")
+        if name in seen:
+            raise UserError(f"{where}: levels names {name!r} twice")
+        seen.add(name)
+        return name
+    if "{" not in spec and "}" not in spec:
+        return name_ok(spec)
+    pieces = re.split(r"\{([^{}]*)\}", spec)
+    if any("{" in p or "}" in p for p in pieces[0::2]):
+        raise UserError(f"{where}: levels: {spec!r}: braces must pair, as in {{room}}_co2")
+    regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{name_ok(p)}>.+)"
+                    for i, p in enumerate(pieces))
+    return re.compile(regex, re.DOTALL)
+
+
+def _check_type(name: str, where: str) -> None:
+    if not NAME.match(name):
+        raise UserError(f"{where}: {name!r} is no event type a query can name (letters, "
+                        "digits and _)")
+
+
+def _renames(rename, where: str) -> dict:
     if not isinstance(rename, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in rename.items()):
-        raise UserError(f"{where}: rename must be a table of field = \"attribute\"")
-    for target in rename.values():
+        raise UserError(f"{where}: rename must be a table of \"field\" = \"attribute\" "
+                        "(quote a dotted field: \"a.b\" = \"x\")")
+    for source, target in rename.items():
         if not NAME.match(target) or target in EVENT_FIELDS:
-            raise UserError(f"{where}: rename: {target!r} is no attribute name (letters, "
-                            "digits and _, not id, ts or type)")
-    return TopicRule(number, flt, levels, fmt, None if ts is None else _path(ts), unit, zone,
-                     text("type"), {k.replace(".", "_"): v for k, v in rename.items()},
-                     None if raw.get("id") is None else _path(text("id")))
+            raise UserError(f"{where}: rename: {source!r} = {target!r}: {target!r} is no "
+                            "attribute name a query can name (letters, digits and _, not "
+                            "id, ts or type)")
+    return {k.replace(".", "_"): v for k, v in rename.items()}
+
+
+def _flat_table(table, prefix: str = "") -> dict:
+    """A TOML table whose bare dotted keys made nested tables, as dotted paths."""
+    out = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.update(_flat_table(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _conditions(raw: dict, where: str) -> tuple[Condition, ...]:
+    when, has = raw.get("when", {}), raw.get("has", [])
+    if not isinstance(when, dict):
+        raise UserError(f"{where}: when must be a table of \"field\" = value")
+    out = []
+    for path, value in _flat_table(when).items():
+        if not isinstance(value, (str, int, float, bool)):
+            raise UserError(f"{where}: when: {path!r} = {value!r}: a value is a string, "
+                            "number or boolean")
+        out.append(Condition(_path(path), value))
+    if not isinstance(has, list) or not all(isinstance(h, str) and h for h in has):
+        raise UserError(f"{where}: has must be a list of fields, as has = [\"params.ts\"]")
+    out += [Condition(_path(h)) for h in has]
+    return tuple(out)
+
+
+def _attrs(attrs, where: str) -> dict:
+    if not isinstance(attrs, dict) or not all(isinstance(v, str) and v
+                                              for v in attrs.values()):
+        raise UserError(f"{where}: attrs must be a table of attribute = \"field\"")
+    for name in attrs:
+        if not NAME.match(name) or name in EVENT_FIELDS:
+            raise UserError(f"{where}: attrs: {name!r} is no attribute name a query can "
+                            "name (letters, digits and _, not id, ts or type)")
+    return {name: _path(path) for name, path in attrs.items()}
+
+
+def _table(number: int, raw: dict, where: str) -> EventTable:
+    unknown = [k for k in raw if k not in EVENT_KEYS]
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r} (an event table has "
+                        f"{', '.join(EVENT_KEYS)})")
+    for key in ("type", "from"):
+        v = raw.get(key)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise UserError(f"{where}: {key} must be a non-empty string")
+    if raw.get("type") is not None:
+        _check_type(raw["type"], f"{where}: type")
+    return EventTable(number, raw.get("type"),
+                      None if raw.get("from") is None else _path(raw["from"]),
+                      _conditions(raw, where), _attrs(raw.get("attrs", {}), where),
+                      _renames(raw.get("rename", {}), where))
 
 
 class TopicMap:
@@ -196,6 +426,8 @@ class TopicMap:
         self.text = text  # what it was parsed from (handed to Spark's journal source)
         self._filters = [r.filter.split("/") for r in rules]
         self._topics: dict[str, tuple] = {}
+        # (rule number, attribute no query can name) -> events that carried it (``_named``)
+        self.unnamable: dict[tuple[int, str], int] = {}
 
     @classmethod
     def parse(cls, text: str, source: str = "the map") -> "TopicMap":
@@ -224,19 +456,25 @@ class TopicMap:
         return cls.parse(text, str(path))
 
     # ---------------------------------------------------------------- reading
-    def _for_topic(self, topic: str):
-        """(rule, attributes from the topic's levels, type from a level) or None."""
+    def _for_topic(self, topic: str) -> tuple:
+        """The rules whose filter matches the topic and whose level patterns fit it, in
+        order, each with (rule, attributes from the levels, type from a level); and the
+        rules whose filter matches but whose patterns do not fit (for the reason)."""
         hit = self._topics.get(topic)
         if hit is not None:
             return hit
         parts = topic.split("/")
-        hit = (None, {}, None)
+        fitting, misfits = [], []
         for rule, levels in zip(self.rules, self._filters):
             if filter_matches(levels, parts):
-                attrs = {name: parts[i] for i, name in enumerate(rule.levels)
-                         if name is not None and i < len(parts)}
-                hit = (rule, attrs, attrs.pop("type", None))
-                break
+                attrs = rule.fit(parts)
+                if attrs is None:
+                    misfits.append(rule)
+                    continue
+                fitting.append((rule, attrs, attrs.pop("type", None)))
+                if not rule.conditions:  # it always applies: no later rule is reached
+                    break
+        hit = (tuple(fitting), tuple(misfits))
         if len(self._topics) >= TOPIC_CACHE:
             self._topics.clear()
         self._topics[topic] = hit
@@ -245,10 +483,14 @@ class TopicMap:
     def kernel_reading(self, topic: str):
         """How the kernel (``MappedColumns``) may read the records of ``topic``: (event
         type, format, {attribute: value} from the topic's levels), or None when they are
-        for ``read``: no rule matches, or the rule reads a time, an id or renames, or
-        the type would come from the payload."""
-        rule, level_attrs, level_type = self._for_topic(topic)
-        if rule is None or rule.ts is not None or rule.id is not None or rule.rename:
+        for ``read``: no rule matches, or the first rule that may apply reads a time, an
+        id, renames or reads the payload's content, or the type would come from the
+        payload."""
+        fitting, _ = self._for_topic(topic)
+        if not fitting:
+            return None
+        rule, level_attrs, level_type = fitting[0]
+        if rule.ts is not None or rule.id is not None or rule.rename or not rule.plain:
             return None
         etype = rule.type or level_type
         if not etype:
@@ -257,77 +499,188 @@ class TopicMap:
 
     def read(self, record: Record) -> tuple[list[Event], list[Rejected]]:
         """The events of one journal record, and why any part of it is no event."""
-        rule, level_attrs, level_type = self._for_topic(record.topic)
+        fitting, misfits = self._for_topic(record.topic)
         payload = record.payload
-        if rule is None:
-            return [], [Rejected(f"no [[topic]] rule of {self.source} matches the topic "
-                                 f"{record.topic!r}", None)]
+        if not fitting:
+            why = f"no [[topic]] rule of {self.source} matches the topic {record.topic!r}"
+            if misfits:
+                why += "; " + "; ".join(f"{r.name}: its levels do not fit" for r in misfits[:3])
+            return [], [Rejected(why, None)]
         if isinstance(payload, Refused):
             return [], [Rejected(f"payload of {payload.size} bytes exceeds {MAX_PAYLOAD}; "
                                  "refused at ingest, only its size was kept", None)]
         if len(payload) > MAX_PAYLOAD:
             return [], [Rejected(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}", None)]
-        fmt = rule.format or detect_format(payload) or "value"
-        try:
-            obj = _read_value(payload) if fmt == "value" else decode_as(payload, fmt)
-        except ValueError as err:
-            return [], [Rejected(f"{rule.name}: {err}", None)]
-        items = obj if isinstance(obj, list) else [obj]
-        if len(items) > MAX_EVENTS:
-            return [], [Rejected(f"{rule.name}: {len(items)} events in one payload; at most "
-                                 f"{MAX_EVENTS}", None)]
-        arrival = record.arrival_us
+        decoded: dict = {}  # format -> (items, single) or the reason it holds none
+
+        def items_for(rule):
+            fmt = rule.format or detect_format(payload)
+            if fmt is None:
+                if rule.reads_fields:
+                    return (f"{rule.name}: the payload is neither JSON nor msgpack (starts "
+                            f"{payload[:24]!r}); the rule reads its fields")
+                fmt = "value"
+            if fmt not in decoded:
+                try:
+                    obj = _read_value(payload) if fmt == "value" else decode_as(payload, fmt)
+                except ValueError as err:
+                    decoded[fmt] = f"{rule.name}: {err}"
+                else:
+                    items = obj if isinstance(obj, list) else [obj]
+                    decoded[fmt] = (f"{rule.name}: {len(items)} events in one payload; at "
+                                    f"most {MAX_EVENTS}") if len(items) > MAX_EVENTS \
+                        else (items, not isinstance(obj, list))
+            return decoded[fmt]
+
+        first = items_for(fitting[0][0])
+        if isinstance(first, str):
+            return [], [Rejected(first, None)]
+        items, single = first
         events, rejected = [], []
-        single = not isinstance(obj, list)
         for i, item in enumerate(items):
+            chosen, whys = None, []
+            for rule, level_attrs, level_type in fitting:
+                got = items_for(rule)
+                if isinstance(got, str):
+                    whys.append(got)
+                    continue
+                mine = got[0][i] if i < len(got[0]) else None
+                why = next((w for c in rule.conditions if (w := c.failure(mine)) is not None),
+                           None) if i < len(got[0]) else "no such item"
+                if why is None:
+                    chosen = (rule, mine, level_attrs, level_type)
+                    break
+                whys.append(f"{rule.name}: {why}")
+            if chosen is None:
+                rejected.append(Rejected("no [[topic]] rule applies: " + "; ".join(whys[:4]),
+                                         None if single else i))
+                continue
             try:
-                events.append(self._event(rule, item, record.topic, record.offset, i, arrival,
-                                          level_attrs, level_type))
+                events += self._events(*chosen, record, i)
             except (EventError, RecursionError) as err:
                 why = "nested too deeply" if isinstance(err, RecursionError) else str(err)
-                rejected.append(Rejected(f"{rule.name}: {why}", None if single else i))
+                rejected.append(Rejected(f"{chosen[0].name}: {why}", None if single else i))
         return events, rejected
 
-    def _event(self, rule: TopicRule, item, topic: str, offset: int, index: int,
-               arrival: int | None,
-               level_attrs: dict, level_type: str | None) -> Event:
-        if isinstance(item, dict):
+    def _events(self, rule: TopicRule, item, level_attrs: dict, level_type: str | None,
+                record: Record, index: int) -> list[Event]:
+        """The events one payload item gives by ``rule``: one, or one per event table
+        that applies (none applying: an EventError naming each table's reason)."""
+        if not rule.events:
+            return [self._event(rule, None, item, record, derived_id(record.offset, index)
+                                if rule.id is None else None, level_attrs, level_type)]
+        out, whys = [], []
+        n = len(rule.events)
+        if (index + 1) * n > MAX_EVENTS:
+            raise EventError(f"more than {MAX_EVENTS} events in one payload")
+        for table in rule.events:
+            why = table.failure(item)
+            if why is not None:
+                whys.append(f"{table.name}: {why}")
+                continue
+            out.append(self._event(rule, table, item, record,
+                                   derived_id(record.offset, index * n + table.number - 1)
+                                   if rule.id is None else None, level_attrs, level_type))
+        if not out:
+            raise EventError("no [[topic.event]] table applies: " + "; ".join(whys[:4]))
+        return out
+
+    def _event(self, rule: TopicRule, table: EventTable | None, item, record: Record,
+               event_id: int | None, level_attrs: dict, level_type: str | None) -> Event:
+        source = table.source if table is not None and table.source else ()
+        obj = _lookup(item, source) if source else item
+        if isinstance(obj, dict):
             flat: dict = {}
-            _flatten(item, "", flat)
-        elif isinstance(item, list):
-            raise EventError("an array inside the payload's array is no event")
+            _flatten(obj, "", flat)
+        elif isinstance(obj, list):
+            raise EventError("an array inside the payload's array is no event" if not source
+                             else f"the field {'.'.join(source)!r} holds an array, no object")
         else:
-            flat = {"value": item}
+            flat = {"value": obj}
+
+        def inside(path):  # a path's attribute name when it lies in the event's object
+            return "_".join(path[len(source):]) if path[:len(source)] == source else None
+
         if rule.ts is not None:
-            ts = _time(_lookup(item, rule.ts), rule, arrival)
-            flat.pop("_".join(rule.ts), None)
-        elif arrival is None:
+            ts = _time(_lookup(item, rule.ts), rule, record.arrival_us)
+            flat.pop(inside(rule.ts), None)
+        elif record.arrival_us is None:
             raise EventError("the journal record has no arrival time (written before journal "
                              "format 2); name the payload's time field (ts)")
         else:
-            ts = arrival // 1000
+            ts = record.arrival_us // 1000
         if rule.id is not None:
-            event_id = _lookup(item, rule.id)
-            flat.pop("_".join(rule.id), None)
-            if not isinstance(event_id, int) or isinstance(event_id, bool):
+            number = _lookup(item, rule.id)
+            flat.pop(inside(rule.id), None)
+            if not isinstance(number, int) or isinstance(number, bool):
                 raise EventError(f"the id field {'.'.join(rule.id)!r} must hold an integer, "
-                                 f"got {event_id!r}"[:200])
-            event_id = device_id(topic, event_id)
-        else:
-            event_id = derived_id(offset, index)
-        for src, dst in rule.rename.items():
-            if src in flat:
-                flat[dst] = flat.pop(src)
+                                 f"got {number!r}"[:200])
+            event_id = device_id(record.topic, number, table.number if table else 0)
+        for renames in (rule.rename, table.rename if table is not None else {}):
+            for src, dst in renames.items():
+                if src in flat:
+                    flat[dst] = flat.pop(src)
+        for attrs in (rule.attrs, table.attrs if table is not None else {}):
+            for name, path in attrs.items():
+                try:
+                    value = _lookup(item, path)
+                except EventError:
+                    continue  # an attribute the payload does not carry: absent
+                if isinstance(value, (dict, list)):
+                    sub: dict = {}
+                    _flatten(value if isinstance(value, dict) else
+                             {str(i): x for i, x in enumerate(value)}, name + "_", sub)
+                    flat.update(sub)
+                elif value is not None:
+                    flat[name] = value
         payload_type = flat.pop("type", None)
         flat.pop("id", None)
         flat.pop("ts", None)
-        etype = rule.type or level_type or payload_type
+        etype = (table.type if table is not None else None) or rule.type or level_type \
+            or payload_type
         if etype is None:
             raise EventError("no event type: the rule names none (type = ...), nor does the "
                              "topic (a `type` level) or the payload (a field `type`)")
+        flat = self._named(rule, flat)
         flat.update(level_attrs)
         flat["id"], flat["ts"], flat["type"] = event_id, ts, etype
         return event_from_mapping(flat)
+
+    def _named(self, rule: TopicRule, flat: dict) -> dict:
+        """The attributes, a key that is no identifier cleaned (``names = "clean"``) or
+        kept as it is and counted (``unnamable``: no query can name it)."""
+        if all(NAME.match(k) for k in flat):
+            return flat
+        if rule.names == "keep":
+            for k in flat:
+                if not NAME.match(k):
+                    key = (rule.number, k)
+                    if key in self.unnamable or len(self.unnamable) < MAX_UNNAMABLE:
+                        self.unnamable[key] = self.unnamable.get(key, 0) + 1
+            return flat
+        out = {}
+        for k, v in flat.items():
+            name = k if NAME.match(k) else clean_name(k)
+            if name in out or (name != k and name in flat):
+                raise EventError(f"two fields give the attribute {name!r} ({k!r} cleaned "
+                                 "is another field's name); rename one")
+            out[name] = v
+        return out
+
+    def unnamable_lines(self, since: int = 0) -> list[str]:
+        """The attributes no query can name, one line per (rule, key), from the
+        ``since``-th on (a reader that said the first ones asks for the rest)."""
+        return [f"{self.rules[n - 1].name}: the attribute {k!r} ({c} event(s)) is no name "
+                f"a query can give: rename = {{ {json.dumps(k)} = \"{clean_name(k)}\" }} "
+                "or names = \"clean\""
+                for (n, k), c in list(self.unnamable.items())[since:]]
+
+
+def clean_name(key: str) -> str:
+    """A payload key as an attribute name: every character but letters, digits and _
+    becomes _, and a name that would start with a digit gets a _ before it."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", key)
+    return "_" + name if not name or name[0].isdigit() else name
 
 
 def _read_value(payload: bytes):

@@ -50,8 +50,9 @@ def dead_letter(offset: int, topic: str, payload: bytes | None, size: int,
                 rejected: list[Rejected]) -> dict:
     """The one dead-letter record of a payload with rejections (docs/streaming.md).
 
-    A payload is written at most once, base64-encoded, however many of its
-    events are bad; the bad events of a batch are named by their positions,
+    A payload is written at most once, however many of its events are bad: as
+    text when it is UTF-8 (``"encoding": "utf-8"``: what a device sent is read as
+    it was), else base64 (``"encoding": "base64"``); the bad events of a batch are named by their positions,
     grouped by reason (at most MAX_REASONS reasons, each at most a line long),
     so a dead letter grows with the payload's size, not with its bad events
     times its size. ``payload=None``: a payload not kept (larger than the
@@ -76,7 +77,11 @@ def dead_letter(offset: int, topic: str, payload: bytes | None, size: int,
     if payload is None:
         record["size"] = size
     else:
-        record["payload"] = base64.b64encode(payload).decode()
+        try:
+            record["payload"], record["encoding"] = payload.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            record["payload"] = base64.b64encode(payload).decode()
+            record["encoding"] = "base64"
     return record
 
 
