@@ -56,6 +56,9 @@ class PendingBlock(NamedTuple):
 CHUNK_ROWS = 16_384
 BLOCK_RECORDS = 16_384  # records of a block the compiled map reads at once, at most
 DEAD = "dead."        # counters of dead letters by reason: dead.payload, dead.event, ...
+# events after which the service says, once, the types and attributes its queries name
+# that none of them held (a typo gives no error, only no match); also at the stream's end
+UNSEEN_AFTER = 10_000
 
 
 class JournalConsumer:
@@ -265,6 +268,23 @@ class JournalConsumer:
                     self._write_late(*pending.record(r), late)
         self.offset = end + 1
         self._pending, self._pending_rows, self._decoded_rows = [], 0, 0
+        if self.engine.events_in >= UNSEEN_AFTER:
+            self._report_unseen()
+
+    def _report_unseen(self) -> None:
+        """Once: the event types and attributes the queries name that no event held so
+        far (``dqcep.lang.check.never_seen``, as a file run says at its end), and the
+        attributes the map made that no query could name."""
+        if self._unseen_said or not self.engine.events_in:
+            return
+        self._unseen_said = True
+        from dqcep.lang.check import never_seen
+        types, attrs = self.engine.seen()
+        n = self.engine.events_in
+        for q in self.queries:
+            for message, pos in never_seen(q, types, attrs):
+                print(f"dqcep: {self.cfg.queries}:{pos.line}:{pos.col}: {message} (its first "
+                      f"{n:,} events)", file=sys.stderr, flush=True)
 
     def _dead_ahead(self, pending, ts, record, rows, arrival, ahead) -> None:
         """Dead letters for the kernel-decoded events too far ahead of their arrival:
@@ -289,6 +309,11 @@ class JournalConsumer:
         after the decoder's rows so far (they become columns with the events read in
         Python after them: ``_piece``)."""
         events, rejected = self.reader.read(record)
+        topic_map = self.reader.map
+        if topic_map is not None and len(topic_map.unnamable) > self._unnamable_said:
+            for line in topic_map.unnamable_lines(self._unnamable_said):
+                print(f"dqcep: {topic_map.source}: {line}", file=sys.stderr, flush=True)
+            self._unnamable_said = len(topic_map.unnamable)
         if rejected:
             payload = record.payload
             self.counts["malformed"] += len(rejected)

@@ -290,6 +290,8 @@ class StreamingService(JournalConsumer):
         self.decoder = engine.column_decoder()  # after restore, which replaces it
         self._loaded_at = time.monotonic()  # (``checkpoint_due`` before the first one)
         self._nothing_pending()
+        self._unseen_said = False  # the queries' unseen types and attributes (once)
+        self._unnamable_said = 0   # the map's (rule, attribute) pairs no query can name
         self.out = self.dead = self.late = None
         self.database = is_database(cfg.output)
         self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"],
@@ -529,6 +531,7 @@ class StreamingService(JournalConsumer):
             self._keep_last(out.matches)
         self._stopped(out.stopped, self.offset)
         self.ended_at = self.offset
+        self._report_unseen()
 
     def checkpoint(self, wait: bool = True) -> None:
         """A checkpoint: the journal offset consumed, the engine's snapshot and the

@@ -277,3 +277,4 @@ def test_dqcep_map_watch_prints_what_comes_from_the_broker(mosquitto, tmp_path):
     assert [x.get("type") or "dead" for x in lines] == ["Temperature", "Humidity", "dead"]
     assert lines[0]["device"] == "ht-1" and lines[1]["rh"] == 50
     assert lines[2]["dead_letter"]["payload"] == "not json"
+
