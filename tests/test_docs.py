@@ -68,7 +68,7 @@ FIXTURES = {
                                   "WHERE [room] AND x.open = true AND y.active = true\n"
                                   "WITHIN 10 s\n"},
 }
-ERROR_LINE = re.compile(r"^\S+:\d+:\d+: ")
+ERROR_LINE = re.compile(r"^\S+:\d+:\d+: (?!warning: )")  # a positioned error, not a warning
 
 
 @dataclass

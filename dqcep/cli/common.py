@@ -100,9 +100,14 @@ def planner_options(parser, only: str = "", default: str = f"default {MATERIALIZ
 
 
 def warn_plan(query_file, rates: dict[str, float]) -> None:
-    """What the queries as written may cost (``dqcep.plan.warnings``), on stderr."""
+    """What the queries as written may cost (``dqcep.plan.warnings``) and the negated
+    events their ``[attr]`` does not reach (``dqcep.lang.check.untied_negations``), on
+    stderr."""
+    from dqcep.lang.check import untied_negations
     from dqcep.plan.warnings import kleene_warnings
-    for message, pos in kleene_warnings(query_file.queries, rates):
+    found = kleene_warnings(query_file.queries, rates)
+    found += [w for q in query_file.queries for w in untied_negations(q)]
+    for message, pos in sorted(found, key=lambda w: (w[1].line, w[1].col)):
         print(f"{query_file.source}:{pos.line}:{pos.col}: {message}", file=sys.stderr)
 
 

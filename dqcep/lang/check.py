@@ -341,3 +341,37 @@ def never_seen(q: ast.Query, types: set[str], attrs: set[str]) -> list[Problem]:
                 named.add(attr)
                 out.append((f"attribute {attr!r} never appeared in the input", e.pos))
     return out
+
+
+def untied_negations(q: ast.Query) -> list[Problem]:
+    """The negated events an ``[attr]`` of the query does not reach: ``[attr]`` never
+    constrains negated events (spec section 4), so ``WHERE [device]`` with ``NOT Door
+    c`` lets a close of any door rule out every door's match. Written once per negated
+    variable that no conjunct ``c.attr = x.attr`` (x positive) ties, at its position."""
+    if q.where is None:
+        return []
+    parts = ast.conjuncts(q.where)
+    shared = [c.attr for c in parts if isinstance(c, ast.Equivalence)]
+    if not shared:
+        return []
+    in_order = ast.positive_vars(q.pattern)
+    positive = set(in_order)
+    ties = set()  # (negated var, attr) tied to a positive variable by equality
+    for c in parts:
+        if isinstance(c, ast.Binary) and c.op == "=" and isinstance(c.left, ast.AttrRef) \
+                and isinstance(c.right, ast.AttrRef) and c.left.attr == c.right.attr:
+            for a, b in ((c.left, c.right), (c.right, c.left)):
+                if b.var in positive and a.var not in positive:
+                    ties.add((a.var, a.attr))
+    out: list[Problem] = []
+    for leaf, negated in ast.event_patterns(q.pattern):
+        if not negated:
+            continue
+        for attr in shared:
+            if (leaf.var, attr) in ties:
+                continue
+            x = in_order[0] if in_order else "x"
+            out.append((f"warning: query {q.name}: [{attr}] does not reach the negated "
+                        f"{leaf.type} {leaf.var}: a {leaf.type} of any {attr} rules a match "
+                        f"out; to tie it, add {leaf.var}.{attr} = {x}.{attr}", leaf.pos))
+    return out
