@@ -106,7 +106,8 @@ def warn_plan(query_file, rates: dict[str, float]) -> None:
     from dqcep.lang.check import untied_negations
     from dqcep.plan.warnings import kleene_warnings
     found = kleene_warnings(query_file.queries, rates)
-    found += [w for q in query_file.queries for w in untied_negations(q)]
+    schemas = {s.type: s for s in query_file.schemas}
+    found += [w for q in query_file.queries for w in untied_negations(q, schemas)]
     for message, pos in sorted(found, key=lambda w: (w[1].line, w[1].col)):
         print(f"{query_file.source}:{pos.line}:{pos.col}: {message}", file=sys.stderr)
 

@@ -343,11 +343,16 @@ def never_seen(q: ast.Query, types: set[str], attrs: set[str]) -> list[Problem]:
     return out
 
 
-def untied_negations(q: ast.Query) -> list[Problem]:
+def untied_negations(q: ast.Query, schemas: dict[str, ast.EventSchema] | None = None
+                     ) -> list[Problem]:
     """The negated events an ``[attr]`` of the query does not reach: ``[attr]`` never
     constrains negated events (spec section 4), so ``WHERE [device]`` with ``NOT Door
     c`` lets a close of any door rule out every door's match. Written once per negated
-    variable that no conjunct ``c.attr = x.attr`` (x positive) ties, at its position."""
+    variable that no conjunct ``c.attr = x.attr`` (x positive) ties, at its position,
+    when its events surely carry the attribute: its type is one the match binds too
+    (the same kind of device), or its ``EVENT`` declaration names the attribute. A
+    negated event of another kind (a weather station's rain) may well be meant for
+    every partition."""
     if q.where is None:
         return []
     parts = ast.conjuncts(q.where)
@@ -363,12 +368,16 @@ def untied_negations(q: ast.Query) -> list[Problem]:
             for a, b in ((c.left, c.right), (c.right, c.left)):
                 if b.var in positive and a.var not in positive:
                     ties.add((a.var, a.attr))
+    bound_types = {e.type for e, negated in ast.event_patterns(q.pattern) if not negated}
     out: list[Problem] = []
     for leaf, negated in ast.event_patterns(q.pattern):
         if not negated:
             continue
+        declared = (schemas or {}).get(leaf.type)
         for attr in shared:
-            if (leaf.var, attr) in ties:
+            if (leaf.var, attr) in ties or not (
+                    leaf.type in bound_types or
+                    (declared is not None and declared.attr_type(attr) is not None)):
                 continue
             x = in_order[0] if in_order else "x"
             out.append((f"warning: query {q.name}: [{attr}] does not reach the negated "
