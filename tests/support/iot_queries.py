@@ -30,7 +30,11 @@ def example_queries(path: Path) -> int:
         return set().union(*(types(i) for i in item.items))
 
     seen, texts = set(), []
-    for f in [ROOT / "dqcep/data/iot.cep", *sorted((ROOT / "examples").glob("*.cep"))]:
+    # the building recipes are over a device map's events (examples/devices.toml), not
+    # the iot profile's, though they name some of its types (Door, Temperature)
+    over_devices = {"building.cep", "door-untied.cep"}
+    for f in [ROOT / "dqcep/data/iot.cep", *sorted(f for f in (ROOT / "examples").glob("*.cep")
+                                                   if f.name not in over_devices)]:
         for q in parse_file(str(f)).queries:
             if q.name not in seen and types(q.pattern) <= IOT_TYPES:
                 seen.add(q.name)

@@ -79,10 +79,11 @@ class Service:
         self.stderr: list[str] = []
 
     def start(self, before=0, **popen):
-        """Start and wait for "listening on" (after ``before`` other lines). stderr is
-        read all the time by a thread: the stats line comes every 0.2 s, and a pipe
-        nobody reads fills (64 KiB, about a minute of them) and then blocks the service
-        mid-write, which a long or loaded run once hit."""
+        """Start and wait for "listening on" (after ``before`` other lines, and the
+        queries' warnings: ``dqcep.cli.common.warn_plan``). stderr is read all the time
+        by a thread: the stats line comes every 0.2 s, and a pipe nobody reads fills
+        (64 KiB, about a minute of them) and then blocks the service mid-write, which
+        a long or loaded run once hit."""
         self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, text=True, **popen)
         self.lines = queue.Queue()
         self.reader = threading.Thread(target=self._read_stderr,
@@ -91,6 +92,8 @@ class Service:
         for _ in range(before):  # lines said before it (the workers' placement)
             self.next_line(60)
         line = self.next_line(60)
+        while ": warning: " in line:
+            line = self.next_line(60)
         assert "listening on" in line, line + self.log()
 
     def _read_stderr(self, pipe, lines):
