@@ -27,11 +27,16 @@ def add_parser(sub) -> None:
                      help="event format (default: from the file extension; jsonl for -; "
                      "MQTT payloads: msgpack or json, omitted: each payload read as what it is)")
     run.add_argument("--output", "-o", metavar="OUT",
-                     help="match file, mqtt://host:port/topic, or a database table: "
+                     help="match file, mqtt://host:port/topic, a webhook (https://..., or "
+                     "http:// on loopback: a POST per match with its key, retried until "
+                     "taken), or a database table: "
                      "sqlite:///FILE.db or postgresql://USER@HOST:PORT/DB, with "
                      "?table=NAME (default matches); one transaction per batch, exactly "
                      "once from the MQTT service; password from DQCEP_DB_PASSWORD "
                      "(default: stdout)")
+    run.add_argument("--output-token-file", metavar="FILE",
+                     help="a webhook output's bearer token (one line), sent as "
+                     "Authorization: Bearer")
     run.add_argument("--output-format", choices=("json", "msgpack"), default="json",
                      help="payload encoding of matches published to MQTT (default json)")
     run.add_argument("--engine", choices=("native", "sase", "reference"), default="native",
@@ -199,7 +204,8 @@ def command(args) -> int:
     from dqcep.io.sinks import BackgroundSink, is_mqtt, open_match_sink
     from dqcep.runtime.pipeline import BadEvents, Pipeline
 
-    sink = open_match_sink(args.output, args.output_format, with_returns=args.returns)
+    sink = open_match_sink(args.output, args.output_format, with_returns=args.returns,
+                           token_file=args.output_token_file)
     if not args.returns and args.engine != "reference" and not is_mqtt(args.output):
         sink = BackgroundSink(sink)  # a file's output overlaps matching
     bad = BadEvents(args.on_bad_event)

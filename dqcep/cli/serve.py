@@ -18,12 +18,12 @@ def _state_dir(args):
     from pathlib import Path
 
     from dqcep.io.database import is_database
-    from dqcep.io.sinks import is_mqtt
+    from dqcep.io.sinks import is_remote
     if args.state:
         return Path(args.state)
     if args.journal and args.checkpoint and args.dead_letter and args.late:
         return None
-    if is_mqtt(args.output) or is_database(args.output):
+    if is_remote(args.output) or is_database(args.output):
         raise UserError(f"with --output {args.output.split(':', 1)[0]}://..., say where the "
                         "service keeps its state: --state DIR")
     out = Path(args.output)
@@ -72,7 +72,8 @@ def start_service(args) -> int:
         fmt=fmt, lateness=rule.lateness, skew=rule.skew, timeline=rule.timeline,
         tick=TICK_MS if args.tick is None else args.tick, topic_map=topic_map,
         max_future=MAX_FUTURE_MS if args.max_future is None else args.max_future,
-        output_format=args.output_format, client_id=args.client_id,
+        output_format=args.output_format, output_token_file=args.output_token_file,
+        client_id=args.client_id,
         stats_every=args.stats_every, stats_file=args.stats_file,
         until_idle=args.until_idle, journal_retention=args.journal_retention,
         journal_segment_bytes=args.journal_segment, materialize=materialize_of(args, running=True),

@@ -3,12 +3,23 @@ match in other framings (a database row, a COPY line), all from one kernel
 (``dqcep._kernels.match_format``)."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
 
 from dqcep._kernels.match_format import MatchLines
 from dqcep.core.events import Match
+
+
+def match_key(query: str, events: dict) -> str:
+    """A match's key: the same query and events give the same key in every process and
+    run (what a consumer of an at-least-once output drops repeats by): 128 bits of
+    BLAKE2b over the query's name and its events object as canonical JSON, in hex."""
+    text = json.dumps([query, events], ensure_ascii=False, sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.blake2b(text.encode("utf-8", "backslashreplace"),
+                           digest_size=16).hexdigest()
 
 
 def match_line(m: Match, with_returns: bool = False) -> str:

@@ -1,11 +1,13 @@
-"""Where matches go: a JSON-lines file or stdout, an MQTT topic (QoS 1), or a database
-table (``dqcep.io.database``: ``sqlite:///FILE.db``, one transaction per batch).
+"""Where matches go: a JSON-lines file or stdout, an MQTT topic (QoS 1), a webhook (an
+HTTP POST per match), or a database table (``dqcep.io.database``: ``sqlite:///FILE.db``,
+one transaction per batch).
 
 File sinks can be cut back to a checkpointed length (``sync`` returns it), which
 makes the streaming service's output exactly once. An MQTT topic cannot be cut
 back: across a crash of the service, matches found after its last checkpoint
 are published again (at least once); every match is one payload, so a consumer
-can drop repeats by (query, events).
+can drop repeats by (query, events). A webhook likewise, each request carrying the
+match's key (``match_key``).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 
 from dqcep.core.errors import UserError
 from dqcep.core.events import Match
-from dqcep.io.match_text import LINES_BUFFER, match_lines, write_match_lines
+from dqcep.io.match_text import LINES_BUFFER, match_key, match_lines, write_match_lines
 
 MATCH_FORMATS = ("json", "msgpack")
 
@@ -96,6 +98,137 @@ def durable(f) -> None:
 
 def is_mqtt(target: str | None) -> bool:
     return bool(target) and target.startswith(("mqtt://", "mqtts://"))
+
+
+def is_webhook(target: str | None) -> bool:
+    return bool(target) and target.startswith(("https://", "http://"))
+
+
+def is_remote(target: str | None) -> bool:
+    """An output that cannot be cut back to a checkpoint (an MQTT topic, a webhook): the
+    matches found after the last checkpoint are sent again after a crash (at least
+    once, each with its match key), and every worker shares it."""
+    return is_mqtt(target) or is_webhook(target)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+WEBHOOK_TIMEOUT = 10.0      # s a request may take before it is tried again
+WEBHOOK_BACKOFF = (0.25, 30.0)  # s before the first retry, and at most between two
+# answers that say this match will never be taken (retrying cannot help): counted and
+# said, the match left out; every other failure (no connection, 408, 429, 5xx, 401,
+# 403: an endpoint down or a token being fixed) is retried until it is taken
+WEBHOOK_REFUSED = (400, 404, 405, 410, 413, 415, 422)
+
+
+class WebhookMatchSink:
+    """POST each match to an HTTP endpoint as its JSON object (the spec's, with RETURN
+    values under ``--returns``) plus its ``key`` (``match_key``), at least once: the
+    key also goes in the ``Idempotency-Key`` header, so the endpoint can drop repeats
+    (after a crash, the matches since the last checkpoint are sent again). A failed
+    request is retried with exponential backoff until the endpoint takes it; the
+    service's matching waits meanwhile (nothing is lost: the journal keeps taking
+    messages). ``https://``, or ``http://`` on loopback only (an alert in clear text
+    across a network is refused); a bearer token from ``token_file``."""
+
+    def __init__(self, target: str, with_returns: bool = False, token_file: str | None = None,
+                 say=None):
+        from urllib.parse import urlsplit
+        parts = urlsplit(target)
+        if parts.scheme == "http" and parts.hostname not in LOOPBACK:
+            raise UserError(f"--output {target}: a webhook over plain http:// only on "
+                            "loopback (127.0.0.1, localhost, ::1); use https://")
+        if not parts.hostname:
+            raise UserError(f"--output {target}: no host in the webhook URL")
+        self.url, self.with_returns = parts, with_returns
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.headers = {"Content-Type": "application/json", "User-Agent": "dqcep"}
+        if token_file is not None:
+            try:
+                token = Path(token_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as err:
+                raise UserError(f"cannot read the webhook token file {token_file}: "
+                                f"{getattr(err, 'strerror', None) or err}") from None
+            if not token or "\n" in token:
+                raise UserError(f"the webhook token file {token_file} must hold one line")
+            self.headers["Authorization"] = f"Bearer {token}"
+        self.say = say or (lambda line: print(f"dqcep: {line}", file=sys.stderr, flush=True))
+        self.conn = None
+        self.sent = self.retries = self.refused = 0
+        self.failing = False  # a failure said, its recovery not yet
+
+    def _connection(self):
+        import http.client
+        if self.conn is None:
+            port = self.url.port
+            if self.url.scheme == "https":
+                self.conn = http.client.HTTPSConnection(self.url.hostname, port,
+                                                        timeout=WEBHOOK_TIMEOUT)
+            else:
+                self.conn = http.client.HTTPConnection(self.url.hostname, port,
+                                                       timeout=WEBHOOK_TIMEOUT)
+        return self.conn
+
+    def _post(self, body: bytes, key: str) -> int | str:
+        """One request: its status, or why there was none."""
+        import http.client
+        try:
+            conn = self._connection()
+            conn.request("POST", self.path, body, {**self.headers, "Idempotency-Key": key})
+            response = conn.getresponse()
+            response.read()
+            if response.getheader("Connection", "").lower() == "close":
+                self._drop()
+            return response.status
+        except (OSError, http.client.HTTPException) as err:
+            self._drop()
+            return str(err) or type(err).__name__
+
+    def _drop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def write(self, m: Match) -> None:
+        import time
+        obj = m.to_json_obj(self.with_returns)
+        obj["key"] = key = match_key(m.query, obj["events"])
+        body = json_line(obj)[:-1]
+        wait = WEBHOOK_BACKOFF[0]
+        while True:
+            status = self._post(body, key)
+            if isinstance(status, int) and 200 <= status < 300:
+                self.sent += 1
+                if self.failing:
+                    self.say(f"webhook {self.url.geturl()}: taken again")
+                    self.failing = False
+                return
+            if isinstance(status, int) and status in WEBHOOK_REFUSED:
+                self.refused += 1
+                self.say(f"webhook {self.url.geturl()}: HTTP {status} for match {key} of "
+                         f"{m.query}: refused, left out (an answer a retry cannot change)")
+                return
+            if not self.failing:
+                why = f"HTTP {status}" if isinstance(status, int) else status
+                self.say(f"webhook {self.url.geturl()}: {why}; retrying every "
+                         f"{WEBHOOK_BACKOFF[0]:g}-{WEBHOOK_BACKOFF[1]:g} s until it is taken")
+                self.failing = True
+            self.retries += 1
+            time.sleep(wait)
+            wait = min(wait * 2, WEBHOOK_BACKOFF[1])
+
+    def write_matches(self, matches: list[Match]) -> int:
+        for m in matches:
+            self.write(m)
+        return len(matches)
+
+    def write_batch(self, batch) -> int:
+        return self.write_matches(batch.to_matches())
+
+    def sync(self) -> None:
+        return None  # nothing to cut back: at least once, by the match key
+
+    def close(self) -> None:
+        self._drop()
 
 
 class FileMatchSink:
@@ -211,11 +344,14 @@ class _Synced:
 
 
 def open_match_sink(target: str | None, fmt: str = "json", keep: int | None = None,
-                    with_returns: bool = False):
-    """A file or stdout, an MQTT topic, or a database table (``dqcep.io.database``)."""
+                    with_returns: bool = False, token_file: str | None = None):
+    """A file or stdout, an MQTT topic, a webhook (``token_file``: its bearer token), or
+    a database table (``dqcep.io.database``)."""
     from dqcep.io.database import is_database, open_database_sink
     if is_mqtt(target):
         return MqttMatchSink(target, fmt, with_returns)
+    if is_webhook(target):
+        return WebhookMatchSink(target, with_returns, token_file)
     if is_database(target):
         return open_database_sink(target, with_returns)
     return FileMatchSink(target, keep, with_returns)

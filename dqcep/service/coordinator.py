@@ -49,7 +49,7 @@ from dqcep.core.errors import UserError
 from dqcep.io.checkpoint import read_checkpoint
 from dqcep.io.journal import Journal, JournalView, forget_consumer
 from dqcep.io.mqtt import ArrivalTimes, MqttSource, MqttUrl
-from dqcep.io.sinks import is_mqtt
+from dqcep.io.sinks import is_remote
 from dqcep.lang import parse_file, to_source
 from dqcep.plan import build_plan, explain_dot
 from dqcep.service.changes import (CONTROL_TOPIC, ChangeMailbox, ChangeRefused, QuerySet,
@@ -276,7 +276,7 @@ class Coordinator:
         was cut to 0 lines). Run before the new consumer exists: at a replay of the
         change the file is still the removed query's."""
         out = Path(query_output(self.cfg, q))
-        if is_mqtt(self.cfg.output) or not out.exists():
+        if is_remote(self.cfg.output) or not out.exists():
             return
         removals = [int(p.name.rsplit("-", 1)[1]) for p in
                     query_home(self.cfg, q).parent.glob(f"{q}.removed-*")

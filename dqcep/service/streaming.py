@@ -98,6 +98,7 @@ class ServiceConfig:
     stats_file: str | None = None
     client_id: str = "dqcep-engine"
     output_format: str = "json"
+    output_token_file: str | None = None  # a webhook output's bearer token
     recent_ids: int = RECENT_IDS
     until_idle: float | None = None   # end of stream after this many seconds without input
     journal_retention: int = 0        # bytes of consumed closed segments kept for replay
@@ -295,6 +296,7 @@ class StreamingService(JournalConsumer):
         self.out = self.dead = self.late = None
         self.database = is_database(cfg.output)
         self.out = open_match_sink(cfg.output, cfg.output_format, keep=sizes["output"],
+                                   token_file=cfg.output_token_file,
                                    with_returns=cfg.returns)
         try:
             written = self.out.claim(self.stream) if self.database else None

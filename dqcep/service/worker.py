@@ -22,7 +22,7 @@ from dqcep.io.journal import JournalView
 from dqcep.io.journal_tail import BlockCache
 from dqcep.io.mapping import SharedReading
 from dqcep.io.mqtt import ArrivalTimes
-from dqcep.io.sinks import is_mqtt
+from dqcep.io.sinks import is_remote
 from dqcep.service.streaming import ServiceConfig, StreamingService
 
 ARRIVALS = 1 << 16  # journal offsets whose arrival time is kept
@@ -142,8 +142,8 @@ def removed_home(cfg: ServiceConfig, query: str, offset: int) -> Path:
 
 def query_output(cfg: ServiceConfig, query: str) -> str:
     """A query's own output beside a file output (``out.jsonl`` -> ``out.NAME.jsonl``);
-    a topic output is shared."""
-    if is_mqtt(cfg.output):
+    a topic or webhook output is shared."""
+    if is_remote(cfg.output):
         return cfg.output
     out = Path(cfg.output)
     return str(out.with_name(f"{out.stem}.{query}{out.suffix}"))
