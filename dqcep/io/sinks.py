@@ -111,6 +111,25 @@ def is_remote(target: str | None) -> bool:
     return is_mqtt(target) or is_webhook(target)
 
 
+class RemoteMatchSink:
+    """An output that takes matches one at a time and cannot be cut back (an MQTT
+    topic, a webhook: ``is_remote``); subclasses ``write`` one match."""
+
+    def write(self, m: Match) -> None:
+        raise NotImplementedError
+
+    def write_matches(self, matches: list[Match]) -> int:
+        for m in matches:
+            self.write(m)
+        return len(matches)
+
+    def write_batch(self, batch) -> int:
+        return self.write_matches(batch.to_matches())
+
+    def sync(self) -> None:
+        return None  # nothing to cut back: see the module docstring
+
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 WEBHOOK_TIMEOUT = 10.0      # s a request may take before it is tried again
 WEBHOOK_BACKOFF = (0.25, 30.0)  # s before the first retry, and at most between two
@@ -120,7 +139,7 @@ WEBHOOK_BACKOFF = (0.25, 30.0)  # s before the first retry, and at most between 
 WEBHOOK_REFUSED = (400, 404, 405, 410, 413, 415, 422)
 
 
-class WebhookMatchSink:
+class WebhookMatchSink(RemoteMatchSink):
     """POST each match to an HTTP endpoint as its JSON object (the spec's, with RETURN
     values under ``--returns``) plus its ``key`` (``match_key``), at least once: the
     key also goes in the ``Idempotency-Key`` header, so the endpoint can drop repeats
@@ -216,17 +235,6 @@ class WebhookMatchSink:
             time.sleep(wait)
             wait = min(wait * 2, WEBHOOK_BACKOFF[1])
 
-    def write_matches(self, matches: list[Match]) -> int:
-        for m in matches:
-            self.write(m)
-        return len(matches)
-
-    def write_batch(self, batch) -> int:
-        return self.write_matches(batch.to_matches())
-
-    def sync(self) -> None:
-        return None  # nothing to cut back: at least once, by the match key
-
     def close(self) -> None:
         self._drop()
 
@@ -297,7 +305,7 @@ class FileMatchSink:
                 self.f.close()
 
 
-class MqttMatchSink:
+class MqttMatchSink(RemoteMatchSink):
     """One payload per match (the spec's JSON object, or the same as msgpack), QoS 1."""
 
     def __init__(self, target: str, fmt: str = "json", with_returns: bool = False):
@@ -310,17 +318,6 @@ class MqttMatchSink:
     def write(self, m: Match) -> None:
         obj = m.to_json_obj(self.with_returns)
         self.publisher.publish(json_line(obj)[:-1] if self.fmt == "json" else msgpack.packb(obj))
-
-    def write_matches(self, matches: list[Match]) -> int:
-        for m in matches:
-            self.write(m)
-        return len(matches)
-
-    def write_batch(self, batch) -> int:
-        return self.write_matches(batch.to_matches())
-
-    def sync(self) -> None:
-        return None  # nothing to cut back: see the module docstring
 
     def close(self) -> None:
         self.publisher.close()
