@@ -22,6 +22,17 @@ def match_key(query: str, events: dict) -> str:
                            digest_size=16).hexdigest()
 
 
+def readable_time(ms: int) -> str:
+    """Milliseconds since the epoch as people read them: ISO 8601 in UTC to the ms
+    (``2026-11-26T10:00:00.500Z``); a time beyond the calendar's years as its number."""
+    from datetime import datetime, timezone
+    try:
+        t = datetime.fromtimestamp(ms / 1000, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def match_line(m: Match, with_returns: bool = False) -> str:
     """A match as the spec's one-line JSON object (section 3)."""
     return json.dumps(m.to_json_obj(with_returns), ensure_ascii=False)

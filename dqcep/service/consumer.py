@@ -28,6 +28,7 @@ from dqcep.io.ingest import ahead_reason, ahead_rows
 from dqcep.io.journal import SERVICE_TOPICS, TICK_TOPIC, Gap, Record, tick_time
 from dqcep.io.journal_tail import RecordBlock
 from dqcep.io.mapping import MappedColumns, Recoding
+from dqcep.io.match_text import readable_time
 from dqcep.io.payloads import MAX_PAYLOAD, Rejected, dead_letter
 from dqcep.runtime import EventColumns
 from dqcep.service.changes import CONTROL_TOPIC
@@ -343,12 +344,17 @@ class JournalConsumer:
         return out
 
     def _keep_last(self, batch) -> None:
-        """The newest matches, for the HTTP side's page (only when it is on: the
-        conversion is per match)."""
+        """The newest matches, for the HTTP side's page and ``/status`` (only when it is
+        on: the conversion is per match): each with its detection time as people read
+        it (``detected``) and, with ``--returns``, its RETURN values."""
         if self.board is None and not self.cfg.last_matches:
             return
         for m in last_matches(batch, LAST_MATCHES):
-            self.last_matches.append(m.to_json_obj())
+            if self.returns is not None:
+                m = self.returns.fill(m)
+            obj = m.to_json_obj(with_returns=True)
+            obj["detected"] = readable_time(m.detected_at)
+            self.last_matches.append(obj)
 
     def _misdeclared(self, refused, offset_of) -> None:
         """Events a declared schema refused (``EVENT Type(...)``): dead letters with the

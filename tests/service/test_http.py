@@ -380,7 +380,12 @@ def test_the_live_page_shows_what_status_says(http_service):
         assert text("ticks") == f"{s['ticks']:,}"
         last = table_rows(browser, "#last-matches tbody tr", "data-query")
         assert len(last) == len(s["last_matches"]) > 0
-        assert last[0][1][0] == s["last_matches"][-1]["query"]
+        newest = s["last_matches"][-1]
+        # as /status has it: the time as people read it beside the ms, the RETURN values
+        assert last[0][0] == newest["query"] and last[0][1][:3] == [
+            newest["query"], newest["detected"], str(newest["detected_at"])]
+        assert last[0][1][3] == ", ".join(f"{k} = {json.dumps(v)}"
+                                          for k, v in newest.get("return", {}).items())
         # the charts have points, the plan is drawn (an SVG the browser could load)
         assert browser.find_elements(By.CSS_SELECTOR, "#chart-rate polyline")
         WebDriverWait(browser, 30).until(lambda b: b.execute_script(

@@ -30,3 +30,23 @@ def test_the_service_says_once_what_its_queries_name_and_no_event_held(tmp_path,
     assert "q.cep:1:39: attribute 'tc' never appeared in the input (its first 6 events)" \
         in err, err
     assert err.count("'dew:pt'") == 1 and "names = \"clean\"" in err
+
+
+def test_the_newest_matches_carry_their_return_values_and_a_readable_time(tmp_path):
+    """/status's last matches (and the page's): the detection time as people read it
+    beside the ms, and with --returns the RETURN values by name."""
+    from dqcep.io.journal import Journal
+    from tests.support.journal_service import config, finish
+    (tmp_path / "q.cep").write_text("QUERY hot PATTERN Temperature t WHERE t.tC > 30 "
+                                    "WITHIN 1 s RETURN t.device, t.tC")
+    journal = Journal(tmp_path / "journal", fsync="never")
+    journal.append("ht-1/events/rpc", json.dumps(shelly({"temperature:0": {"tC": 31.5}})
+                                                 ).encode(), ARRIVAL_US, None)
+    journal.commit()
+    journal.close()
+    svc = finish(config(tmp_path, fmt=None, queries=tmp_path / "q.cep", returns=True,
+                        last_matches=True, topic_map=TopicMap.parse(SHELLY), tick=0))
+    (newest,) = svc.last_matches
+    assert newest["detected_at"] == 1700000000250
+    assert newest["detected"] == "2023-11-14T22:13:20.250Z"
+    assert newest["return"] == {"t.device": "ht-1", "t.tC": 31.5}
