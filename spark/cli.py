@@ -119,6 +119,18 @@ def _progress(command: str):
     return say
 
 
+def _admission_options(parser) -> None:
+    """--skew, --timeline and --lateness (spec section 7), as for dqcep run; both jobs."""
+    parser.add_argument("--skew", type=MILLISECONDS.option, metavar="MS",
+                        help="how far a timeline may trail the most advanced one (default "
+                        "--lateness; as for dqcep run)")
+    parser.add_argument("--timeline", metavar="ATTR",
+                        help="events with the same value of ATTR share a timeline; needs "
+                        "--skew above --lateness (as for dqcep run; docs/spark.md)")
+    parser.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
+                        help="allowed out-of-orderness in arrival order (default 0)")
+
+
 def _admission(args):
     """The job's ``AdmissionRule`` (spec section 7), checked before Spark starts."""
     from dqcep.core.admission import AdmissionRule
@@ -233,14 +245,7 @@ def add_spark_parser(sub, parser_class) -> None:
                      "fails with the query's name (docs/spark.md)")
     run.add_argument("--format", choices=FORMATS,
                      help="input format (default: from each file's extension)")
-    run.add_argument("--skew", type=MILLISECONDS.option, metavar="MS",
-                        help="how far a timeline may trail the most advanced one (default "
-                        "--lateness; as for dqcep run)")
-    run.add_argument("--timeline", metavar="ATTR",
-                        help="events with the same value of ATTR share a timeline; needs "
-                        "--skew above --lateness (as for dqcep run)")
-    run.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
-                     help="allowed out-of-orderness in arrival order (default 0)")
+    _admission_options(run)
     run.add_argument("--output-format", choices=("json", "parquet"), default="json",
                      help="matches as JSON Lines (default) or Parquet")
     run.add_argument("--partitioning", choices=("auto", "time"), default="auto",
@@ -284,14 +289,7 @@ def add_spark_parser(sub, parser_class) -> None:
                         metavar="MS", help="as for the service: events ahead of their "
                         f"arrival by more than MS ms are dead-lettered (default {MAX_FUTURE_MS:,}; "
                         "0: off)")
-    stream.add_argument("--skew", type=MILLISECONDS.option, metavar="MS",
-                        help="how far a timeline may trail the most advanced one (default "
-                        "--lateness; as for dqcep run)")
-    stream.add_argument("--timeline", metavar="ATTR",
-                        help="events with the same value of ATTR share a timeline; needs "
-                        "--skew above --lateness (as for dqcep run; docs/spark.md)")
-    stream.add_argument("--lateness", type=MILLISECONDS.option, default=0, metavar="MS",
-                        help="allowed out-of-orderness in arrival order (default 0)")
+    _admission_options(stream)
     stream.add_argument("--partitioning", choices=("auto", "time"), default="auto")
     stream.add_argument("--slice-ms", type=SLICE_MS.option, default=None, metavar="MS",
                         help="time-slice length (default 10 windows, at least 1 s)")

@@ -15,6 +15,7 @@ import json
 import os
 import stat
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -208,7 +209,6 @@ class WebhookMatchSink(RemoteMatchSink):
             self.conn = None
 
     def write(self, m: Match) -> None:
-        import time
         obj = m.to_json_obj(self.with_returns)
         obj["key"] = key = match_key(m.query, obj["events"])
         body = json_line(obj)[:-1]

@@ -50,3 +50,24 @@ def test_the_newest_matches_carry_their_return_values_and_a_readable_time(tmp_pa
     assert newest["detected_at"] == 1700000000250
     assert newest["detected"] == "2023-11-14T22:13:20.250Z"
     assert newest["return"] == {"t.device": "ht-1", "t.tC": 31.5}
+
+
+def test_a_running_service_says_it_once_after_its_first_events(tmp_path, capsys,
+                                                                monkeypatch):
+    """Before the stream ends: once UNSEEN_AFTER events have come (3 here), once."""
+    from dqcep.io.journal import Journal
+    from dqcep.service import consumer
+    from tests.support.journal_service import config, run_once
+    monkeypatch.setattr(consumer, "UNSEEN_AFTER", 3)
+    (tmp_path / "q.cep").write_text("QUERY hot PATTERN Temperature t WHERE t.tc > 30 "
+                                    "WITHIN 1 s")
+    journal = Journal(tmp_path / "journal", fsync="never")
+    for _ in range(5):
+        journal.append("ht-1/events/rpc", json.dumps(shelly({"temperature:0": {"tC": 31}})
+                                                     ).encode(), ARRIVAL_US, None)
+        journal.commit()
+    journal.close()
+    run_once(config(tmp_path, fmt=None, queries=tmp_path / "q.cep",
+                    topic_map=TopicMap.parse(SHELLY), tick=0))  # no end of stream
+    err = capsys.readouterr().err
+    assert err.count("never appeared") == 1 and "attribute 'tc'" in err, err
