@@ -613,9 +613,8 @@ class Router:
         per timeline of its events that pass the skew test within the unit alone
         (``timeline_values`` rows). Since an event late by its timeline is behind that
         timeline's largest ts already, T(k) after the unit is the largest of T(k)
-        before it and this one's, when that is not behind G - D at the unit's start
-        (``chain_timelines``): units are indexed in parallel. ``batches``: the unit's
-        event columns in arrival order."""
+        before it and this one's (``chain_timelines``): units are indexed in parallel.
+        ``batches``: the unit's event columns in arrival order."""
         engine = self.assigner.engine
         for cols in batches:
             if engine.schema_checks:  # misdeclared events are dead letters: not admitted

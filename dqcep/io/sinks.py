@@ -31,14 +31,22 @@ from dqcep.io.match_text import LINES_BUFFER, match_key, match_lines, write_matc
 MATCH_FORMATS = ("json", "msgpack")
 
 
+# Characters JSON leaves unescaped that many line readers take for a line's end (Python's
+# str.splitlines, JavaScript before ES2019): escaped, so one line stays one line
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def json_line(obj) -> bytes:
     """``obj`` as one line of UTF-8 JSON, whatever strings it holds.
 
     A lone surrogate (no Unicode scalar value, so no UTF-8) can only sit inside a
     JSON string here; written as ``\\udXXX`` it is the same JSON escape that
     brought it in, so the line stays valid JSON and a sink never fails on text.
+    U+0085, U+2028 and U+2029 (text payloads of dead letters hold any character)
+    are written as their escapes: JSON allows them raw, but line readers split there.
     """
-    return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+    text = json.dumps(obj, ensure_ascii=False)
+    return (text.translate(_LINE_BREAKS) + "\n").encode("utf-8", "backslashreplace")
 
 
 def create_file(path: str | Path, what: str = ""):

@@ -213,6 +213,12 @@ def test_dead_letters_keep_text_payloads_as_text():
     assert (letter["payload"], letter["encoding"]) == ("not json, é", "utf-8")
     letter = dead_letter(3, "t", b"\xff\x00", 2, [Rejected("why", None)])
     assert (letter["payload"], letter["encoding"]) == ("/wA=", "base64")
+    # text that holds what line readers split at stays one line of the dead-letter file
+    from dqcep.io.sinks import json_line
+    text = "a\x85b\u2028c\u2029d"
+    line = json_line(dead_letter(3, "t", text.encode(), 9, [Rejected("why", None)]))
+    assert len(line.decode().splitlines()) == 1
+    assert json.loads(line)["payload"] == text
 
 
 def test_dqcep_map_test_prints_the_events_or_the_dead_letter(tmp_path, capsys):
